@@ -1,6 +1,19 @@
 //! ferro-control-plane: a compact Kubernetes API server with an embedded, crash-safe store.
 
+pub mod alloc;
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod discovery;
+pub mod error;
+pub mod pki;
+pub mod proxy;
+pub mod resources;
 pub mod selector;
+pub mod server;
 pub mod smp;
+pub mod store;
+pub mod strategy;
+pub mod subresources;
 pub mod table;
 pub mod validation;

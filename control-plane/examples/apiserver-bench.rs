@@ -1,0 +1,160 @@
+//! Benchmark of ferro-control-plane: write throughput, list latency, watch delay, RSS.
+//!
+//! cargo build --release -p ferro-control-plane --example apiserver-bench --bin ferro-control-plane
+//! ./target/release/examples/apiserver-bench [--pods 10000] [--concurrency 16] [--watchers 100]
+//!
+//! Starts the release binary on loopback with a fresh data dir, then:
+//! 1. creates N pods with a kube-rs client, C requests in flight: writes/s;
+//! 2. lists all pods (5 times): latency of each;
+//! 3. opens W watches on pods, creates 500 more pods one at a time (each write timed), and
+//!    reports p50/p99 of the delay from the start of a write to its event at each watcher;
+//! 4. prints the server's RSS.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use serde_json::json;
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": "bench", "tier": "web"}},
+        "spec": {"containers": [{"name": "app", "image": "registry.local/busybox:1.36",
+            "command": ["sh", "-c", "sleep 3600"], "ports": [{"containerPort": 80}],
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}
+    }))
+    .unwrap()
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+#[tokio::main]
+async fn main() {
+    let n = arg("--pods", 10_000);
+    let conc = arg("--concurrency", 16);
+    let watchers = arg("--watchers", 100);
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("ferro-control-plane");
+    let dir = tempfile::Builder::new().prefix("ferro-bench").tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = std::process::Command::new(&bin)
+        .args(["--data-dir", dir.path().to_str().unwrap(), "--bind-address", "127.0.0.1"])
+        .args(["--secure-port", &port.to_string()])
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+    let kc = dir.path().join("admin.kubeconfig");
+    while !(kc.exists() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cfg = kube::Config::from_custom_kubeconfig(kube::config::Kubeconfig::read_from(&kc).unwrap(), &Default::default())
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(cfg).unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    println!("ferro-control-plane benchmark: {n} pods, {conc} concurrent writers, {watchers} watchers");
+    println!("idle RSS: {:.1} MiB", rss_mib(child.id()));
+
+    // 1. writes
+    let start = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let pods = pods.clone();
+            async move { pods.create(&PostParams::default(), &pod(&format!("p{i:05}"))).await.unwrap() }
+        })
+        .buffer_unordered(conc)
+        .for_each(|_| async {})
+        .await;
+    let secs = start.elapsed().as_secs_f64();
+    println!("create {n} pods: {secs:.2} s, {:.0} writes/s", n as f64 / secs);
+
+    // 2. list
+    let mut lists = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let l = pods.list(&ListParams::default()).await.unwrap();
+        assert_eq!(l.items.len(), n);
+        lists.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    println!("list {n} pods (kube-rs, incl. decoding): min {:.0} ms, median {:.0} ms", pct(&mut lists.clone(), 0.0), pct(&mut lists, 0.5));
+    println!("RSS with {n} pods: {:.1} MiB", rss_mib(child.id()));
+
+    // 3. watch delay
+    let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let delays: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let rv = pods.list(&ListParams::default().limit(1)).await.unwrap().metadata.resource_version.unwrap();
+    let writes = 500;
+    let mut handles = Vec::new();
+    for _ in 0..watchers {
+        let pods = pods.clone();
+        let sent = sent.clone();
+        let delays = delays.clone();
+        let rv = rv.clone();
+        handles.push(tokio::spawn(async move {
+            let mut s = pods.watch(&WatchParams::default().timeout(120), &rv).await.unwrap().boxed();
+            let mut got = 0;
+            while let Some(ev) = s.try_next().await.unwrap() {
+                if let WatchEvent::Added(p) = ev {
+                    let name = p.metadata.name.unwrap();
+                    if let Some(t0) = sent.lock().unwrap().get(&name).copied() {
+                        delays.lock().unwrap().push(t0.elapsed().as_secs_f64() * 1000.0);
+                    }
+                    got += 1;
+                    if got == writes {
+                        return;
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..writes {
+        let name = format!("w{i:04}");
+        sent.lock().unwrap().insert(name.clone(), Instant::now());
+        pods.create(&PostParams::default(), &pod(&name)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    let mut d = delays.lock().unwrap().clone();
+    println!(
+        "watch delay, write start -> event ({} samples, {watchers} watchers): p50 {:.1} ms, p99 {:.1} ms",
+        d.len(),
+        pct(&mut d, 0.5),
+        pct(&mut d, 0.99)
+    );
+    println!("RSS at the end: {:.1} MiB", rss_mib(child.id()));
+    let _ = child.kill();
+    let _ = child.wait();
+}

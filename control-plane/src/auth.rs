@@ -1,0 +1,349 @@
+//! Authentication (static bearer tokens, x509 client certificates) and authorization (the
+//! admin may do everything; nodes are limited like upstream's Node authorizer +
+//! NodeRestriction admission).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde_json::Value;
+
+/// An authenticated user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    pub name: String,
+    pub groups: Vec<String>,
+}
+
+impl User {
+    pub fn is_admin(&self) -> bool {
+        self.groups.iter().any(|g| g == "system:masters")
+    }
+
+    /// The node name when this is a node identity (`system:node:<name>` in `system:nodes`).
+    pub fn node_name(&self) -> Option<&str> {
+        if !self.groups.iter().any(|g| g == "system:nodes") {
+            return None;
+        }
+        self.name.strip_prefix("system:node:").filter(|n| !n.is_empty())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("reading token file {0}: {1}")]
+    TokenFile(String, std::io::Error),
+    #[error("token file {file} line {line}: {why}")]
+    TokenLine { file: String, line: usize, why: String },
+}
+
+/// Static tokens (upstream's --token-auth-file format: `token,user,uid,"group1,group2"`).
+#[derive(Debug, Default)]
+pub struct Tokens {
+    by_token: HashMap<String, User>,
+}
+
+impl Tokens {
+    pub fn load(path: &Path) -> Result<Tokens, AuthError> {
+        let content = std::fs::read_to_string(path)
+            .map_err(|e| AuthError::TokenFile(path.display().to_string(), e))?;
+        Tokens::parse(&content, &path.display().to_string())
+    }
+
+    pub fn parse(content: &str, file: &str) -> Result<Tokens, AuthError> {
+        let mut by_token = HashMap::new();
+        for (i, line) in content.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (head, groups) = match line.split_once(",\"") {
+                Some((h, g)) => (h, g.trim_end_matches('"')),
+                None => (line, ""),
+            };
+            let cols: Vec<&str> = head.split(',').collect();
+            if cols.len() < 3 || cols[0].is_empty() || cols[1].is_empty() {
+                return Err(AuthError::TokenLine {
+                    file: file.to_string(),
+                    line: i + 1,
+                    why: "expected token,user,uid[,\"groups\"]".into(),
+                });
+            }
+            let mut groups: Vec<String> = groups
+                .split(',')
+                .chain(cols.get(3).copied())
+                .map(str::trim)
+                .filter(|g| !g.is_empty())
+                .map(str::to_string)
+                .collect();
+            groups.push("system:authenticated".into());
+            by_token.insert(cols[0].to_string(), User { name: cols[1].to_string(), groups });
+        }
+        Ok(Tokens { by_token })
+    }
+
+    pub fn authenticate(&self, authorization: &str) -> Option<User> {
+        let token = authorization.strip_prefix("Bearer ")?.trim();
+        self.by_token.get(token).cloned()
+    }
+
+    pub fn add(&mut self, token: &str, user: User) {
+        self.by_token.insert(token.to_string(), user);
+    }
+}
+
+/// The user a verified client certificate names: CN is the user, O entries are groups.
+pub fn identity_from_cert(der: &[u8]) -> Option<User> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let subject = cert.subject();
+    let name = subject.iter_common_name().next()?.as_str().ok()?.to_string();
+    let mut groups: Vec<String> = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_string))
+        .collect();
+    groups.push("system:authenticated".into());
+    Some(User { name, groups })
+}
+
+/// What a request wants to do, in upstream's authorizer terms.
+#[derive(Debug, Clone)]
+pub struct Attributes<'a> {
+    pub verb: &'a str,
+    pub group: &'a str,
+    pub resource: &'a str,
+    pub subresource: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+/// Facts the node rules need from the store.
+pub trait NodeGraph {
+    /// spec.nodeName of a pod, if the pod exists.
+    fn pod_node(&self, namespace: &str, name: &str) -> Option<String>;
+    /// Whether a pod bound to `node` references the named secret/configmap/pvc.
+    fn node_references(&self, node: &str, namespace: &str, resource: &str, name: &str) -> bool;
+}
+
+/// Decides a request; Err carries upstream's reason text for the 403.
+pub fn authorize(user: &User, a: &Attributes<'_>, graph: &dyn NodeGraph, body: Option<&Value>) -> Result<(), String> {
+    if user.is_admin() {
+        return Ok(());
+    }
+    let deny = |why: String| {
+        let scope = if a.namespace.is_empty() {
+            "at the cluster scope".to_string()
+        } else {
+            format!("in the namespace \"{}\"", a.namespace)
+        };
+        let resource = if a.subresource.is_empty() {
+            a.resource.to_string()
+        } else {
+            format!("{}/{}", a.resource, a.subresource)
+        };
+        let mut msg = format!(
+            "User \"{}\" cannot {} resource \"{}\" in API group \"{}\" {}",
+            user.name, a.verb, resource, a.group, scope
+        );
+        if !why.is_empty() {
+            msg.push_str(": ");
+            msg.push_str(&why);
+        }
+        Err(msg)
+    };
+    let Some(node) = user.node_name() else {
+        return deny(String::new());
+    };
+    let read = matches!(a.verb, "get" | "list" | "watch");
+    match (a.group, a.resource, a.subresource) {
+        ("", "nodes", sub) if sub.is_empty() || sub == "status" => {
+            if read {
+                return Ok(());
+            }
+            if a.verb == "delete" || a.verb == "deletecollection" {
+                return deny(format!("node \"{node}\" is not allowed to delete nodes"));
+            }
+            let target = if a.name.is_empty() {
+                body.and_then(|b| b.pointer("/metadata/name")).and_then(|n| n.as_str()).unwrap_or("")
+            } else {
+                a.name
+            };
+            if target == node {
+                Ok(())
+            } else {
+                deny(format!("node \"{node}\" is not allowed to modify node \"{target}\""))
+            }
+        }
+        ("coordination.k8s.io", "leases", "") => {
+            if a.namespace != "kube-node-lease" {
+                return deny("can only access leases in the kube-node-lease namespace".to_string());
+            }
+            let target = if a.name.is_empty() {
+                body.and_then(|b| b.pointer("/metadata/name")).and_then(|n| n.as_str()).unwrap_or("")
+            } else {
+                a.name
+            };
+            if matches!(a.verb, "list" | "watch" | "deletecollection") {
+                return deny("can only access node lease with the same name as the requesting node".to_string());
+            }
+            if target == node {
+                Ok(())
+            } else {
+                deny("can only access node lease with the same name as the requesting node".to_string())
+            }
+        }
+        ("", "pods", sub) => {
+            let bound_here = || graph.pod_node(a.namespace, a.name).as_deref() == Some(node);
+            match (sub, a.verb) {
+                ("", "get" | "list" | "watch") => Ok(()),
+                ("status", "get") => Ok(()),
+                ("status", "update" | "patch") => {
+                    if bound_here() {
+                        Ok(())
+                    } else {
+                        deny(format!("node \"{node}\" can only update the status of pods bound to it"))
+                    }
+                }
+                ("", "delete") => {
+                    if bound_here() {
+                        Ok(())
+                    } else {
+                        deny(format!("node \"{node}\" can only delete pods bound to it"))
+                    }
+                }
+                ("", "create") => {
+                    // mirror pods of static pods, bound to this node
+                    let b = body.cloned().unwrap_or(Value::Null);
+                    let mirror = b
+                        .pointer("/metadata/annotations/kubernetes.io~1config.mirror")
+                        .is_some();
+                    let bound = b.pointer("/spec/nodeName").and_then(|n| n.as_str()) == Some(node);
+                    if mirror && bound {
+                        Ok(())
+                    } else {
+                        deny(format!("node \"{node}\" can only create mirror pods bound to itself"))
+                    }
+                }
+                _ => deny(String::new()),
+            }
+        }
+        ("", "events", _) | ("events.k8s.io", "events", _) => {
+            if matches!(a.verb, "create" | "update" | "patch") || read {
+                Ok(())
+            } else {
+                deny(String::new())
+            }
+        }
+        ("", r @ ("secrets" | "configmaps" | "persistentvolumeclaims"), "") => {
+            if a.verb == "get" && graph.node_references(node, a.namespace, r, a.name) {
+                Ok(())
+            } else {
+                deny(format!("no relationship found between node '{node}' and this object"))
+            }
+        }
+        ("", "persistentvolumes", "") | ("storage.k8s.io", "volumeattachments", "") => {
+            if a.verb == "get" {
+                Ok(())
+            } else {
+                deny(String::new())
+            }
+        }
+        ("storage.k8s.io", "csinodes", "") => {
+            if read {
+                return Ok(());
+            }
+            let target = if a.name.is_empty() {
+                body.and_then(|b| b.pointer("/metadata/name")).and_then(|n| n.as_str()).unwrap_or("")
+            } else {
+                a.name
+            };
+            if target == node && a.verb != "deletecollection" {
+                Ok(())
+            } else {
+                deny(format!("node \"{node}\" can only modify its own CSINode"))
+            }
+        }
+        (_, _, "") if read => Ok(()),
+        _ => deny(String::new()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    struct Graph;
+    impl NodeGraph for Graph {
+        fn pod_node(&self, _ns: &str, name: &str) -> Option<String> {
+            match name {
+                "mine" => Some("n1".into()),
+                "theirs" => Some("n2".into()),
+                _ => None,
+            }
+        }
+        fn node_references(&self, node: &str, _ns: &str, _r: &str, name: &str) -> bool {
+            node == "n1" && name == "used"
+        }
+    }
+
+    fn node() -> User {
+        User { name: "system:node:n1".into(), groups: vec!["system:nodes".into(), "system:authenticated".into()] }
+    }
+
+    fn attrs<'a>(verb: &'a str, group: &'a str, resource: &'a str, sub: &'a str, ns: &'a str, name: &'a str) -> Attributes<'a> {
+        Attributes { verb, group, resource, subresource: sub, namespace: ns, name }
+    }
+
+    #[test]
+    fn tokens_parse() {
+        let t = Tokens::parse("abc,admin,1,\"system:masters\"\nxyz,bob,2\n", "t").unwrap();
+        let u = t.authenticate("Bearer abc").unwrap();
+        assert!(u.is_admin());
+        assert!(!t.authenticate("Bearer xyz").unwrap().is_admin());
+        assert!(t.authenticate("Bearer nope").is_none());
+        assert!(t.authenticate("Basic abc").is_none());
+        assert!(Tokens::parse("justatoken\n", "t").is_err());
+    }
+
+    #[test]
+    fn admin_may_do_everything_others_nothing() {
+        let admin = User { name: "admin".into(), groups: vec!["system:masters".into()] };
+        assert!(authorize(&admin, &attrs("delete", "", "nodes", "", "", "x"), &Graph, None).is_ok());
+        let bob = User { name: "bob".into(), groups: vec!["system:authenticated".into()] };
+        let err = authorize(&bob, &attrs("get", "", "pods", "", "default", "p"), &Graph, None).unwrap_err();
+        assert_eq!(err, "User \"bob\" cannot get resource \"pods\" in API group \"\" in the namespace \"default\"");
+    }
+
+    #[test]
+    fn node_rules() {
+        let n = node();
+        let ok = |a: Attributes<'_>, body: Option<&Value>| authorize(&n, &a, &Graph, body).is_ok();
+        assert!(ok(attrs("update", "", "nodes", "status", "", "n1"), None));
+        assert!(ok(attrs("patch", "", "nodes", "", "", "n1"), None));
+        assert!(!ok(attrs("patch", "", "nodes", "status", "", "n2"), None));
+        assert!(ok(attrs("create", "", "nodes", "", "", ""), Some(&json!({"metadata":{"name":"n1"}}))));
+        assert!(!ok(attrs("create", "", "nodes", "", "", ""), Some(&json!({"metadata":{"name":"n2"}}))));
+        assert!(!ok(attrs("delete", "", "nodes", "", "", "n1"), None));
+        assert!(ok(attrs("update", "coordination.k8s.io", "leases", "", "kube-node-lease", "n1"), None));
+        assert!(!ok(attrs("update", "coordination.k8s.io", "leases", "", "kube-node-lease", "n2"), None));
+        assert!(!ok(attrs("update", "coordination.k8s.io", "leases", "", "default", "n1"), None));
+        assert!(ok(attrs("patch", "", "pods", "status", "default", "mine"), None));
+        assert!(!ok(attrs("patch", "", "pods", "status", "default", "theirs"), None));
+        assert!(!ok(attrs("update", "", "pods", "", "default", "mine"), None));
+        assert!(ok(attrs("delete", "", "pods", "", "default", "mine"), None));
+        assert!(!ok(attrs("delete", "", "pods", "", "default", "theirs"), None));
+        assert!(ok(attrs("list", "", "pods", "", "", ""), None));
+        assert!(ok(attrs("get", "", "secrets", "", "default", "used"), None));
+        assert!(!ok(attrs("get", "", "secrets", "", "default", "other"), None));
+        assert!(!ok(attrs("list", "", "secrets", "", "default", ""), None));
+        assert!(!ok(attrs("create", "", "services", "", "default", ""), None));
+        assert!(!ok(attrs("update", "apps", "deployments", "", "default", "d"), None));
+        assert!(ok(attrs("create", "", "events", "", "default", ""), None));
+        let mirror = json!({"metadata":{"annotations":{"kubernetes.io/config.mirror":"x"}},"spec":{"nodeName":"n1"}});
+        assert!(ok(attrs("create", "", "pods", "", "default", ""), Some(&mirror)));
+        assert!(!ok(attrs("create", "", "pods", "", "default", ""), Some(&json!({"spec":{"nodeName":"n1"}}))));
+        // not a node without the group
+        let fake = User { name: "system:node:n1".into(), groups: vec![] };
+        assert!(authorize(&fake, &attrs("get", "", "pods", "", "", ""), &Graph, None).is_err());
+    }
+}

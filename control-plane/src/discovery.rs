@@ -1,0 +1,276 @@
+//! Discovery documents (/api, /apis, group versions) and OpenAPI v3.
+
+use std::sync::OnceLock;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+use crate::resources::{self, Resource, Sub, RESOURCES};
+use crate::server::{json_response, Body};
+
+const VERBS: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+
+fn resource_entries(r: &Resource) -> Vec<Value> {
+    let mut main = json!({
+        "name": r.plural,
+        "singularName": r.singular,
+        "namespaced": r.namespaced,
+        "kind": r.kind,
+        "verbs": VERBS,
+    });
+    if !r.short_names.is_empty() {
+        main["shortNames"] = json!(r.short_names);
+    }
+    if !r.categories.is_empty() {
+        main["categories"] = json!(r.categories);
+    }
+    let mut out = vec![main];
+    for s in r.subresources {
+        let (kind, group, version, verbs): (&str, Option<&str>, Option<&str>, &[&str]) = match s {
+            Sub::Status => (r.kind, None, None, &["get", "patch", "update"]),
+            Sub::Scale => ("Scale", Some("autoscaling"), Some("v1"), &["get", "patch", "update"]),
+            Sub::Binding => ("Binding", None, None, &["create"]),
+            Sub::Eviction => ("Eviction", Some("policy"), Some("v1"), &["create"]),
+            Sub::Log => ("Pod", None, None, &["get"]),
+            Sub::Exec => ("PodExecOptions", None, None, &["create", "get"]),
+            Sub::Attach => ("PodAttachOptions", None, None, &["create", "get"]),
+            Sub::PortForward => ("PodPortForwardOptions", None, None, &["create", "get"]),
+        };
+        let mut e = json!({
+            "name": format!("{}/{}", r.plural, s.name()),
+            "singularName": "",
+            "namespaced": r.namespaced,
+            "kind": kind,
+            "verbs": verbs,
+        });
+        if let (Some(g), Some(v)) = (group, version) {
+            e["group"] = json!(g);
+            e["version"] = json!(v);
+        }
+        out.push(e);
+    }
+    out
+}
+
+fn resource_list(group: &str, version: &str) -> Value {
+    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    let resources: Vec<Value> = RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+        .flat_map(resource_entries)
+        .collect();
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
+}
+
+fn group_doc(group: &str) -> Value {
+    let versions: Vec<Value> = resources::group_versions()
+        .into_iter()
+        .filter(|(g, _)| *g == group)
+        .map(|(g, v)| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
+        .collect();
+    let preferred = versions.first().cloned().unwrap_or(Value::Null);
+    json!({"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": versions, "preferredVersion": preferred})
+}
+
+/// Serves discovery and OpenAPI paths; None for any other path.
+pub fn serve(path: &str, _req: &Request<Incoming>) -> Result<Option<Response<Body>>, ApiError> {
+    let path = path.trim_end_matches('/');
+    let v = match path {
+        "/api" => json!({
+            "kind": "APIVersions",
+            "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
+        }),
+        "/api/v1" => resource_list("", "v1"),
+        "/apis" => {
+            let mut groups: Vec<&str> = Vec::new();
+            for (g, _) in resources::group_versions() {
+                if !g.is_empty() && !groups.contains(&g) {
+                    groups.push(g);
+                }
+            }
+            let docs: Vec<Value> = groups.iter().map(|g| group_doc(g)).collect();
+            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": docs})
+        }
+        "/openapi/v3" => openapi_index(),
+        "/openapi/v2" => return Err(ApiError::no_route()),
+        p if p.starts_with("/openapi/v3/") => {
+            let gv = &p["/openapi/v3/".len()..];
+            let (group, version) = match gv.split('/').collect::<Vec<_>>().as_slice() {
+                ["api", v] => ("", *v),
+                ["apis", g, v] => (*g, *v),
+                _ => return Err(ApiError::no_route()),
+            };
+            if !resources::group_versions().contains(&(group, version)) {
+                return Err(ApiError::no_route());
+            }
+            openapi_doc(group, version)
+        }
+        p if p.starts_with("/apis/") => {
+            let rest: Vec<&str> = p["/apis/".len()..].split('/').collect();
+            match rest.as_slice() {
+                [g] if resources::group_versions().iter().any(|(x, _)| x == g) => group_doc(g),
+                [g, v] if resources::group_versions().contains(&(g, v)) => resource_list(g, v),
+                [_] | [_, _] => return Err(ApiError::no_route()),
+                _ => return Ok(None),
+            }
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(json_response(200, &v)))
+}
+
+fn gv_path(group: &str, version: &str) -> String {
+    if group.is_empty() {
+        format!("api/{version}")
+    } else {
+        format!("apis/{group}/{version}")
+    }
+}
+
+fn openapi_index() -> Value {
+    let mut paths = Map::new();
+    for (g, v) in resources::group_versions() {
+        let p = gv_path(g, v);
+        let hash = format!("{:016X}", fnv(&p));
+        paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={hash}")}));
+    }
+    json!({"paths": paths})
+}
+
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
+
+/// Builds the schema components for every kind of a group version with schemars from the
+/// k8s-openapi types, tagged with x-kubernetes-group-version-kind as upstream does.
+fn components(group: &str, version: &str) -> Map<String, Value> {
+    use k8s_openapi::api::{apps, coordination, core, discovery, storage};
+    let settings = schemars::generate::SchemaSettings::openapi3().with(|s| {
+        s.definitions_path = "/components/schemas".into();
+    });
+    let mut generator = settings.into_generator();
+    let mut roots: Vec<(String, &Resource)> = Vec::new();
+    macro_rules! add {
+        ($ty:ty, $plural:expr) => {{
+            let r = RESOURCES.iter().find(|r| r.group == group && r.version == version && r.plural == $plural);
+            if let Some(r) = r {
+                generator.subschema_for::<$ty>();
+                roots.push((<$ty as schemars::JsonSchema>::schema_name().to_string(), r));
+            }
+        }};
+    }
+    add!(core::v1::Namespace, "namespaces");
+    add!(core::v1::Node, "nodes");
+    add!(core::v1::Pod, "pods");
+    add!(core::v1::Service, "services");
+    add!(core::v1::Endpoints, "endpoints");
+    add!(core::v1::ConfigMap, "configmaps");
+    add!(core::v1::Secret, "secrets");
+    add!(core::v1::ServiceAccount, "serviceaccounts");
+    add!(core::v1::Event, "events");
+    add!(core::v1::PersistentVolume, "persistentvolumes");
+    add!(core::v1::PersistentVolumeClaim, "persistentvolumeclaims");
+    add!(discovery::v1::EndpointSlice, "endpointslices");
+    add!(coordination::v1::Lease, "leases");
+    add!(storage::v1::StorageClass, "storageclasses");
+    add!(storage::v1::CSIDriver, "csidrivers");
+    add!(storage::v1::CSINode, "csinodes");
+    add!(storage::v1::VolumeAttachment, "volumeattachments");
+    add!(apps::v1::Deployment, "deployments");
+    add!(apps::v1::ReplicaSet, "replicasets");
+    add!(apps::v1::DaemonSet, "daemonsets");
+    let mut defs: Map<String, Value> = generator
+        .take_definitions(true)
+        .into_iter()
+        .collect();
+    for (name, r) in roots {
+        if let Some(Value::Object(s)) = defs.get_mut(&name) {
+            s.insert(
+                "x-kubernetes-group-version-kind".into(),
+                json!([{"group": r.group, "version": r.version, "kind": r.kind}]),
+            );
+        }
+    }
+    defs
+}
+
+fn openapi_doc(group: &str, version: &str) -> Value {
+    static CACHE: OnceLock<std::sync::Mutex<std::collections::HashMap<String, Value>>> = OnceLock::new();
+    let key = gv_path(group, version);
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(v) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return v.clone();
+    }
+    let schemas = components(group, version);
+    // Paths with the fieldValidation parameter on PATCH/PUT/POST: kubectl then leaves field
+    // validation to the server (which implements fieldValidation=Strict).
+    let field_validation = json!({
+        "name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true},
+        "description": "fieldValidation instructs the server on how to handle objects in the request containing unknown or duplicate fields."
+    });
+    let mut paths = Map::new();
+    for r in RESOURCES.iter().filter(|r| r.group == group && r.version == version) {
+        let base = if r.namespaced {
+            format!("/{}/namespaces/{{namespace}}/{}", key, r.plural)
+        } else {
+            format!("/{}/{}", key, r.plural)
+        };
+        let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+        let op = |action: &str| {
+            json!({
+                "parameters": [field_validation.clone()],
+                "x-kubernetes-action": action,
+                "x-kubernetes-group-version-kind": gvk.clone(),
+                "responses": {"200": {"description": "OK"}},
+            })
+        };
+        paths.insert(base.clone(), json!({"post": op("post"), "get": op("list")}));
+        paths.insert(
+            format!("{base}/{{name}}"),
+            json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}),
+        );
+    }
+    let doc = json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.33.0"},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    });
+    cache.lock().unwrap_or_else(|p| p.into_inner()).insert(key, doc.clone());
+    doc
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_resource_list_has_subresources() {
+        let l = resource_list("", "v1");
+        let names: Vec<&str> = l["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+        assert!(names.contains(&"pods"));
+        assert!(names.contains(&"pods/status"));
+        assert!(names.contains(&"pods/exec"));
+        assert!(names.contains(&"nodes"));
+        let apps = resource_list("apps", "v1");
+        let scale = apps["resources"].as_array().unwrap().iter().find(|r| r["name"] == "deployments/scale").unwrap();
+        assert_eq!(scale["group"], "autoscaling");
+    }
+
+    #[test]
+    fn openapi_doc_has_tagged_schemas_with_resolvable_refs() {
+        let d = openapi_doc("apps", "v1");
+        let schemas = d["components"]["schemas"].as_object().unwrap();
+        let dep = &schemas["io.k8s.api.apps.v1.Deployment"];
+        assert_eq!(dep["x-kubernetes-group-version-kind"][0]["kind"], "Deployment");
+        let text = d.to_string();
+        for r in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+            let name = &r[..r.find('"').unwrap()];
+            assert!(schemas.contains_key(name), "unresolved {name}");
+        }
+    }
+}

@@ -1,0 +1,749 @@
+//! HTTPS serving: TLS with optional client certificates, authentication, routing of the
+//! Kubernetes REST paths, content negotiation (JSON, YAML in, Table out) and watch streaming.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt as _;
+use http::{header, Method, Request, Response};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use serde_json::{json, Value};
+
+use crate::api::{Api, DeleteOptions, ListOptions, PatchType, WatchItem};
+use crate::auth::{self, Attributes, NodeGraph, Tokens, User};
+use crate::discovery;
+use crate::error::ApiError;
+use crate::resources::{self, Resource, Sub};
+use crate::store::Record;
+
+pub type Body = BoxBody<Bytes, std::io::Error>;
+
+/// Largest request body accepted (upstream's limit).
+pub const MAX_BODY: usize = 3 * 1024 * 1024;
+
+pub struct ServerState {
+    pub api: Arc<Api>,
+    pub tokens: Tokens,
+    pub kubelet: Option<crate::proxy::KubeletClient>,
+    pub version: Value,
+}
+
+fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into()).map_err(|never: Infallible| match never {}).boxed()
+}
+
+pub fn json_response(status: u16, v: &Value) -> Response<Body> {
+    let body = serde_json::to_vec(v).unwrap_or_default();
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(full(body))
+        .unwrap_or_else(|_| Response::new(full("")))
+}
+
+fn raw_json_response(status: u16, bytes: Bytes) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(full(bytes))
+        .unwrap_or_else(|_| Response::new(full("")))
+}
+
+pub fn error_response(e: &ApiError) -> Response<Body> {
+    json_response(e.code, &e.status())
+}
+
+/// A parsed resource request path.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestInfo {
+    pub group: String,
+    pub version: String,
+    pub namespace: Option<String>,
+    pub resource: String,
+    pub name: Option<String>,
+    pub subresource: Option<String>,
+    /// The legacy `/watch/` path prefix was used.
+    pub watch_path: bool,
+}
+
+/// Parses `/api/v1/...` and `/apis/<group>/<version>/...` paths below the group-version.
+pub fn parse_path(path: &str) -> Option<RequestInfo> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", v, rest @ ..] if !rest.is_empty() => ("", *v, rest),
+        ["apis", g, v, rest @ ..] if !rest.is_empty() => (*g, *v, rest),
+        _ => return None,
+    };
+    let mut info = RequestInfo { group: group.into(), version: version.into(), ..Default::default() };
+    let mut rest = rest;
+    if rest.first() == Some(&"watch") {
+        info.watch_path = true;
+        rest = &rest[1..];
+    }
+    match rest {
+        ["namespaces", ns, sub @ ("status" | "finalize")] => {
+            info.resource = "namespaces".into();
+            info.name = Some(ns.to_string());
+            info.subresource = Some(sub.to_string());
+        }
+        ["namespaces", ns, resource, tail @ ..] => {
+            info.namespace = Some(ns.to_string());
+            info.resource = resource.to_string();
+            match tail {
+                [] => {}
+                [name] => info.name = Some(name.to_string()),
+                [name, sub] => {
+                    info.name = Some(name.to_string());
+                    info.subresource = Some(sub.to_string());
+                }
+                _ => return None,
+            }
+        }
+        [resource] => info.resource = resource.to_string(),
+        [resource, name] => {
+            info.resource = resource.to_string();
+            info.name = Some(name.to_string());
+        }
+        [resource, name, sub] => {
+            info.resource = resource.to_string();
+            info.name = Some(name.to_string());
+            info.subresource = Some(sub.to_string());
+        }
+        _ => return None,
+    }
+    if info.resource.is_empty() || info.name.as_deref() == Some("") {
+        return None;
+    }
+    Some(info)
+}
+
+fn query(req: &Request<Incoming>) -> HashMap<String, String> {
+    req.uri()
+        .query()
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default()
+}
+
+/// How the client wants the response.
+#[derive(Debug, Clone, PartialEq)]
+enum Output {
+    Json,
+    Yaml,
+    Table { include_object: String },
+}
+
+fn negotiate(req: &Request<Incoming>, q: &HashMap<String, String>) -> Result<Output, ApiError> {
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .unwrap_or("application/json")
+        .to_string();
+    let include = q.get("includeObject").cloned().unwrap_or_else(|| "Metadata".into());
+    for part in accept.split(',') {
+        let part = part.trim();
+        let mut params = part.split(';').map(str::trim);
+        let media = params.next().unwrap_or("");
+        let params: Vec<&str> = params.collect();
+        let is_table = params.contains(&"as=Table") && params.contains(&"g=meta.k8s.io");
+        match media {
+            "application/json" | "*/*" | "application/*" if is_table => {
+                return Ok(Output::Table { include_object: include })
+            }
+            "application/json" | "*/*" | "application/*" => {
+                if params.iter().any(|p| p.starts_with("as=")) {
+                    continue; // another conversion we do not offer (e.g. PartialObjectMetadata)
+                }
+                return Ok(Output::Json);
+            }
+            "application/yaml" => return Ok(Output::Yaml),
+            _ => continue,
+        }
+    }
+    if accept.contains("application/vnd.kubernetes.protobuf") && !accept.contains("json") {
+        return Err(ApiError::not_acceptable(&accept));
+    }
+    Ok(Output::Json)
+}
+
+fn respond(out: &Output, status: u16, res: Option<&Resource>, obj: Value) -> Response<Body> {
+    match out {
+        Output::Json => json_response(status, &obj),
+        Output::Yaml => {
+            let body = serde_yaml::to_string(&obj).unwrap_or_default();
+            Response::builder()
+                .status(status)
+                .header(header::CONTENT_TYPE, "application/yaml")
+                .body(full(body))
+                .unwrap_or_else(|_| Response::new(full("")))
+        }
+        Output::Table { include_object } => match res {
+            Some(res) if obj.get("kind").and_then(|k| k.as_str()) != Some("Status") => {
+                let (items, list_meta) = if obj.get("items").is_some() {
+                    (
+                        obj.get("items").and_then(|i| i.as_array()).cloned().unwrap_or_default(),
+                        obj.get("metadata").cloned().unwrap_or(json!({})),
+                    )
+                } else {
+                    let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""));
+                    (vec![obj], json!({"resourceVersion": rv}))
+                };
+                let t = crate::table::table(res.plural, &items, include_object, list_meta, jiff::Timestamp::now());
+                json_response(status, &t)
+            }
+            _ => json_response(status, &obj),
+        },
+    }
+}
+
+fn record_response(out: &Output, status: u16, res: &Resource, r: &Record) -> Response<Body> {
+    match out {
+        Output::Json => raw_json_response(status, r.value.clone()),
+        _ => match r.json() {
+            Ok(v) => respond(out, status, Some(res), v),
+            Err(e) => error_response(&e.into()),
+        },
+    }
+}
+
+/// Reads a body, enforcing the size limit. An oversized body is still read (and dropped) up to
+/// a hard cap, so a client that writes its whole body before reading gets the 413 rather than
+/// a stalled connection.
+async fn read_body(req: Request<Incoming>) -> Result<(http::request::Parts, Bytes), ApiError> {
+    const DRAIN_CAP: usize = 64 * 1024 * 1024;
+    let (parts, mut body) = req.into_parts();
+    let mut buf = bytes::BytesMut::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            total += data.len();
+            if total <= MAX_BODY {
+                buf.extend_from_slice(&data);
+            } else if total > DRAIN_CAP {
+                break;
+            }
+        }
+    }
+    if total > MAX_BODY {
+        return Err(ApiError::too_large());
+    }
+    Ok((parts, buf.freeze()))
+}
+
+fn content_type(parts: &http::request::Parts) -> String {
+    parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|c| c.to_str().ok())
+        .unwrap_or("application/json")
+        .to_string()
+}
+
+/// Decodes a JSON or YAML object body.
+fn decode_body(ct: &str, body: &[u8]) -> Result<Value, ApiError> {
+    let media = ct.split(';').next().unwrap_or("").trim();
+    let v: Value = match media {
+        "application/json" | "" | "application/merge-patch+json" | "application/strategic-merge-patch+json"
+        | "application/json-patch+json" | "application/apply-patch+json" => serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("json: cannot unmarshal the request body: {e}")))?,
+        "application/yaml" | "application/apply-patch+yaml" => serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("yaml: unmarshal errors: {e}")))?,
+        other => return Err(ApiError::unsupported_media_type(other)),
+    };
+    Ok(v)
+}
+
+struct Graph<'a>(&'a Api);
+
+impl NodeGraph for Graph<'_> {
+    fn pod_node(&self, namespace: &str, name: &str) -> Option<String> {
+        let pods = resources::find("", "v1", "pods")?;
+        let r = futures::executor::block_on(self.0.store.get(&pods.key(Some(namespace), name))).ok()??;
+        r.attrs.field("spec.nodeName").map(str::to_string)
+    }
+
+    fn node_references(&self, node: &str, namespace: &str, resource: &str, name: &str) -> bool {
+        let Some(pods) = resources::find("", "v1", "pods") else { return false };
+        let Ok(listing) = futures::executor::block_on(self.0.store.list(&pods.prefix(Some(namespace)))) else {
+            return false;
+        };
+        listing
+            .records
+            .iter()
+            .filter(|r| r.attrs.field("spec.nodeName") == Some(node))
+            .filter_map(|r| r.json().ok())
+            .any(|pod| pod_references(&pod, resource, name))
+    }
+}
+
+fn pod_references(pod: &Value, resource: &str, name: &str) -> bool {
+    let eq = |v: Option<&Value>| v.and_then(|v| v.as_str()) == Some(name);
+    let spec = pod.get("spec").cloned().unwrap_or(Value::Null);
+    let volumes = spec.get("volumes").and_then(|v| v.as_array()).cloned().unwrap_or_default();
+    let containers: Vec<Value> = ["containers", "initContainers"]
+        .iter()
+        .filter_map(|k| spec.get(*k).and_then(|c| c.as_array()).cloned())
+        .flatten()
+        .collect();
+    match resource {
+        "secrets" => {
+            volumes.iter().any(|v| eq(v.pointer("/secret/secretName")))
+                || spec.get("imagePullSecrets").and_then(|s| s.as_array()).into_iter().flatten().any(|s| eq(s.get("name")))
+                || volumes.iter().any(|v| {
+                    v.pointer("/projected/sources").and_then(|s| s.as_array()).into_iter().flatten().any(|s| eq(s.pointer("/secret/name")))
+                })
+                || containers.iter().any(|c| {
+                    c.get("env").and_then(|e| e.as_array()).into_iter().flatten().any(|e| eq(e.pointer("/valueFrom/secretKeyRef/name")))
+                        || c.get("envFrom").and_then(|e| e.as_array()).into_iter().flatten().any(|e| eq(e.pointer("/secretRef/name")))
+                })
+        }
+        "configmaps" => {
+            volumes.iter().any(|v| eq(v.pointer("/configMap/name")))
+                || volumes.iter().any(|v| {
+                    v.pointer("/projected/sources").and_then(|s| s.as_array()).into_iter().flatten().any(|s| eq(s.pointer("/configMap/name")))
+                })
+                || containers.iter().any(|c| {
+                    c.get("env").and_then(|e| e.as_array()).into_iter().flatten().any(|e| eq(e.pointer("/valueFrom/configMapKeyRef/name")))
+                        || c.get("envFrom").and_then(|e| e.as_array()).into_iter().flatten().any(|e| eq(e.pointer("/configMapRef/name")))
+                })
+        }
+        "persistentvolumeclaims" => volumes.iter().any(|v| eq(v.pointer("/persistentVolumeClaim/claimName"))),
+        _ => false,
+    }
+}
+
+fn verb_of(method: &Method, info: &RequestInfo, q: &HashMap<String, String>) -> &'static str {
+    let watch = info.watch_path || matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
+    match *method {
+        Method::GET | Method::HEAD if info.name.is_none() => {
+            if watch {
+                "watch"
+            } else {
+                "list"
+            }
+        }
+        Method::GET | Method::HEAD => {
+            if watch {
+                "watch"
+            } else {
+                "get"
+            }
+        }
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if info.name.is_none() => "deletecollection",
+        Method::DELETE => "delete",
+        _ => "unknown",
+    }
+}
+
+/// Entry point for one request.
+pub async fn handle(state: Arc<ServerState>, cert_user: Option<User>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let started = std::time::Instant::now();
+    let resp = route(&state, cert_user, req).await;
+    let resp = resp.unwrap_or_else(|e| error_response(&e));
+    tracing::debug!(%method, %path, status = resp.status().as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request");
+    resp
+}
+
+async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let path = req.uri().path().to_string();
+    // Public endpoints (upstream's system:public-info-viewer).
+    match path.as_str() {
+        "/healthz" | "/livez" | "/readyz" | "/healthz/ping" | "/livez/ping" | "/readyz/ping" => {
+            return Ok(Response::builder()
+                .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+                .body(full("ok"))
+                .unwrap_or_else(|_| Response::new(full("ok"))));
+        }
+        "/version" => return Ok(json_response(200, &state.version)),
+        _ => {}
+    }
+    let user = match cert_user {
+        Some(u) => u,
+        None => {
+            let authz = req.headers().get(header::AUTHORIZATION).and_then(|a| a.to_str().ok()).unwrap_or("");
+            state.tokens.authenticate(authz).ok_or_else(ApiError::unauthorized)?
+        }
+    };
+    let q = query(&req);
+    // Discovery and OpenAPI: any authenticated user (upstream's system:discovery).
+    if let Some(resp) = discovery::serve(&path, &req)? {
+        return Ok(resp);
+    }
+    let Some(info) = parse_path(&path) else {
+        return Err(ApiError::no_route());
+    };
+    let res = resources::find(&info.group, &info.version, &info.resource).ok_or_else(ApiError::no_route)?;
+    if res.namespaced != info.namespace.is_some() && !(res.namespaced && info.namespace.is_none() && info.name.is_none()) {
+        return Err(ApiError::no_route());
+    }
+    let sub = match info.subresource.as_deref() {
+        None => None,
+        Some(s) => Some(
+            res.subresources
+                .iter()
+                .copied()
+                .find(|x| x.name() == s)
+                .ok_or_else(ApiError::no_route)?,
+        ),
+    };
+    let verb = verb_of(req.method(), &info, &q);
+    let out = negotiate(&req, &q)?;
+    // Bodies are needed for some authorization decisions (node creating its own Node).
+    let (parts, body, req_opt) = match *req.method() {
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE if !matches!(sub, Some(Sub::Exec | Sub::Attach | Sub::PortForward)) => {
+            let (p, b) = read_body(req).await?;
+            (Some(p), Some(b), None)
+        }
+        _ => (None, None, Some(req)),
+    };
+    let ct = parts.as_ref().map(content_type).unwrap_or_default();
+    let body_value = match (&body, verb) {
+        (Some(b), "create" | "update") if !b.is_empty() => Some(decode_body(&ct, b)?),
+        _ => None,
+    };
+    let ns = info.namespace.as_deref();
+    let name = info.name.as_deref().unwrap_or("");
+    let attrs = Attributes {
+        verb,
+        group: res.group,
+        resource: res.plural,
+        subresource: info.subresource.as_deref().unwrap_or(""),
+        namespace: ns.unwrap_or(""),
+        name,
+    };
+    if let Err(why) = auth::authorize(&user, &attrs, &Graph(&state.api), body_value.as_ref()) {
+        return Err(ApiError::forbidden(&res.group_resource(), name, why));
+    }
+    let dry_run = q.get("dryRun").map(|d| d == "All").unwrap_or(false);
+    let field_validation = q.get("fieldValidation").cloned().unwrap_or_else(|| "Warn".into());
+    let mut warnings = Vec::new();
+    let api = &state.api;
+    let mut resp = match (sub, verb) {
+        (None, "get") => {
+            let r = api.get(res, ns, name).await?;
+            record_response(&out, 200, res, &r)
+        }
+        (None, "list") => list(api, res, ns, &q, &out).await?,
+        (None, "watch") | (Some(Sub::Status), "watch") => watch(api, res, ns, name, &info, &q, &out)?,
+        (None, "create") => {
+            let obj = body_value.ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
+            Api::check_type(res, &obj, res.kind, &res.api_version())?;
+            let obj = Api::decode(res, obj, &field_validation, &mut warnings)?;
+            let r = api.create(res, ns, obj, dry_run).await?;
+            record_response(&out, 201, res, &r)
+        }
+        (None | Some(Sub::Status), "update") => {
+            let obj = body_value.ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
+            Api::check_type(res, &obj, res.kind, &res.api_version())?;
+            let obj = Api::decode(res, obj, &field_validation, &mut warnings)?;
+            let (r, created) = api.update(res, ns, name, obj, sub == Some(Sub::Status), dry_run).await?;
+            record_response(&out, if created { 201 } else { 200 }, res, &r)
+        }
+        (None | Some(Sub::Status), "patch") => {
+            let pt = PatchType::from_content_type(&ct).ok_or_else(|| ApiError::unsupported_media_type(&ct))?;
+            let patch = decode_body(&ct, body.as_deref().unwrap_or_default())?;
+            if pt == PatchType::Apply && q.get("fieldManager").map(|m| m.is_empty()).unwrap_or(true) {
+                return Err(ApiError::bad_request("PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"));
+            }
+            let r = api
+                .patch(res, ns, name, pt, &patch, sub == Some(Sub::Status), &field_validation, &mut warnings, dry_run)
+                .await?;
+            record_response(&out, 200, res, &r)
+        }
+        (Some(Sub::Status), "get") => {
+            let r = api.get(res, ns, name).await?;
+            record_response(&out, 200, res, &r)
+        }
+        (None, "delete") => {
+            let opts = delete_options(&q, body.as_deref())?;
+            let (r, _gone) = api.delete(res, ns, name, &opts).await?;
+            record_response(&out, 200, res, &r)
+        }
+        (None, "deletecollection") => {
+            let opts = delete_options(&q, body.as_deref())?;
+            let lopts = list_options(&q);
+            let page = api.list(res, ns, &lopts).await?;
+            let mut items = Vec::new();
+            for r in page.records {
+                let (rns, rname) = resources::key_parts(res, &r.key);
+                match api.delete(res, rns, rname, &opts).await {
+                    Ok((r, _)) => items.push(r.json()?),
+                    Err(e) if e.code == 404 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            json_response(200, &json!({"kind": format!("{}List", res.kind), "apiVersion": res.api_version(), "metadata": {}, "items": items}))
+        }
+        (Some(Sub::Scale), v) => crate::subresources::scale(api, res, ns, name, v, &ct, body.as_deref()).await?,
+        (Some(Sub::Binding), "create") => {
+            crate::subresources::bind(api, ns, name, body_value.unwrap_or(Value::Null)).await?
+        }
+        (Some(Sub::Eviction), "create") => {
+            crate::subresources::evict(api, ns, name, body_value.unwrap_or(Value::Null)).await?
+        }
+        (Some(Sub::Log | Sub::Exec | Sub::Attach | Sub::PortForward), _) => {
+            let req = match req_opt {
+                Some(r) => r,
+                None => return Err(ApiError::method_not_allowed("this method")),
+            };
+            let kubelet = state.kubelet.as_ref().ok_or_else(|| ApiError::service_unavailable("no kubelet client configured"))?;
+            crate::proxy::proxy_pod_subresource(api, kubelet, ns.unwrap_or(""), name, sub.unwrap_or(Sub::Log), req).await?
+        }
+        (_, v) => return Err(ApiError::method_not_allowed(v)),
+    };
+    for w in warnings {
+        if let Ok(v) = http::HeaderValue::from_str(&format!("299 - \"{}\"", w.replace('"', "'"))) {
+            resp.headers_mut().append("Warning", v);
+        }
+    }
+    Ok(resp)
+}
+
+fn list_options(q: &HashMap<String, String>) -> ListOptions {
+    ListOptions {
+        label_selector: q.get("labelSelector").cloned(),
+        field_selector: q.get("fieldSelector").cloned(),
+        limit: q.get("limit").and_then(|l| l.parse().ok()),
+        continue_token: q.get("continue").cloned(),
+        resource_version: q.get("resourceVersion").cloned(),
+        timeout_seconds: q.get("timeoutSeconds").and_then(|t| t.parse().ok()),
+        allow_bookmarks: q.get("allowWatchBookmarks").map(|b| b == "true" || b == "1").unwrap_or(false),
+        send_initial_events: q.get("sendInitialEvents").map(|b| b == "true").unwrap_or(false),
+    }
+}
+
+fn delete_options(q: &HashMap<String, String>, body: Option<&[u8]>) -> Result<DeleteOptions, ApiError> {
+    let mut opts = DeleteOptions {
+        grace_period_seconds: q.get("gracePeriodSeconds").and_then(|g| g.parse().ok()),
+        propagation_policy: q.get("propagationPolicy").cloned(),
+        orphan_dependents: q.get("orphanDependents").map(|o| o == "true"),
+        dry_run: q.get("dryRun").map(|d| d == "All").unwrap_or(false),
+        ..Default::default()
+    };
+    if let Some(b) = body.filter(|b| !b.is_empty()) {
+        let v: Value = serde_json::from_slice(b).map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
+        if let Some(g) = v.get("gracePeriodSeconds").and_then(|g| g.as_i64()) {
+            opts.grace_period_seconds = Some(g);
+        }
+        if let Some(p) = v.get("propagationPolicy").and_then(|g| g.as_str()) {
+            opts.propagation_policy = Some(p.to_string());
+        }
+        if let Some(o) = v.get("orphanDependents").and_then(|g| g.as_bool()) {
+            opts.orphan_dependents = Some(o);
+        }
+        if let Some(u) = v.pointer("/preconditions/uid").and_then(|g| g.as_str()) {
+            opts.precondition_uid = Some(u.to_string());
+        }
+        if let Some(u) = v.pointer("/preconditions/resourceVersion").and_then(|g| g.as_str()) {
+            opts.precondition_rv = Some(u.to_string());
+        }
+        if v.get("dryRun").and_then(|d| d.as_array()).map(|d| d.iter().any(|x| x == "All")).unwrap_or(false) {
+            opts.dry_run = true;
+        }
+    }
+    Ok(opts)
+}
+
+async fn list(api: &Api, res: &'static Resource, ns: Option<&str>, q: &HashMap<String, String>, out: &Output) -> Result<Response<Body>, ApiError> {
+    let opts = list_options(q);
+    let page = api.list(res, ns, &opts).await?;
+    let mut meta = json!({"resourceVersion": page.revision.to_string()});
+    if let Some(c) = &page.continue_token {
+        meta["continue"] = json!(c);
+    }
+    if let Some(r) = page.remaining {
+        meta["remainingItemCount"] = json!(r);
+    }
+    if let Output::Json = out {
+        // Splice the stored bytes without re-encoding each object.
+        let mut buf = Vec::with_capacity(page.records.iter().map(|r| r.value.len() + 1).sum::<usize>() + 256);
+        buf.extend_from_slice(
+            format!("{{\"kind\":\"{}List\",\"apiVersion\":\"{}\",\"metadata\":{},\"items\":[", res.kind, res.api_version(), meta).as_bytes(),
+        );
+        for (i, r) in page.records.iter().enumerate() {
+            if i > 0 {
+                buf.push(b',');
+            }
+            buf.extend_from_slice(&r.value);
+        }
+        buf.extend_from_slice(b"]}");
+        return Ok(raw_json_response(200, Bytes::from(buf)));
+    }
+    let items: Result<Vec<Value>, _> = page.records.iter().map(|r| r.json()).collect();
+    let list = json!({"kind": format!("{}List", res.kind), "apiVersion": res.api_version(), "metadata": meta, "items": items?});
+    Ok(respond(out, 200, Some(res), list))
+}
+
+fn watch(
+    api: &Arc<Api>,
+    res: &'static Resource,
+    ns: Option<&str>,
+    name: &str,
+    info: &RequestInfo,
+    q: &HashMap<String, String>,
+    out: &Output,
+) -> Result<Response<Body>, ApiError> {
+    let mut opts = list_options(q);
+    if info.name.is_some() {
+        // watch of a single object (legacy /watch/ path with a name)
+        let sel = format!("metadata.name={name}");
+        opts.field_selector = Some(match opts.field_selector.take().filter(|f| !f.is_empty()) {
+            Some(f) => format!("{f},{sel}"),
+            None => sel,
+        });
+    }
+    let rx = api.watch(res, ns, &opts)?;
+    let out = out.clone();
+    let mut first_table = true;
+    let stream = tokio_stream_from(rx).map(move |item| {
+        let line = watch_line(res, &out, item, &mut first_table);
+        Ok::<_, std::io::Error>(Frame::data(Bytes::from(line)))
+    });
+    Response::builder()
+        .status(200)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CACHE_CONTROL, "no-cache, private")
+        .body(BodyExt::boxed(StreamBody::new(stream)))
+        .map_err(ApiError::internal)
+}
+
+fn tokio_stream_from<T: Send + 'static>(mut rx: tokio::sync::mpsc::Receiver<T>) -> impl futures::Stream<Item = T> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+fn watch_line(res: &Resource, out: &Output, item: WatchItem, first_table: &mut bool) -> Vec<u8> {
+    let mut line = match item {
+        WatchItem::Event { kind, object } => match out {
+            Output::Table { include_object } => {
+                let obj: Value = serde_json::from_slice(&object).unwrap_or(Value::Null);
+                let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""));
+                let mut t = crate::table::table(res.plural, &[obj], include_object, json!({"resourceVersion": rv}), jiff::Timestamp::now());
+                if !*first_table {
+                    t["columnDefinitions"] = json!([]);
+                }
+                *first_table = false;
+                serde_json::to_vec(&json!({"type": kind, "object": t})).unwrap_or_default()
+            }
+            _ => {
+                let mut v = Vec::with_capacity(object.len() + 32);
+                v.extend_from_slice(format!("{{\"type\":\"{kind}\",\"object\":").as_bytes());
+                v.extend_from_slice(&object);
+                v.push(b'}');
+                v
+            }
+        },
+        WatchItem::Bookmark { revision, initial_events_end } => {
+            let mut meta = json!({"resourceVersion": revision.to_string()});
+            if initial_events_end {
+                meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+            }
+            let obj = json!({"kind": res.kind, "apiVersion": res.api_version(), "metadata": meta});
+            serde_json::to_vec(&json!({"type": "BOOKMARK", "object": obj})).unwrap_or_default()
+        }
+        WatchItem::Error(e) => serde_json::to_vec(&json!({"type": "ERROR", "object": e.status()})).unwrap_or_default(),
+    };
+    line.push(b'\n');
+    line
+}
+
+/// TLS and connection serving.
+pub async fn serve_tls(
+    state: Arc<ServerState>,
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let mut shutdown = shutdown;
+    loop {
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let acceptor = acceptor.clone();
+        let state = state.clone();
+        tokio::spawn(async move {
+            let _ = tcp.set_nodelay(true);
+            let tls = match acceptor.accept(tcp).await {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "tls handshake failed");
+                    return;
+                }
+            };
+            let cert_user = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| auth::identity_from_cert(c));
+            serve_conn(state, tls, cert_user, peer).await;
+        });
+    }
+}
+
+async fn serve_conn<IO>(state: Arc<ServerState>, io: IO, cert_user: Option<User>, peer: SocketAddr)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req| {
+        let state = state.clone();
+        let user = cert_user.clone();
+        async move { Ok::<_, Infallible>(handle(state, user, req).await) }
+    });
+    let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    if let Err(e) = builder.serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(io), svc).await {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths() {
+        let p = parse_path("/api/v1/namespaces/default/pods/web/status").unwrap();
+        assert_eq!(
+            (p.group.as_str(), p.namespace.as_deref(), p.resource.as_str(), p.name.as_deref(), p.subresource.as_deref()),
+            ("", Some("default"), "pods", Some("web"), Some("status"))
+        );
+        let p = parse_path("/apis/apps/v1/deployments").unwrap();
+        assert_eq!((p.group.as_str(), p.resource.as_str(), p.namespace), ("apps", "deployments", None));
+        let p = parse_path("/api/v1/namespaces/kube-system").unwrap();
+        assert_eq!((p.resource.as_str(), p.name.as_deref()), ("namespaces", Some("kube-system")));
+        let p = parse_path("/api/v1/namespaces/x/status").unwrap();
+        assert_eq!((p.resource.as_str(), p.name.as_deref(), p.subresource.as_deref()), ("namespaces", Some("x"), Some("status")));
+        let p = parse_path("/api/v1/watch/namespaces/default/pods").unwrap();
+        assert!(p.watch_path);
+        assert!(parse_path("/api/v1").is_none());
+        assert!(parse_path("/api/v1/namespaces/a/pods/b/c/d").is_none());
+    }
+
+    #[test]
+    fn pod_refs() {
+        let pod = json!({"spec":{"volumes":[{"name":"v","secret":{"secretName":"s1"}},{"name":"c","configMap":{"name":"cm1"}}],
+            "containers":[{"name":"a","env":[{"name":"X","valueFrom":{"secretKeyRef":{"name":"s2","key":"k"}}}]}]}});
+        assert!(pod_references(&pod, "secrets", "s1"));
+        assert!(pod_references(&pod, "secrets", "s2"));
+        assert!(!pod_references(&pod, "secrets", "s3"));
+        assert!(pod_references(&pod, "configmaps", "cm1"));
+    }
+}

@@ -1,0 +1,151 @@
+//! The storage seam of the API server.
+//!
+//! The [`Store`] trait follows etcd v3's model so that an etcd backend fits it later: one global
+//! revision counter, every object carries the revision that created it and the one that last
+//! modified it (`resourceVersion` = mod revision), writes are single-key transactions guarded by
+//! the expected mod revision, and watches start from a revision, failing with
+//! [`StoreError::Compacted`] when that revision is older than the history kept.
+//!
+//! Values go in as JSON objects; the store stamps `metadata.resourceVersion` with the revision of
+//! the write before the value is kept, so reads hand out the exact bytes clients receive (an etcd
+//! backend would stamp on read instead, as upstream's etcd3 storage does).
+
+mod embedded;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use tokio::sync::broadcast;
+
+pub use embedded::{EmbeddedStore, EmbeddedStoreOptions};
+
+/// A revision of the store; `resourceVersion` on the wire.
+pub type Revision = i64;
+
+/// What list filtering and watch filtering look at, computed once per write by an [`Indexer`].
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Attrs {
+    pub labels: BTreeMap<String, String>,
+    /// Field-selector fields and their values (e.g. `spec.nodeName`).
+    pub fields: Vec<(&'static str, String)>,
+}
+
+impl Attrs {
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Computes the [`Attrs`] of an object stored under a key.
+pub type Indexer = Arc<dyn Fn(&str, &serde_json::Value) -> Attrs + Send + Sync>;
+
+/// One stored object.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub key: Arc<str>,
+    pub create_rev: Revision,
+    pub mod_rev: Revision,
+    /// The object as JSON, `metadata.resourceVersion` already set to `mod_rev`.
+    pub value: Bytes,
+    pub attrs: Arc<Attrs>,
+}
+
+impl Record {
+    pub fn json(&self) -> Result<serde_json::Value, StoreError> {
+        serde_json::from_slice(&self.value).map_err(|e| StoreError::Corrupt(e.to_string()))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// A change, in revision order. For `Deleted` the record is the last state of the object with
+/// `resourceVersion` set to the revision of the deletion.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub kind: EventKind,
+    pub rev: Revision,
+    pub record: Record,
+    /// The state before a modification or deletion (needed to tell a watcher with a selector
+    /// that an object stopped matching).
+    pub prev: Option<Record>,
+}
+
+/// A single-key write.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Fails with [`StoreError::AlreadyExists`] when the key exists.
+    Create { key: String, value: serde_json::Value },
+    /// Fails with [`StoreError::NotFound`] or, when `expect` is given and differs from the
+    /// current mod revision, [`StoreError::Conflict`].
+    Update { key: String, value: serde_json::Value, expect: Option<Revision> },
+    /// Same preconditions as `Update`.
+    Delete { key: String, expect: Option<Revision> },
+}
+
+impl Op {
+    pub fn key(&self) -> &str {
+        match self {
+            Op::Create { key, .. } | Op::Update { key, .. } | Op::Delete { key, .. } => key,
+        }
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("key already exists")]
+    AlreadyExists,
+    #[error("key not found")]
+    NotFound,
+    #[error("precondition failed: current revision is {current}")]
+    Conflict { current: Revision },
+    #[error("revision {requested} has been compacted; oldest available is {oldest}")]
+    Compacted { requested: Revision, oldest: Revision },
+    #[error("the store is closed")]
+    Closed,
+    #[error("storage i/o error: {0}")]
+    Io(String),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    #[error("invalid value: {0}")]
+    InvalidValue(String),
+}
+
+/// A consistent listing.
+#[derive(Debug, Clone)]
+pub struct Listing {
+    pub records: Vec<Record>,
+    /// The store revision the listing reflects.
+    pub revision: Revision,
+}
+
+/// A watch: the backlog of events after the requested revision that had already happened when
+/// the watch started, then the live feed. Events of every key arrive; callers filter by prefix.
+pub struct Watch {
+    pub backlog: Vec<Arc<Event>>,
+    pub live: broadcast::Receiver<Arc<Event>>,
+}
+
+pub trait Store: Send + Sync + 'static {
+    /// The latest committed revision.
+    fn revision(&self) -> Revision;
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Record>, StoreError>>;
+    /// Every record whose key starts with `prefix`, in key order.
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing, StoreError>>;
+    /// Applies one write once it is durable; returns the new record (for deletes, the deleted
+    /// object stamped with the deletion revision).
+    fn write(&self, op: Op) -> BoxFuture<'_, Result<Record, StoreError>>;
+    /// Events with a revision greater than `after`.
+    fn watch(&self, after: Revision) -> Result<Watch, StoreError>;
+    /// The oldest revision a watch can start after.
+    fn oldest_watchable(&self) -> Revision;
+}

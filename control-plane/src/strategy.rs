@@ -1,0 +1,785 @@
+//! Per-kind behaviour: field-selector attributes, defaulting, validation and the parts of an
+//! object each endpoint may change (upstream's "strategies").
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use crate::resources::{self, Resource};
+use crate::store::{Attrs, Indexer};
+use crate::validation::{self, FieldError};
+
+/// Field-selector fields each kind supports (beyond metadata.name and metadata.namespace).
+pub fn selectable_fields(res: &Resource) -> &'static [&'static str] {
+    match res.plural {
+        "pods" => &[
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ],
+        "events" => &[
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        ],
+        "nodes" => &["spec.unschedulable"],
+        "namespaces" => &["status.phase"],
+        "secrets" => &["type"],
+        "persistentvolumeclaims" | "persistentvolumes" => &["status.phase"],
+        "replicasets" => &["status.replicas"],
+        _ => &[],
+    }
+}
+
+fn field_string(v: Option<&Value>) -> String {
+    match v {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Bool(b)) => b.to_string(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// The indexer for every served kind: labels plus the selectable fields.
+pub fn indexer() -> Indexer {
+    Arc::new(|key: &str, obj: &Value| {
+        let labels: BTreeMap<String, String> = obj
+            .pointer("/metadata/labels")
+            .and_then(|l| l.as_object())
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut fields = vec![
+            ("metadata.name", field_string(obj.pointer("/metadata/name"))),
+            ("metadata.namespace", field_string(obj.pointer("/metadata/namespace"))),
+        ];
+        if let Some(res) = resources::from_key(key) {
+            for f in selectable_fields(res) {
+                let value = if *f == "source" {
+                    // events: source is the reporting component as upstream's field set has it
+                    field_string(obj.pointer("/source/component"))
+                } else if res.plural == "pods" && *f == "spec.hostNetwork" {
+                    field_string(obj.pointer("/spec/hostNetwork").or(Some(&Value::Bool(false))))
+                } else if res.plural == "nodes" && *f == "spec.unschedulable" {
+                    field_string(obj.pointer("/spec/unschedulable").or(Some(&Value::Bool(false))))
+                } else {
+                    let ptr = format!("/{}", f.replace('.', "/"));
+                    field_string(obj.pointer(&ptr))
+                };
+                fields.push((*f, value));
+            }
+        }
+        Attrs { labels, fields }
+    })
+}
+
+fn obj_mut<'a>(v: &'a mut Value, key: &str) -> &'a mut Map<String, Value> {
+    if !v.get(key).map(|x| x.is_object()).unwrap_or(false) {
+        v[key] = json!({});
+    }
+    match v.get_mut(key) {
+        Some(Value::Object(m)) => m,
+        // just ensured above
+        _ => unreachable!("object ensured"),
+    }
+}
+
+fn default(m: &mut Map<String, Value>, key: &str, value: Value) {
+    if m.get(key).map(|v| v.is_null()).unwrap_or(true) {
+        m.insert(key.to_string(), value);
+    }
+}
+
+/// Upstream's defaults for a PodSpec (pods and pod templates).
+pub fn default_pod_spec(spec: &mut Map<String, Value>) {
+    default(spec, "restartPolicy", json!("Always"));
+    default(spec, "terminationGracePeriodSeconds", json!(30));
+    default(spec, "dnsPolicy", json!("ClusterFirst"));
+    default(spec, "securityContext", json!({}));
+    default(spec, "schedulerName", json!("default-scheduler"));
+    if let Some(sa) = spec.get("serviceAccountName").cloned() {
+        default(spec, "serviceAccount", sa);
+    }
+    for list in ["containers", "initContainers"] {
+        if let Some(Value::Array(cs)) = spec.get_mut(list) {
+            for c in cs.iter_mut().filter_map(|c| c.as_object_mut()) {
+                default(c, "terminationMessagePath", json!("/dev/termination-log"));
+                default(c, "terminationMessagePolicy", json!("File"));
+                let latest = c
+                    .get("image")
+                    .and_then(|i| i.as_str())
+                    .map(|i| {
+                        let last = i.rsplit('/').next().unwrap_or(i);
+                        !last.contains(':') && !i.contains('@') || i.ends_with(":latest")
+                    })
+                    .unwrap_or(false);
+                default(
+                    c,
+                    "imagePullPolicy",
+                    json!(if latest { "Always" } else { "IfNotPresent" }),
+                );
+                default(c, "resources", json!({}));
+                if let Some(Value::Array(ports)) = c.get_mut("ports") {
+                    for p in ports.iter_mut().filter_map(|p| p.as_object_mut()) {
+                        default(p, "protocol", json!("TCP"));
+                    }
+                }
+                // limits without requests: requests default to the limits
+                if let Some(Value::Object(res)) = c.get_mut("resources") {
+                    if let Some(Value::Object(limits)) = res.get("limits").cloned() {
+                        let req = res.entry("requests").or_insert_with(|| json!({}));
+                        if let Some(req) = req.as_object_mut() {
+                            for (k, v) in limits {
+                                req.entry(k).or_insert(v);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if let Some(Value::Array(vols)) = spec.get_mut("volumes") {
+        for v in vols.iter_mut().filter_map(|v| v.as_object_mut()) {
+            for (src, mode_key) in
+                [("configMap", "defaultMode"), ("secret", "defaultMode"), ("projected", "defaultMode"), ("downwardAPI", "defaultMode")]
+            {
+                if let Some(Value::Object(s)) = v.get_mut(src) {
+                    default(s, mode_key, json!(420));
+                }
+            }
+            if let Some(Value::Object(hp)) = v.get_mut("hostPath") {
+                default(hp, "type", json!(""));
+            }
+        }
+        let has_source = |v: &Map<String, Value>| v.keys().any(|k| k != "name");
+        for v in vols.iter_mut().filter_map(|v| v.as_object_mut()) {
+            if !has_source(v) {
+                v.insert("emptyDir".into(), json!({}));
+            }
+        }
+    }
+    if let Some(Value::Array(tols)) = spec.get_mut("tolerations") {
+        let _ = tols;
+    }
+}
+
+fn default_template(obj: &mut Value) {
+    if let Some(Value::Object(spec)) = obj.pointer_mut("/spec/template/spec") {
+        default_pod_spec(spec);
+    }
+    if let Some(Value::Object(meta)) = obj.pointer_mut("/spec/template/metadata") {
+        let _ = meta;
+    } else if let Some(Value::Object(t)) = obj.pointer_mut("/spec/template") {
+        t.insert("metadata".into(), json!({}));
+    }
+    // upstream always serializes creationTimestamp: null inside templates
+    if let Some(Value::Object(meta)) = obj.pointer_mut("/spec/template/metadata") {
+        meta.entry("creationTimestamp").or_insert(Value::Null);
+    }
+}
+
+/// Applies upstream's defaults for the kind.
+pub fn apply_defaults(res: &Resource, obj: &mut Value) {
+    match res.plural {
+        "pods" => {
+            let spec = obj_mut(obj, "spec");
+            default_pod_spec(spec);
+            let qos = qos_class(obj.get("spec").unwrap_or(&Value::Null));
+            let status = obj_mut(obj, "status");
+            default(status, "phase", json!("Pending"));
+            default(status, "qosClass", json!(qos));
+        }
+        "services" => {
+            let spec = obj_mut(obj, "spec");
+            default(spec, "type", json!("ClusterIP"));
+            default(spec, "sessionAffinity", json!("None"));
+            let ty = spec.get("type").and_then(|t| t.as_str()).unwrap_or("ClusterIP").to_string();
+            if ty != "ExternalName" {
+                default(spec, "internalTrafficPolicy", json!("Cluster"));
+            }
+            if ty == "NodePort" || ty == "LoadBalancer" {
+                default(spec, "externalTrafficPolicy", json!("Cluster"));
+            }
+            if ty == "LoadBalancer" {
+                default(spec, "allocateLoadBalancerNodePorts", json!(true));
+            }
+            if let Some(Value::Array(ports)) = spec.get_mut("ports") {
+                for p in ports.iter_mut().filter_map(|p| p.as_object_mut()) {
+                    default(p, "protocol", json!("TCP"));
+                    if let Some(port) = p.get("port").cloned() {
+                        default(p, "targetPort", port);
+                    }
+                }
+            }
+            let status = obj_mut(obj, "status");
+            default(status, "loadBalancer", json!({}));
+        }
+        "deployments" => {
+            let spec = obj_mut(obj, "spec");
+            default(spec, "replicas", json!(1));
+            default(spec, "revisionHistoryLimit", json!(10));
+            default(spec, "progressDeadlineSeconds", json!(600));
+            default(
+                spec,
+                "strategy",
+                json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}),
+            );
+            if let Some(Value::Object(st)) = spec.get_mut("strategy") {
+                default(st, "type", json!("RollingUpdate"));
+                if st.get("type") == Some(&json!("RollingUpdate")) {
+                    let ru = st.entry("rollingUpdate").or_insert_with(|| json!({}));
+                    if let Some(ru) = ru.as_object_mut() {
+                        default(ru, "maxUnavailable", json!("25%"));
+                        default(ru, "maxSurge", json!("25%"));
+                    }
+                }
+            }
+            default_template(obj);
+        }
+        "replicasets" => {
+            let spec = obj_mut(obj, "spec");
+            default(spec, "replicas", json!(1));
+            default_template(obj);
+        }
+        "daemonsets" => {
+            let spec = obj_mut(obj, "spec");
+            default(spec, "revisionHistoryLimit", json!(10));
+            default(
+                spec,
+                "updateStrategy",
+                json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}),
+            );
+            default_template(obj);
+        }
+        "namespaces" => {
+            let spec = obj_mut(obj, "spec");
+            default(spec, "finalizers", json!(["kubernetes"]));
+            let status = obj_mut(obj, "status");
+            default(status, "phase", json!("Active"));
+            let name = obj.pointer("/metadata/name").cloned();
+            if let Some(name) = name {
+                let meta = obj_mut(obj, "metadata");
+                let labels = meta.entry("labels").or_insert_with(|| json!({}));
+                if let Some(l) = labels.as_object_mut() {
+                    l.insert("kubernetes.io/metadata.name".into(), name);
+                }
+            }
+        }
+        "secrets" => {
+            if let Some(m) = obj.as_object_mut() {
+                default(m, "type", json!("Opaque"));
+            }
+        }
+        "persistentvolumes" => {
+            let spec = obj_mut(obj, "spec");
+            default(spec, "persistentVolumeReclaimPolicy", json!("Retain"));
+            default(spec, "volumeMode", json!("Filesystem"));
+            let status = obj_mut(obj, "status");
+            default(status, "phase", json!("Pending"));
+        }
+        "persistentvolumeclaims" => {
+            let spec = obj_mut(obj, "spec");
+            default(spec, "volumeMode", json!("Filesystem"));
+            let status = obj_mut(obj, "status");
+            default(status, "phase", json!("Pending"));
+        }
+        "storageclasses" => {
+            if let Some(m) = obj.as_object_mut() {
+                default(m, "reclaimPolicy", json!("Delete"));
+                default(m, "volumeBindingMode", json!("Immediate"));
+            }
+        }
+        "csidrivers" => {
+            let spec = obj_mut(obj, "spec");
+            default(spec, "attachRequired", json!(true));
+            default(spec, "podInfoOnMount", json!(false));
+            default(spec, "requiresRepublish", json!(false));
+            default(spec, "storageCapacity", json!(false));
+            default(spec, "fsGroupPolicy", json!("ReadWriteOnceWithFSType"));
+            default(spec, "volumeLifecycleModes", json!(["Persistent"]));
+            default(spec, "seLinuxMount", json!(false));
+        }
+        "endpointslices" => {
+            if let Some(Value::Array(ports)) = obj.get_mut("ports") {
+                for p in ports.iter_mut().filter_map(|p| p.as_object_mut()) {
+                    default(p, "protocol", json!("TCP"));
+                    default(p, "name", json!(""));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// QoS class of a pod spec, as upstream computes it.
+pub fn qos_class(spec: &Value) -> &'static str {
+    let mut any = false;
+    let mut guaranteed = true;
+    let containers = ["containers", "initContainers"]
+        .iter()
+        .filter_map(|k| spec.get(*k).and_then(|c| c.as_array()))
+        .flatten();
+    for c in containers {
+        let req = c.pointer("/resources/requests").and_then(|r| r.as_object());
+        let lim = c.pointer("/resources/limits").and_then(|r| r.as_object());
+        let relevant = |m: Option<&Map<String, Value>>| -> Vec<(String, Value)> {
+            m.map(|m| {
+                m.iter()
+                    .filter(|(k, _)| *k == "cpu" || *k == "memory")
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+        };
+        let r = relevant(req);
+        let l = relevant(lim);
+        if !r.is_empty() || !l.is_empty() {
+            any = true;
+        }
+        if l.len() < 2 {
+            guaranteed = false;
+        }
+        for (k, v) in &r {
+            if l.iter().find(|(lk, _)| lk == k).map(|(_, lv)| lv) != Some(v) {
+                guaranteed = false;
+            }
+        }
+    }
+    if !any {
+        "BestEffort"
+    } else if guaranteed {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
+}
+
+fn name_rule(res: &Resource) -> fn(&str) -> Vec<String> {
+    match res.plural {
+        "namespaces" => validation::dns1123_label,
+        "services" => validation::dns1035_label,
+        _ => validation::dns1123_subdomain,
+    }
+}
+
+fn required_str(obj: &Value, ptr: &str, field: &str, errs: &mut Vec<FieldError>) {
+    if obj.pointer(ptr).and_then(|v| v.as_str()).map(|s| s.is_empty()).unwrap_or(true) {
+        errs.push(FieldError::required(field, ""));
+    }
+}
+
+fn validate_containers(spec: &Value, path: &str, errs: &mut Vec<FieldError>) {
+    let containers = spec.get("containers").and_then(|c| c.as_array());
+    match containers {
+        None => errs.push(FieldError::required(format!("{path}.containers"), "")),
+        Some(cs) if cs.is_empty() => errs.push(FieldError::required(format!("{path}.containers"), "")),
+        Some(_) => {}
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for list in ["initContainers", "containers"] {
+        for (i, c) in spec.get(list).and_then(|c| c.as_array()).into_iter().flatten().enumerate() {
+            let p = format!("{path}.{list}[{i}]");
+            match c.get("name").and_then(|n| n.as_str()) {
+                None | Some("") => errs.push(FieldError::required(format!("{p}.name"), "")),
+                Some(n) => {
+                    for m in validation::dns1123_label(n) {
+                        errs.push(FieldError::invalid(format!("{p}.name"), json!(n), &m));
+                    }
+                    if !names.insert(n.to_string()) {
+                        errs.push(FieldError::duplicate(format!("{p}.name"), json!(n)));
+                    }
+                }
+            }
+            if c.get("image").and_then(|n| n.as_str()).map(|s| s.trim().is_empty()).unwrap_or(true) {
+                errs.push(FieldError::required(format!("{p}.image"), ""));
+            }
+            for (j, port) in c.get("ports").and_then(|p| p.as_array()).into_iter().flatten().enumerate() {
+                let cp = port.get("containerPort").and_then(|p| p.as_i64()).unwrap_or(0);
+                if !(1..=65535).contains(&cp) {
+                    errs.push(FieldError::invalid(
+                        format!("{p}.ports[{j}].containerPort"),
+                        json!(cp),
+                        "must be between 1 and 65535, inclusive",
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(rp) = spec.get("restartPolicy").and_then(|r| r.as_str()) {
+        if !["Always", "OnFailure", "Never"].contains(&rp) {
+            errs.push(FieldError::not_supported(
+                format!("{path}.restartPolicy"),
+                json!(rp),
+                &["Always", "OnFailure", "Never"],
+            ));
+        }
+    }
+    let mut vol_names = std::collections::BTreeSet::new();
+    for (i, v) in spec.get("volumes").and_then(|v| v.as_array()).into_iter().flatten().enumerate() {
+        let n = v.get("name").and_then(|n| n.as_str()).unwrap_or("");
+        if n.is_empty() {
+            errs.push(FieldError::required(format!("{path}.volumes[{i}].name"), ""));
+        } else if !vol_names.insert(n.to_string()) {
+            errs.push(FieldError::duplicate(format!("{path}.volumes[{i}].name"), json!(n)));
+        }
+    }
+}
+
+fn selector_matches_template(obj: &Value, errs: &mut Vec<FieldError>) {
+    let Some(sel) = obj.pointer("/spec/selector") else {
+        errs.push(FieldError::required("spec.selector", ""));
+        return;
+    };
+    let parsed: Result<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector, _> =
+        serde_json::from_value(sel.clone());
+    let Ok(parsed) = parsed else {
+        errs.push(FieldError::invalid("spec.selector", sel.clone(), "invalid label selector"));
+        return;
+    };
+    if parsed.match_labels.as_ref().map(|m| m.is_empty()).unwrap_or(true)
+        && parsed.match_expressions.as_ref().map(|m| m.is_empty()).unwrap_or(true)
+    {
+        errs.push(FieldError::invalid("spec.selector", sel.clone(), "empty selector is invalid for deployment"));
+        return;
+    }
+    let labels: BTreeMap<String, String> = obj
+        .pointer("/spec/template/metadata/labels")
+        .and_then(|l| serde_json::from_value(l.clone()).ok())
+        .unwrap_or_default();
+    match crate::selector::LabelSelector::from_api(&parsed) {
+        Ok(s) => {
+            if !s.matches(&labels) {
+                errs.push(FieldError::invalid(
+                    "spec.template.metadata.labels",
+                    serde_json::to_value(&labels).unwrap_or(Value::Null),
+                    "`selector` does not match template `labels`",
+                ));
+            }
+        }
+        Err(e) => errs.push(FieldError::invalid("spec.selector", sel.clone(), e.to_string())),
+    }
+}
+
+/// Validation of a new object (422 causes when not empty).
+pub fn validate(res: &Resource, obj: &Value) -> Vec<FieldError> {
+    let meta = obj.get("metadata").cloned().unwrap_or(Value::Null);
+    let mut errs = validation::validate_object_meta(&meta, res.namespaced, name_rule(res));
+    match res.plural {
+        "pods" => {
+            if let Some(spec) = obj.get("spec") {
+                validate_containers(spec, "spec", &mut errs);
+            } else {
+                errs.push(FieldError::required("spec", ""));
+            }
+        }
+        "deployments" | "replicasets" | "daemonsets" => {
+            selector_matches_template(obj, &mut errs);
+            match obj.pointer("/spec/template/spec") {
+                Some(spec) => validate_containers(spec, "spec.template.spec", &mut errs),
+                None => errs.push(FieldError::required("spec.template.spec.containers", "")),
+            }
+            if let Some(r) = obj.pointer("/spec/replicas").and_then(|r| r.as_i64()) {
+                if r < 0 {
+                    errs.push(FieldError::invalid(
+                        "spec.replicas",
+                        json!(r),
+                        "must be greater than or equal to 0",
+                    ));
+                }
+            }
+        }
+        "services" => {
+            let ty = obj.pointer("/spec/type").and_then(|t| t.as_str()).unwrap_or("ClusterIP");
+            let types = ["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"];
+            if !types.contains(&ty) {
+                errs.push(FieldError::not_supported("spec.type", json!(ty), &types));
+            }
+            let ports = obj.pointer("/spec/ports").and_then(|p| p.as_array());
+            if ty != "ExternalName" && ports.map(|p| p.is_empty()).unwrap_or(true)
+                && obj.pointer("/spec/clusterIP").and_then(|c| c.as_str()) != Some("None")
+            {
+                errs.push(FieldError::required("spec.ports", ""));
+            }
+            if ty == "ExternalName" {
+                required_str(obj, "/spec/externalName", "spec.externalName", &mut errs);
+            }
+            let multi = ports.map(|p| p.len() > 1).unwrap_or(false);
+            let mut seen = std::collections::BTreeSet::new();
+            for (i, p) in ports.into_iter().flatten().enumerate() {
+                let port = p.get("port").and_then(|p| p.as_i64()).unwrap_or(0);
+                if !(1..=65535).contains(&port) {
+                    errs.push(FieldError::invalid(
+                        format!("spec.ports[{i}].port"),
+                        json!(port),
+                        "must be between 1 and 65535, inclusive",
+                    ));
+                }
+                let name = p.get("name").and_then(|n| n.as_str()).unwrap_or("");
+                if multi && name.is_empty() {
+                    errs.push(FieldError::required(format!("spec.ports[{i}].name"), ""));
+                }
+                let proto = p.get("protocol").and_then(|n| n.as_str()).unwrap_or("TCP");
+                if !seen.insert((port, proto.to_string())) {
+                    errs.push(FieldError::duplicate(
+                        format!("spec.ports[{i}]"),
+                        json!({"port": port, "protocol": proto}),
+                    ));
+                }
+            }
+        }
+        "events" => {
+            required_str(obj, "/involvedObject/name", "involvedObject.name", &mut errs);
+        }
+        "leases" | "configmaps" | "secrets" | "endpoints" | "serviceaccounts" | "nodes"
+        | "namespaces" | "endpointslices" | "csinodes" | "csidrivers" | "volumeattachments" => {}
+        "storageclasses" => {
+            required_str(obj, "/provisioner", "provisioner", &mut errs);
+        }
+        "persistentvolumeclaims" => {
+            if obj.pointer("/spec/accessModes").and_then(|a| a.as_array()).map(|a| a.is_empty()).unwrap_or(true) {
+                errs.push(FieldError::required("spec.accessModes", "at least 1 access mode is required"));
+            }
+            if obj.pointer("/spec/resources/requests/storage").is_none() {
+                errs.push(FieldError::required("spec.resources[storage]", ""));
+            }
+        }
+        "persistentvolumes" => {
+            if obj.pointer("/spec/capacity/storage").is_none() {
+                errs.push(FieldError::required("spec.capacity", ""));
+            }
+            if obj.pointer("/spec/accessModes").and_then(|a| a.as_array()).map(|a| a.is_empty()).unwrap_or(true) {
+                errs.push(FieldError::required("spec.accessModes", ""));
+            }
+        }
+        _ => {}
+    }
+    errs
+}
+
+fn immutable(old: &Value, new: &Value, ptr: &str, field: &str, errs: &mut Vec<FieldError>) {
+    let a = old.pointer(ptr);
+    let b = new.pointer(ptr);
+    if a != b {
+        errs.push(FieldError::immutable(field, b.cloned().unwrap_or(Value::Null)));
+    }
+}
+
+/// Rules an update must keep (on top of [`validate`]).
+pub fn validate_update(res: &Resource, old: &Value, new: &Value) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    match res.plural {
+        "pods" => {
+            // Upstream lets only images, activeDeadlineSeconds, tolerations (additions) and
+            // terminationGracePeriodSeconds change.
+            let strip = |v: &Value| -> Value {
+                let mut s = v.get("spec").cloned().unwrap_or(Value::Null);
+                for list in ["containers", "initContainers"] {
+                    if let Some(Value::Array(cs)) = s.get_mut(list) {
+                        for c in cs.iter_mut().filter_map(|c| c.as_object_mut()) {
+                            c.remove("image");
+                        }
+                    }
+                }
+                if let Some(m) = s.as_object_mut() {
+                    m.remove("activeDeadlineSeconds");
+                    m.remove("tolerations");
+                    m.remove("terminationGracePeriodSeconds");
+                    // binding sets it once
+                    if old.pointer("/spec/nodeName").is_none() {
+                        m.remove("nodeName");
+                    }
+                }
+                s
+            };
+            if strip(old) != strip(new) {
+                errs.push(FieldError::forbidden(
+                    "spec",
+                    "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
+                ));
+            }
+        }
+        "services"
+            if old.pointer("/spec/clusterIP").is_some()
+                && new.pointer("/spec/type").and_then(|t| t.as_str()) != Some("ExternalName")
+            => {
+                immutable(old, new, "/spec/clusterIP", "spec.clusterIP", &mut errs);
+            }
+        "deployments" | "replicasets" | "daemonsets" => {
+            immutable(old, new, "/spec/selector", "spec.selector", &mut errs);
+        }
+        "configmaps" | "secrets" => {
+            if old.get("immutable") == Some(&Value::Bool(true)) {
+                for f in ["data", "binaryData", "stringData", "immutable"] {
+                    if old.get(f) != new.get(f) {
+                        errs.push(FieldError::forbidden(
+                            f,
+                            "field is immutable when `immutable` is set",
+                        ));
+                    }
+                }
+            }
+            if res.plural == "secrets" {
+                immutable(old, new, "/type", "type", &mut errs);
+            }
+        }
+        "persistentvolumeclaims" => {
+            let strip = |v: &Value| -> Value {
+                let mut s = v.get("spec").cloned().unwrap_or(Value::Null);
+                if let Some(m) = s.as_object_mut() {
+                    m.remove("resources");
+                    if old.pointer("/spec/volumeName").is_none() {
+                        m.remove("volumeName");
+                    }
+                }
+                s
+            };
+            if strip(old) != strip(new) {
+                errs.push(FieldError::forbidden(
+                    "spec",
+                    "spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
+                ));
+            }
+        }
+        "storageclasses" => {
+            for (ptr, f) in [("/provisioner", "provisioner"), ("/parameters", "parameters"), ("/reclaimPolicy", "reclaimPolicy"), ("/volumeBindingMode", "volumeBindingMode")] {
+                immutable(old, new, ptr, f, &mut errs);
+            }
+        }
+        "csidrivers" => immutable(old, new, "/spec/attachRequired", "spec.attachRequired", &mut errs),
+        "volumeattachments" => immutable(old, new, "/spec", "spec", &mut errs),
+        _ => {}
+    }
+    errs
+}
+
+/// Whether updates through the main resource keep the stored status (status is written through
+/// the status subresource only).
+pub fn main_keeps_status(res: &Resource) -> bool {
+    res.has(crate::resources::Sub::Status)
+}
+
+/// Copies the part an endpoint may not change from `old` into `new`.
+/// For the main resource: status; for the status subresource: everything but status
+/// (metadata labels and annotations may change through status, as upstream allows).
+pub fn keep_unchangeable(res: &Resource, status_endpoint: bool, old: &Value, new: &mut Value) {
+    let Some(n) = new.as_object_mut() else { return };
+    if status_endpoint {
+        let status = n.remove("status");
+        let meta = n.remove("metadata");
+        *n = old.as_object().cloned().unwrap_or_default();
+        if let Some(s) = status {
+            n.insert("status".into(), s);
+        } else {
+            n.remove("status");
+        }
+        if let (Some(Value::Object(new_meta)), Some(Value::Object(m))) = (meta, n.get_mut("metadata")) {
+            for k in ["labels", "annotations"] {
+                match new_meta.get(k) {
+                    Some(v) => {
+                        m.insert(k.into(), v.clone());
+                    }
+                    None => {
+                        m.remove(k);
+                    }
+                }
+            }
+        }
+    } else if main_keeps_status(res) {
+        match old.get("status") {
+            Some(s) => {
+                n.insert("status".into(), s.clone());
+            }
+            None => {
+                n.remove("status");
+            }
+        }
+    }
+}
+
+/// Whether the change from `old` to `new` should bump metadata.generation.
+pub fn spec_changed(old: &Value, new: &Value) -> bool {
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(m) = v.as_object_mut() {
+            m.remove("metadata");
+            m.remove("status");
+        }
+        v
+    };
+    strip(old) != strip(new)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qos() {
+        assert_eq!(qos_class(&json!({"containers":[{"name":"a"}]})), "BestEffort");
+        assert_eq!(
+            qos_class(&json!({"containers":[{"resources":{"requests":{"cpu":"1"}}}]})),
+            "Burstable"
+        );
+        assert_eq!(
+            qos_class(&json!({"containers":[{"resources":{"limits":{"cpu":"1","memory":"1Gi"},"requests":{"cpu":"1","memory":"1Gi"}}}]})),
+            "Guaranteed"
+        );
+    }
+
+    #[test]
+    fn pod_defaults() {
+        let pods = crate::resources::find("", "v1", "pods").unwrap();
+        let mut p = json!({"metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"busybox","ports":[{"containerPort":80}]}]}});
+        apply_defaults(pods, &mut p);
+        assert_eq!(p["spec"]["restartPolicy"], "Always");
+        assert_eq!(p["spec"]["containers"][0]["imagePullPolicy"], "Always");
+        assert_eq!(p["spec"]["containers"][0]["ports"][0]["protocol"], "TCP");
+        assert_eq!(p["status"]["phase"], "Pending");
+        assert_eq!(p["status"]["qosClass"], "BestEffort");
+        let mut p = json!({"metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"reg:5000/busybox:1.36"}]}});
+        apply_defaults(pods, &mut p);
+        assert_eq!(p["spec"]["containers"][0]["imagePullPolicy"], "IfNotPresent");
+    }
+
+    #[test]
+    fn deployment_selector_must_match_template() {
+        let d = crate::resources::find("apps", "v1", "deployments").unwrap();
+        let obj = json!({"metadata":{"name":"d","namespace":"default"},"spec":{"selector":{"matchLabels":{"app":"x"}},
+            "template":{"metadata":{"labels":{"app":"y"}},"spec":{"containers":[{"name":"c","image":"i"}]}}}});
+        let errs = validate(d, &obj);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].field, "spec.template.metadata.labels");
+    }
+
+    #[test]
+    fn status_endpoint_keeps_spec() {
+        let pods = crate::resources::find("", "v1", "pods").unwrap();
+        let old = json!({"metadata":{"name":"a","labels":{"x":"1"}},"spec":{"nodeName":"n"},"status":{"phase":"Pending"}});
+        let mut new = json!({"metadata":{"name":"a","labels":{"x":"2"}},"spec":{"nodeName":"other"},"status":{"phase":"Running"}});
+        keep_unchangeable(pods, true, &old, &mut new);
+        assert_eq!(new["spec"]["nodeName"], "n");
+        assert_eq!(new["status"]["phase"], "Running");
+        assert_eq!(new["metadata"]["labels"]["x"], "2");
+        let mut new = json!({"metadata":{"name":"a"},"spec":{"nodeName":"n"},"status":{"phase":"Failed"}});
+        keep_unchangeable(pods, false, &old, &mut new);
+        assert_eq!(new["status"]["phase"], "Pending");
+    }
+}

@@ -1,0 +1,151 @@
+//! A running ferro-control-plane binary on loopback, with kubectl and kube-rs clients.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Server {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+impl Server {
+    pub fn start() -> Server {
+        let dir = tempfile::Builder::new().prefix("ferro-cp-test").tempdir().unwrap();
+        let mut s = Server { dir, port: free_port(), child: None };
+        s.spawn();
+        s
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("admin.kubeconfig")
+    }
+
+    /// Starts the binary (again) on the same data dir and port, waiting until it serves.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("server.log"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_ferro-control-plane"))
+            .args(["--data-dir", self.dir.path().to_str().unwrap()])
+            .args(["--bind-address", "127.0.0.1", "--secure-port", &self.port.to_string()])
+            .args(["--service-node-port-range", "30000-30100", "--watch-history", "500"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.kubeconfig().exists() && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                break;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("server exited with {status}: {}", self.log());
+            }
+            assert!(Instant::now() < deadline, "server did not start: {}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_stdin(args, None)
+    }
+
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut cmd = Command::new("kubectl");
+        cmd.arg("--kubeconfig").arg(self.kubeconfig()).args(args);
+        cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("kubectl must be installed");
+        if let Some(input) = stdin {
+            use std::io::Write as _;
+            child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        }
+        child.wait_with_output().unwrap()
+    }
+
+    /// kubectl that must succeed; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn apply(&self, yaml: &str) -> String {
+        let out = self.kubectl_stdin(&["apply", "-f", "-"], Some(yaml));
+        assert!(out.status.success(), "apply failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// A kubeconfig with a client certificate for `user` in `groups`.
+    pub fn cert_kubeconfig(&self, user: &str, groups: &[&str]) -> PathBuf {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferro-control-plane"));
+        cmd.args(["kubeconfig", "--data-dir", self.dir.path().to_str().unwrap(), "--user", user]);
+        cmd.args(["--server", &format!("https://127.0.0.1:{}", self.port)]);
+        for g in groups {
+            cmd.args(["--group", g]);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let path = self.dir.path().join(format!("{}.kubeconfig", user.replace(':', "_")));
+        std::fs::write(&path, out.stdout).unwrap();
+        path
+    }
+
+    pub async fn client(&self) -> kube::Client {
+        client_for(&self.kubeconfig()).await
+    }
+}
+
+pub async fn client_for(path: &Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(path).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+    kube::Client::try_from(cfg).unwrap()
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}

@@ -1,0 +1,261 @@
+//! kubectl, the one on the machine, against the real ferro-control-plane binary.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::Server;
+use serde_json::Value;
+
+const DEPLOYMENT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  labels: {app: web}
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: app
+        image: registry.local/busybox:1.36
+        ports:
+        - containerPort: 80
+        env:
+        - {name: A, value: "1"}
+"#;
+
+const SERVICE: &str = r#"
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+spec:
+  type: NodePort
+  selector: {app: web}
+  ports:
+  - name: http
+    port: 80
+    targetPort: 8080
+"#;
+
+const CONFIGMAP: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: settings
+data:
+  a: "1"
+"#;
+
+const NODE: &str = r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-a
+  labels: {kubernetes.io/hostname: node-a}
+"#;
+
+fn json(s: &str) -> Value {
+    serde_json::from_str(s).unwrap()
+}
+
+#[test]
+fn apply_create_then_update_and_get_in_every_format() {
+    let s = Server::start();
+    assert!(s.apply(DEPLOYMENT).contains("deployment.apps/web created"));
+    assert!(s.apply(SERVICE).contains("service/web created"));
+    assert!(s.apply(CONFIGMAP).contains("configmap/settings created"));
+    assert!(s.apply(NODE).contains("node/node-a created"));
+
+    // update through apply: image and env change, a port is added
+    let updated = DEPLOYMENT.replace("busybox:1.36", "busybox:1.37").replace("value: \"1\"", "value: \"2\"");
+    assert!(s.apply(&updated).contains("deployment.apps/web configured"));
+    assert!(s.apply(&updated).contains("deployment.apps/web unchanged"));
+    let d = json(&s.ok(&["get", "deployment", "web", "-o", "json"]));
+    assert_eq!(d["spec"]["template"]["spec"]["containers"][0]["image"], "registry.local/busybox:1.37");
+    assert_eq!(d["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"], "2");
+    assert_eq!(d["metadata"]["generation"], 2);
+    assert!(d["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"].is_string());
+    assert_eq!(d["spec"]["strategy"]["type"], "RollingUpdate");
+
+    let svc = json(&s.ok(&["get", "svc", "web", "-o", "json"]));
+    let ip = svc["spec"]["clusterIP"].as_str().unwrap();
+    assert!(ip.starts_with("10.9") || ip.starts_with("10.1"), "{ip}");
+    let np = svc["spec"]["ports"][0]["nodePort"].as_i64().unwrap();
+    assert!((30000..=30100).contains(&np));
+
+    let yaml = s.ok(&["get", "configmap", "settings", "-o", "yaml"]);
+    assert!(yaml.contains("kind: ConfigMap") && yaml.contains("a: \"1\""), "{yaml}");
+
+    // server-side printing: the columns upstream prints
+    let table = s.ok(&["get", "deployments"]);
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(table.contains("READY") && table.contains("UP-TO-DATE") && table.contains("web"), "{table}");
+    let wide = s.ok(&["get", "svc", "web", "-o", "wide"]);
+    assert!(wide.contains("SELECTOR") && wide.contains("app=web") && wide.contains(&format!("80:{np}/TCP")), "{wide}");
+    let nodes = s.ok(&["get", "nodes"]);
+    assert!(nodes.contains("node-a"), "{nodes}");
+
+    let desc = s.ok(&["describe", "deployment", "web"]);
+    assert!(desc.contains("Name:") && desc.contains("web") && desc.contains("registry.local/busybox:1.37"), "{desc}");
+    let desc = s.ok(&["describe", "service", "web"]);
+    assert!(desc.contains("NodePort"), "{desc}");
+}
+
+#[test]
+fn label_annotate_patch_scale_delete() {
+    let s = Server::start();
+    s.apply(DEPLOYMENT);
+    s.apply(CONFIGMAP);
+    s.ok(&["label", "configmap", "settings", "tier=backend"]);
+    s.ok(&["annotate", "configmap", "settings", "note=hello"]);
+    let cm = json(&s.ok(&["get", "cm", "settings", "-o", "json"]));
+    assert_eq!(cm["metadata"]["labels"]["tier"], "backend");
+    assert_eq!(cm["metadata"]["annotations"]["note"], "hello");
+    // label selector over the API
+    assert!(s.ok(&["get", "cm", "-l", "tier=backend", "-o", "name"]).contains("configmap/settings"));
+    assert!(!s.ok(&["get", "cm", "-l", "tier!=backend", "-o", "name"]).contains("configmap/settings"));
+    s.ok(&["label", "configmap", "settings", "tier-"]);
+    let cm = json(&s.ok(&["get", "cm", "settings", "-o", "json"]));
+    assert!(cm["metadata"].get("labels").map(|l| l.get("tier").is_none()).unwrap_or(true));
+
+    // the three patch types
+    s.ok(&["patch", "cm", "settings", "--type", "merge", "-p", r#"{"data":{"b":"2"}}"#]);
+    s.ok(&["patch", "cm", "settings", "--type", "json", "-p", r#"[{"op":"remove","path":"/data/a"}]"#]);
+    s.ok(&["patch", "deployment", "web", "-p", r#"{"spec":{"template":{"spec":{"containers":[{"name":"app","image":"x:2"}]}}}}"#]);
+    let cm = json(&s.ok(&["get", "cm", "settings", "-o", "json"]));
+    assert_eq!(cm["data"], serde_json::json!({"b": "2"}));
+    let d = json(&s.ok(&["get", "deploy", "web", "-o", "json"]));
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], "x:2");
+    assert_eq!(c["ports"][0]["containerPort"], 80, "strategic merge keeps the other fields");
+
+    s.ok(&["scale", "deployment", "web", "--replicas", "5"]);
+    let d = json(&s.ok(&["get", "deploy", "web", "-o", "json"]));
+    assert_eq!(d["spec"]["replicas"], 5);
+    s.ok(&["set", "image", "deployment/web", "app=x:3"]);
+    let d = json(&s.ok(&["get", "deploy", "web", "-o", "json"]));
+    assert_eq!(d["spec"]["template"]["spec"]["containers"][0]["image"], "x:3");
+
+    // delete waits for the object to be gone (a watch on metadata.name)
+    assert!(s.ok(&["delete", "deployment", "web"]).contains("deleted"));
+    assert!(s.ok(&["delete", "configmap", "settings", "--wait=true"]).contains("deleted"));
+    let out = s.kubectl(&["get", "deployment", "web"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NotFound") || String::from_utf8_lossy(&out.stderr).contains("not found"));
+}
+
+#[test]
+fn pods_graceful_deletion_and_nodes() {
+    let s = Server::start();
+    s.apply(NODE);
+    let pod = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: p1, labels: {app: p}}
+spec:
+  containers: [{name: c, image: busybox}]
+"#;
+    s.apply(pod);
+    let p = json(&s.ok(&["get", "pod", "p1", "-o", "json"]));
+    assert_eq!(p["status"]["phase"], "Pending");
+    assert_eq!(p["spec"]["restartPolicy"], "Always");
+    assert_eq!(p["spec"]["containers"][0]["imagePullPolicy"], "Always");
+    let table = s.ok(&["get", "pods", "-o", "wide"]);
+    assert!(table.contains("NOMINATED NODE") && table.contains("p1") && table.contains("Pending"), "{table}");
+    // an unscheduled pod goes at once
+    s.ok(&["delete", "pod", "p1"]);
+    assert!(!s.kubectl(&["get", "pod", "p1"]).status.success());
+
+    // a pod bound to a node stays terminating until grace 0
+    s.apply(&pod.replace("spec:\n", "spec:\n  nodeName: node-a\n"));
+    s.ok(&["delete", "pod", "p1", "--wait=false"]);
+    let p = json(&s.ok(&["get", "pod", "p1", "-o", "json"]));
+    assert!(p["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(p["metadata"]["deletionGracePeriodSeconds"], 30);
+    assert!(s.ok(&["get", "pods"]).contains("Terminating"));
+    s.ok(&["delete", "pod", "p1", "--grace-period=0", "--force"]);
+    assert!(!s.kubectl(&["get", "pod", "p1"]).status.success());
+
+    s.ok(&["cordon", "node-a"]);
+    assert!(s.ok(&["get", "nodes"]).contains("SchedulingDisabled"));
+    s.ok(&["delete", "node", "node-a"]);
+}
+
+#[test]
+fn get_watch_streams_changes() {
+    let s = Server::start();
+    s.apply(CONFIGMAP);
+    let mut watch = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(s.kubeconfig())
+        .args(["get", "configmaps", "-w", "--output-watch-events", "--request-timeout=30s"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let wait_for = |needle: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = rx.recv_timeout(left).unwrap_or_else(|_| panic!("no watch line with {needle}"));
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    };
+    assert!(wait_for(" settings ").starts_with("ADDED"));
+    s.apply(&CONFIGMAP.replace("name: settings", "name: second"));
+    assert!(wait_for(" second ").starts_with("ADDED"));
+    s.ok(&["label", "cm", "second", "a=b"]);
+    assert!(wait_for(" second ").starts_with("MODIFIED"));
+    s.ok(&["delete", "cm", "second"]);
+    assert!(wait_for(" second ").starts_with("DELETED"));
+    let _ = watch.kill();
+    let _ = watch.wait();
+}
+
+#[test]
+fn kubectl_errors_are_upstream_statuses() {
+    let s = Server::start();
+    let out = s.kubectl(&["get", "pod", "nope"]);
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "Error from server (NotFound): pods \"nope\" not found");
+    let out = s.kubectl_stdin(&["apply", "-f", "-"], Some("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: Bad_Name\n"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Invalid") && err.contains("metadata.name"), "{err}");
+    let out = s.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\nbogusField: 1\n"),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("bogusField"), "{err}");
+    let out = s.kubectl(&["get", "widgets"]);
+    assert!(!out.status.success());
+    let out = s.kubectl(&["get", "pods", "-l", "a in (b"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unable to parse requirement") || !out.status.success());
+    // the deployment selector must match the template
+    let bad = DEPLOYMENT.replace("template:\n    metadata:\n      labels: {app: web}", "template:\n    metadata:\n      labels: {app: other}");
+    let out = s.kubectl_stdin(&["apply", "-f", "-"], Some(&bad));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`selector` does not match template `labels`"), "{err}");
+    // immutable selector
+    s.apply(DEPLOYMENT);
+    let out = s.kubectl(&["patch", "deploy", "web", "--type", "merge", "-p", r#"{"spec":{"selector":{"matchLabels":{"app":"web","x":"y"}}}}"#]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("field is immutable"), "{err}");
+}
