@@ -28,6 +28,8 @@ pub struct Config {
     /// Extra names/addresses for the serving certificate.
     pub tls_sans: Vec<String>,
     pub watch_history: usize,
+    pub max_requests_inflight: usize,
+    pub max_mutating_requests_inflight: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +142,8 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
         api: api.clone(),
         tokens,
         kubelet: Some(kubelet),
+        readonly_inflight: Arc::new(tokio::sync::Semaphore::new(cfg.max_requests_inflight.max(1))),
+        mutating_inflight: Arc::new(tokio::sync::Semaphore::new(cfg.max_mutating_requests_inflight.max(1))),
         version: json!({
             "major": "1",
             "minor": "33",

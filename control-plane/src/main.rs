@@ -34,6 +34,12 @@ struct Cli {
     /// Events kept for watches to resume from.
     #[arg(long, default_value_t = 20_000)]
     watch_history: usize,
+    /// Non-mutating requests in flight before 429 (upstream's default).
+    #[arg(long, default_value_t = 400)]
+    max_requests_inflight: usize,
+    /// Mutating requests in flight before 429 (upstream's default).
+    #[arg(long, default_value_t = 200)]
+    max_mutating_requests_inflight: usize,
 }
 
 #[derive(Subcommand, Debug)]
@@ -75,6 +81,8 @@ fn main() -> anyhow::Result<()> {
         service_node_port_range: cli.service_node_port_range,
         tls_sans: cli.tls_san,
         watch_history: cli.watch_history,
+        max_requests_inflight: cli.max_requests_inflight,
+        max_mutating_requests_inflight: cli.max_mutating_requests_inflight,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {

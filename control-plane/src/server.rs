@@ -30,6 +30,10 @@ pub struct ServerState {
     pub tokens: Tokens,
     pub kubelet: Option<crate::proxy::KubeletClient>,
     pub version: Value,
+    /// Upstream's --max-requests-inflight / --max-mutating-requests-inflight: beyond these,
+    /// requests get 429 with Retry-After (long-running watches and proxies are not counted).
+    pub readonly_inflight: Arc<tokio::sync::Semaphore>,
+    pub mutating_inflight: Arc<tokio::sync::Semaphore>,
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
@@ -54,7 +58,11 @@ fn raw_json_response(status: u16, bytes: Bytes) -> Response<Body> {
 }
 
 pub fn error_response(e: &ApiError) -> Response<Body> {
-    json_response(e.code, &e.status())
+    let mut resp = json_response(e.code, &e.status());
+    if e.code == 429 {
+        resp.headers_mut().insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    }
+    resp
 }
 
 /// A parsed resource request path.
@@ -397,6 +405,15 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
         ),
     };
     let verb = verb_of(req.method(), &info, &q);
+    let long_running = verb == "watch" || matches!(sub, Some(Sub::Log | Sub::Exec | Sub::Attach | Sub::PortForward));
+    let _permit = if long_running {
+        None
+    } else {
+        let sem = if matches!(verb, "get" | "list") { &state.readonly_inflight } else { &state.mutating_inflight };
+        Some(sem.clone().try_acquire_owned().map_err(|_| {
+            ApiError::too_many_requests("storage is (re)initializing or too many requests are in flight, please try again later")
+        })?)
+    };
     let out = negotiate(&req, &q)?;
     // Bodies are needed for some authorization decisions (node creating its own Node).
     let (parts, body, req_opt) = match *req.method() {

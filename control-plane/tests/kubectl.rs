@@ -166,6 +166,10 @@ spec:
     assert_eq!(p["status"]["phase"], "Pending");
     assert_eq!(p["spec"]["restartPolicy"], "Always");
     assert_eq!(p["spec"]["containers"][0]["imagePullPolicy"], "Always");
+    let desc = s.ok(&["describe", "pod", "p1"]);
+    assert!(desc.contains("Status:") && desc.contains("Pending") && desc.contains("QoS Class:") && desc.contains("BestEffort"), "{desc}");
+    let desc = s.ok(&["describe", "node", "node-a"]);
+    assert!(desc.contains("Name:") && desc.contains("node-a"), "{desc}");
     let table = s.ok(&["get", "pods", "-o", "wide"]);
     assert!(table.contains("NOMINATED NODE") && table.contains("p1") && table.contains("Pending"), "{table}");
     // an unscheduled pod goes at once
