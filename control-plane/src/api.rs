@@ -334,7 +334,7 @@ impl Api {
         tokio::spawn(async move {
             let deadline = tokio::time::sleep(timeout);
             tokio::pin!(deadline);
-            let run = this.run_watch(res, prefix, filter, from, initial, bookmarks, send_initial_end, &tx);
+            let run = this.run_watch(prefix, filter, from, initial, bookmarks, send_initial_end, &tx);
             tokio::select! {
                 _ = &mut deadline => {}
                 _ = run => {}
@@ -347,7 +347,6 @@ impl Api {
     #[allow(clippy::too_many_arguments)]
     async fn run_watch(
         &self,
-        res: &'static Resource,
         prefix: String,
         filter: Filter,
         from: Option<Revision>,
@@ -356,7 +355,6 @@ impl Api {
         initial_end: bool,
         tx: &tokio::sync::mpsc::Sender<WatchItem>,
     ) {
-        let _ = res;
         // The initial state is a listing at revision L followed by every event after L.
         let mut initial_records = Vec::new();
         let mut start = match from {
@@ -451,8 +449,7 @@ impl Api {
             }
             if bookmarks && last_bookmark.elapsed() >= bookmark_every {
                 last_bookmark = Instant::now();
-                let rev = start.max(self.store.revision().min(start));
-                if tx.send(WatchItem::Bookmark { revision: rev, initial_events_end: false }).await.is_err() {
+                if tx.send(WatchItem::Bookmark { revision: start, initial_events_end: false }).await.is_err() {
                     return;
                 }
             }
@@ -460,8 +457,7 @@ impl Api {
     }
 
     /// Checks apiVersion and kind of a body against the endpoint.
-    pub fn check_type(res: &Resource, obj: &Value, expect_kind: &str, expect_av: &str) -> Result<(), ApiError> {
-        let _ = res;
+    pub fn check_type(obj: &Value, expect_kind: &str, expect_av: &str) -> Result<(), ApiError> {
         if !obj.is_object() {
             return Err(ApiError::bad_request("the body of the request must be a JSON object"));
         }
@@ -772,7 +768,7 @@ impl Api {
                 None if patch_type == PatchType::Apply && !status_endpoint => {
                     // server-side apply creates
                     let mut obj = patch.clone();
-                    Api::check_type(res, &obj, res.kind, &res.api_version())?;
+                    Api::check_type(&obj, res.kind, &res.api_version())?;
                     set_meta(&mut obj, "name", json!(name));
                     let obj = Api::decode(res, obj, field_validation, warnings)?;
                     return self.create(res, ns, obj, dry_run).await;
@@ -781,7 +777,7 @@ impl Api {
             };
             let old = current.json()?;
             let patched = apply_patch(res, &old, patch_type, patch)?;
-            Api::check_type(res, &patched, res.kind, &res.api_version())?;
+            Api::check_type(&patched, res.kind, &res.api_version())?;
             let precondition = match meta_str(&patched, "resourceVersion").filter(|v| !v.is_empty()) {
                 Some(v) if meta_str(&old, "resourceVersion") != Some(v) => Some(v.to_string()),
                 _ => None,

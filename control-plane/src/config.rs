@@ -48,6 +48,8 @@ pub enum StartError {
     Auth(#[from] crate::auth::AuthError),
     #[error("tls: {0}")]
     Tls(String),
+    #[error("start-up: {0}")]
+    Internal(String),
     #[error("listen on {0}: {1}")]
     Listen(SocketAddr, std::io::Error),
 }
@@ -131,7 +133,7 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
         move || EmbeddedStore::open(&store_path, crate::strategy::indexer(), opts)
     })
     .await
-    .map_err(|e| StartError::Tls(e.to_string()))??;
+    .map_err(|e| StartError::Internal(e.to_string()))??;
     let store: Arc<dyn Store> = Arc::new(store);
     let api = Arc::new(Api::new(store, ips, ports).await?);
     bootstrap_objects(&api, cfg, kubernetes_ip).await?;
@@ -197,21 +199,21 @@ fn tls_config(ca_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Arc<rustls:
 
 /// The namespaces and the `kubernetes` Service every cluster has.
 async fn bootstrap_objects(api: &Api, cfg: &Config, kubernetes_ip: IpAddr) -> Result<(), StartError> {
-    let namespaces = resources::find("", "v1", "namespaces").ok_or_else(|| StartError::Tls("no namespaces".into()))?;
+    let namespaces = resources::find("", "v1", "namespaces").ok_or_else(|| StartError::Internal("no namespaces resource".into()))?;
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         if api.store.get(&namespaces.key(None, ns)).await?.is_none() {
             let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
             api.create(namespaces, None, obj, false).await?;
         }
     }
-    let services = resources::find("", "v1", "services").ok_or_else(|| StartError::Tls("no services".into()))?;
+    let services = resources::find("", "v1", "services").ok_or_else(|| StartError::Internal("no services resource".into()))?;
     if api.store.get(&services.key(Some("default"), "kubernetes")).await?.is_none() {
         let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "kubernetes", "namespace": "default",
             "labels": {"component": "apiserver", "provider": "kubernetes"}},
             "spec": {"clusterIP": kubernetes_ip.to_string(), "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": cfg.secure_port}]}});
         api.create(services, Some("default"), svc, false).await?;
     }
-    let endpoints = resources::find("", "v1", "endpoints").ok_or_else(|| StartError::Tls("no endpoints".into()))?;
+    let endpoints = resources::find("", "v1", "endpoints").ok_or_else(|| StartError::Internal("no endpoints resource".into()))?;
     let ep = json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "kubernetes", "namespace": "default",
         "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
         "subsets": [{"addresses": [{"ip": cfg.advertise().to_string()}], "ports": [{"name": "https", "port": cfg.secure_port, "protocol": "TCP"}]}]});

@@ -2,8 +2,7 @@
 
 use std::sync::OnceLock;
 
-use http::{Request, Response};
-use hyper::body::Incoming;
+use http::Response;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
@@ -75,7 +74,7 @@ fn group_doc(group: &str) -> Value {
 }
 
 /// Serves discovery and OpenAPI paths; None for any other path.
-pub fn serve(path: &str, _req: &Request<Incoming>) -> Result<Option<Response<Body>>, ApiError> {
+pub fn serve(path: &str) -> Result<Option<Response<Body>>, ApiError> {
     let path = path.trim_end_matches('/');
     let v = match path {
         "/api" => json!({

@@ -266,6 +266,9 @@ fn decode_body(ct: &str, body: &[u8]) -> Result<Value, ApiError> {
     Ok(v)
 }
 
+/// The node authorizer's view of the store. The embedded store answers reads without awaiting,
+/// so blocking on them here is immediate; a store that does I/O on reads would need the
+/// authorizer to become async.
 struct Graph<'a>(&'a Api);
 
 impl NodeGraph for Graph<'_> {
@@ -384,7 +387,7 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
     };
     let q = query(&req);
     // Discovery and OpenAPI: any authenticated user (upstream's system:discovery).
-    if let Some(resp) = discovery::serve(&path, &req)? {
+    if let Some(resp) = discovery::serve(&path)? {
         return Ok(resp);
     }
     let Some(info) = parse_path(&path) else {
@@ -454,14 +457,14 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
         (None, "watch") | (Some(Sub::Status), "watch") => watch(api, res, ns, name, &info, &q, &out)?,
         (None, "create") => {
             let obj = body_value.ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
-            Api::check_type(res, &obj, res.kind, &res.api_version())?;
+            Api::check_type(&obj, res.kind, &res.api_version())?;
             let obj = Api::decode(res, obj, &field_validation, &mut warnings)?;
             let r = api.create(res, ns, obj, dry_run).await?;
             record_response(&out, 201, res, &r)
         }
         (None | Some(Sub::Status), "update") => {
             let obj = body_value.ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
-            Api::check_type(res, &obj, res.kind, &res.api_version())?;
+            Api::check_type(&obj, res.kind, &res.api_version())?;
             let obj = Api::decode(res, obj, &field_validation, &mut warnings)?;
             let (r, created) = api.update(res, ns, name, obj, sub == Some(Sub::Status), dry_run).await?;
             record_response(&out, if created { 201 } else { 200 }, res, &r)

@@ -175,19 +175,14 @@ pub fn default_pod_spec(spec: &mut Map<String, Value>) {
             }
         }
     }
-    if let Some(Value::Array(tols)) = spec.get_mut("tolerations") {
-        let _ = tols;
-    }
 }
 
 fn default_template(obj: &mut Value) {
     if let Some(Value::Object(spec)) = obj.pointer_mut("/spec/template/spec") {
         default_pod_spec(spec);
     }
-    if let Some(Value::Object(meta)) = obj.pointer_mut("/spec/template/metadata") {
-        let _ = meta;
-    } else if let Some(Value::Object(t)) = obj.pointer_mut("/spec/template") {
-        t.insert("metadata".into(), json!({}));
+    if let Some(Value::Object(t)) = obj.pointer_mut("/spec/template") {
+        t.entry("metadata").or_insert_with(|| json!({}));
     }
     // upstream always serializes creationTimestamp: null inside templates
     if let Some(Value::Object(meta)) = obj.pointer_mut("/spec/template/metadata") {

@@ -326,3 +326,31 @@ async fn acknowledged_writes_survive_kill_9() {
     let next = cms.create(&PostParams::default(), &cm("after", "x")).await.unwrap();
     assert!(next.metadata.resource_version.unwrap().parse::<i64>().unwrap() > max);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_beyond_the_inflight_limit_get_429() {
+    use tokio::io::AsyncWriteExt as _;
+    let s = Server::start_with(&["--max-mutating-requests-inflight", "1"]);
+    // One mutating request stays in flight: its body never finishes arriving.
+    let (mut slow, token) = common::raw_tls(&s).await;
+    let head = format!(
+        "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"apiVersion\":"
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    slow.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (mut other, token) = common::raw_tls(&s).await;
+    let body = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"second"}}"#;
+    let req = format!(
+        "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    other.write_all(req.as_bytes()).await.unwrap();
+    let head = common::read_head(&mut other).await;
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    assert!(head.to_lowercase().contains("retry-after: 1"), "{head}");
+    // reads have their own budget and still work
+    let cms: Api<ConfigMap> = Api::namespaced(s.client().await, "default");
+    assert!(cms.list(&ListParams::default()).await.unwrap().items.is_empty());
+    drop(slow);
+}

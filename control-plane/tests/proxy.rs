@@ -12,7 +12,7 @@ use http_body_util::{BodyExt as _, Full};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -103,32 +103,12 @@ async fn logs_and_exec_reach_the_agent() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not have a host assigned"));
 
     // exec: an HTTP/1.1 upgrade through the server, then bytes both ways
-    let ca = std::fs::read(s.data_dir().join("ca.crt")).unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_slice(&ca).unwrap()).unwrap();
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", s.port)).await.unwrap();
-    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
-        .await
-        .unwrap();
-    let kc = std::fs::read_to_string(s.kubeconfig()).unwrap();
-    let token = kc.lines().find_map(|l| l.trim().strip_prefix("token: ")).unwrap().to_string();
+    let (mut tls, token) = common::raw_tls(&s).await;
     let req = format!(
         "POST /api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true&stdout=true HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\nContent-Length: 0\r\n\r\n"
     );
     tls.write_all(req.as_bytes()).await.unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        tls.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8(head).unwrap();
+    let head = common::read_head(&mut tls).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     assert!(head.to_lowercase().contains("x-stream-protocol-version: v4.channel.k8s.io"), "{head}");
     tls.write_all(b"ping through the proxy").await.unwrap();

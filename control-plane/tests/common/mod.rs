@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 pub struct Server {
     pub dir: tempfile::TempDir,
     pub port: u16,
+    extra_args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -18,8 +19,14 @@ fn free_port() -> u16 {
 
 impl Server {
     pub fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// Starts with extra command-line flags.
+    pub fn start_with(args: &[&str]) -> Server {
         let dir = tempfile::Builder::new().prefix("ferro-cp-test").tempdir().unwrap();
-        let mut s = Server { dir, port: free_port(), child: None };
+        let extra_args = args.iter().map(|a| a.to_string()).collect();
+        let mut s = Server { dir, port: free_port(), extra_args, child: None };
         s.spawn();
         s
     }
@@ -43,6 +50,7 @@ impl Server {
             .args(["--data-dir", self.dir.path().to_str().unwrap()])
             .args(["--bind-address", "127.0.0.1", "--secure-port", &self.port.to_string()])
             .args(["--service-node-port-range", "30000-30100", "--watch-history", "500"])
+            .args(&self.extra_args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -148,4 +156,39 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// A TLS connection to the server (verifying its certificate against the cluster CA) and the
+/// admin's bearer token, for tests that speak raw HTTP/1.1.
+pub async fn raw_tls(s: &Server) -> (tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String) {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let ca = std::fs::read(s.data_dir().join("ca.crt")).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(&ca).unwrap()).unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", s.port)).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap();
+    let kc = std::fs::read_to_string(s.kubeconfig()).unwrap();
+    let token = kc.lines().find_map(|l| l.trim().strip_prefix("token: ")).unwrap().to_string();
+    (tls, token)
+}
+
+/// Reads an HTTP/1.1 response head.
+pub async fn read_head<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        r.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).unwrap()
 }
