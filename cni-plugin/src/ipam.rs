@@ -1,0 +1,431 @@
+//! host-local compatible address allocation store.
+//!
+//! On-disk layout, identical to the reference host-local plugin's disk backend, so either can
+//! take over a node's state:
+//!
+//! - `<dataDir>/<network>/<ip>`: one file per reserved address holding
+//!   `<containerID>\r\n<ifname>` (host-local's `LineBreak` is `"\r\n"`).
+//! - `<dataDir>/<network>/last_reserved_ip.<range set index>`: the address handed out last
+//!   from that range set; the next allocation starts after it (round-robin).
+//! - `<dataDir>/<network>/lock`: flock'd exclusively for the whole operation, so concurrent
+//!   plugin processes (ours or host-local's) never hand out an address twice.
+//!
+//! Reservations are created atomically with their content: the content is written to a temp
+//! file that is then hard-linked to `<ip>`, which fails if the address is already taken.
+//!
+//! An exhausted range set is [`CniError::RangeExhausted`] (code 100): it is not "try again
+//! later" (11), since nothing frees addresses except a DEL or GC.
+
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+
+use ipnet::IpNet;
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::error::CniError;
+
+/// Line separator inside a reservation file, as host-local writes it.
+pub const LINE_BREAK: &str = "\r\n";
+/// Prefix of the per-range-set last reserved IP files.
+pub const LAST_IP_PREFIX: &str = "last_reserved_ip.";
+const TMP_PREFIX: &str = ".tmp-";
+
+fn to_u128(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(v4) => u128::from(u32::from(v4)),
+        IpAddr::V6(v6) => u128::from(v6),
+    }
+}
+
+fn from_u128(v: u128, v4: bool) -> IpAddr {
+    if v4 {
+        // Values of an IPv4 range always fit in 32 bits.
+        IpAddr::V4(Ipv4Addr::from(v as u32))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(v))
+    }
+}
+
+/// One contiguous range of allocatable addresses inside a subnet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Range {
+    pub subnet: IpNet,
+    pub start: IpAddr,
+    pub end: IpAddr,
+    pub gateway: IpAddr,
+}
+
+impl Range {
+    /// Fills in host-local's defaults (start = network + 1; end = broadcast - 1 for IPv4, the
+    /// last address for IPv6; gateway = network + 1) and checks the result.
+    pub fn new(
+        subnet: IpNet,
+        start: Option<IpAddr>,
+        end: Option<IpAddr>,
+        gateway: Option<IpAddr>,
+    ) -> Result<Range, String> {
+        let subnet = subnet.trunc();
+        let v4 = matches!(subnet, IpNet::V4(_));
+        if subnet.prefix_len() + 2 > subnet.max_prefix_len() {
+            return Err(format!("subnet {subnet} is too small to allocate from"));
+        }
+        let net = to_u128(subnet.network());
+        let bcast = to_u128(subnet.broadcast());
+        let last = if v4 { bcast - 1 } else { bcast };
+        let start = start.unwrap_or(from_u128(net + 1, v4));
+        let end = end.unwrap_or(from_u128(last, v4));
+        let gateway = gateway.unwrap_or(from_u128(net + 1, v4));
+        for (name, ip) in [
+            ("rangeStart", start),
+            ("rangeEnd", end),
+            ("gateway", gateway),
+        ] {
+            if !subnet.contains(&ip) {
+                return Err(format!("{name} {ip} is outside subnet {subnet}"));
+            }
+        }
+        for (name, ip) in [("rangeStart", start), ("rangeEnd", end)] {
+            let v = to_u128(ip);
+            if v == net {
+                return Err(format!("{name} {ip} is the network address of {subnet}"));
+            }
+            if v4 && v == bcast {
+                return Err(format!("{name} {ip} is the broadcast address of {subnet}"));
+            }
+        }
+        if to_u128(start) > to_u128(end) {
+            return Err(format!("rangeStart {start} is after rangeEnd {end}"));
+        }
+        Ok(Range {
+            subnet,
+            start,
+            end,
+            gateway,
+        })
+    }
+
+    pub fn is_ipv4(&self) -> bool {
+        matches!(self.subnet, IpNet::V4(_))
+    }
+
+    /// Whether `ip` is between start and end (inclusive).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        ip.is_ipv4() == self.is_ipv4()
+            && (to_u128(self.start)..=to_u128(self.end)).contains(&to_u128(ip))
+    }
+
+    /// Whether the two ranges share an address.
+    pub fn overlaps(&self, other: &Range) -> bool {
+        self.is_ipv4() == other.is_ipv4()
+            && to_u128(self.start) <= to_u128(other.end)
+            && to_u128(other.start) <= to_u128(self.end)
+    }
+
+    fn allocatable(&self, v: u128) -> bool {
+        let ip = from_u128(v, self.is_ipv4());
+        ip != self.gateway
+            && ip != self.subnet.network()
+            && !(self.is_ipv4() && ip == self.subnet.broadcast())
+    }
+}
+
+impl fmt::Display for Range {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.start, self.end)
+    }
+}
+
+/// Ranges of one family; an ADD gets one address from each range set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeSet(pub Vec<Range>);
+
+/// One assigned address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    pub ip: IpAddr,
+    pub prefix: u8,
+    pub gateway: IpAddr,
+}
+
+impl Allocation {
+    /// The address with its prefix length, as a result's `address`.
+    pub fn address(&self) -> IpNet {
+        // prefix comes from the subnet of the same family, so it is always valid.
+        IpNet::new(self.ip, self.prefix).unwrap_or_else(|_| IpNet::from(self.ip))
+    }
+}
+
+/// The allocation store of one network.
+#[derive(Debug, Clone)]
+pub struct Store {
+    dir: PathBuf,
+    sets: Vec<RangeSet>,
+}
+
+/// One reservation file's content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Owner {
+    container_id: String,
+    ifname: String,
+}
+
+impl Owner {
+    fn parse(text: &str) -> Owner {
+        let mut lines = text.lines().map(str::trim);
+        Owner {
+            container_id: lines.next().unwrap_or_default().to_string(),
+            ifname: lines.next().unwrap_or_default().to_string(),
+        }
+    }
+
+    fn is(&self, container_id: &str, ifname: &str) -> bool {
+        self.container_id == container_id.trim() && self.ifname == ifname.trim()
+    }
+}
+
+impl Store {
+    /// The store for `network` under `data_dir` (e.g. /var/lib/cni/networks). `sets` may be
+    /// empty for [`Store::release`] and [`Store::gc`], which need no ranges.
+    pub fn new(data_dir: &Path, network: &str, sets: Vec<RangeSet>) -> Store {
+        Store {
+            dir: data_dir.join(network),
+            sets,
+        }
+    }
+
+    /// The network's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn lock(&self) -> Result<Flock<File>, CniError> {
+        fs::create_dir_all(&self.dir)
+            .map_err(|e| CniError::io(format!("create {}", self.dir.display()), e))?;
+        let path = self.dir.join("lock");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| CniError::io(format!("open {}", path.display()), e))?;
+        Flock::lock(file, FlockArg::LockExclusive)
+            .map_err(|(_, errno)| CniError::io(format!("flock {}", path.display()), errno.into()))
+    }
+
+    /// All reservations: (ip, owner).
+    fn reservations(&self) -> Result<Vec<(IpAddr, Owner)>, CniError> {
+        let entries = fs::read_dir(&self.dir)
+            .map_err(|e| CniError::io(format!("read {}", self.dir.display()), e))?;
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry =
+                entry.map_err(|e| CniError::io(format!("read {}", self.dir.display()), e))?;
+            let name = entry.file_name();
+            let Some(ip) = name.to_str().and_then(|n| n.parse::<IpAddr>().ok()) else {
+                continue;
+            };
+            let path = entry.path();
+            let text = fs::read_to_string(&path)
+                .map_err(|e| CniError::io(format!("read {}", path.display()), e))?;
+            out.push((ip, Owner::parse(&text)));
+        }
+        out.sort_by_key(|(ip, _)| (ip.is_ipv6(), to_u128(*ip)));
+        Ok(out)
+    }
+
+    /// Reserves one address per range set for `container_id`/`ifname`. Addresses it already
+    /// holds are returned again (idempotent ADD). If a later range set is exhausted, the
+    /// addresses reserved by this call are released again.
+    pub fn allocate(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, CniError> {
+        let _lock = self.lock()?;
+        let existing: Vec<IpAddr> = self
+            .reservations()?
+            .into_iter()
+            .filter(|(_, o)| o.is(container_id, ifname))
+            .map(|(ip, _)| ip)
+            .collect();
+        let mut out = Vec::new();
+        let mut fresh = Vec::new();
+        for (idx, set) in self.sets.iter().enumerate() {
+            let held = existing
+                .iter()
+                .find_map(|ip| set.0.iter().find(|r| r.contains(*ip)).map(|r| (*ip, r)));
+            let result = match held {
+                Some((ip, r)) => Ok((ip, r)),
+                None => self
+                    .reserve_next(idx, set, container_id, ifname)
+                    .inspect(|(ip, _)| {
+                        fresh.push(*ip);
+                    }),
+            };
+            match result {
+                Ok((ip, r)) => out.push(Allocation {
+                    ip,
+                    prefix: r.subnet.prefix_len(),
+                    gateway: r.gateway,
+                }),
+                Err(e) => {
+                    for ip in fresh {
+                        let _ = fs::remove_file(self.dir.join(ip.to_string()));
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn reserve_next<'a>(
+        &self,
+        idx: usize,
+        set: &'a RangeSet,
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<(IpAddr, &'a Range), CniError> {
+        let ranges = &set.0;
+        let Some(first) = ranges.first() else {
+            return Err(CniError::InvalidConfig(format!("range set {idx} is empty")));
+        };
+        let last_path = self.dir.join(format!("{LAST_IP_PREFIX}{idx}"));
+        let last: Option<IpAddr> = fs::read_to_string(&last_path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        // Position (range index, address) of the first candidate: just after the last
+        // reserved address if it lies in this set, else the start of the first range.
+        let mut pos = (0usize, to_u128(first.start));
+        if let Some(last) = last {
+            if let Some(ri) = ranges.iter().position(|r| r.contains(last)) {
+                pos = next_pos(ranges, ri, to_u128(last));
+            }
+        }
+        let total = ranges.iter().fold(0u128, |acc, r| {
+            acc.saturating_add(to_u128(r.end) - to_u128(r.start) + 1)
+        });
+        let content = format!("{}{LINE_BREAK}{}", container_id.trim(), ifname.trim());
+        let mut tried = 0u128;
+        while tried < total {
+            let (ri, v) = pos;
+            let r = &ranges[ri];
+            if r.allocatable(v) {
+                let ip = from_u128(v, r.is_ipv4());
+                if self.try_reserve(ip, &content)? {
+                    write_atomic(&last_path, ip.to_string().as_bytes())?;
+                    return Ok((ip, r));
+                }
+            }
+            pos = next_pos(ranges, ri, v);
+            tried += 1;
+        }
+        let desc: Vec<String> = ranges.iter().map(Range::to_string).collect();
+        Err(CniError::RangeExhausted(format!(
+            "no free address in range set {idx} ({}) of {}",
+            desc.join(", "),
+            self.dir.display()
+        )))
+    }
+
+    /// Creates `<ip>` with `content` unless it exists. Returns whether it was created.
+    fn try_reserve(&self, ip: IpAddr, content: &str) -> Result<bool, CniError> {
+        let target = self.dir.join(ip.to_string());
+        if target.exists() {
+            return Ok(false);
+        }
+        let tmp = write_tmp(&self.dir, content.as_bytes())?;
+        let linked = fs::hard_link(&tmp, &target);
+        let _ = fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(CniError::io(format!("create {}", target.display()), e)),
+        }
+    }
+
+    /// The addresses reserved for `container_id`/`ifname`.
+    pub fn find(&self, container_id: &str, ifname: &str) -> Result<Vec<IpAddr>, CniError> {
+        if !self.dir.exists() {
+            return Ok(Vec::new());
+        }
+        let _lock = self.lock()?;
+        Ok(self
+            .reservations()?
+            .into_iter()
+            .filter(|(_, o)| o.is(container_id, ifname))
+            .map(|(ip, _)| ip)
+            .collect())
+    }
+
+    /// Releases every address of `container_id`/`ifname`; returns them. Releasing what is
+    /// not reserved is not an error (DEL is idempotent).
+    pub fn release(&self, container_id: &str, ifname: &str) -> Result<Vec<IpAddr>, CniError> {
+        if !self.dir.exists() {
+            return Ok(Vec::new());
+        }
+        let _lock = self.lock()?;
+        self.remove_where(|o| o.is(container_id, ifname))
+    }
+
+    /// Releases every address whose owner is not in `valid` (containerID, ifname); returns
+    /// them.
+    pub fn gc(&self, valid: &[(String, String)]) -> Result<Vec<IpAddr>, CniError> {
+        if !self.dir.exists() {
+            return Ok(Vec::new());
+        }
+        let _lock = self.lock()?;
+        self.remove_where(|o| !valid.iter().any(|(c, i)| o.is(c, i)))
+    }
+
+    fn remove_where(&self, pred: impl Fn(&Owner) -> bool) -> Result<Vec<IpAddr>, CniError> {
+        let mut removed = Vec::new();
+        for (ip, owner) in self.reservations()? {
+            if pred(&owner) {
+                let path = self.dir.join(ip.to_string());
+                match fs::remove_file(&path) {
+                    Ok(()) => removed.push(ip),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(CniError::io(format!("remove {}", path.display()), e)),
+                }
+            }
+        }
+        Ok(removed)
+    }
+}
+
+fn next_pos(ranges: &[Range], ri: usize, v: u128) -> (usize, u128) {
+    if v >= to_u128(ranges[ri].end) {
+        let n = (ri + 1) % ranges.len();
+        (n, to_u128(ranges[n].start))
+    } else {
+        (ri, v + 1)
+    }
+}
+
+fn write_tmp(dir: &Path, content: &[u8]) -> Result<PathBuf, CniError> {
+    let mut n = 0u32;
+    loop {
+        let path = dir.join(format!("{TMP_PREFIX}{}-{n}", std::process::id()));
+        match OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(mut f) => {
+                f.write_all(content)
+                    .and_then(|()| f.sync_all())
+                    .map_err(|e| CniError::io(format!("write {}", path.display()), e))?;
+                return Ok(path);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+            Err(e) => return Err(CniError::io(format!("create {}", path.display()), e)),
+        }
+    }
+}
+
+/// Writes `path` atomically (temp file in the same directory, then rename).
+fn write_atomic(path: &Path, content: &[u8]) -> Result<(), CniError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = write_tmp(dir, content)?;
+    fs::rename(&tmp, path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        CniError::io(format!("rename {} to {}", tmp.display(), path.display()), e)
+    })
+}
