@@ -4,8 +4,11 @@
 use serde_json::Value;
 
 use crate::config::{self, IpamConf, NetConf};
+use crate::dataplane::{ContainerLink, Dataplane, LinkInfo};
 use crate::error::CniError;
 use crate::ipam::Store;
+use crate::plan::{self, BridgeSpec, VethSpec};
+use crate::result::CniResult;
 
 /// `CNI_COMMAND`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,22 +124,196 @@ pub fn version_info() -> Value {
     })
 }
 
-/// Runs one command against an already parsed config. `Ok(Some(v))` is printed on stdout.
+/// Runs one command that needs no dataplane (VERSION, STATUS, GC). ADD, DEL and CHECK need
+/// [`run_with`]; here they fail with code 199.
 pub fn run(env: &CniEnv, conf: &NetConf) -> Result<Option<Value>, CniError> {
+    run_with(env, conf, || {
+        Err::<NoDataplane, _>(CniError::NotImplemented(
+            "ADD/DEL without a dataplane".into(),
+        ))
+    })
+}
+
+/// Placeholder dataplane type for [`run`]; never constructed.
+pub enum NoDataplane {}
+
+impl Dataplane for NoDataplane {
+    fn check_netns(&mut self, _: &str) -> Result<(), CniError> {
+        match *self {}
+    }
+    fn ensure_bridge(&mut self, _: &BridgeSpec) -> Result<LinkInfo, CniError> {
+        match *self {}
+    }
+    fn enable_forwarding(&mut self, _: bool, _: bool) -> Result<(), CniError> {
+        match *self {}
+    }
+    fn create_veth(&mut self, _: &VethSpec, _: u32) -> Result<(LinkInfo, LinkInfo), CniError> {
+        match *self {}
+    }
+    fn host_link(&mut self, _: &str) -> Result<Option<LinkInfo>, CniError> {
+        match *self {}
+    }
+    fn delete_host_link(&mut self, _: &str) -> Result<bool, CniError> {
+        match *self {}
+    }
+    fn delete_container_link(&mut self, _: &str, _: &str) -> Result<(), CniError> {
+        match *self {}
+    }
+    fn container_link(&mut self, _: &str, _: &str) -> Result<Option<ContainerLink>, CniError> {
+        match *self {}
+    }
+}
+
+/// Runs one command; `dataplane` is called only for ADD and DEL (after validation).
+/// `Ok(Some(v))` is printed on stdout.
+pub fn run_with<D: Dataplane>(
+    env: &CniEnv,
+    conf: &NetConf,
+    dataplane: impl FnOnce() -> Result<D, CniError>,
+) -> Result<Option<Value>, CniError> {
     if env.command == Command::Version {
         return Ok(Some(version_info()));
     }
     conf.validate()?;
     match env.command {
         Command::Version => Ok(Some(version_info())),
-        Command::Add => Err(CniError::NotImplemented(
-            "ADD (bridge and veth setup)".into(),
-        )),
-        Command::Del => Err(CniError::NotImplemented("DEL (veth teardown)".into())),
-        Command::Check => Err(CniError::NotImplemented("CHECK".into())),
+        Command::Add => {
+            check_add_supported(conf)?;
+            let result = add(env, conf, &mut dataplane()?)?;
+            Ok(Some(result.render(&conf.cni_version)))
+        }
+        Command::Del => {
+            if let Some(IpamConf::Delegate { plugin_type, .. }) = &conf.ipam {
+                return Err(CniError::NotImplemented(format!(
+                    "DEL with delegated ipam {plugin_type:?}"
+                )));
+            }
+            del(env, conf, &mut dataplane()?).map(|()| None)
+        }
+        Command::Check => {
+            check_add_supported(conf)?;
+            check(env, conf, &mut dataplane()?).map(|()| None)
+        }
         Command::Status => status(conf),
         Command::Gc => gc(conf).map(|_| None),
     }
+}
+
+/// What ADD refuses before touching anything.
+fn check_add_supported(conf: &NetConf) -> Result<(), CniError> {
+    if conf.ip_masq {
+        // Masquerading needs iptables/nftables rules, which ferro-cni does not write yet.
+        // Refusing is more honest than returning a result that promises outbound NAT.
+        return Err(CniError::UnsupportedField(
+            "ipMasq: masquerading is not supported yet (set ipMasq to false)".into(),
+        ));
+    }
+    if let Some(IpamConf::Delegate { plugin_type, .. }) = &conf.ipam {
+        return Err(CniError::NotImplemented(format!(
+            "ADD with delegated ipam {plugin_type:?}"
+        )));
+    }
+    Ok(())
+}
+
+fn required<'a>(v: &'a Option<String>, name: &str) -> Result<&'a str, CniError> {
+    v.as_deref().ok_or_else(|| missing(name))
+}
+
+/// Bridge-mode ADD. Order: check the netns (code 4 if it cannot be opened, before anything
+/// is created), reserve addresses, bridge, forwarding, veth. Any failure after the
+/// reservation deletes the veth and releases addresses this ADD reserved.
+pub fn add<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<CniResult, CniError> {
+    let id = required(&env.container_id, "CNI_CONTAINERID")?;
+    let netns = required(&env.netns, "CNI_NETNS")?;
+    let ifname = required(&env.ifname, "CNI_IFNAME")?;
+    dp.check_netns(netns)?;
+    let sets = conf
+        .range_sets()?
+        .ok_or_else(|| CniError::NotImplemented("ADD with delegated ipam".into()))?;
+    let store = Store::new(conf.data_dir(), &conf.name, sets);
+    let held_before = !store.find(id, ifname)?.is_empty();
+    let allocs = store.allocate(id, ifname)?;
+    let outcome =
+        plan::plan_add(conf, id, netns, ifname, &allocs).and_then(|plan| apply_add(dp, plan));
+    match outcome {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            let _ = dp.delete_host_link(&plan::host_veth_name(id, ifname));
+            let _ = dp.delete_host_link(&plan::temp_peer_name(id, ifname));
+            if !held_before {
+                let _ = store.release(id, ifname);
+            }
+            Err(e)
+        }
+    }
+}
+
+fn apply_add<D: Dataplane>(dp: &mut D, plan: plan::AddPlan) -> Result<CniResult, CniError> {
+    let bridge = dp.ensure_bridge(&plan.bridge)?;
+    if plan.forward_v4 || plan.forward_v6 {
+        dp.enable_forwarding(plan.forward_v4, plan.forward_v6)?;
+    }
+    let (host, cont) = dp.create_veth(&plan.veth, bridge.index)?;
+    // A bridge without a MAC of its own takes its ports' lowest: read it again.
+    let bridge_mac = dp
+        .host_link(&plan.bridge.name)?
+        .and_then(|l| l.mac)
+        .or(bridge.mac);
+    let mut result = plan.result;
+    for (iface, mac) in result
+        .interfaces
+        .iter_mut()
+        .zip([bridge_mac, host.mac, cont.mac])
+    {
+        iface.mac = mac;
+    }
+    Ok(result)
+}
+
+/// Bridge-mode CHECK against `prevResult`: the addresses are still reserved for this
+/// attachment, the bridge and host veth exist, and the container interface matches.
+pub fn check<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<(), CniError> {
+    let id = required(&env.container_id, "CNI_CONTAINERID")?;
+    let netns = required(&env.netns, "CNI_NETNS")?;
+    let ifname = required(&env.ifname, "CNI_IFNAME")?;
+    let prev = conf
+        .prev_result
+        .as_ref()
+        .ok_or_else(|| CniError::InvalidConfig("CHECK needs prevResult".into()))?;
+    let prev = CniResult::from_prev(prev)?;
+    let held = Store::new(conf.data_dir(), &conf.name, Vec::new()).find(id, ifname)?;
+    for ip in &prev.ips {
+        if !held.contains(&ip.address.addr()) {
+            return Err(CniError::CheckFailed(format!(
+                "{} is not reserved for {id}/{ifname}",
+                ip.address.addr()
+            )));
+        }
+    }
+    for name in [conf.bridge.clone(), plan::host_veth_name(id, ifname)] {
+        if dp.host_link(&name)?.is_none() {
+            return Err(CniError::CheckFailed(format!(
+                "{name} does not exist in the node namespace"
+            )));
+        }
+    }
+    let observed = dp.container_link(netns, ifname)?;
+    plan::verify_container(&prev, netns, ifname, observed.as_ref())
+}
+
+/// Bridge-mode DEL, idempotent: deletes the container's interface if the namespace and
+/// link still exist (the pair goes with it), the host end if it is still around, then
+/// releases the addresses. Missing pieces are not errors.
+pub fn del<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<(), CniError> {
+    let id = required(&env.container_id, "CNI_CONTAINERID")?;
+    let ifname = required(&env.ifname, "CNI_IFNAME")?;
+    if let Some(netns) = &env.netns {
+        dp.delete_container_link(netns, ifname)?;
+    }
+    dp.delete_host_link(&plan::host_veth_name(id, ifname))?;
+    Store::new(conf.data_dir(), &conf.name, Vec::new()).release(id, ifname)?;
+    Ok(())
 }
 
 /// STATUS: ready when the ranges resolve (for `podCIDR: "node"`, when ferro-netd has written

@@ -46,6 +46,9 @@ pub enum CniError {
     /// Code 100: every address of a range set is reserved.
     #[error("address range exhausted: {0}")]
     RangeExhausted(String),
+    /// Code 101 (CHECK): the attachment differs from what ADD set up.
+    #[error("check failed: {0}")]
+    CheckFailed(String),
     /// Code 199: a command (or part of one) ferro-cni does not implement yet.
     #[error("{0} is not implemented yet")]
     NotImplemented(String),
@@ -53,6 +56,8 @@ pub enum CniError {
 
 /// Code for [`CniError::RangeExhausted`].
 pub const CODE_RANGE_EXHAUSTED: u32 = 100;
+/// Code for [`CniError::CheckFailed`].
+pub const CODE_CHECK_FAILED: u32 = 101;
 /// Code for [`CniError::NotImplemented`].
 pub const CODE_NOT_IMPLEMENTED: u32 = 199;
 
@@ -78,6 +83,7 @@ impl CniError {
             CniError::TryAgainLater(_) => 11,
             CniError::NotAvailable(_) => 50,
             CniError::RangeExhausted(_) => CODE_RANGE_EXHAUSTED,
+            CniError::CheckFailed(_) => CODE_CHECK_FAILED,
             CniError::NotImplemented(_) => CODE_NOT_IMPLEMENTED,
         }
     }
@@ -95,6 +101,7 @@ impl CniError {
             CniError::TryAgainLater(_) => "Try again later",
             CniError::NotAvailable(_) => "Plugin not available",
             CniError::RangeExhausted(_) => "Address range exhausted",
+            CniError::CheckFailed(_) => "Check failed",
             CniError::NotImplemented(_) => "Not implemented",
         }
     }
@@ -161,6 +168,7 @@ mod tests {
             (CniError::TryAgainLater("x".into()), 11),
             (CniError::NotAvailable("x".into()), 50),
             (CniError::RangeExhausted("x".into()), 100),
+            (CniError::CheckFailed("x".into()), 101),
             (CniError::NotImplemented("ADD".into()), 199),
         ];
         for (err, code) in cases {

@@ -51,5 +51,7 @@ fn invoke(version: &mut String) -> Result<Option<serde_json::Value>, CniError> {
         }
     }
     let conf = NetConf::parse(&stdin)?;
-    commands::run(&env, &conf)
+    commands::run_with(&env, &conf, || {
+        ferro_cni::dataplane::Netlink::new(std::path::PathBuf::from("/proc/sys"))
+    })
 }

@@ -57,12 +57,13 @@ fn malformed_config_is_error_code_6() {
 #[test]
 fn errors_use_the_callers_version_and_bad_env_is_code_4() {
     let conf = r#"{"cniVersion": "0.4.0", "name": "n", "type": "ferro", "podCIDR": "10.1.0.0/16"}"#;
+    // CNI_NETNS names no namespace: ADD stops with code 4 before touching anything.
     let out = run(&ADD_ENV, conf);
     assert!(!out.status.success());
     let v = stdout_json(&out);
     assert_eq!(
         (v["code"].as_u64(), v["cniVersion"].as_str()),
-        (Some(199), Some("0.4.0"))
+        (Some(4), Some("0.4.0"))
     );
     let out = run(&ADD_ENV[..3], conf);
     assert!(!out.status.success());

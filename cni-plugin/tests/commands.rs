@@ -61,7 +61,7 @@ fn env_requirements_per_command() {
 }
 
 #[test]
-fn add_del_check_are_not_implemented_yet_after_validation() {
+fn run_without_a_dataplane_validates_then_refuses_add() {
     let conf = NetConf::parse(
         json!({"cniVersion": "1.0.0", "name": "n", "type": "ferro", "podCIDR": "10.1.0.0/16"})
             .to_string()

@@ -1,0 +1,581 @@
+//! The narrow executor bridge mode needs, and its real implementation over rtnetlink.
+//!
+//! The plugin runs in the node's network namespace. Work inside the container's namespace
+//! goes through a second netlink socket opened while this thread is switched into that
+//! namespace with `setns` (a socket stays bound to the namespace it was created in), so the
+//! thread is back in the node namespace before any request is sent.
+
+use std::fs::File;
+use std::io;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use futures::TryStreamExt;
+use ipnet::IpNet;
+use netlink_packet_route::address::AddressAttribute;
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader};
+use netlink_packet_route::AddressFamily;
+use nix::sched::CloneFlags;
+use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteMessageBuilder};
+
+use crate::error::CniError;
+use crate::plan::{BridgeSpec, VethSpec};
+use crate::result::Route;
+
+/// A link as ADD reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkInfo {
+    pub index: u32,
+    pub mac: Option<String>,
+}
+
+/// The container interface as CHECK observes it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ContainerLink {
+    pub mac: Option<String>,
+    pub up: bool,
+    pub addresses: Vec<IpNet>,
+    /// Main-table routes out of this interface: (destination, gateway).
+    pub routes: Vec<(IpNet, Option<IpAddr>)>,
+}
+
+/// What ADD and DEL do to the host. Implementations must be idempotent where noted.
+pub trait Dataplane {
+    /// Fails with code 4 when `netns` cannot be opened as a network namespace.
+    fn check_netns(&mut self, netns: &str) -> Result<(), CniError>;
+    /// Creates the bridge if missing, sets MTU/promisc, brings it up, adds the addresses
+    /// (already present ones are fine).
+    fn ensure_bridge(&mut self, spec: &BridgeSpec) -> Result<LinkInfo, CniError>;
+    /// Turns on forwarding in the node namespace.
+    fn enable_forwarding(&mut self, v4: bool, v6: bool) -> Result<(), CniError>;
+    /// Creates the pair on `bridge`, moves the peer into the container and configures it
+    /// there. Returns (host end, container end). A stale pair of the same name is replaced.
+    fn create_veth(
+        &mut self,
+        spec: &VethSpec,
+        bridge: u32,
+    ) -> Result<(LinkInfo, LinkInfo), CniError>;
+    /// A node-namespace link by name, `None` when missing.
+    fn host_link(&mut self, name: &str) -> Result<Option<LinkInfo>, CniError>;
+    /// Deletes a node-namespace link by name; `Ok(false)` when it does not exist.
+    fn delete_host_link(&mut self, name: &str) -> Result<bool, CniError>;
+    /// Deletes `ifname` inside `netns`; success when the namespace or link is gone.
+    fn delete_container_link(&mut self, netns: &str, ifname: &str) -> Result<(), CniError>;
+    /// Reads `ifname` inside `netns`; `None` when the link is missing.
+    fn container_link(
+        &mut self,
+        netns: &str,
+        ifname: &str,
+    ) -> Result<Option<ContainerLink>, CniError>;
+}
+
+const ENODEV: i32 = 19;
+const EEXIST: i32 = 17;
+const ENOENT: i32 = 2;
+
+fn errno(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => Some(-m.raw_code()),
+        _ => None,
+    }
+}
+
+fn nl(context: impl Into<String>, e: rtnetlink::Error) -> CniError {
+    let source = match &e {
+        rtnetlink::Error::NetlinkError(m) => m.to_io(),
+        other => io::Error::other(other.to_string()),
+    };
+    CniError::io(context, source)
+}
+
+fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
+}
+
+fn mac_of(msg: &LinkMessage) -> Option<String> {
+    msg.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Address(b) if b.len() == 6 => Some(
+            b.iter()
+                .map(|x| format!("{x:02x}"))
+                .collect::<Vec<_>>()
+                .join(":"),
+        ),
+        _ => None,
+    })
+}
+
+async fn get_link(h: &Handle, name: &str) -> Result<Option<LinkMessage>, rtnetlink::Error> {
+    match h
+        .link()
+        .get()
+        .match_name(name.to_string())
+        .execute()
+        .try_next()
+        .await
+    {
+        Ok(m) => Ok(m),
+        Err(e) if errno(&e) == Some(ENODEV) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+async fn add_addr(h: &Handle, index: u32, a: &IpNet) -> Result<(), rtnetlink::Error> {
+    match h
+        .address()
+        .add(index, a.addr(), a.prefix_len())
+        .execute()
+        .await
+    {
+        Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
+        r => r,
+    }
+}
+
+async fn add_route(h: &Handle, index: u32, r: &Route) -> Result<(), CniError> {
+    let mut b = RouteMessageBuilder::<IpAddr>::new()
+        .destination_prefix(r.dst.addr(), r.dst.prefix_len())
+        .map_err(|e| CniError::InvalidConfig(format!("route {}: {e}", r.dst)))?
+        .output_interface(index);
+    if let Some(gw) = r.gw {
+        b = b
+            .gateway(gw)
+            .map_err(|e| CniError::InvalidConfig(format!("route {} via {gw}: {e}", r.dst)))?;
+    }
+    match h.route().add(b.build()).execute().await {
+        Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
+        r2 => r2.map_err(|e| nl(format!("add route {} in container", r.dst), e)),
+    }
+}
+
+/// The real dataplane: rtnetlink on a current-thread tokio runtime.
+pub struct Netlink {
+    rt: tokio::runtime::Runtime,
+    host: Handle,
+    /// `/proc/sys` (for forwarding sysctls), passed in so it is visible where it is used.
+    proc_sys: PathBuf,
+}
+
+fn open_netns(path: &str) -> Result<File, CniError> {
+    File::open(path).map_err(|e| CniError::InvalidEnv {
+        name: "CNI_NETNS".into(),
+        reason: format!("cannot open network namespace {path:?}: {e}"),
+    })
+}
+
+impl Netlink {
+    /// Opens a netlink socket in the current (node) namespace.
+    pub fn new(proc_sys: PathBuf) -> Result<Netlink, CniError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| CniError::io("start tokio runtime", e))?;
+        let host = {
+            let _g = rt.enter();
+            let (conn, handle, _) =
+                rtnetlink::new_connection().map_err(|e| CniError::io("open netlink socket", e))?;
+            rt.spawn(conn);
+            handle
+        };
+        Ok(Netlink { rt, host, proc_sys })
+    }
+
+    /// A netlink handle bound to the namespace behind `ns`.
+    fn handle_in(&self, ns: &File, path: &str) -> Result<Handle, CniError> {
+        let orig = File::open("/proc/thread-self/ns/net")
+            .map_err(|e| CniError::io("open /proc/thread-self/ns/net", e))?;
+        nix::sched::setns(ns, CloneFlags::CLONE_NEWNET).map_err(|e| CniError::InvalidEnv {
+            name: "CNI_NETNS".into(),
+            reason: format!("{path:?} is not a network namespace: {e}"),
+        })?;
+        let conn = {
+            let _g = self.rt.enter();
+            rtnetlink::new_connection()
+        };
+        // Always return to the node namespace before anything else.
+        nix::sched::setns(&orig, CloneFlags::CLONE_NEWNET).map_err(|e| {
+            CniError::io("return to the node network namespace", io::Error::from(e))
+        })?;
+        let (conn, handle, _) =
+            conn.map_err(|e| CniError::io(format!("open netlink socket in {path}"), e))?;
+        self.rt.spawn(conn);
+        Ok(handle)
+    }
+
+    async fn configure_veth(
+        &self,
+        spec: &VethSpec,
+        bridge: u32,
+        ns: &File,
+        cont: &Handle,
+    ) -> Result<(LinkInfo, LinkInfo), CniError> {
+        let h = &self.host;
+        let ctx = |what: &str| format!("{what} {}", spec.host_name);
+        let mut veth = LinkVeth::new(&spec.host_name, &spec.temp_peer_name);
+        if let Some(mtu) = spec.mtu {
+            veth = veth.mtu(mtu);
+        }
+        h.link()
+            .add(veth.build())
+            .execute()
+            .await
+            .map_err(|e| nl(ctx("create veth"), e))?;
+        let host = get_link(h, &spec.host_name)
+            .await
+            .map_err(|e| nl(ctx("get veth"), e))?
+            .ok_or_else(|| CniError::io(ctx("get veth"), io::Error::from_raw_os_error(ENODEV)))?;
+        let peer = get_link(h, &spec.temp_peer_name)
+            .await
+            .map_err(|e| nl(ctx("get veth peer of"), e))?
+            .ok_or_else(|| {
+                CniError::io(
+                    ctx("get veth peer of"),
+                    io::Error::from_raw_os_error(ENODEV),
+                )
+            })?;
+        let hidx = host.header.index;
+        h.link()
+            .set(
+                LinkUnspec::new_with_index(hidx)
+                    .controller(bridge)
+                    .up()
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(|e| nl(ctx("attach to bridge and bring up"), e))?;
+        if spec.hairpin {
+            h.link()
+                .set_port(LinkBridgePort::new(hidx).hairpin(true).build())
+                .execute()
+                .await
+                .map_err(|e| nl(ctx("set hairpin on"), e))?;
+        }
+        use std::os::fd::AsRawFd;
+        h.link()
+            .set(
+                LinkUnspec::new_with_index(peer.header.index)
+                    .setns_by_fd(ns.as_raw_fd())
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(|e| nl(format!("move veth peer into {}", spec.netns), e))?;
+        // Inside the container.
+        let cpeer = get_link(cont, &spec.temp_peer_name)
+            .await
+            .map_err(|e| nl("find veth peer in container", e))?
+            .ok_or_else(|| {
+                CniError::io(
+                    "find veth peer in container",
+                    io::Error::from_raw_os_error(ENODEV),
+                )
+            })?;
+        let cidx = cpeer.header.index;
+        let mut set = LinkUnspec::new_with_index(cidx).name(spec.ifname.clone());
+        if let Some(mtu) = spec.mtu {
+            set = set.mtu(mtu);
+        }
+        cont.link().set(set.build()).execute().await.map_err(|e| {
+            nl(
+                format!("rename veth peer to {} in container", spec.ifname),
+                e,
+            )
+        })?;
+        cont.link()
+            .set(LinkUnspec::new_with_index(cidx).up().build())
+            .execute()
+            .await
+            .map_err(|e| nl(format!("bring up {} in container", spec.ifname), e))?;
+        if let Some(lo) = get_link(cont, "lo")
+            .await
+            .map_err(|e| nl("find lo in container", e))?
+        {
+            cont.link()
+                .set(LinkUnspec::new_with_index(lo.header.index).up().build())
+                .execute()
+                .await
+                .map_err(|e| nl("bring up lo in container", e))?;
+        }
+        for a in &spec.addresses {
+            add_addr(cont, cidx, a)
+                .await
+                .map_err(|e| nl(format!("add address {a} in container"), e))?;
+        }
+        for r in &spec.routes {
+            add_route(cont, cidx, r).await?;
+        }
+        Ok((
+            LinkInfo {
+                index: hidx,
+                mac: mac_of(&host),
+            },
+            LinkInfo {
+                index: cidx,
+                mac: mac_of(&cpeer),
+            },
+        ))
+    }
+}
+
+impl Dataplane for Netlink {
+    fn check_netns(&mut self, netns: &str) -> Result<(), CniError> {
+        let f = open_netns(netns)?;
+        self.handle_in(&f, netns).map(drop)
+    }
+
+    fn ensure_bridge(&mut self, spec: &BridgeSpec) -> Result<LinkInfo, CniError> {
+        let h = self.host.clone();
+        self.rt.block_on(async {
+            let ctx = |what: &str| format!("{what} bridge {}", spec.name);
+            let mut link = get_link(&h, &spec.name)
+                .await
+                .map_err(|e| nl(ctx("get"), e))?;
+            if link.is_none() {
+                match h
+                    .link()
+                    .add(LinkBridge::new(&spec.name).build())
+                    .execute()
+                    .await
+                {
+                    Err(e) if errno(&e) != Some(EEXIST) => return Err(nl(ctx("create"), e)),
+                    _ => {}
+                }
+                link = get_link(&h, &spec.name)
+                    .await
+                    .map_err(|e| nl(ctx("get"), e))?;
+            }
+            let link = link
+                .ok_or_else(|| CniError::io(ctx("find"), io::Error::from_raw_os_error(ENODEV)))?;
+            let idx = link.header.index;
+            let mut set = LinkUnspec::new_with_index(idx).up();
+            if let Some(mtu) = spec.mtu {
+                set = set.mtu(mtu);
+            }
+            if spec.promisc {
+                set = set.promiscuous(true);
+            }
+            h.link()
+                .set(set.build())
+                .execute()
+                .await
+                .map_err(|e| nl(ctx("bring up"), e))?;
+            for a in &spec.addresses {
+                add_addr(&h, idx, a)
+                    .await
+                    .map_err(|e| nl(ctx(&format!("add address {a} to")), e))?;
+            }
+            Ok(LinkInfo {
+                index: idx,
+                mac: mac_of(&link),
+            })
+        })
+    }
+
+    fn enable_forwarding(&mut self, v4: bool, v6: bool) -> Result<(), CniError> {
+        let mut paths = Vec::new();
+        if v4 {
+            paths.push(self.proc_sys.join("net/ipv4/ip_forward"));
+        }
+        if v6 {
+            paths.push(self.proc_sys.join("net/ipv6/conf/all/forwarding"));
+        }
+        for p in paths {
+            if std::fs::read_to_string(&p).is_ok_and(|v| v.trim() == "1") {
+                continue;
+            }
+            std::fs::write(&p, "1")
+                .map_err(|e| CniError::io(format!("write {}", p.display()), e))?;
+        }
+        Ok(())
+    }
+
+    fn create_veth(
+        &mut self,
+        spec: &VethSpec,
+        bridge: u32,
+    ) -> Result<(LinkInfo, LinkInfo), CniError> {
+        let ns = open_netns(&spec.netns)?;
+        let cont = self.handle_in(&ns, &spec.netns)?;
+        // A repeated ADD for the same attachment replaces the old pair.
+        self.delete_host_link(&spec.host_name)?;
+        self.delete_host_link(&spec.temp_peer_name)?;
+        self.rt
+            .block_on(async { self.configure_veth(spec, bridge, &ns, &cont).await })
+    }
+
+    fn host_link(&mut self, name: &str) -> Result<Option<LinkInfo>, CniError> {
+        let h = self.host.clone();
+        self.rt.block_on(async {
+            Ok(get_link(&h, name)
+                .await
+                .map_err(|e| nl(format!("get link {name}"), e))?
+                .map(|l| LinkInfo {
+                    index: l.header.index,
+                    mac: mac_of(&l),
+                }))
+        })
+    }
+
+    fn delete_host_link(&mut self, name: &str) -> Result<bool, CniError> {
+        let h = self.host.clone();
+        self.rt.block_on(async {
+            let Some(link) = get_link(&h, name)
+                .await
+                .map_err(|e| nl(format!("get link {name}"), e))?
+            else {
+                return Ok(false);
+            };
+            match h.link().del(link.header.index).execute().await {
+                Ok(()) => Ok(true),
+                Err(e) if errno(&e) == Some(ENODEV) => Ok(false),
+                Err(e) => Err(nl(format!("delete link {name}"), e)),
+            }
+        })
+    }
+
+    fn container_link(
+        &mut self,
+        netns: &str,
+        ifname: &str,
+    ) -> Result<Option<ContainerLink>, CniError> {
+        let ns = open_netns(netns)?;
+        let cont = self.handle_in(&ns, netns)?;
+        self.rt.block_on(async {
+            let Some(link) = get_link(&cont, ifname)
+                .await
+                .map_err(|e| nl(format!("get {ifname} in container"), e))?
+            else {
+                return Ok(None);
+            };
+            let idx = link.header.index;
+            let mut out = ContainerLink {
+                mac: mac_of(&link),
+                up: link.header.flags.contains(LinkFlags::Up),
+                ..ContainerLink::default()
+            };
+            let mut addrs = cont.address().get().set_link_index_filter(idx).execute();
+            while let Some(a) = addrs
+                .try_next()
+                .await
+                .map_err(|e| nl(format!("list addresses of {ifname}"), e))?
+            {
+                if a.header.index != idx {
+                    continue;
+                }
+                let ip = a.attributes.iter().find_map(|x| match x {
+                    AddressAttribute::Address(ip) => Some(*ip),
+                    _ => None,
+                });
+                if let Some(net) = ip.and_then(|ip| IpNet::new(ip, a.header.prefix_len).ok()) {
+                    out.addresses.push(net);
+                }
+            }
+            for query in [
+                RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
+                RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
+            ] {
+                let mut routes = cont.route().get(query).execute();
+                while let Some(r) = routes
+                    .try_next()
+                    .await
+                    .map_err(|e| nl(format!("list routes of {ifname}"), e))?
+                {
+                    if r.header.table != RouteHeader::RT_TABLE_MAIN {
+                        continue;
+                    }
+                    let mut oif = None;
+                    let mut dst = None;
+                    let mut gw = None;
+                    for attr in &r.attributes {
+                        match attr {
+                            RouteAttribute::Oif(i) => oif = Some(*i),
+                            RouteAttribute::Destination(a) => dst = route_ip(a),
+                            RouteAttribute::Gateway(a) => gw = route_ip(a),
+                            _ => {}
+                        }
+                    }
+                    if oif != Some(idx) {
+                        continue;
+                    }
+                    let dst = dst.unwrap_or(match r.header.address_family {
+                        AddressFamily::Inet6 => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+                        _ => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+                    });
+                    if let Ok(net) = IpNet::new(dst, r.header.destination_prefix_length) {
+                        out.routes.push((net, gw));
+                    }
+                }
+            }
+            Ok(Some(out))
+        })
+    }
+
+    fn delete_container_link(&mut self, netns: &str, ifname: &str) -> Result<(), CniError> {
+        let ns = match File::open(netns) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(ENOENT) => return Ok(()),
+            Err(e) => return Err(CniError::io(format!("open network namespace {netns}"), e)),
+        };
+        let cont = match self.handle_in(&ns, netns) {
+            Ok(h) => h,
+            // Not (or no longer) a network namespace: nothing of ours can be inside.
+            Err(CniError::InvalidEnv { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        self.rt.block_on(async {
+            let Some(link) = get_link(&cont, ifname)
+                .await
+                .map_err(|e| nl(format!("get {ifname} in container"), e))?
+            else {
+                return Ok(());
+            };
+            match cont.link().del(link.header.index).execute().await {
+                Ok(()) => Ok(()),
+                Err(e) if errno(&e) == Some(ENODEV) => Ok(()),
+                Err(e) => Err(nl(format!("delete {ifname} in container"), e)),
+            }
+        })
+    }
+}
+
+/// Lets callers keep ownership of a dataplane (e.g. a recording fake) they pass to
+/// [`crate::commands::run_with`].
+impl<T: Dataplane + ?Sized> Dataplane for &mut T {
+    fn check_netns(&mut self, netns: &str) -> Result<(), CniError> {
+        (**self).check_netns(netns)
+    }
+    fn ensure_bridge(&mut self, spec: &BridgeSpec) -> Result<LinkInfo, CniError> {
+        (**self).ensure_bridge(spec)
+    }
+    fn enable_forwarding(&mut self, v4: bool, v6: bool) -> Result<(), CniError> {
+        (**self).enable_forwarding(v4, v6)
+    }
+    fn create_veth(
+        &mut self,
+        spec: &VethSpec,
+        bridge: u32,
+    ) -> Result<(LinkInfo, LinkInfo), CniError> {
+        (**self).create_veth(spec, bridge)
+    }
+    fn host_link(&mut self, name: &str) -> Result<Option<LinkInfo>, CniError> {
+        (**self).host_link(name)
+    }
+    fn delete_host_link(&mut self, name: &str) -> Result<bool, CniError> {
+        (**self).delete_host_link(name)
+    }
+    fn delete_container_link(&mut self, netns: &str, ifname: &str) -> Result<(), CniError> {
+        (**self).delete_container_link(netns, ifname)
+    }
+    fn container_link(
+        &mut self,
+        netns: &str,
+        ifname: &str,
+    ) -> Result<Option<ContainerLink>, CniError> {
+        (**self).container_link(netns, ifname)
+    }
+}

@@ -1,0 +1,309 @@
+//! ADD/DEL orchestration and planning against a recording fake dataplane (no root).
+#![allow(clippy::unwrap_used)]
+
+use ferro_cni::commands::{self, CniEnv};
+use ferro_cni::config::NetConf;
+use ferro_cni::dataplane::{ContainerLink, Dataplane, LinkInfo};
+use ferro_cni::plan::{self, BridgeSpec, VethSpec};
+use ferro_cni::result::CniResult;
+use ferro_cni::CniError;
+use serde_json::json;
+
+#[derive(Default)]
+struct Fake {
+    calls: Vec<String>,
+    fail_veth: bool,
+    bad_netns: bool,
+}
+
+impl Dataplane for Fake {
+    fn check_netns(&mut self, netns: &str) -> Result<(), CniError> {
+        self.calls.push(format!("check_netns {netns}"));
+        if self.bad_netns {
+            return Err(CniError::InvalidEnv {
+                name: "CNI_NETNS".into(),
+                reason: "gone".into(),
+            });
+        }
+        Ok(())
+    }
+    fn ensure_bridge(&mut self, spec: &BridgeSpec) -> Result<LinkInfo, CniError> {
+        self.calls
+            .push(format!("bridge {} {:?}", spec.name, spec.addresses));
+        Ok(LinkInfo {
+            index: 7,
+            mac: Some("02:00:00:00:00:01".into()),
+        })
+    }
+    fn enable_forwarding(&mut self, v4: bool, v6: bool) -> Result<(), CniError> {
+        self.calls.push(format!("forward {v4} {v6}"));
+        Ok(())
+    }
+    fn create_veth(
+        &mut self,
+        spec: &VethSpec,
+        bridge: u32,
+    ) -> Result<(LinkInfo, LinkInfo), CniError> {
+        self.calls.push(format!(
+            "veth {} {} on {bridge}",
+            spec.host_name, spec.ifname
+        ));
+        if self.fail_veth {
+            return Err(CniError::io("create veth", std::io::Error::other("boom")));
+        }
+        Ok((
+            LinkInfo {
+                index: 8,
+                mac: Some("02:00:00:00:00:02".into()),
+            },
+            LinkInfo {
+                index: 2,
+                mac: Some("02:00:00:00:00:03".into()),
+            },
+        ))
+    }
+    fn host_link(&mut self, name: &str) -> Result<Option<LinkInfo>, CniError> {
+        self.calls.push(format!("get {name}"));
+        Ok(None)
+    }
+    fn delete_host_link(&mut self, name: &str) -> Result<bool, CniError> {
+        self.calls.push(format!("delete {name}"));
+        Ok(false)
+    }
+    fn delete_container_link(&mut self, netns: &str, ifname: &str) -> Result<(), CniError> {
+        self.calls.push(format!("delete {ifname} in {netns}"));
+        Ok(())
+    }
+    fn container_link(
+        &mut self,
+        netns: &str,
+        ifname: &str,
+    ) -> Result<Option<ContainerLink>, CniError> {
+        self.calls.push(format!("read {ifname} in {netns}"));
+        Ok(None)
+    }
+}
+
+fn env(cmd: &str) -> CniEnv {
+    let vars = [
+        ("CNI_COMMAND", cmd),
+        ("CNI_CONTAINERID", "abc"),
+        ("CNI_NETNS", "/run/netns/x"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", "/opt/cni/bin"),
+    ];
+    CniEnv::from_vars(|k| {
+        vars.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    })
+    .unwrap()
+}
+
+fn conf(dir: &std::path::Path, extra: serde_json::Value) -> NetConf {
+    let mut v = json!({
+        "cniVersion": "1.1.0", "name": "n", "type": "ferro", "isGateway": true,
+        "ipam": {"ranges": [[{"subnet": "10.9.0.0/24"}]],
+                 "routes": [{"dst": "192.168.0.0/16"}], "dataDir": dir},
+    });
+    if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+        o.extend(e.clone());
+    }
+    NetConf::parse(v.to_string().as_bytes()).unwrap()
+}
+
+fn ip_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir.join("n"))
+        .map(|rd| {
+            rd.filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .parse::<std::net::IpAddr>()
+                    .is_ok()
+            })
+            .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn veth_names_are_stable_and_short() {
+    let a = plan::host_veth_name("abc", "eth0");
+    assert_eq!(a, plan::host_veth_name("abc", "eth0"));
+    assert_ne!(a, plan::host_veth_name("abc", "eth1"));
+    assert_ne!(
+        plan::host_veth_name("ab", "ceth0"),
+        plan::host_veth_name("abc", "eth0")
+    );
+    assert_eq!(a.len(), 12);
+    assert!(a.starts_with("veth"));
+    assert!(plan::temp_peer_name("abc", "eth0").len() <= 15);
+}
+
+#[test]
+fn add_applies_the_plan_and_renders_the_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut fake = Fake::default();
+    let v = commands::run_with(&env("ADD"), &conf(dir.path(), json!({})), || Ok(&mut fake))
+        .unwrap()
+        .unwrap();
+    let veth = plan::host_veth_name("abc", "eth0");
+    assert_eq!(
+        v,
+        json!({
+            "cniVersion": "1.1.0",
+            "interfaces": [
+                {"name": "ferro0", "mac": "02:00:00:00:00:01"},
+                {"name": veth, "mac": "02:00:00:00:00:02"},
+                {"name": "eth0", "mac": "02:00:00:00:00:03", "sandbox": "/run/netns/x"},
+            ],
+            "ips": [{"address": "10.9.0.2/24", "gateway": "10.9.0.1", "interface": 2}],
+            "routes": [
+                {"dst": "0.0.0.0/0", "gw": "10.9.0.1"},
+                {"dst": "192.168.0.0/16", "gw": "10.9.0.1"},
+            ],
+        })
+    );
+    assert_eq!(
+        fake.calls,
+        vec![
+            "check_netns /run/netns/x".to_string(),
+            "bridge ferro0 [10.9.0.1/24]".into(),
+            "forward true false".into(),
+            format!("veth {veth} eth0 on 7"),
+            "get ferro0".into(),
+        ]
+    );
+    assert_eq!(ip_files(dir.path()), 1);
+}
+
+#[test]
+fn failed_add_rolls_back_veth_and_fresh_reservation() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut fake = Fake {
+        fail_veth: true,
+        ..Fake::default()
+    };
+    let e = commands::run_with(&env("ADD"), &conf(dir.path(), json!({})), || Ok(&mut fake))
+        .unwrap_err();
+    assert_eq!(e.code(), 5);
+    assert_eq!(ip_files(dir.path()), 0);
+    let veth = plan::host_veth_name("abc", "eth0");
+    assert!(fake.calls.contains(&format!("delete {veth}")));
+}
+
+#[test]
+fn bad_netns_is_code_4_before_any_reservation() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut fake = Fake {
+        bad_netns: true,
+        ..Fake::default()
+    };
+    let e = commands::run_with(&env("ADD"), &conf(dir.path(), json!({})), || Ok(&mut fake))
+        .unwrap_err();
+    assert_eq!(e.code(), 4);
+    assert_eq!(fake.calls, vec!["check_netns /run/netns/x".to_string()]);
+    assert!(!dir.path().join("n").exists());
+}
+
+#[test]
+fn ip_masq_is_refused_with_code_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut fake = Fake::default();
+    let e = commands::run_with(
+        &env("ADD"),
+        &conf(dir.path(), json!({"ipMasq": true})),
+        || Ok(&mut fake),
+    )
+    .unwrap_err();
+    assert_eq!(e.code(), 2);
+    assert!(fake.calls.is_empty());
+}
+
+#[test]
+fn del_deletes_links_then_releases_and_repeats_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = conf(dir.path(), json!({}));
+    let mut fake = Fake::default();
+    commands::run_with(&env("ADD"), &c, || Ok(&mut fake)).unwrap();
+    assert_eq!(ip_files(dir.path()), 1);
+    for _ in 0..2 {
+        let mut fake = Fake::default();
+        assert_eq!(
+            commands::run_with(&env("DEL"), &c, || Ok(&mut fake)).unwrap(),
+            None
+        );
+        assert_eq!(
+            fake.calls,
+            vec![
+                "delete eth0 in /run/netns/x".to_string(),
+                format!("delete {}", plan::host_veth_name("abc", "eth0")),
+            ]
+        );
+        assert_eq!(ip_files(dir.path()), 0);
+    }
+}
+
+#[test]
+fn verify_container_compares_prev_result_with_the_observed_link() {
+    let prev: CniResult = serde_json::from_value(json!({
+        "interfaces": [{"name": "br"}, {"name": "veth1"},
+                       {"name": "eth0", "mac": "02:00:00:00:00:03", "sandbox": "/run/netns/x"}],
+        "ips": [{"address": "10.9.0.2/24", "gateway": "10.9.0.1", "interface": 2}],
+        "routes": [{"dst": "0.0.0.0/0", "gw": "10.9.0.1"}],
+    }))
+    .unwrap();
+    let good = ContainerLink {
+        mac: Some("02:00:00:00:00:03".into()),
+        up: true,
+        addresses: vec!["10.9.0.2/24".parse().unwrap()],
+        routes: vec![
+            ("10.9.0.0/24".parse().unwrap(), None),
+            (
+                "0.0.0.0/0".parse().unwrap(),
+                Some("10.9.0.1".parse().unwrap()),
+            ),
+        ],
+    };
+    plan::verify_container(&prev, "/run/netns/x", "eth0", Some(&good)).unwrap();
+    let code = |l: Option<&ContainerLink>, ns: &str| {
+        plan::verify_container(&prev, ns, "eth0", l)
+            .unwrap_err()
+            .code()
+    };
+    assert_eq!(code(None, "/run/netns/x"), 101);
+    assert_eq!(code(Some(&good), "/run/netns/other"), 101);
+    let mut down = good.clone();
+    down.up = false;
+    assert_eq!(code(Some(&down), "/run/netns/x"), 101);
+    let mut no_addr = good.clone();
+    no_addr.addresses.clear();
+    assert_eq!(code(Some(&no_addr), "/run/netns/x"), 101);
+    let mut no_route = good.clone();
+    no_route.routes.truncate(1);
+    assert_eq!(code(Some(&no_route), "/run/netns/x"), 101);
+    let mut other_mac = good;
+    other_mac.mac = Some("02:00:00:00:00:04".into());
+    assert_eq!(code(Some(&other_mac), "/run/netns/x"), 101);
+}
+
+#[test]
+fn check_needs_prev_result_and_the_reservation() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut fake = Fake::default();
+    let e = commands::run_with(&env("CHECK"), &conf(dir.path(), json!({})), || {
+        Ok(&mut fake)
+    })
+    .unwrap_err();
+    assert_eq!(e.code(), 7);
+    let prev = json!({"prevResult": {
+        "interfaces": [{"name": "eth0", "sandbox": "/run/netns/x"}],
+        "ips": [{"address": "10.9.0.2/24", "interface": 0}],
+    }});
+    let e =
+        commands::run_with(&env("CHECK"), &conf(dir.path(), prev), || Ok(&mut fake)).unwrap_err();
+    assert_eq!(e.code(), 101, "{e}");
+    assert!(e.to_string().contains("not reserved"), "{e}");
+}

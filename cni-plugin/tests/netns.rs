@@ -1,0 +1,458 @@
+//! Privileged tests: the real ferro-cni binary against real network namespaces.
+//!
+//! Needs root (the suite runs as root in CI). Without root every test FAILS with a clear
+//! message; none is skipped. Each test builds its own world: a "node" namespace the plugin
+//! runs in (`ip netns exec`), one namespace per container, and a temp IPAM data dir. Nothing
+//! is changed in the machine's root namespace; `NsGuard` deletes the namespaces on drop, also
+//! on panic.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{json, Value};
+
+const BRIDGE: &str = "fcbr0";
+const SUBNET: &str = "10.77.0.0/24";
+const GATEWAY: &str = "10.77.0.1";
+
+fn require_root() {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let euid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("?")
+        .to_string();
+    assert_eq!(
+        euid, "0",
+        "ferro-cni netns tests need root (CAP_NET_ADMIN + CAP_SYS_ADMIN to create network \
+         namespaces); run the suite as root"
+    );
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A network namespace created by the test; deleted on drop.
+struct NsGuard {
+    name: String,
+    deleted: bool,
+}
+
+impl NsGuard {
+    fn new() -> NsGuard {
+        require_root();
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let name = format!("ferro-cni-test-{}-{n}", std::process::id());
+        let out = Command::new("ip")
+            .args(["netns", "add", &name])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ip netns add {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        NsGuard {
+            name,
+            deleted: false,
+        }
+    }
+
+    fn path(&self) -> String {
+        format!("/run/netns/{}", self.name)
+    }
+
+    fn delete(&mut self) {
+        if !self.deleted {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.name])
+                .output();
+            self.deleted = true;
+        }
+    }
+
+    /// `ip -n <ns> -j ARGS` as JSON.
+    fn ip_json(&self, args: &[&str]) -> Value {
+        let out = Command::new("ip")
+            .args(["-n", &self.name, "-j"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ip -n {} {args:?}: {}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if out.stdout.iter().all(u8::is_ascii_whitespace) {
+            return json!([]);
+        }
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+impl Drop for NsGuard {
+    fn drop(&mut self) {
+        self.delete();
+    }
+}
+
+/// One node: its namespace, an IPAM data dir and the network config.
+struct Node {
+    ns: NsGuard,
+    data: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Node {
+        Node {
+            ns: NsGuard::new(),
+            data: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn conf(&self) -> String {
+        json!({
+            "cniVersion": "1.0.0",
+            "name": "testnet",
+            "type": "ferro",
+            "bridge": BRIDGE,
+            "isGateway": true,
+            "mtu": 1400,
+            "ipam": {"ranges": [[{"subnet": SUBNET}]], "dataDir": self.data.path()},
+        })
+        .to_string()
+    }
+
+    fn plugin(&self, command: &str, id: &str, netns: &str) -> Output {
+        self.plugin_with(command, id, netns, &self.conf())
+    }
+
+    fn plugin_with(&self, command: &str, id: &str, netns: &str, conf: &str) -> Output {
+        let mut child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.ns.name,
+                env!("CARGO_BIN_EXE_ferro-cni"),
+            ])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", id)
+            .env("CNI_NETNS", netns)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", "/opt/cni/bin")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _ = child.stdin.take().unwrap().write_all(conf.as_bytes());
+        child.wait_with_output().unwrap()
+    }
+
+    fn add(&self, id: &str, c: &NsGuard) -> Value {
+        let out = self.plugin("ADD", id, &c.path());
+        assert!(
+            out.status.success(),
+            "ADD {id}: stdout {} stderr {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn del(&self, id: &str, netns: &str) {
+        let out = self.plugin("DEL", id, netns);
+        assert!(
+            out.status.success(),
+            "DEL {id}: stdout {} stderr {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.stdout.is_empty(), "DEL prints nothing on success");
+    }
+
+    /// Reserved addresses (files named after an IP) in the IPAM dir.
+    fn ip_files(&self) -> Vec<String> {
+        let dir: PathBuf = self.data.path().join("testnet");
+        ip_files_in(&dir)
+    }
+
+    /// Links enslaved to the bridge (veth host ends).
+    fn bridge_ports(&self) -> Vec<String> {
+        self.ns
+            .ip_json(&["link", "show", "master", BRIDGE])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["ifname"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// All veth links in the node namespace.
+    fn veths(&self) -> Vec<String> {
+        self.ns
+            .ip_json(&["link", "show", "type", "veth"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["ifname"].as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+fn ip_files_in(dir: &Path) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+        .collect()
+}
+
+fn result_ip(result: &Value) -> String {
+    let addr = result["ips"][0]["address"].as_str().unwrap();
+    addr.split('/').next().unwrap().to_string()
+}
+
+fn ping_cmd() -> Vec<String> {
+    for p in ["/bin/busybox", "/usr/bin/busybox"] {
+        if Path::new(p).exists() {
+            return vec![p.into(), "ping".into()];
+        }
+    }
+    for p in ["/usr/bin/ping", "/bin/ping"] {
+        if Path::new(p).exists() {
+            return vec![p.into()];
+        }
+    }
+    panic!("no ping on this machine: install iputils-ping (apt-get install -y iputils-ping) or busybox");
+}
+
+fn ping(from: &NsGuard, ip: &str) -> bool {
+    let cmd = ping_cmd();
+    Command::new("ip")
+        .args(["netns", "exec", &from.name])
+        .args(&cmd)
+        .args(["-c1", "-W1", ip])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+#[test]
+fn add_configures_container_and_result_matches() {
+    let node = Node::new();
+    let c = NsGuard::new();
+    let r = node.add("ctr-a", &c);
+    assert_eq!(r["cniVersion"], "1.0.0");
+    let ifaces = r["interfaces"].as_array().unwrap();
+    assert_eq!(ifaces.len(), 3);
+    assert_eq!(ifaces[0]["name"], BRIDGE);
+    assert!(ifaces[1]["name"].as_str().unwrap().starts_with("veth"));
+    assert_eq!(ifaces[2]["name"], "eth0");
+    assert_eq!(ifaces[2]["sandbox"], c.path().as_str());
+    assert_eq!(r["ips"].as_array().unwrap().len(), 1);
+    assert_eq!(r["ips"][0]["interface"], 2);
+    assert_eq!(r["ips"][0]["gateway"], GATEWAY);
+    let ip = result_ip(&r);
+    let net: ipnet::IpNet = SUBNET.parse().unwrap();
+    assert!(net.contains(&ip.parse::<std::net::IpAddr>().unwrap()));
+    assert_eq!(r["ips"][0]["address"], format!("{ip}/24"));
+    assert_eq!(r["routes"], json!([{"dst": "0.0.0.0/0", "gw": GATEWAY}]));
+
+    // The container side as the kernel sees it.
+    let link = c.ip_json(&["addr", "show", "dev", "eth0"]);
+    let link = &link[0];
+    assert_eq!(link["address"], ifaces[2]["mac"]);
+    assert_eq!(link["mtu"], 1400);
+    assert!(link["flags"].as_array().unwrap().contains(&json!("UP")));
+    let addrs: Vec<&str> = link["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["family"] == "inet")
+        .map(|a| a["local"].as_str().unwrap())
+        .collect();
+    assert_eq!(addrs, vec![ip.as_str()]);
+    let routes = c.ip_json(&["route", "show", "default"]);
+    assert_eq!(routes[0]["gateway"], GATEWAY);
+    assert_eq!(routes[0]["dev"], "eth0");
+    let lo = c.ip_json(&["link", "show", "lo"]);
+    assert!(lo[0]["flags"].as_array().unwrap().contains(&json!("UP")));
+
+    // The node side: bridge with the gateway address, veth on it with the reported MACs.
+    let br = node.ns.ip_json(&["addr", "show", "dev", BRIDGE]);
+    assert_eq!(br[0]["address"], ifaces[0]["mac"]);
+    assert!(br[0]["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a["local"] == GATEWAY && a["prefixlen"] == 24));
+    assert_eq!(
+        node.bridge_ports(),
+        vec![ifaces[1]["name"].as_str().unwrap()]
+    );
+    let veth = node
+        .ns
+        .ip_json(&["link", "show", ifaces[1]["name"].as_str().unwrap()]);
+    assert_eq!(veth[0]["address"], ifaces[1]["mac"]);
+    let fwd = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &node.ns.name,
+            "cat",
+            "/proc/sys/net/ipv4/ip_forward",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&fwd.stdout).trim(), "1");
+    assert_eq!(node.ip_files(), vec![ip]);
+}
+
+#[test]
+fn containers_ping_each_other_and_the_gateway() {
+    let node = Node::new();
+    let (c1, c2) = (NsGuard::new(), NsGuard::new());
+    let ip1 = result_ip(&node.add("ctr-1", &c1));
+    let ip2 = result_ip(&node.add("ctr-2", &c2));
+    assert_ne!(ip1, ip2);
+    assert!(ping(&c1, &ip2), "c1 cannot ping c2 at {ip2}");
+    assert!(ping(&c2, &ip1), "c2 cannot ping c1 at {ip1}");
+    assert!(ping(&c1, GATEWAY), "c1 cannot ping the gateway");
+}
+
+#[test]
+fn add_twice_returns_the_same_ip() {
+    let node = Node::new();
+    let c = NsGuard::new();
+    let first = node.add("ctr-twice", &c);
+    let second = node.add("ctr-twice", &c);
+    assert_eq!(first["ips"], second["ips"]);
+    assert_eq!(node.ip_files().len(), 1);
+    assert_eq!(node.bridge_ports().len(), 1);
+    let addrs = c.ip_json(&["-4", "addr", "show", "dev", "eth0"]);
+    assert_eq!(addrs[0]["addr_info"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn del_releases_ip_removes_veth_and_is_idempotent() {
+    let node = Node::new();
+    let c = NsGuard::new();
+    node.add("ctr-del", &c);
+    assert_eq!(node.ip_files().len(), 1);
+    node.del("ctr-del", &c.path());
+    assert!(node.ip_files().is_empty());
+    assert!(node.veths().is_empty(), "veth left: {:?}", node.veths());
+    assert!(c
+        .ip_json(&["link", "show", "type", "veth"])
+        .as_array()
+        .unwrap()
+        .is_empty());
+    node.del("ctr-del", &c.path());
+    // The released address is handed out again.
+    let c2 = NsGuard::new();
+    node.add("ctr-del-2", &c2);
+    assert_eq!(node.ip_files().len(), 1);
+}
+
+#[test]
+fn del_after_the_container_netns_is_gone_succeeds() {
+    let node = Node::new();
+    let mut c = NsGuard::new();
+    node.add("ctr-gone", &c);
+    let path = c.path();
+    c.delete();
+    node.del("ctr-gone", &path);
+    assert!(node.ip_files().is_empty());
+    assert!(node.veths().is_empty(), "veth left: {:?}", node.veths());
+}
+
+#[test]
+fn add_with_a_bad_netns_fails_and_leaves_nothing() {
+    let node = Node::new();
+    let out = node.plugin("ADD", "ctr-bad", "/run/netns/ferro-cni-test-does-not-exist");
+    assert!(!out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["code"], 4, "{v}");
+    assert_eq!(v["cniVersion"], "1.0.0");
+    assert!(v["details"].as_str().unwrap().contains("CNI_NETNS"), "{v}");
+    assert!(node.veths().is_empty());
+    assert!(node.ip_files().is_empty());
+    // A path that exists but is not a network namespace.
+    let not_ns = node.data.path().join("not-a-netns");
+    std::fs::write(&not_ns, "").unwrap();
+    let out = node.plugin("ADD", "ctr-bad", not_ns.to_str().unwrap());
+    assert!(!out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["code"], 4, "{v}");
+    assert!(node.veths().is_empty());
+    assert!(node.ip_files().is_empty());
+}
+
+#[test]
+fn twenty_parallel_adds_then_dels_leak_nothing() {
+    const N: usize = 20;
+    let node = Node::new();
+    let ctrs: Vec<NsGuard> = (0..N).map(|_| NsGuard::new()).collect();
+    let ips: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = ctrs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let node = &node;
+                s.spawn(move || result_ip(&node.add(&format!("par-{i}"), c)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let unique: HashSet<&String> = ips.iter().collect();
+    assert_eq!(unique.len(), N, "duplicate addresses: {ips:?}");
+    assert_eq!(node.ip_files().len(), N);
+    assert_eq!(node.bridge_ports().len(), N);
+    std::thread::scope(|s| {
+        for (i, c) in ctrs.iter().enumerate() {
+            let node = &node;
+            s.spawn(move || node.del(&format!("par-{i}"), &c.path()));
+        }
+    });
+    assert!(node.ip_files().is_empty(), "leaked: {:?}", node.ip_files());
+    assert!(node.veths().is_empty(), "leaked: {:?}", node.veths());
+    assert!(node.bridge_ports().is_empty());
+}
+
+#[test]
+fn check_passes_after_add_and_fails_once_the_address_is_gone() {
+    let node = Node::new();
+    let c = NsGuard::new();
+    let result = node.add("ctr-check", &c);
+    let mut conf: Value = serde_json::from_str(&node.conf()).unwrap();
+    conf["prevResult"] = result;
+    let conf = conf.to_string();
+    let out = node.plugin_with("CHECK", "ctr-check", &c.path(), &conf);
+    assert!(
+        out.status.success(),
+        "CHECK: {} {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.is_empty());
+    // Break the attachment inside the test container namespace only.
+    let flush = Command::new("ip")
+        .args(["-n", &c.name, "addr", "flush", "dev", "eth0"])
+        .output()
+        .unwrap();
+    assert!(flush.status.success());
+    let out = node.plugin_with("CHECK", "ctr-check", &c.path(), &conf);
+    assert!(!out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["code"], 101, "{v}");
+}
