@@ -7,6 +7,7 @@ use crate::config::{self, IpamConf, NetConf};
 use crate::dataplane::{ContainerLink, Dataplane, LinkInfo};
 use crate::error::CniError;
 use crate::ipam::Store;
+use crate::masq::{self, MasqSpec};
 use crate::plan::{self, BridgeSpec, VethSpec};
 use crate::result::CniResult;
 
@@ -162,6 +163,12 @@ impl Dataplane for NoDataplane {
     fn container_link(&mut self, _: &str, _: &str) -> Result<Option<ContainerLink>, CniError> {
         match *self {}
     }
+    fn ensure_masq(&mut self, _: &MasqSpec) -> Result<(), CniError> {
+        match *self {}
+    }
+    fn remove_masq(&mut self, _: &str, _: bool) -> Result<(), CniError> {
+        match *self {}
+    }
 }
 
 /// Runs one command; `dataplane` is called only for ADD and DEL (after validation).
@@ -201,13 +208,6 @@ pub fn run_with<D: Dataplane>(
 
 /// What ADD refuses before touching anything.
 fn check_add_supported(conf: &NetConf) -> Result<(), CniError> {
-    if conf.ip_masq {
-        // Masquerading needs iptables/nftables rules, which ferro-cni does not write yet.
-        // Refusing is more honest than returning a result that promises outbound NAT.
-        return Err(CniError::UnsupportedField(
-            "ipMasq: masquerading is not supported yet (set ipMasq to false)".into(),
-        ));
-    }
     if let Some(IpamConf::Delegate { plugin_type, .. }) = &conf.ipam {
         return Err(CniError::NotImplemented(format!(
             "ADD with delegated ipam {plugin_type:?}"
@@ -221,8 +221,9 @@ fn required<'a>(v: &'a Option<String>, name: &str) -> Result<&'a str, CniError> 
 }
 
 /// Bridge-mode ADD. Order: check the netns (code 4 if it cannot be opened, before anything
-/// is created), reserve addresses, bridge, forwarding, veth. Any failure after the
-/// reservation deletes the veth and releases addresses this ADD reserved.
+/// is created), reserve addresses, bridge, forwarding, veth, masquerade chains (ipMasq).
+/// Any failure after the reservation removes the masquerade chains, deletes the veth and
+/// releases addresses this ADD reserved.
 pub fn add<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<CniResult, CniError> {
     let id = required(&env.container_id, "CNI_CONTAINERID")?;
     let netns = required(&env.netns, "CNI_NETNS")?;
@@ -239,6 +240,12 @@ pub fn add<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<Cni
     match outcome {
         Ok(r) => Ok(r),
         Err(e) => {
+            if conf.ip_masq {
+                let chain = masq::chain_name(&conf.name, id);
+                for v6 in masq_families(allocs.iter().map(|a| a.ip)) {
+                    let _ = dp.remove_masq(&chain, v6);
+                }
+            }
             let _ = dp.delete_host_link(&plan::host_veth_name(id, ifname));
             let _ = dp.delete_host_link(&plan::temp_peer_name(id, ifname));
             if !held_before {
@@ -255,6 +262,9 @@ fn apply_add<D: Dataplane>(dp: &mut D, plan: plan::AddPlan) -> Result<CniResult,
         dp.enable_forwarding(plan.forward_v4, plan.forward_v6)?;
     }
     let (host, cont) = dp.create_veth(&plan.veth, bridge.index)?;
+    for m in &plan.masq {
+        dp.ensure_masq(m)?;
+    }
     // A bridge without a MAC of its own takes its ports' lowest: read it again.
     let bridge_mac = dp
         .host_link(&plan.bridge.name)?
@@ -302,12 +312,42 @@ pub fn check<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<(
     plan::verify_container(&prev, netns, ifname, observed.as_ref())
 }
 
-/// Bridge-mode DEL, idempotent: deletes the container's interface if the namespace and
-/// link still exist (the pair goes with it), the host end if it is still around, then
-/// releases the addresses. Missing pieces are not errors.
+/// The families (`false` = IPv4, `true` = IPv6) among `ips`, IPv4 first.
+fn masq_families(ips: impl Iterator<Item = std::net::IpAddr>) -> Vec<bool> {
+    let ips: Vec<_> = ips.collect();
+    [false, true]
+        .into_iter()
+        .filter(|v6| ips.iter().any(|ip| ip.is_ipv6() == *v6))
+        .collect()
+}
+
+/// Bridge-mode DEL, idempotent: with ipMasq removes the masquerade jump and chain, deletes
+/// the container's interface if the namespace and link still exist (the pair goes with it),
+/// the host end if it is still around, then releases the addresses. Missing pieces are not
+/// errors.
 pub fn del<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<(), CniError> {
     let id = required(&env.container_id, "CNI_CONTAINERID")?;
     let ifname = required(&env.ifname, "CNI_IFNAME")?;
+    if conf.ip_masq {
+        // The families to clean: those of the configured ranges (when they still resolve)
+        // and of the addresses still reserved, IPv4 when neither is known.
+        let store = Store::new(conf.data_dir(), &conf.name, Vec::new());
+        let mut ips = store.find(id, ifname)?;
+        if let Ok(Some(sets)) = conf.range_sets() {
+            ips.extend(
+                sets.iter()
+                    .flat_map(|s| s.0.iter().map(|r| r.subnet.addr())),
+            );
+        }
+        let mut families = masq_families(ips.into_iter());
+        if families.is_empty() {
+            families.push(false);
+        }
+        let chain = masq::chain_name(&conf.name, id);
+        for v6 in families {
+            dp.remove_masq(&chain, v6)?;
+        }
+    }
     if let Some(netns) = &env.netns {
         dp.delete_container_link(netns, ifname)?;
     }

@@ -20,6 +20,7 @@ use nix::sched::CloneFlags;
 use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use crate::error::CniError;
+use crate::masq::{Iptables, MasqSpec};
 use crate::plan::{BridgeSpec, VethSpec};
 use crate::result::Route;
 
@@ -68,6 +69,12 @@ pub trait Dataplane {
         netns: &str,
         ifname: &str,
     ) -> Result<Option<ContainerLink>, CniError>;
+    /// ipMasq: installs (or replaces) the container's masquerade chain and POSTROUTING jump
+    /// in the node namespace's nat table, atomically.
+    fn ensure_masq(&mut self, spec: &MasqSpec) -> Result<(), CniError>;
+    /// Removes the POSTROUTING jumps to `chain` and the chain (ip6tables when `v6`);
+    /// success when they do not exist.
+    fn remove_masq(&mut self, chain: &str, v6: bool) -> Result<(), CniError>;
 }
 
 const ENODEV: i32 = 19;
@@ -158,6 +165,8 @@ pub struct Netlink {
     host: Handle,
     /// `/proc/sys` (for forwarding sysctls), passed in so it is visible where it is used.
     proc_sys: PathBuf,
+    /// The iptables binaries for ipMasq.
+    iptables: Iptables,
 }
 
 fn open_netns(path: &str) -> Result<File, CniError> {
@@ -181,7 +190,12 @@ impl Netlink {
             rt.spawn(conn);
             handle
         };
-        Ok(Netlink { rt, host, proc_sys })
+        Ok(Netlink {
+            rt,
+            host,
+            proc_sys,
+            iptables: Iptables::default(),
+        })
     }
 
     /// A netlink handle bound to the namespace behind `ns`.
@@ -541,6 +555,12 @@ impl Dataplane for Netlink {
             }
         })
     }
+    fn ensure_masq(&mut self, spec: &MasqSpec) -> Result<(), CniError> {
+        self.iptables.ensure(spec)
+    }
+    fn remove_masq(&mut self, chain: &str, v6: bool) -> Result<(), CniError> {
+        self.iptables.remove(chain, v6)
+    }
 }
 
 /// Lets callers keep ownership of a dataplane (e.g. a recording fake) they pass to
@@ -577,5 +597,11 @@ impl<T: Dataplane + ?Sized> Dataplane for &mut T {
         ifname: &str,
     ) -> Result<Option<ContainerLink>, CniError> {
         (**self).container_link(netns, ifname)
+    }
+    fn ensure_masq(&mut self, spec: &MasqSpec) -> Result<(), CniError> {
+        (**self).ensure_masq(spec)
+    }
+    fn remove_masq(&mut self, chain: &str, v6: bool) -> Result<(), CniError> {
+        (**self).remove_masq(chain, v6)
     }
 }

@@ -1,13 +1,15 @@
 //! ferro-cni: the CNI plugin of type `ferro` (bridge + veth + host-local compatible IPAM).
 //!
 //! Everything here is pure or touches only files under paths the caller passes in, except
-//! [`dataplane::Netlink`], the real executor `main` injects.
+//! [`dataplane::Netlink`], the real executor `main` injects (with [`masq::Iptables`] for
+//! ipMasq).
 
 pub mod commands;
 pub mod config;
 pub mod dataplane;
 pub mod error;
 pub mod ipam;
+pub mod masq;
 pub mod plan;
 pub mod result;
 

@@ -8,6 +8,7 @@ use ipnet::IpNet;
 use crate::config::{IpamConf, NetConf};
 use crate::error::CniError;
 use crate::ipam::Allocation;
+use crate::masq::MasqSpec;
 use crate::result::{CniResult, Dns, Interface, IpConfig, Route};
 
 /// FNV-1a (32 bit): stable across Rust releases, unlike `DefaultHasher`.
@@ -67,6 +68,8 @@ pub struct AddPlan {
     pub forward_v4: bool,
     pub forward_v6: bool,
     pub veth: VethSpec,
+    /// ipMasq: one masquerade chain per allocated address (empty without ipMasq).
+    pub masq: Vec<MasqSpec>,
     /// The result, without MAC addresses (filled in after the links exist).
     pub result: CniResult,
 }
@@ -187,6 +190,14 @@ pub fn plan_add(
             hairpin: conf.hairpin_mode,
             addresses,
             routes,
+        },
+        masq: if conf.ip_masq {
+            allocs
+                .iter()
+                .map(|a| MasqSpec::new(&conf.name, container_id, a.ip, a.prefix))
+                .collect()
+        } else {
+            Vec::new()
         },
         result,
     })

@@ -4,6 +4,7 @@
 use ferro_cni::commands::{self, CniEnv};
 use ferro_cni::config::NetConf;
 use ferro_cni::dataplane::{ContainerLink, Dataplane, LinkInfo};
+use ferro_cni::masq::{self, MasqSpec};
 use ferro_cni::plan::{self, BridgeSpec, VethSpec};
 use ferro_cni::result::CniResult;
 use ferro_cni::CniError;
@@ -14,6 +15,8 @@ struct Fake {
     calls: Vec<String>,
     fail_veth: bool,
     bad_netns: bool,
+    fail_masq: bool,
+    fail_masq_v6: bool,
 }
 
 impl Dataplane for Fake {
@@ -81,6 +84,23 @@ impl Dataplane for Fake {
     ) -> Result<Option<ContainerLink>, CniError> {
         self.calls.push(format!("read {ifname} in {netns}"));
         Ok(None)
+    }
+    fn ensure_masq(&mut self, spec: &MasqSpec) -> Result<(), CniError> {
+        self.calls.push(format!(
+            "masq {} {} {} {}",
+            spec.chain, spec.pod_ip, spec.subnet, spec.comment
+        ));
+        if self.fail_masq || (self.fail_masq_v6 && spec.pod_ip.is_ipv6()) {
+            return Err(CniError::io(
+                "iptables-restore",
+                std::io::Error::other("boom"),
+            ));
+        }
+        Ok(())
+    }
+    fn remove_masq(&mut self, chain: &str, v6: bool) -> Result<(), CniError> {
+        self.calls.push(format!("unmasq {chain} v6={v6}"));
+        Ok(())
     }
 }
 
@@ -209,17 +229,132 @@ fn bad_netns_is_code_4_before_any_reservation() {
 }
 
 #[test]
-fn ip_masq_is_refused_with_code_2() {
+fn ip_masq_add_installs_the_chain_after_the_veth() {
     let dir = tempfile::tempdir().unwrap();
     let mut fake = Fake::default();
+    commands::run_with(
+        &env("ADD"),
+        &conf(dir.path(), json!({"ipMasq": true})),
+        || Ok(&mut fake),
+    )
+    .unwrap();
+    let chain = masq::chain_name("n", "abc");
+    let veth = plan::host_veth_name("abc", "eth0");
+    assert_eq!(
+        fake.calls,
+        vec![
+            "check_netns /run/netns/x".to_string(),
+            "bridge ferro0 [10.9.0.1/24]".into(),
+            "forward true false".into(),
+            format!("veth {veth} eth0 on 7"),
+            format!("masq {chain} 10.9.0.2 10.9.0.0/24 name: n id: abc"),
+            "get ferro0".into(),
+        ]
+    );
+}
+
+#[test]
+fn ip_masq_failure_rolls_back_chain_veth_and_reservation() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut fake = Fake {
+        fail_masq: true,
+        ..Fake::default()
+    };
     let e = commands::run_with(
         &env("ADD"),
         &conf(dir.path(), json!({"ipMasq": true})),
         || Ok(&mut fake),
     )
     .unwrap_err();
-    assert_eq!(e.code(), 2);
-    assert!(fake.calls.is_empty());
+    assert_eq!(e.code(), 5);
+    assert_eq!(ip_files(dir.path()), 0);
+    let chain = masq::chain_name("n", "abc");
+    let veth = plan::host_veth_name("abc", "eth0");
+    assert!(fake.calls.contains(&format!("unmasq {chain} v6=false")));
+    assert!(fake.calls.contains(&format!("delete {veth}")));
+}
+
+#[test]
+fn ip_masq_del_removes_the_chain_every_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = conf(dir.path(), json!({"ipMasq": true}));
+    let mut fake = Fake::default();
+    commands::run_with(&env("ADD"), &c, || Ok(&mut fake)).unwrap();
+    let chain = masq::chain_name("n", "abc");
+    for _ in 0..2 {
+        let mut fake = Fake::default();
+        commands::run_with(&env("DEL"), &c, || Ok(&mut fake)).unwrap();
+        assert_eq!(
+            fake.calls,
+            vec![
+                format!("unmasq {chain} v6=false"),
+                "delete eth0 in /run/netns/x".to_string(),
+                format!("delete {}", plan::host_veth_name("abc", "eth0")),
+            ]
+        );
+        assert_eq!(ip_files(dir.path()), 0);
+    }
+}
+
+#[test]
+fn ip_masq_dual_stack_has_a_chain_per_family_and_rolls_back_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = conf(
+        dir.path(),
+        json!({"ipMasq": true, "ipam": {"ranges": [[{"subnet": "10.9.0.0/24"}],
+                                                  [{"subnet": "fd00:9::/64"}]],
+                                       "dataDir": dir.path()}}),
+    );
+    let mut fake = Fake::default();
+    commands::run_with(&env("ADD"), &c, || Ok(&mut fake)).unwrap();
+    let chain = masq::chain_name("n", "abc");
+    let masqs: Vec<&String> = fake
+        .calls
+        .iter()
+        .filter(|c| c.starts_with("masq "))
+        .collect();
+    assert_eq!(
+        masqs,
+        vec![
+            &format!("masq {chain} 10.9.0.2 10.9.0.0/24 name: n id: abc"),
+            &format!("masq {chain} fd00:9::2 fd00:9::/64 name: n id: abc"),
+        ]
+    );
+    let mut fake = Fake::default();
+    commands::run_with(&env("DEL"), &c, || Ok(&mut fake)).unwrap();
+    assert_eq!(
+        fake.calls[..2],
+        [
+            format!("unmasq {chain} v6=false"),
+            format!("unmasq {chain} v6=true")
+        ]
+    );
+    // The IPv4 chain is in place when the IPv6 one fails: the rollback removes both.
+    let mut fake = Fake {
+        fail_masq_v6: true,
+        ..Fake::default()
+    };
+    let e = commands::run_with(&env("ADD"), &c, || Ok(&mut fake)).unwrap_err();
+    assert_eq!(e.code(), 5);
+    let i4 = fake
+        .calls
+        .iter()
+        .position(|c| c.starts_with("masq "))
+        .unwrap();
+    let tail: Vec<&String> = fake.calls[i4..].iter().collect();
+    assert_eq!(
+        tail,
+        vec![
+            // host-local semantics: the next address after the last reserved one.
+            &format!("masq {chain} 10.9.0.3 10.9.0.0/24 name: n id: abc"),
+            &format!("masq {chain} fd00:9::3 fd00:9::/64 name: n id: abc"),
+            &format!("unmasq {chain} v6=false"),
+            &format!("unmasq {chain} v6=true"),
+            &format!("delete {}", plan::host_veth_name("abc", "eth0")),
+            &format!("delete {}", plan::temp_peer_name("abc", "eth0")),
+        ]
+    );
+    assert_eq!(ip_files(dir.path()), 0);
 }
 
 #[test]

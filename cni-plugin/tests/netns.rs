@@ -116,6 +116,10 @@ impl Node {
     }
 
     fn conf(&self) -> String {
+        self.conf_with(false)
+    }
+
+    fn conf_with(&self, ip_masq: bool) -> String {
         json!({
             "cniVersion": "1.0.0",
             "name": "testnet",
@@ -123,6 +127,7 @@ impl Node {
             "bridge": BRIDGE,
             "isGateway": true,
             "mtu": 1400,
+            "ipMasq": ip_masq,
             "ipam": {"ranges": [[{"subnet": SUBNET}]], "dataDir": self.data.path()},
         })
         .to_string()
@@ -168,7 +173,22 @@ impl Node {
     }
 
     fn del(&self, id: &str, netns: &str) {
-        let out = self.plugin("DEL", id, netns);
+        self.del_with(id, netns, &self.conf());
+    }
+
+    fn add_with(&self, id: &str, c: &NsGuard, conf: &str) -> Value {
+        let out = self.plugin_with("ADD", id, &c.path(), conf);
+        assert!(
+            out.status.success(),
+            "ADD {id}: stdout {} stderr {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn del_with(&self, id: &str, netns: &str, conf: &str) {
+        let out = self.plugin_with("DEL", id, netns, conf);
         assert!(
             out.status.success(),
             "DEL {id}: stdout {} stderr {}",
@@ -192,6 +212,41 @@ impl Node {
             .unwrap()
             .iter()
             .map(|l| l["ifname"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// `iptables -t nat -S` inside the node namespace, one rule per line.
+    fn nat_rules(&self) -> Vec<String> {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.ns.name,
+                "iptables",
+                "-t",
+                "nat",
+                "-S",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "iptables -t nat -S in {} failed (ipMasq tests need iptables with the nf_tables \
+             backend: apt-get install -y iptables; scripts/lib.sh installs it for CI): {}",
+            self.ns.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// nat rules and chain declarations that mention a FERRO-MASQ chain.
+    fn masq_rules(&self) -> Vec<String> {
+        self.nat_rules()
+            .into_iter()
+            .filter(|l| l.contains("FERRO-MASQ-"))
             .collect()
     }
 
@@ -398,10 +453,96 @@ fn add_with_a_bad_netns_fails_and_leaves_nothing() {
     assert!(node.ip_files().is_empty());
 }
 
+/// Fails with a clear message when the iptables binaries are missing.
+fn require_iptables() {
+    for bin in ["iptables", "iptables-save", "iptables-restore"] {
+        let found = Command::new(bin).arg("--version").output();
+        assert!(
+            found.map(|o| o.status.success()).unwrap_or(false),
+            "{bin} is not installed: ipMasq tests need iptables (apt-get install -y iptables; \
+             scripts/lib.sh installs it for CI)"
+        );
+    }
+}
+
+#[test]
+fn ip_masq_add_installs_chain_and_jump_and_del_removes_them() {
+    require_iptables();
+    let node = Node::new();
+    let c = NsGuard::new();
+    let conf = node.conf_with(true);
+    let id = "ctr-masq";
+    let ip = result_ip(&node.add_with(id, &c, &conf));
+    let chain = ferro_cni::masq::chain_name("testnet", id);
+    assert!(chain.len() <= 28);
+    let comment = format!("--comment \"name: testnet id: {id}\"");
+    let rules = node.nat_rules();
+    let want = [
+        format!("-N {chain}"),
+        format!("-A POSTROUTING -s {ip}/32 -m comment {comment} -j {chain}"),
+        format!("-A {chain} -d {SUBNET} -m comment {comment} -j ACCEPT"),
+        format!("-A {chain} ! -d 224.0.0.0/4 -m comment {comment} -j MASQUERADE"),
+    ];
+    for w in &want {
+        assert!(rules.contains(w), "missing {w:?} in {rules:#?}");
+    }
+    assert_eq!(node.masq_rules().len(), want.len(), "{rules:#?}");
+    // A repeated ADD does not duplicate the jump or the chain's rules.
+    node.add_with(id, &c, &conf);
+    assert_eq!(
+        node.masq_rules().len(),
+        want.len(),
+        "{:#?}",
+        node.nat_rules()
+    );
+    node.del_with(id, &c.path(), &conf);
+    assert!(
+        node.masq_rules().is_empty(),
+        "left: {:#?}",
+        node.masq_rules()
+    );
+    node.del_with(id, &c.path(), &conf);
+    assert!(node.masq_rules().is_empty());
+    assert!(node.ip_files().is_empty());
+    assert!(node.veths().is_empty());
+}
+
+#[test]
+fn ip_masq_failed_add_leaves_no_chain() {
+    require_iptables();
+    let node = Node::new();
+    let c = NsGuard::new();
+    let conf = node.conf_with(true);
+    // Occupy the container-side name so the veth step fails after the reservation.
+    node.add_with("ctr-first", &c, &conf);
+    let out = node.plugin_with("ADD", "ctr-second", &c.path(), &conf);
+    assert!(!out.status.success(), "second eth0 in one netns must fail");
+    let chain = ferro_cni::masq::chain_name("testnet", "ctr-second");
+    let rules = node.masq_rules();
+    assert!(
+        !rules.iter().any(|r| r.contains(&chain)),
+        "rollback left {chain}: {rules:#?}"
+    );
+    assert_eq!(node.ip_files().len(), 1);
+    node.del_with("ctr-first", &c.path(), &conf);
+    assert!(node.masq_rules().is_empty());
+}
+
 #[test]
 fn twenty_parallel_adds_then_dels_leak_nothing() {
+    parallel_adds_then_dels(false);
+}
+
+#[test]
+fn twenty_parallel_masq_adds_then_dels_leak_nothing() {
+    require_iptables();
+    parallel_adds_then_dels(true);
+}
+
+fn parallel_adds_then_dels(ip_masq: bool) {
     const N: usize = 20;
     let node = Node::new();
+    let conf = node.conf_with(ip_masq);
     let ctrs: Vec<NsGuard> = (0..N).map(|_| NsGuard::new()).collect();
     let ips: Vec<String> = std::thread::scope(|s| {
         let handles: Vec<_> = ctrs
@@ -409,7 +550,8 @@ fn twenty_parallel_adds_then_dels_leak_nothing() {
             .enumerate()
             .map(|(i, c)| {
                 let node = &node;
-                s.spawn(move || result_ip(&node.add(&format!("par-{i}"), c)))
+                let conf = &conf;
+                s.spawn(move || result_ip(&node.add_with(&format!("par-{i}"), c, conf)))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -418,12 +560,28 @@ fn twenty_parallel_adds_then_dels_leak_nothing() {
     assert_eq!(unique.len(), N, "duplicate addresses: {ips:?}");
     assert_eq!(node.ip_files().len(), N);
     assert_eq!(node.bridge_ports().len(), N);
+    if ip_masq {
+        let jumps = node
+            .masq_rules()
+            .into_iter()
+            .filter(|r| r.starts_with("-A POSTROUTING"))
+            .count();
+        assert_eq!(jumps, N, "{:#?}", node.masq_rules());
+    }
     std::thread::scope(|s| {
         for (i, c) in ctrs.iter().enumerate() {
             let node = &node;
-            s.spawn(move || node.del(&format!("par-{i}"), &c.path()));
+            let conf = &conf;
+            s.spawn(move || node.del_with(&format!("par-{i}"), &c.path(), conf));
         }
     });
+    if ip_masq {
+        assert!(
+            node.masq_rules().is_empty(),
+            "leaked: {:#?}",
+            node.masq_rules()
+        );
+    }
     assert!(node.ip_files().is_empty(), "leaked: {:?}", node.ip_files());
     assert!(node.veths().is_empty(), "leaked: {:?}", node.veths());
     assert!(node.bridge_ports().is_empty());
