@@ -247,7 +247,6 @@ pub fn add<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<Cni
                 }
             }
             let _ = dp.delete_host_link(&plan::host_veth_name(id, ifname));
-            let _ = dp.delete_host_link(&plan::temp_peer_name(id, ifname));
             if !held_before {
                 let _ = store.release(id, ifname);
             }

@@ -405,7 +405,6 @@ impl Dataplane for Netlink {
         let cont = self.handle_in(&ns, &spec.netns)?;
         // A repeated ADD for the same attachment replaces the old pair.
         self.delete_host_link(&spec.host_name)?;
-        self.delete_host_link(&spec.temp_peer_name)?;
         self.rt
             .block_on(async { self.configure_veth(spec, bridge, &ns, &cont).await })
     }

@@ -32,11 +32,6 @@ pub fn host_veth_name(container_id: &str, ifname: &str) -> String {
     format!("veth{:08x}", fnv1a(&[container_id, ifname]))
 }
 
-/// Temporary name of the container end while it is still in the node namespace.
-pub fn temp_peer_name(container_id: &str, ifname: &str) -> String {
-    format!("fctmp{:08x}", fnv1a(&[container_id, ifname]))
-}
-
 /// The bridge to ensure in the node namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BridgeSpec {
@@ -51,7 +46,6 @@ pub struct BridgeSpec {
 #[derive(Debug, Clone, PartialEq)]
 pub struct VethSpec {
     pub host_name: String,
-    pub temp_peer_name: String,
     pub netns: String,
     pub ifname: String,
     pub mtu: Option<u32>,
@@ -183,7 +177,6 @@ pub fn plan_add(
         forward_v6: conf.is_gateway && allocs.iter().any(|a| a.ip.is_ipv6()),
         veth: VethSpec {
             host_name,
-            temp_peer_name: temp_peer_name(container_id, ifname),
             netns: netns.to_string(),
             ifname: ifname.to_string(),
             mtu: conf.mtu,
