@@ -320,12 +320,24 @@ impl Api {
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
         let rv_param = opts.resource_version.clone().unwrap_or_default();
         let initial = rv_param.is_empty() || rv_param == "0" || opts.send_initial_events;
-        let from: Option<Revision> = if initial && rv_param.is_empty() || rv_param == "0" {
+        let requested: Option<Revision> = if rv_param.is_empty() || rv_param == "0" {
             None
         } else {
             Some(rv_param.parse().map_err(|_| {
                 ApiError::bad_request(format!("invalid resource version: {rv_param}"))
             })?)
+        };
+        // With sendInitialEvents the resourceVersion means "not older than": the initial events
+        // are the current state, which is at least that recent.
+        let from = match requested {
+            Some(rv) if opts.send_initial_events => {
+                let current = self.store.revision();
+                if rv > current {
+                    return Err(ApiError::too_large_resource_version(rv, current));
+                }
+                None
+            }
+            other => other,
         };
         let this = self.clone();
         let timeout = Duration::from_secs(opts.timeout_seconds.unwrap_or(1800).max(1));

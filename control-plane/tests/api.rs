@@ -163,6 +163,40 @@ async fn watch_with_selector_sees_objects_enter_and_leave() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_list_from_an_older_version_sends_the_current_state_first() {
+    let s = Server::start();
+    let client = s.client().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let first = cms.create(&PostParams::default(), &cm("stream-a", "x")).await.unwrap();
+    cms.create(&PostParams::default(), &cm("stream-b", "x")).await.unwrap();
+    let rv = first.metadata.resource_version.unwrap();
+    let wp = WatchParams::streaming_lists().labels("k=x").timeout(10);
+    let mut stream = cms.watch(&wp, &rv).await.unwrap().boxed();
+    let mut added = Vec::new();
+    loop {
+        match stream.try_next().await.unwrap().unwrap() {
+            WatchEvent::Added(o) => added.push(o.metadata.name.unwrap()),
+            WatchEvent::Bookmark(b) => {
+                assert_eq!(b.metadata.annotations.get("k8s.io/initial-events-end").map(String::as_str), Some("true"));
+                break;
+            }
+            other => panic!("unexpected event before the initial-events bookmark: {other:?}"),
+        }
+    }
+    added.sort();
+    assert_eq!(added, ["stream-a", "stream-b"]);
+    // A version from the future is refused with 504, as upstream does after its wait (raw
+    // HTTP: kube-rs would retry a 504).
+    use tokio::io::AsyncWriteExt as _;
+    let (mut tls, token) = common::raw_tls(&s).await;
+    let path = "/api/v1/namespaces/default/configmaps?watch=1&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&resourceVersion=99999999";
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n");
+    tls.write_all(req.as_bytes()).await.unwrap();
+    let head = common::read_head(&mut tls).await;
+    assert!(head.starts_with("HTTP/1.1 504"), "{head}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_credentials_are_limited_to_their_node() {
     let s = Server::start();
     let admin = s.client().await;
