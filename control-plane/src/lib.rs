@@ -4,6 +4,7 @@ pub mod alloc;
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod controllers;
 pub mod discovery;
 pub mod error;
 pub mod pki;
