@@ -1,0 +1,10 @@
+//! The control-loop runtime shared by ferro's controllers: informers (one watch per kind, a
+//! local cache, change notifications) and work queues (deduplicated keys, one worker per key at
+//! a time, retries with exponential backoff). Reconcilers are level-triggered: a key says
+//! "look at this object again", never what changed.
+
+pub mod informer;
+pub mod queue;
+
+pub use informer::{Change, Informer, ObjectKey};
+pub use queue::WorkQueue;
