@@ -154,6 +154,11 @@ fn remove_meta(obj: &mut Value, field: &str) {
     }
 }
 
+/// A namespace's spec.finalizers (empty for every other kind).
+fn spec_finalizers(obj: &Value) -> Vec<Value> {
+    obj.pointer("/spec/finalizers").and_then(|f| f.as_array()).cloned().unwrap_or_default()
+}
+
 fn finalizers(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/finalizers")
         .and_then(|f| f.as_array())
@@ -660,6 +665,27 @@ impl Api {
         Ok((record, false))
     }
 
+    /// PUT namespaces/{name}/finalize: changes only spec.finalizers (the namespace
+    /// controller removes "kubernetes" once the namespace is empty, which completes its deletion).
+    pub async fn finalize_namespace(
+        &self,
+        res: &'static Resource,
+        name: &str,
+        obj: Value,
+        dry_run: bool,
+    ) -> Result<Record, ApiError> {
+        let current = self.get(res, None, name).await?;
+        let mut new = current.json()?;
+        let fins = obj.pointer("/spec/finalizers").cloned().unwrap_or_else(|| json!([]));
+        match new.get_mut("spec").and_then(|s| s.as_object_mut()) {
+            Some(spec) => {
+                spec.insert("finalizers".into(), fins);
+            }
+            None => new["spec"] = json!({"finalizers": fins}),
+        }
+        self.update_from(res, None, name, &current, new, false, dry_run).await
+    }
+
     /// Applies an update computed against `current`. Conflicts with concurrent writers come
     /// back as 409.
     #[allow(clippy::too_many_arguments)]
@@ -723,8 +749,9 @@ impl Api {
             let value = bytes::Bytes::from(serde_json::to_vec(&cmp).map_err(ApiError::internal)?);
             return Ok(Record { value, ..current.clone() });
         }
-        // The last finalizer gone from an object being deleted: the delete completes.
-        if old.pointer("/metadata/deletionTimestamp").is_some() && finalizers(&obj).is_empty() {
+        // The last finalizer gone from an object being deleted: the delete completes (for a
+        // namespace, once its spec.finalizers are gone too).
+        if old.pointer("/metadata/deletionTimestamp").is_some() && finalizers(&obj).is_empty() && spec_finalizers(&obj).is_empty() {
             let deleted = self
                 .store
                 .write(Op::Delete { key: res.key(ns, name), expect: Some(current.mod_rev) })

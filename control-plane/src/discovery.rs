@@ -36,6 +36,7 @@ fn resource_entries(r: &Resource) -> Vec<Value> {
             Sub::Exec => ("PodExecOptions", None, None, &["create", "get"]),
             Sub::Attach => ("PodAttachOptions", None, None, &["create", "get"]),
             Sub::PortForward => ("PodPortForwardOptions", None, None, &["create", "get"]),
+            Sub::Finalize => (r.kind, None, None, &["update"]),
         };
         let mut e = json!({
             "name": format!("{}/{}", r.plural, s.name()),

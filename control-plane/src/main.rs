@@ -40,6 +40,49 @@ struct Cli {
     /// Mutating requests in flight before 429 (upstream's default).
     #[arg(long, default_value_t = 200)]
     max_mutating_requests_inflight: usize,
+    /// Loops to run, upstream syntax: `*` all, `name` one, `-name` not that one (e.g.
+    /// `*,-scheduler`). Names: scheduler, endpointslice, endpoints, nodelifecycle,
+    /// garbagecollector, namespace, replicaset, deployment, persistentvolume-binder,
+    /// serviceaccount, nodeipam.
+    #[arg(long, default_value = "*", value_delimiter = ',')]
+    controllers: Vec<String>,
+    /// Time a node may go without renewing its Lease before it is marked unreachable.
+    #[arg(long, default_value = "40s", value_parser = parse_duration)]
+    node_monitor_grace_period: std::time::Duration,
+    /// Give each Node a podCIDR from --cluster-cidr.
+    #[arg(long)]
+    allocate_node_cidrs: bool,
+    /// The pod network of the cluster (e.g. 10.244.0.0/16).
+    #[arg(long)]
+    cluster_cidr: Option<ipnet::IpNet>,
+    #[arg(long, default_value_t = 24)]
+    node_cidr_mask_size: u8,
+    /// Run the loops against this API server instead of the embedded one (no API server is
+    /// started then).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+}
+
+/// Parses "40s", "5m", "1h", "500ms" or plain seconds.
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map(|i| s.split_at(i)).unwrap_or((s, "s"));
+    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let ms = match unit {
+        "ms" => n,
+        "s" => n * 1000,
+        "m" => n * 60_000,
+        "h" => n * 3_600_000,
+        _ => return Err(format!("invalid duration {s:?}: use ms, s, m or h")),
+    };
+    Ok(std::time::Duration::from_millis(ms))
+}
+
+async fn kube_client(path: &std::path::Path) -> anyhow::Result<kube::Client> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let kc = kube::config::Kubeconfig::from_yaml(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
+    Ok(kube::Client::try_from(config)?)
 }
 
 #[derive(Subcommand, Debug)]
@@ -84,16 +127,48 @@ fn main() -> anyhow::Result<()> {
         max_requests_inflight: cli.max_requests_inflight,
         max_mutating_requests_inflight: cli.max_mutating_requests_inflight,
     };
+    ferro_control_plane::controllers::manager::validate(&cli.controllers).map_err(anyhow::Error::msg)?;
+    let copts = ferro_control_plane::controllers::manager::Options {
+        controllers: cli.controllers.clone(),
+        node_monitor_grace_period: cli.node_monitor_grace_period,
+        cluster_cidr: cli.cluster_cidr,
+        allocate_node_cidrs: cli.allocate_node_cidrs,
+        node_cidr_mask_size: cli.node_cidr_mask_size,
+        ..Default::default()
+    };
+    if cli.allocate_node_cidrs && cli.cluster_cidr.is_none() {
+        anyhow::bail!("--allocate-node-cidrs needs --cluster-cidr");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    if let Some(path) = &cli.kubeconfig {
+        return rt.block_on(async {
+            let client = kube_client(path).await?;
+            let _loops = ferro_control_plane::controllers::manager::start(client, &copts);
+            wait_for_signal().await?;
+            tracing::info!("shutting down");
+            anyhow::Ok(())
+        });
+    }
     rt.block_on(async {
         let running = start(&cfg).await?;
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
+        let _loops = if copts.controllers.iter().any(|c| !c.is_empty()) {
+            let client = kube_client(&cfg.data_dir.join("admin.kubeconfig")).await?;
+            Some(ferro_control_plane::controllers::manager::start(client, &copts))
+        } else {
+            None
+        };
+        wait_for_signal().await?;
         tracing::info!("shutting down");
         running.stop();
         anyhow::Ok(())
     })
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    Ok(())
 }

@@ -14,6 +14,7 @@ pub enum Sub {
     Exec,
     Attach,
     PortForward,
+    Finalize,
 }
 
 impl Sub {
@@ -27,6 +28,7 @@ impl Sub {
             Sub::Exec => "exec",
             Sub::Attach => "attach",
             Sub::PortForward => "portforward",
+            Sub::Finalize => "finalize",
         }
     }
 }
@@ -118,7 +120,7 @@ macro_rules! res {
 
 pub static RESOURCES: &[Resource] = &[
     res!("", "v1", "Namespace", "namespaces", "namespace", false, core::v1::Namespace,
-        short: ["ns"], cat: [], sub: [Status], gen: false),
+        short: ["ns"], cat: [], sub: [Status, Finalize], gen: false),
     res!("", "v1", "Node", "nodes", "node", false, core::v1::Node,
         short: ["no"], cat: [], sub: [Status], gen: false),
     res!("", "v1", "Pod", "pods", "pod", true, core::v1::Pod,

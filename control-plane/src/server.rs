@@ -469,6 +469,13 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
             let (r, created) = api.update(res, ns, name, obj, sub == Some(Sub::Status), dry_run).await?;
             record_response(&out, if created { 201 } else { 200 }, res, &r)
         }
+        (Some(Sub::Finalize), "update") => {
+            let obj = body_value.ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
+            Api::check_type(&obj, res.kind, &res.api_version())?;
+            let obj = Api::decode(res, obj, &field_validation, &mut warnings)?;
+            let r = api.finalize_namespace(res, name, obj, dry_run).await?;
+            record_response(&out, 200, res, &r)
+        }
         (None | Some(Sub::Status), "patch") => {
             let pt = PatchType::from_content_type(&ct).ok_or_else(|| ApiError::unsupported_media_type(&ct))?;
             let patch = decode_body(&ct, body.as_deref().unwrap_or_default())?;

@@ -1,4 +1,26 @@
 //! The scheduler and the controllers: informers over the API, work queues, and pure planners
-//! from observed objects to actions.
+//! from observed objects to actions. The executors under `loops/` only talk to the Kubernetes
+//! API through a kube client, so they work against any API server.
 
+pub mod loops;
+pub mod manager;
 pub mod quantity;
+
+/// Why a reconcile failed; the key is retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Whether a kube error is the API's 404.
+pub fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Whether a kube error is the API's 409 (conflict or already exists).
+pub fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}

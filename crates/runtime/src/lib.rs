@@ -3,8 +3,10 @@
 //! a time, retries with exponential backoff). Reconcilers are level-triggered: a key says
 //! "look at this object again", never what changed.
 
+pub mod controller;
 pub mod informer;
 pub mod queue;
 
+pub use controller::{spawn_resync, spawn_workers, Next};
 pub use informer::{Change, Informer, ObjectKey};
 pub use queue::WorkQueue;

@@ -1,0 +1,175 @@
+//! Starts the enabled loops over one set of shared informers (one watch per kind), against
+//! any Kubernetes API server reachable with the given client.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use ferro_runtime::Informer;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    Endpoints, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Service, ServiceAccount,
+};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::runtime::watcher;
+use kube::Api;
+
+/// The loops ferro runs, by their upstream names (`--controllers`).
+pub const ALL: &[&str] = &[
+    "scheduler",
+    "endpointslice",
+    "endpoints",
+    "nodelifecycle",
+    "garbagecollector",
+    "namespace",
+    "replicaset",
+    "deployment",
+    "persistentvolume-binder",
+    "serviceaccount",
+    "nodeipam",
+];
+
+/// Options of the loops (flags of ferro-control-plane).
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Upstream syntax: `*` enables all, `name` enables one, `-name` disables one.
+    pub controllers: Vec<String>,
+    /// Time without a Lease renewal before a node is considered unreachable.
+    pub node_monitor_grace_period: Duration,
+    /// Pod network of the cluster; with `allocate_node_cidrs` each Node gets a podCIDR from it.
+    pub cluster_cidr: Option<ipnet::IpNet>,
+    pub allocate_node_cidrs: bool,
+    pub node_cidr_mask_size: u8,
+    /// Every object of a loop's kind is looked at again this often (level-triggered repair).
+    pub resync: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            controllers: vec!["*".into()],
+            node_monitor_grace_period: Duration::from_secs(40),
+            cluster_cidr: None,
+            allocate_node_cidrs: false,
+            node_cidr_mask_size: 24,
+            resync: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Whether a loop is enabled by the `--controllers` list.
+pub fn enabled(spec: &[String], name: &str) -> bool {
+    let mut on = false;
+    for item in spec.iter().flat_map(|s| s.split(',')).map(str::trim) {
+        if item == "*" {
+            on = true;
+        } else if item.strip_prefix('-') == Some(name) {
+            return false;
+        } else if item == name {
+            on = true;
+        }
+    }
+    on
+}
+
+/// Checks a `--controllers` list: every name must be known.
+pub fn validate(spec: &[String]) -> Result<(), String> {
+    for item in spec.iter().flat_map(|s| s.split(',')).map(str::trim).filter(|s| !s.is_empty()) {
+        let name = item.strip_prefix('-').unwrap_or(item);
+        if name != "*" && !ALL.contains(&name) {
+            return Err(format!("unknown controller {name:?}; known: {}", ALL.join(", ")));
+        }
+    }
+    Ok(())
+}
+
+macro_rules! informers {
+    ($($field:ident: $ty:ty),* $(,)?) => {
+        /// The shared informers, each started on first use.
+        pub struct Informers {
+            client: kube::Client,
+            $($field: OnceLock<Arc<Informer<$ty>>>,)*
+        }
+
+        impl Informers {
+            pub fn new(client: kube::Client) -> Arc<Self> {
+                Arc::new(Informers { client, $($field: OnceLock::new(),)* })
+            }
+
+            $(
+            pub fn $field(&self) -> Arc<Informer<$ty>> {
+                self.$field
+                    .get_or_init(|| {
+                        let inf = Informer::new();
+                        inf.spawn(Api::all(self.client.clone()), watcher::Config::default().page_size(1000));
+                        inf
+                    })
+                    .clone()
+            }
+            )*
+        }
+    };
+}
+
+informers! {
+    pods: Pod,
+    nodes: Node,
+    leases: Lease,
+    services: Service,
+    endpoint_slices: EndpointSlice,
+    endpoints: Endpoints,
+    replica_sets: ReplicaSet,
+    deployments: Deployment,
+    claims: PersistentVolumeClaim,
+    volumes: PersistentVolume,
+    storage_classes: StorageClass,
+    namespaces: Namespace,
+    service_accounts: ServiceAccount,
+}
+
+impl Informers {
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+}
+
+/// Starts every enabled loop; they run until the process ends.
+pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
+    let inf = Informers::new(client);
+    let on = |name: &str| enabled(&opts.controllers, name);
+    if on("serviceaccount") {
+        super::loops::serviceaccount::start(&inf, opts);
+    }
+    if on("namespace") {
+        super::loops::namespace::start(&inf, opts);
+    }
+    if on("garbagecollector") {
+        super::loops::gc::start(&inf, opts);
+    }
+    if on("nodeipam") && opts.allocate_node_cidrs {
+        super::loops::nodeipam::start(&inf, opts);
+    }
+    inf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn controllers_flag_follows_upstream_syntax() {
+        assert!(enabled(&s(&["*"]), "scheduler"));
+        assert!(!enabled(&s(&["*,-scheduler"]), "scheduler"));
+        assert!(enabled(&s(&["*,-scheduler"]), "deployment"));
+        assert!(!enabled(&s(&["deployment"]), "scheduler"));
+        assert!(enabled(&s(&["deployment", "replicaset"]), "replicaset"));
+        assert!(!enabled(&s(&[]), "replicaset"));
+        assert!(validate(&s(&["*,-scheduler"])).is_ok());
+        assert!(validate(&s(&["*,-schedular"])).is_err());
+    }
+}
