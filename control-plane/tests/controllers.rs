@@ -5,28 +5,13 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::fake::eventually;
 use common::Server;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
-
-/// Polls `f` until it returns Some, or panics after a generous deadline with `what`.
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 fn cm(name: &str, owner: Option<&ConfigMap>, block: bool) -> ConfigMap {
     let mut v = json!({"metadata": {"name": name}, "data": {"k": "v"}});

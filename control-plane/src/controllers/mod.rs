@@ -2,6 +2,8 @@
 //! from observed objects to actions. The executors under `loops/` only talk to the Kubernetes
 //! API through a kube client, so they work against any API server.
 
+pub mod events;
+pub mod expectations;
 pub mod loops;
 pub mod manager;
 pub mod quantity;

@@ -1,6 +1,8 @@
 //! A running ferro-control-plane binary on loopback, with kubectl and kube-rs clients.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod fake;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -1,0 +1,85 @@
+//! Events about objects, as upstream's event recorder writes them (core/v1 Events named
+//! `<object>.<hex timestamp>`); a repeat of the same event within 10 minutes bumps the count
+//! of the first one instead of writing a new object.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Resource, ResourceExt as _};
+use serde_json::json;
+
+/// Writes Events in the background; never blocks or fails the caller.
+#[derive(Clone)]
+pub struct Recorder {
+    client: kube::Client,
+    component: &'static str,
+    seen: Arc<Mutex<HashMap<(String, String, String), (String, String, i32, Instant)>>>,
+}
+
+impl Recorder {
+    pub fn new(client: kube::Client, component: &'static str) -> Self {
+        Recorder { client, component, seen: Arc::default() }
+    }
+
+    /// Records a Normal or Warning event about `obj`.
+    pub fn record<K: Resource<DynamicType = ()>>(&self, obj: &K, type_: &str, reason: &str, message: String) {
+        let reference = ObjectReference {
+            api_version: Some(K::api_version(&()).to_string()),
+            kind: Some(K::kind(&()).to_string()),
+            namespace: obj.namespace(),
+            name: Some(obj.name_any()),
+            uid: obj.uid(),
+            resource_version: obj.resource_version(),
+            ..Default::default()
+        };
+        let ns = obj.namespace().unwrap_or_else(|| "default".into());
+        let key = (reference.uid.clone().unwrap_or_default(), reason.to_string(), message.clone());
+        let repeat = {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            seen.retain(|_, v| v.3.elapsed() < Duration::from_secs(600));
+            match seen.get_mut(&key) {
+                Some(v) => {
+                    v.2 += 1;
+                    Some((v.0.clone(), v.1.clone(), v.2))
+                }
+                None => None,
+            }
+        };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &ns);
+        let now = jiff::Timestamp::now();
+        if let Some((ns_, name, count)) = repeat {
+            let api: Api<Event> = Api::namespaced(self.client.clone(), &ns_);
+            tokio::spawn(async move {
+                let patch = json!({"count": count, "lastTimestamp": Time(now)});
+                let _ = api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await;
+            });
+            return;
+        }
+        let name = format!("{}.{:x}", obj.name_any(), now.as_nanosecond());
+        let ev = Event {
+            metadata: ObjectMeta { name: Some(name.clone()), namespace: Some(ns.clone()), ..Default::default() },
+            involved_object: reference,
+            reason: Some(reason.to_string()),
+            message: Some(message),
+            type_: Some(type_.to_string()),
+            count: Some(1),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            event_time: None::<MicroTime>,
+            source: Some(EventSource { component: Some(self.component.to_string()), host: None }),
+            reporting_component: Some(self.component.to_string()),
+            reporting_instance: Some(self.component.to_string()),
+            ..Default::default()
+        };
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(key, (ns, name, 1, Instant::now()));
+        tokio::spawn(async move {
+            if let Err(e) = api.create(&PostParams::default(), &ev).await {
+                tracing::debug!(error = %e, "writing an event failed");
+            }
+        });
+    }
+}

@@ -1,0 +1,88 @@
+//! Expectations (upstream's ControllerExpectations): after a controller creates or deletes
+//! pods, it does not act on the same owner again until its informer has seen those changes
+//! (or a timeout passed), so a lagging cache never makes it create or delete twice.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+struct Pending {
+    adds: i64,
+    deletes: HashSet<String>,
+    since: Instant,
+}
+
+pub struct Expectations<K> {
+    inner: Mutex<HashMap<K, Pending>>,
+}
+
+impl<K: Eq + Hash + Clone> Default for Expectations<K> {
+    fn default() -> Self {
+        Expectations { inner: Mutex::new(HashMap::new()) }
+    }
+}
+
+impl<K: Eq + Hash + Clone> Expectations<K> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, Pending>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the owner may be reconciled: nothing pending, or pending for too long.
+    pub fn satisfied(&self, key: &K) -> bool {
+        match self.lock().get(key) {
+            None => true,
+            Some(p) => (p.adds <= 0 && p.deletes.is_empty()) || p.since.elapsed() > TIMEOUT,
+        }
+    }
+
+    /// Records creations and deletions (pod names) about to be issued.
+    pub fn expect(&self, key: &K, adds: usize, deletes: impl IntoIterator<Item = String>) {
+        let mut m = self.lock();
+        let p = m.entry(key.clone()).or_insert_with(|| Pending { adds: 0, deletes: HashSet::new(), since: Instant::now() });
+        p.adds += adds as i64;
+        p.deletes.extend(deletes);
+        p.since = Instant::now();
+    }
+
+    /// The informer saw a pod created for the owner (or a create failed).
+    pub fn observed_add(&self, key: &K) {
+        if let Some(p) = self.lock().get_mut(key) {
+            p.adds -= 1;
+        }
+    }
+
+    /// The informer saw the pod deleted or terminating (or the delete failed).
+    pub fn observed_delete(&self, key: &K, name: &str) {
+        if let Some(p) = self.lock().get_mut(key) {
+            p.deletes.remove(name);
+        }
+    }
+
+    pub fn forget(&self, key: &K) {
+        self.lock().remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn satisfied_once_everything_was_observed() {
+        let e: Expectations<&str> = Expectations::default();
+        assert!(e.satisfied(&"rs"));
+        e.expect(&"rs", 2, ["p1".to_string()]);
+        assert!(!e.satisfied(&"rs"));
+        e.observed_add(&"rs");
+        e.observed_add(&"rs");
+        assert!(!e.satisfied(&"rs"));
+        e.observed_delete(&"rs", "p1");
+        assert!(e.satisfied(&"rs"));
+        e.expect(&"rs", 1, []);
+        e.forget(&"rs");
+        assert!(e.satisfied(&"rs"));
+    }
+}
