@@ -619,3 +619,208 @@ fn bad_flags_are_clear_errors() {
     let err = a.validate(|| None).unwrap_err().to_string();
     assert!(err.contains("--hostname-override"), "{err}");
 }
+
+/// A recording fake of the executor: the kernel's owned entries live in memory.
+#[derive(Default)]
+struct FakeKernel {
+    entries: std::sync::Mutex<Entries>,
+    calls: std::sync::Mutex<Vec<String>>,
+    fail_route_to: Option<IpNet>,
+}
+
+impl FakeKernel {
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+    fn log(&self, s: String) {
+        self.calls.lock().unwrap().push(s);
+    }
+}
+
+impl ferro_cni::netd::kernel::Kernel for FakeKernel {
+    async fn underlay(
+        &self,
+        _iface: Option<&str>,
+        node_ip: Option<IpAddr>,
+    ) -> Result<ferro_cni::netd::kernel::Underlay, ferro_cni::netd::error::KernelError> {
+        self.log("underlay".into());
+        Ok(ferro_cni::netd::kernel::Underlay {
+            name: "eth0".into(),
+            index: UNDERLAY,
+            mtu: 1500,
+            ip: node_ip.unwrap_or(ip("192.168.77.11")),
+            nets: vec![net("192.168.77.0/24")],
+        })
+    }
+    async fn ensure_vxlan(
+        &self,
+        spec: &ferro_cni::netd::kernel::VxlanSpec,
+    ) -> Result<(u32, Mac), ferro_cni::netd::error::KernelError> {
+        self.log(format!(
+            "vxlan {} vni={} port={} local={} dev={} mtu={} addrs={:?}",
+            spec.name,
+            spec.vni,
+            spec.port,
+            spec.local,
+            spec.underlay_index,
+            spec.mtu,
+            spec.addresses
+        ));
+        Ok((VXLAN, mac("02:00:00:00:00:01")))
+    }
+    async fn ensure_bridge(
+        &self,
+        spec: &ferro_cni::netd::kernel::BridgeSpec,
+    ) -> Result<(), ferro_cni::netd::error::KernelError> {
+        self.log(format!(
+            "bridge {} mtu={} addrs={:?}",
+            spec.name, spec.mtu, spec.addresses
+        ));
+        Ok(())
+    }
+    async fn observe(&self, _vxlan: u32) -> Result<Entries, ferro_cni::netd::error::KernelError> {
+        Ok(self.entries.lock().unwrap().clone())
+    }
+    async fn apply(&self, _vxlan: u32, op: &Op) -> Result<(), ferro_cni::netd::error::KernelError> {
+        self.log(format!("op {op:?}"));
+        let mut e = self.entries.lock().unwrap();
+        match op {
+            Op::SetRoute { dst, .. } if Some(*dst) == self.fail_route_to => {
+                return Err(ferro_cni::netd::error::KernelError::Underlay(
+                    "injected".into(),
+                ))
+            }
+            Op::DelRoute { dst, .. } => {
+                e.routes.remove(dst);
+            }
+            Op::DelNeigh { ip, .. } => {
+                e.neigh.remove(ip);
+            }
+            Op::DelFdb { mac, dst } => {
+                e.fdb.remove(&(*mac, *dst));
+            }
+            Op::AddFdb { mac, dst } => {
+                e.fdb.insert((*mac, *dst));
+            }
+            Op::SetNeigh { ip, mac } => {
+                e.neigh.insert(*ip, *mac);
+            }
+            Op::SetRoute { dst, route } => {
+                e.routes.insert(*dst, *route);
+            }
+        }
+        Ok(())
+    }
+    fn ensure_masq(
+        &self,
+        v6: bool,
+        rules: &[String],
+    ) -> Result<bool, ferro_cni::netd::error::KernelError> {
+        if rules.is_empty() {
+            return Ok(false);
+        }
+        self.log(format!("masq v6={v6} {rules:?}"));
+        Ok(true)
+    }
+}
+
+fn netd_config(dir: &Path) -> ferro_cni::netd::config::Config {
+    let a = Args::try_parse_from([
+        "ferro-netd",
+        "--hostname-override",
+        "node1",
+        "--cni-conf-dir",
+        dir.join("net.d").to_str().unwrap(),
+        "--subnet-file",
+        dir.join("run/subnet.env").to_str().unwrap(),
+        "--node-ip",
+        "192.168.77.11",
+        "--cluster-cidr",
+        "10.244.0.0/16",
+    ])
+    .unwrap();
+    a.validate(|| None).unwrap()
+}
+
+#[tokio::test]
+async fn reconcile_writes_nothing_until_the_node_has_a_pod_cidr() {
+    use ferro_cni::netd::controller::reconcile;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = netd_config(dir.path());
+    let k = FakeKernel::default();
+    // Own node missing.
+    let out = reconcile(&cfg, &k, &cluster()[1..]).await.unwrap();
+    assert!(out.waiting.unwrap().contains("not found"));
+    // Own node without a pod CIDR.
+    let mut nodes = cluster();
+    nodes[0] = node("node1", &[], None, None);
+    let out = reconcile(&cfg, &k, &nodes).await.unwrap();
+    assert!(out.waiting.unwrap().contains("no podCIDR"));
+    assert!(k.calls().is_empty(), "{:?}", k.calls());
+    assert!(!dir.path().join("net.d").exists());
+    assert!(!dir.path().join("run").exists());
+}
+
+#[tokio::test]
+async fn reconcile_converges_then_does_nothing() {
+    use ferro_cni::netd::controller::reconcile;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = netd_config(dir.path());
+    let k = FakeKernel::default();
+    let mut nodes = cluster();
+    nodes[0] = node("node1", &["10.244.1.0/24"], None, None);
+    let out = reconcile(&cfg, &k, &nodes).await.unwrap();
+    assert_eq!(out.waiting, None);
+    assert_eq!(out.applied, 6);
+    assert_eq!(
+        out.patch,
+        own_annotations(mac("02:00:00:00:00:01"), ip("192.168.77.11"))
+    );
+    let calls = k.calls();
+    assert_eq!(
+        calls[1],
+        "vxlan ferro.vxlan vni=1 port=8472 local=192.168.77.11 dev=2 mtu=1450 addrs=[10.244.1.0/32]"
+    );
+    assert_eq!(calls[2], "bridge ferro0 mtu=1450 addrs=[10.244.1.1/24]");
+    assert!(calls.last().unwrap().starts_with("masq v6=false"));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("run/subnet.env")).unwrap(),
+        "FERRO_SUBNET=10.244.1.0/24\nFERRO_MTU=1450\n"
+    );
+    assert!(dir.path().join("net.d/10-ferro.conflist").exists());
+    let (want, _) = desired_entries("node1", &nodes, &local(false));
+    assert_eq!(*k.entries.lock().unwrap(), want);
+    // Level-triggered and idempotent: the second run applies nothing.
+    let out = reconcile(&cfg, &k, &nodes).await.unwrap();
+    assert_eq!(out.applied, 0);
+    // node3 leaves: exactly its three entries go.
+    nodes.remove(2);
+    let before = k.calls().len();
+    let out = reconcile(&cfg, &k, &nodes).await.unwrap();
+    assert_eq!(out.applied, 3);
+    let ops: Vec<String> = k.calls()[before..]
+        .iter()
+        .filter(|c| c.starts_with("op "))
+        .cloned()
+        .collect();
+    assert_eq!(ops.len(), 3, "{ops:?}");
+    assert!(ops.iter().all(|o| o.starts_with("op Del")), "{ops:?}");
+}
+
+#[tokio::test]
+async fn a_failing_op_does_not_stop_the_others() {
+    use ferro_cni::netd::controller::reconcile;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = netd_config(dir.path());
+    let k = FakeKernel {
+        fail_route_to: Some(net("10.244.2.0/24")),
+        ..FakeKernel::default()
+    };
+    let mut nodes = cluster();
+    nodes[0] = node("node1", &["10.244.1.0/24"], None, None);
+    let err = reconcile(&cfg, &k, &nodes).await.unwrap_err();
+    assert!(err.to_string().contains("injected"), "{err}");
+    let e = k.entries.lock().unwrap().clone();
+    assert!(e.routes.contains_key(&net("10.244.3.0/24")));
+    assert!(!e.routes.contains_key(&net("10.244.2.0/24")));
+}
