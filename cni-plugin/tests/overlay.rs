@@ -362,33 +362,35 @@ impl Lab {
     }
 
     fn start_netd(&mut self, i: usize) {
+        self.start_netd_with(i, &[]);
+    }
+
+    fn start_netd_with(&mut self, i: usize, extra: &[&str]) {
         let d = &self.dirs[i];
         let log = self.dir.path().join(format!("{}/netd.log", node_name(i)));
         let kc = self.kubeconfig();
-        let p = Proc::spawn(
-            &self.nodes[i],
-            &[
-                NETD,
-                "--kubeconfig",
-                kc.to_str().unwrap(),
-                "--hostname-override",
-                &node_name(i),
-                "--cni-conf-dir",
-                d.conf_dir.to_str().unwrap(),
-                "--subnet-file",
-                d.subnet_file.to_str().unwrap(),
-                "--cni-data-dir",
-                d.data_dir.to_str().unwrap(),
-                "--node-ip",
-                &node_ip(i),
-                "--cluster-cidr",
-                "10.244.0.0/16",
-                "--resync-period",
-                "2s",
-            ],
-            &log,
-            &[("RUST_LOG", "info")],
-        );
+        let (name, ip) = (node_name(i), node_ip(i));
+        let mut args = vec![
+            NETD,
+            "--kubeconfig",
+            kc.to_str().unwrap(),
+            "--hostname-override",
+            &name,
+            "--cni-conf-dir",
+            d.conf_dir.to_str().unwrap(),
+            "--subnet-file",
+            d.subnet_file.to_str().unwrap(),
+            "--cni-data-dir",
+            d.data_dir.to_str().unwrap(),
+            "--node-ip",
+            &ip,
+            "--cluster-cidr",
+            "10.244.0.0/16",
+            "--resync-period",
+            "2s",
+        ];
+        args.extend_from_slice(extra);
+        let p = Proc::spawn(&self.nodes[i], &args, &log, &[("RUST_LOG", "info")]);
         self.netd[i] = Some(p);
     }
 
@@ -830,6 +832,49 @@ fn overlay_connects_pods_across_nodes_and_converges() {
         assert!(p.running(), "a ferro-netd exited");
     }
     eprintln!("overlay lab done in {:?}", t0.elapsed());
+}
+
+#[test]
+fn direct_routing_between_nodes_on_one_subnet() {
+    let mut lab = Lab::new("d", 2);
+    for i in 0..2 {
+        lab.create_node(&node_name(i), &format!("10.244.{}.0/24", i + 1), &[]);
+        lab.start_netd_with(i, &["--direct-routing"]);
+    }
+    for i in 0..2 {
+        let peer = 1 - i;
+        let want = format!("10.244.{}.0/24 via {} dev eth0", peer + 1, node_ip(peer));
+        wait_for(
+            60,
+            &format!("{} to route directly to its peer", node_name(i)),
+            || lab.routes(i).contains(&want),
+            || lab.state(i),
+        );
+        // No overlay entries for a directly routed peer.
+        assert!(!lab.fdb(i).contains("dst"), "{}", lab.state(i));
+        assert!(!lab.neigh(i).contains("lladdr"), "{}", lab.state(i));
+        wait_for(
+            30,
+            "the conflist",
+            || lab.conflist(i).is_some(),
+            || lab.state(i),
+        );
+    }
+    let (a, _) = lab.add_pod(0, 0);
+    let (_, ip_b) = lab.add_pod(1, 0);
+    let mut ok = false;
+    for _ in 0..5 {
+        if ping(&lab.pods[a], ip_b) {
+            ok = true;
+            break;
+        }
+    }
+    assert!(
+        ok,
+        "pod on node1 cannot ping {ip_b} on node2 (direct routing)\n{}\n{}",
+        lab.state(0),
+        lab.state(1)
+    );
 }
 
 #[test]
