@@ -818,8 +818,18 @@ async fn a_failing_op_does_not_stop_the_others() {
     };
     let mut nodes = cluster();
     nodes[0] = node("node1", &["10.244.1.0/24"], None, None);
-    let err = reconcile(&cfg, &k, &nodes).await.unwrap_err();
-    assert!(err.to_string().contains("injected"), "{err}");
+    let out = reconcile(&cfg, &k, &nodes).await.unwrap();
+    assert_eq!(out.errors.len(), 1);
+    assert!(
+        out.errors[0].to_string().contains("injected"),
+        "{:?}",
+        out.errors
+    );
+    assert_eq!(out.applied, 5);
+    // The rest was done: the other peer's route, masquerade, the files, the annotations.
+    assert!(!out.patch.is_empty());
+    assert!(k.calls().last().unwrap().starts_with("masq"));
+    assert!(dir.path().join("net.d/10-ferro.conflist").exists());
     let e = k.entries.lock().unwrap().clone();
     assert!(e.routes.contains_key(&net("10.244.3.0/24")));
     assert!(!e.routes.contains_key(&net("10.244.2.0/24")));

@@ -22,7 +22,7 @@ use crate::netd::plan::{
 use crate::netd::render::{conflist, masq_rules, subnet_env, write_if_changed};
 
 /// What one reconcile did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct Outcome {
     /// Why nothing was done (own node missing, no pod CIDR yet, ...); `None` when reconciled.
     pub waiting: Option<String>,
@@ -30,6 +30,9 @@ pub struct Outcome {
     pub applied: usize,
     /// Annotations of the own Node to patch (the caller talks to the API).
     pub patch: BTreeMap<String, String>,
+    /// Failures after the VXLAN device was in place (ops, masquerade, files): the rest of the
+    /// reconcile was still done.
+    pub errors: Vec<NetdError>,
 }
 
 /// One reconcile of this node against the Node objects in `nodes`.
@@ -106,7 +109,9 @@ pub async fn reconcile<K: Kernel>(
     let observed = kernel.observe(vxlan_index).await?;
     let ops = plan(&desired, &observed);
     let mut applied = 0;
-    let mut first_err = None;
+    // From here on a failure is recorded and the rest still done: one bad entry must not keep
+    // the node from its conflist or the other peers.
+    let mut errors: Vec<NetdError> = Vec::new();
     for op in &ops {
         match kernel.apply(vxlan_index, op).await {
             Ok(()) => {
@@ -115,44 +120,44 @@ pub async fn reconcile<K: Kernel>(
             }
             Err(e) => {
                 tracing::warn!(?op, error = %e, "op failed");
-                first_err.get_or_insert(e);
+                errors.push(e.into());
             }
         }
-    }
-    if let Some(e) = first_err {
-        return Err(e.into());
     }
 
     for v6 in [false, true] {
         let rules = masq_rules(&view.pod_cidrs, &cfg.cluster_cidrs, v6);
-        if kernel.ensure_masq(v6, &rules)? {
-            tracing::info!(v6, rules = rules.len(), "masquerade rules applied");
+        match kernel.ensure_masq(v6, &rules) {
+            Ok(true) => tracing::info!(v6, rules = rules.len(), "masquerade rules applied"),
+            Ok(false) => {}
+            Err(e) => errors.push(e.into()),
         }
     }
 
-    let file = |path: &std::path::Path, text: &str| -> Result<(), NetdError> {
-        if write_if_changed(path, text).map_err(|source| NetdError::File {
-            path: path.to_path_buf(),
-            source,
-        })? {
-            tracing::info!(path = %path.display(), "wrote");
-        }
-        Ok(())
-    };
-    file(&cfg.subnet_file, &subnet_env(&view.pod_cidrs, mtu))?;
-    file(
-        &cfg.conflist_path(),
-        &conflist(
-            &cfg.bridge,
-            mtu,
-            &cfg.subnet_file,
-            cfg.cni_data_dir.as_ref(),
+    let files = [
+        (cfg.subnet_file.clone(), subnet_env(&view.pod_cidrs, mtu)),
+        (
+            cfg.conflist_path(),
+            conflist(
+                &cfg.bridge,
+                mtu,
+                &cfg.subnet_file,
+                cfg.cni_data_dir.as_ref(),
+            ),
         ),
-    )?;
+    ];
+    for (path, text) in files {
+        match write_if_changed(&path, &text) {
+            Ok(true) => tracing::info!(path = %path.display(), "wrote"),
+            Ok(false) => {}
+            Err(source) => errors.push(NetdError::File { path, source }),
+        }
+    }
     Ok(Outcome {
         waiting: None,
         applied,
         patch,
+        errors,
     })
 }
 
@@ -237,7 +242,10 @@ pub async fn run<K: Kernel>(
                                 Err(e) => tracing::warn!(error = %e, "publishing annotations failed"),
                             }
                         }
-                        tracing::info!(applied = out.applied, nodes = nodes.len(), "reconciled");
+                        for e in &out.errors {
+                            tracing::warn!(error = %e, "reconcile incomplete; retrying at the next event or resync");
+                        }
+                        tracing::info!(applied = out.applied, errors = out.errors.len(), nodes = nodes.len(), "reconciled");
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "reconcile failed; retrying at the next event or resync"),
