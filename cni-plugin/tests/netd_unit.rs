@@ -808,6 +808,31 @@ async fn reconcile_converges_then_does_nothing() {
 }
 
 #[tokio::test]
+async fn a_broken_own_annotation_is_repaired_not_fatal() {
+    use ferro_cni::netd::controller::reconcile;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = netd_config(dir.path());
+    let k = FakeKernel::default();
+    let mut nodes = cluster();
+    nodes[0] = node(
+        "node1",
+        &["10.244.1.0/24"],
+        Some("garbage"),
+        Some("also garbage"),
+    );
+    let out = reconcile(&cfg, &k, &nodes).await.unwrap();
+    assert_eq!(out.waiting, None);
+    assert_eq!(
+        out.patch,
+        own_annotations(mac("02:00:00:00:00:01"), ip("192.168.77.11"))
+    );
+    // A malformed own pod CIDR, though, stops everything: there is nothing sane to write.
+    nodes[0] = node("node1", &["10.244.1.0/99"], None, None);
+    let out = reconcile(&cfg, &k, &nodes).await.unwrap();
+    assert!(out.waiting.unwrap().contains("10.244.1.0/99"));
+}
+
+#[tokio::test]
 async fn a_failing_op_does_not_stop_the_others() {
     use ferro_cni::netd::controller::reconcile;
     let dir = tempfile::tempdir().unwrap();

@@ -16,8 +16,8 @@ use crate::netd::config::{Config, VXLAN_DEVICE};
 use crate::netd::error::NetdError;
 use crate::netd::kernel::{BridgeSpec, Kernel, VxlanSpec};
 use crate::netd::plan::{
-    annotations_to_patch, desired_entries, gateway_of, node_view, overlay_mtu, own_annotations,
-    plan, vtep_addresses, LocalFacts, Skipped,
+    annotations_to_patch, desired_entries, gateway_of, overlay_mtu, own_annotations, plan,
+    pod_cidrs_of, vtep_addresses, LocalFacts, Skipped,
 };
 use crate::netd::render::{conflist, masq_rules, subnet_env, write_if_changed};
 
@@ -50,8 +50,10 @@ pub async fn reconcile<K: Kernel>(
             ..Outcome::default()
         });
     };
-    let view = match node_view(own) {
-        Ok(v) => v,
+    // Only the pod CIDRs of the own Node matter here: its annotations are ours and get
+    // rewritten below, also when someone broke them.
+    let pod_cidrs = match pod_cidrs_of(own) {
+        Ok(c) => c,
         Err(e) => {
             return Ok(Outcome {
                 waiting: Some(format!("own node unusable: {e}")),
@@ -59,7 +61,7 @@ pub async fn reconcile<K: Kernel>(
             })
         }
     };
-    if view.pod_cidrs.is_empty() {
+    if pod_cidrs.is_empty() {
         return Ok(Outcome {
             waiting: Some(format!("node {} has no podCIDR yet", cfg.node_name)),
             ..Outcome::default()
@@ -75,14 +77,14 @@ pub async fn reconcile<K: Kernel>(
             local: underlay.ip,
             underlay_index: underlay.index,
             mtu,
-            addresses: vtep_addresses(&view.pod_cidrs),
+            addresses: vtep_addresses(&pod_cidrs),
         })
         .await?;
     kernel
         .ensure_bridge(&BridgeSpec {
             name: cfg.bridge.clone(),
             mtu,
-            addresses: view.pod_cidrs.iter().map(gateway_of).collect(),
+            addresses: pod_cidrs.iter().map(gateway_of).collect(),
         })
         .await?;
     let patch = annotations_to_patch(own, &own_annotations(mac, underlay.ip));
@@ -126,7 +128,7 @@ pub async fn reconcile<K: Kernel>(
     }
 
     for v6 in [false, true] {
-        let rules = masq_rules(&view.pod_cidrs, &cfg.cluster_cidrs, v6);
+        let rules = masq_rules(&pod_cidrs, &cfg.cluster_cidrs, v6);
         match kernel.ensure_masq(v6, &rules) {
             Ok(true) => tracing::info!(v6, rules = rules.len(), "masquerade rules applied"),
             Ok(false) => {}
@@ -135,7 +137,7 @@ pub async fn reconcile<K: Kernel>(
     }
 
     let files = [
-        (cfg.subnet_file.clone(), subnet_env(&view.pod_cidrs, mtu)),
+        (cfg.subnet_file.clone(), subnet_env(&pod_cidrs, mtu)),
         (
             cfg.conflist_path(),
             conflist(

@@ -95,9 +95,9 @@ pub struct NodeView {
     pub public_ip: Option<IpAddr>,
 }
 
-/// Reads a Node. A malformed pod CIDR or annotation is an error (the node is skipped); a
-/// missing one is `None`/empty (the node is not ready yet).
-pub fn node_view(node: &Node) -> Result<NodeView, NodeError> {
+/// A Node's pod CIDRs: `spec.podCIDRs`, or `spec.podCIDR` when the list is empty, truncated
+/// to the network; empty when none is assigned yet.
+pub fn pod_cidrs_of(node: &Node) -> Result<Vec<IpNet>, NodeError> {
     let name = node.metadata.name.clone().unwrap_or_default();
     let spec = node.spec.as_ref();
     let mut raw: Vec<String> = spec.and_then(|s| s.pod_cidrs.clone()).unwrap_or_default();
@@ -116,6 +116,14 @@ pub fn node_view(node: &Node) -> Result<NodeView, NodeError> {
         }
         pod_cidrs.push(net.trunc());
     }
+    Ok(pod_cidrs)
+}
+
+/// Reads a Node. A malformed pod CIDR or annotation is an error (the node is skipped); a
+/// missing one is `None`/empty (the node is not ready yet).
+pub fn node_view(node: &Node) -> Result<NodeView, NodeError> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let pod_cidrs = pod_cidrs_of(node)?;
     let ann = node.metadata.annotations.as_ref();
     let get = |k: &str| ann.and_then(|a| a.get(k)).map(|v| v.trim().to_string());
     let vtep_mac = match get(ANN_VTEP_MAC) {
