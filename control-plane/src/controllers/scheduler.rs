@@ -30,8 +30,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    Container, Node, NodeSelector, NodeSelectorTerm, PersistentVolume, PersistentVolumeClaim,
-    Pod, Taint, Toleration, TopologySelectorTerm,
+    Container, Node, NodeSelector, NodeSelectorTerm, PersistentVolume, PersistentVolumeClaim, Pod,
+    Taint, Toleration, TopologySelectorTerm,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -71,7 +71,8 @@ const REASON_AFFINITY: &str = "node(s) didn't match Pod's node affinity/selector
 const REASON_PORTS: &str = "node(s) didn't have free ports for the requested pod ports";
 const REASON_TOO_MANY_PODS: &str = "Too many pods";
 const REASON_VOLUME_NODE_CONFLICT: &str = "node(s) had volume node affinity conflict";
-const REASON_VOLUME_BIND_CONFLICT: &str = "node(s) didn't find available persistent volumes to bind";
+const REASON_VOLUME_BIND_CONFLICT: &str =
+    "node(s) didn't find available persistent volumes to bind";
 const REASON_PV_NOT_EXIST: &str =
     "node(s) unavailable due to one or more pvc(s) bound to non-existent pv(s)";
 const REASON_IMMEDIATE_CLAIMS: &str = "pod has unbound immediate PersistentVolumeClaims";
@@ -275,15 +276,27 @@ fn host_ports(pod: &Pod) -> Vec<HostPort> {
     let Some(spec) = pod.spec.as_ref() else {
         return Vec::new();
     };
-    let sidecars = spec.init_containers.iter().flatten().filter(|c| is_sidecar(c));
+    let sidecars = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| is_sidecar(c));
     let mut out = Vec::new();
     for c in spec.containers.iter().chain(sidecars) {
         for p in c.ports.iter().flatten() {
             let Some(port) = p.host_port.filter(|p| *p > 0) else {
                 continue;
             };
-            let protocol = p.protocol.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| "TCP".into());
-            let ip = p.host_ip.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| ANY_IP.into());
+            let protocol = p
+                .protocol
+                .clone()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "TCP".into());
+            let ip = p
+                .host_ip
+                .clone()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| ANY_IP.into());
             out.push(HostPort { protocol, ip, port });
         }
     }
@@ -311,7 +324,9 @@ pub fn normalize_image(name: &str) -> String {
     };
     let repo = match repo.split_once('/') {
         None => format!("docker.io/library/{repo}"),
-        Some((first, rest)) if first.contains('.') || first.contains(':') || first == "localhost" => {
+        Some((first, rest))
+            if first.contains('.') || first.contains(':') || first == "localhost" =>
+        {
             if (first == "docker.io" || first == "index.docker.io") && !rest.contains('/') {
                 format!("docker.io/library/{rest}")
             } else if first == "index.docker.io" {
@@ -422,7 +437,10 @@ impl NodeInfo {
         self.non_zero_cpu += cpu;
         self.non_zero_memory += memory;
         for p in host_ports(pod) {
-            *self.ports_any_ip.entry((p.protocol.clone(), p.port)).or_default() += 1;
+            *self
+                .ports_any_ip
+                .entry((p.protocol.clone(), p.port))
+                .or_default() += 1;
             *self.ports.entry(p).or_default() += 1;
         }
     }
@@ -466,8 +484,8 @@ impl NodeInfo {
     }
 
     /// How many pods the node holds.
-    pub fn pod_count(&self) -> i128 {
-        self.requested.pods.0 / 1000
+    pub fn pod_count(&self) -> usize {
+        usize::try_from(self.requested.pods.0 / 1000).unwrap_or(0)
     }
 
     /// cpu and memory requested, with the scoring defaults for containers that set none.
@@ -480,14 +498,23 @@ impl NodeInfo {
     }
 
     fn taints(&self) -> &[Taint] {
-        self.node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or(&[])
+        self.node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_deref())
+            .unwrap_or(&[])
     }
 
     fn port_conflicts(&self, p: &HostPort) -> bool {
         if p.ip == ANY_IP {
-            return self.ports_any_ip.contains_key(&(p.protocol.clone(), p.port));
+            return self
+                .ports_any_ip
+                .contains_key(&(p.protocol.clone(), p.port));
         }
-        let wildcard = HostPort { ip: ANY_IP.to_string(), ..p.clone() };
+        let wildcard = HostPort {
+            ip: ANY_IP.to_string(),
+            ..p.clone()
+        };
         self.ports.contains_key(p) || self.ports.contains_key(&wildcard)
     }
 }
@@ -519,7 +546,9 @@ pub fn tolerates(t: &Toleration, key: &str, value: &str, effect: &str) -> bool {
 
 fn tolerated(tolerations: &[Toleration], taint: &Taint) -> bool {
     let value = taint.value.as_deref().unwrap_or("");
-    tolerations.iter().any(|t| tolerates(t, &taint.key, value, &taint.effect))
+    tolerations
+        .iter()
+        .any(|t| tolerates(t, &taint.key, value, &taint.effect))
 }
 
 /// One node selector term, parsed once per pod.
@@ -569,7 +598,8 @@ impl Term {
     }
 
     fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
-        self.names.iter().all(|(v, eq)| (v == name) == *eq) && self.labels.iter().all(|r| r.matches(labels))
+        self.names.iter().all(|(v, eq)| (v == name) == *eq)
+            && self.labels.iter().all(|r| r.matches(labels))
     }
 }
 
@@ -579,7 +609,12 @@ struct Selector(Vec<Term>);
 
 impl Selector {
     fn parse(s: &NodeSelector) -> Selector {
-        Selector(s.node_selector_terms.iter().filter_map(Term::parse).collect())
+        Selector(
+            s.node_selector_terms
+                .iter()
+                .filter_map(Term::parse)
+                .collect(),
+        )
     }
 
     fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
@@ -593,7 +628,9 @@ fn topology_matches(terms: &[TopologySelectorTerm], labels: &BTreeMap<String, St
         || terms.iter().any(|t| {
             let exprs = t.match_label_expressions.as_deref().unwrap_or(&[]);
             !exprs.is_empty()
-                && exprs.iter().all(|e| labels.get(&e.key).is_some_and(|v| e.values.contains(v)))
+                && exprs
+                    .iter()
+                    .all(|e| labels.get(&e.key).is_some_and(|v| e.values.contains(v)))
         })
 }
 
@@ -617,12 +654,19 @@ enum ClaimState {
     /// Bound to a volume (None: the volume does not exist).
     Bound(Option<Arc<PersistentVolume>>),
     /// Unbound with a WaitForFirstConsumer class.
-    Delayed { claim: Arc<PersistentVolumeClaim>, class: Arc<StorageClass> },
+    Delayed {
+        claim: Arc<PersistentVolumeClaim>,
+        class: Arc<StorageClass>,
+    },
 }
 
 /// A claim's storage class: `spec.storageClassName`, else the beta annotation.
 fn claim_class(claim: &PersistentVolumeClaim) -> &str {
-    if let Some(c) = claim.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()) {
+    if let Some(c) = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
+    {
         return c;
     }
     claim
@@ -635,7 +679,11 @@ fn claim_class(claim: &PersistentVolumeClaim) -> &str {
 }
 
 fn pv_class(pv: &PersistentVolume) -> &str {
-    if let Some(c) = pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()) {
+    if let Some(c) = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
+    {
         return c;
     }
     pv.metadata
@@ -648,14 +696,21 @@ fn pv_class(pv: &PersistentVolume) -> &str {
 
 /// Whether a PV's `spec.nodeAffinity.required` admits the node (no affinity admits all).
 fn pv_fits_node(pv: &PersistentVolume, node: &NodeInfo) -> bool {
-    match pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()).and_then(|a| a.required.as_ref()) {
+    match pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_affinity.as_ref())
+        .and_then(|a| a.required.as_ref())
+    {
         None => true,
         Some(sel) => Selector::parse(sel).matches(node.name(), node.labels()),
     }
 }
 
 fn storage_of(list: Option<&BTreeMap<String, Quantity>>) -> Milli {
-    list.and_then(|l| l.get("storage")).map(of).unwrap_or_default()
+    list.and_then(|l| l.get("storage"))
+        .map(of)
+        .unwrap_or_default()
 }
 
 /// Whether the PV is reserved for the claim (`spec.claimRef` names it).
@@ -680,10 +735,17 @@ fn find_volume<'v>(
 ) -> Option<&'v Arc<PersistentVolume>> {
     let spec = claim.spec.as_ref();
     let class = claim_class(claim);
-    let want = storage_of(spec.and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref()));
+    let want = storage_of(
+        spec.and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref()),
+    );
     let modes = spec.and_then(|s| s.access_modes.as_deref()).unwrap_or(&[]);
-    let mode = spec.and_then(|s| s.volume_mode.as_deref()).unwrap_or("Filesystem");
-    let selector = spec.and_then(|s| s.selector.as_ref()).map(LabelSelector::from_api);
+    let mode = spec
+        .and_then(|s| s.volume_mode.as_deref())
+        .unwrap_or("Filesystem");
+    let selector = spec
+        .and_then(|s| s.selector.as_ref())
+        .map(LabelSelector::from_api);
     let mut best: Option<(&Arc<PersistentVolume>, Milli)> = None;
     for pv in volumes {
         let name = pv.metadata.name.as_deref().unwrap_or("");
@@ -706,17 +768,19 @@ fn find_volume<'v>(
             Some(false) => continue,
             None => {}
         }
-        if pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Available") || pv_class(pv) != class {
+        if pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Available")
+            || pv_class(pv) != class
+        {
             continue;
         }
-        match &selector {
-            Some(Ok(sel)) => {
-                if !sel.matches(pv.metadata.labels.as_ref().unwrap_or(&NO_LABELS)) {
-                    continue;
-                }
-            }
-            Some(Err(_)) => continue,
-            None => {}
+        let labels = pv.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
+        let selected = match &selector {
+            None => true,
+            Some(Ok(sel)) => sel.matches(labels),
+            Some(Err(_)) => false,
+        };
+        if !selected {
+            continue;
         }
         let pv_modes = pspec.access_modes.as_deref().unwrap_or(&[]);
         if !modes.iter().all(|m| pv_modes.contains(m)) {
@@ -737,7 +801,10 @@ fn find_volume<'v>(
 fn can_provision(class: &StorageClass, node: &NodeInfo) -> bool {
     !class.provisioner.is_empty()
         && class.provisioner != NO_PROVISIONER
-        && topology_matches(class.allowed_topologies.as_deref().unwrap_or(&[]), node.labels())
+        && topology_matches(
+            class.allowed_topologies.as_deref().unwrap_or(&[]),
+            node.labels(),
+        )
 }
 
 /// The VolumeBinding PreFilter: resolves the pod's claims, or fails the whole pod.
@@ -746,7 +813,13 @@ fn resolve_claims(pod: &Pod, view: &VolumeView) -> Result<Vec<ClaimState>, Strin
     let pod_name = pod.metadata.name.as_deref().unwrap_or("");
     let mut out = Vec::new();
     let mut immediate = false;
-    for v in pod.spec.as_ref().and_then(|s| s.volumes.as_ref()).into_iter().flatten() {
+    for v in pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .into_iter()
+        .flatten()
+    {
         let (name, ephemeral) = if let Some(src) = v.persistent_volume_claim.as_ref() {
             (src.claim_name.clone(), false)
         } else if v.ephemeral.is_some() {
@@ -766,7 +839,8 @@ fn resolve_claims(pod: &Pod, view: &VolumeView) -> Result<Vec<ClaimState>, Strin
         }
         if ephemeral {
             let owned = claim.metadata.owner_references.iter().flatten().any(|r| {
-                r.controller == Some(true) && pod.metadata.uid.as_deref().is_some_and(|u| u == r.uid)
+                r.controller == Some(true)
+                    && pod.metadata.uid.as_deref().is_some_and(|u| u == r.uid)
             });
             if !owned {
                 return Err(format!(
@@ -774,14 +848,26 @@ fn resolve_claims(pod: &Pod, view: &VolumeView) -> Result<Vec<ClaimState>, Strin
                 ));
             }
         }
-        let bound = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()).filter(|n| !n.is_empty());
+        let bound = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.as_deref())
+            .filter(|n| !n.is_empty());
         if let Some(pv_name) = bound {
-            let pv = view.volumes.iter().find(|pv| pv.metadata.name.as_deref() == Some(pv_name)).cloned();
+            let pv = view
+                .volumes
+                .iter()
+                .find(|pv| pv.metadata.name.as_deref() == Some(pv_name))
+                .cloned();
             out.push(ClaimState::Bound(pv));
             continue;
         }
         let class_name = claim_class(&claim);
-        let class = if class_name.is_empty() { None } else { (view.class)(class_name) };
+        let class = if class_name.is_empty() {
+            None
+        } else {
+            (view.class)(class_name)
+        };
         match class {
             Some(class) if class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer") => {
                 out.push(ClaimState::Delayed { claim, class });
@@ -889,11 +975,18 @@ pub fn is_pending(pod: &Pod, scheduler_name: &str) -> bool {
     let Some(spec) = pod.spec.as_ref() else {
         return false;
     };
-    let name = spec.scheduler_name.as_deref().filter(|n| !n.is_empty()).unwrap_or(DEFAULT_SCHEDULER_NAME);
+    let name = spec
+        .scheduler_name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .unwrap_or(DEFAULT_SCHEDULER_NAME);
     spec.node_name.as_deref().is_none_or(str::is_empty)
         && name == scheduler_name
         && pod.metadata.deletion_timestamp.is_none()
-        && !matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+        && !matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        )
 }
 
 /// A failed filter: the reasons and whether preemption could help (upstream `Unschedulable`
@@ -905,7 +998,10 @@ struct Failure {
 
 impl Failure {
     fn unresolvable(reason: impl Into<String>) -> Failure {
-        Failure { reasons: vec![reason.into()], resolvable: false }
+        Failure {
+            reasons: vec![reason.into()],
+            resolvable: false,
+        }
     }
 }
 
@@ -925,17 +1021,25 @@ struct PodFacts<'a> {
 impl<'a> PodFacts<'a> {
     fn new(pod: &'a Pod, claims: Vec<ClaimState>) -> PodFacts<'a> {
         let spec = pod.spec.as_ref();
-        let affinity = spec.and_then(|s| s.affinity.as_ref()).and_then(|a| a.node_affinity.as_ref());
+        let affinity = spec
+            .and_then(|s| s.affinity.as_ref())
+            .and_then(|a| a.node_affinity.as_ref());
         PodFacts {
             requests: pod_requests(pod),
             non_zero: pod_non_zero_requests(pod),
             tolerations: spec.and_then(|s| s.tolerations.as_deref()).unwrap_or(&[]),
             node_selector: spec.and_then(|s| s.node_selector.as_ref()),
             required: affinity
-                .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
+                .and_then(|a| {
+                    a.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                })
                 .map(Selector::parse),
             preferred: affinity
-                .and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref())
+                .and_then(|a| {
+                    a.preferred_during_scheduling_ignored_during_execution
+                        .as_ref()
+                })
                 .into_iter()
                 .flatten()
                 .filter(|p| p.weight != 0)
@@ -952,22 +1056,27 @@ impl<'a> PodFacts<'a> {
         let spec = node.node.spec.as_ref();
         // NodeUnschedulable
         if spec.and_then(|s| s.unschedulable) == Some(true)
-            && !self.tolerations.iter().any(|t| tolerates(t, TAINT_UNSCHEDULABLE, "", "NoSchedule"))
+            && !self
+                .tolerations
+                .iter()
+                .any(|t| tolerates(t, TAINT_UNSCHEDULABLE, "", "NoSchedule"))
         {
             return Err(Failure::unresolvable(REASON_UNSCHEDULABLE));
         }
         // readiness (ferro)
         if let Some(key) = node.not_ready_taint {
-            if !self.tolerations.iter().any(|t| tolerates(t, key, "", "NoSchedule")) {
+            if !self
+                .tolerations
+                .iter()
+                .any(|t| tolerates(t, key, "", "NoSchedule"))
+            {
                 return Err(Failure::unresolvable(REASON_NOT_READY));
             }
         }
         // TaintToleration
-        if let Some(taint) = node
-            .taints()
-            .iter()
-            .find(|t| (t.effect == "NoSchedule" || t.effect == "NoExecute") && !tolerated(self.tolerations, t))
-        {
+        if let Some(taint) = node.taints().iter().find(|t| {
+            (t.effect == "NoSchedule" || t.effect == "NoExecute") && !tolerated(self.tolerations, t)
+        }) {
             return Err(Failure::unresolvable(format!(
                 "node(s) had untolerated taint {{{}: {}}}",
                 taint.key,
@@ -976,18 +1085,31 @@ impl<'a> PodFacts<'a> {
         }
         // NodeAffinity
         let labels = node.labels();
-        let selector_ok = self.node_selector.is_none_or(|sel| sel.iter().all(|(k, v)| labels.get(k) == Some(v)));
-        if !selector_ok || self.required.as_ref().is_some_and(|r| !r.matches(node.name(), labels)) {
+        let selector_ok = self
+            .node_selector
+            .is_none_or(|sel| sel.iter().all(|(k, v)| labels.get(k) == Some(v)));
+        if !selector_ok
+            || self
+                .required
+                .as_ref()
+                .is_some_and(|r| !r.matches(node.name(), labels))
+        {
             return Err(Failure::unresolvable(REASON_AFFINITY));
         }
         // NodePorts
         if self.ports.iter().any(|p| node.port_conflicts(p)) {
-            return Err(Failure { reasons: vec![REASON_PORTS.to_string()], resolvable: true });
+            return Err(Failure {
+                reasons: vec![REASON_PORTS.to_string()],
+                resolvable: true,
+            });
         }
         // NodeResourcesFit
         let reasons = self.insufficient(node);
         if !reasons.is_empty() {
-            return Err(Failure { reasons, resolvable: true });
+            return Err(Failure {
+                reasons,
+                resolvable: true,
+            });
         }
         // VolumeBinding
         if !self.claims.is_empty() {
@@ -1017,7 +1139,12 @@ impl<'a> PodFacts<'a> {
         for (name, want, have, used) in [
             ("cpu", r.cpu, alloc.cpu, used.cpu),
             ("memory", r.memory, alloc.memory, used.memory),
-            ("ephemeral-storage", r.ephemeral_storage, alloc.ephemeral_storage, used.ephemeral_storage),
+            (
+                "ephemeral-storage",
+                r.ephemeral_storage,
+                alloc.ephemeral_storage,
+                used.ephemeral_storage,
+            ),
         ] {
             if want > Milli(0) && want > have - used {
                 reasons.push(format!("Insufficient {name}"));
@@ -1090,7 +1217,11 @@ fn unschedulable(
 
 /// Picks a node for a pending pod among `nodes`, or explains why none fits in upstream's
 /// words. See the module documentation for the filters, scores and tie-breaking.
-pub fn schedule(pod: &Pod, nodes: &[&NodeInfo], volumes: &VolumeView) -> Result<Decision, Unschedulable> {
+pub fn schedule(
+    pod: &Pod,
+    nodes: &[&NodeInfo],
+    volumes: &VolumeView,
+) -> Result<Decision, Unschedulable> {
     let total = nodes.len();
     if total == 0 {
         return Err(Unschedulable {
@@ -1118,7 +1249,11 @@ pub fn schedule(pod: &Pod, nodes: &[&NodeInfo], volumes: &VolumeView) -> Result<
                 for r in f.reasons {
                     *reasons.entry(r).or_default() += 1;
                 }
-                let p = if f.resolvable { PREEMPTION_NO_VICTIMS } else { PREEMPTION_NOT_HELPFUL };
+                let p = if f.resolvable {
+                    PREEMPTION_NO_VICTIMS
+                } else {
+                    PREEMPTION_NOT_HELPFUL
+                };
                 *preemption.entry(p.to_string()).or_default() += 1;
             }
         }
@@ -1127,18 +1262,28 @@ pub fn schedule(pod: &Pod, nodes: &[&NodeInfo], volumes: &VolumeView) -> Result<
         return Err(unschedulable(total, reasons, None, &preemption));
     }
 
-    let best = if feasible.len() == 1 { feasible[0] } else { best_node(&facts, &feasible, nodes) };
+    let best = if feasible.len() == 1 {
+        feasible[0]
+    } else {
+        best_node(&facts, &feasible, nodes)
+    };
     let mut decision = Decision {
         node: best.name().to_string(),
         select_node_for_claims: Vec::new(),
         static_bindings: Vec::new(),
     };
-    if facts.claims.iter().any(|c| matches!(c, ClaimState::Delayed { .. })) {
+    if facts
+        .claims
+        .iter()
+        .any(|c| matches!(c, ClaimState::Delayed { .. }))
+    {
         decision.select_node_for_claims = facts
             .claims
             .iter()
             .filter_map(|c| match c {
-                ClaimState::Delayed { claim, .. } => Some(claim.metadata.name.clone().unwrap_or_default()),
+                ClaimState::Delayed { claim, .. } => {
+                    Some(claim.metadata.name.clone().unwrap_or_default())
+                }
                 ClaimState::Bound(_) => None,
             })
             .collect();
@@ -1161,7 +1306,12 @@ fn best_node<'n>(facts: &PodFacts, feasible: &[&'n NodeInfo], all: &[&NodeInfo])
     let prefer_tolerations: Vec<&Toleration> = facts
         .tolerations
         .iter()
-        .filter(|t| matches!(t.effect.as_deref(), None | Some("") | Some("PreferNoSchedule")))
+        .filter(|t| {
+            matches!(
+                t.effect.as_deref(),
+                None | Some("") | Some("PreferNoSchedule")
+            )
+        })
         .collect();
     // ImageLocality: how many of all nodes hold each of the pod's images
     let image_spread: Vec<(&str, f64)> = facts
@@ -1182,37 +1332,61 @@ fn best_node<'n>(facts: &PodFacts, feasible: &[&'n NodeInfo], all: &[&NodeInfo])
             / 2;
         // BalancedAllocation (actual requests): 1 - standard deviation of the two fractions
         let fractions: Vec<f64> = [
-            fraction(node.requested.cpu + facts.requests.cpu, node.allocatable.cpu),
-            fraction(node.requested.memory + facts.requests.memory, node.allocatable.memory),
+            fraction(
+                node.requested.cpu + facts.requests.cpu,
+                node.allocatable.cpu,
+            ),
+            fraction(
+                node.requested.memory + facts.requests.memory,
+                node.allocatable.memory,
+            ),
         ]
         .into_iter()
         .flatten()
         .collect();
-        let std = if let [a, b] = fractions.as_slice() { ((a - b) / 2.0).abs() } else { 0.0 };
+        let std = if let [a, b] = fractions.as_slice() {
+            ((a - b) / 2.0).abs()
+        } else {
+            0.0
+        };
         let balanced = ((1.0 - std) * MAX_SCORE as f64) as i64;
         // ImageLocality
         let image = if image_max > IMAGE_MIN_THRESHOLD {
             let sum: i128 = image_spread
                 .iter()
-                .filter_map(|(img, spread)| node.images.get(*img).map(|size| (*size as f64 * spread) as i128))
+                .filter_map(|(img, spread)| {
+                    node.images
+                        .get(*img)
+                        .map(|size| (*size as f64 * spread) as i128)
+                })
                 .sum();
             let clamped = sum.clamp(IMAGE_MIN_THRESHOLD, image_max);
-            i64::try_from(i128::from(MAX_SCORE) * (clamped - IMAGE_MIN_THRESHOLD) / (image_max - IMAGE_MIN_THRESHOLD))
-                .unwrap_or(0)
+            i64::try_from(
+                i128::from(MAX_SCORE) * (clamped - IMAGE_MIN_THRESHOLD)
+                    / (image_max - IMAGE_MIN_THRESHOLD),
+            )
+            .unwrap_or(0)
         } else {
             0
         };
         totals[i] = least + balanced + image;
         // preferred node affinity, TaintToleration: raw, normalized below
         let labels = node.labels();
-        affinity[i] = facts.preferred.iter().filter(|(_, t)| t.matches(node.name(), labels)).map(|(w, _)| *w).sum();
+        affinity[i] = facts
+            .preferred
+            .iter()
+            .filter(|(_, t)| t.matches(node.name(), labels))
+            .map(|(w, _)| *w)
+            .sum();
         taints[i] = node
             .taints()
             .iter()
             .filter(|t| t.effect == "PreferNoSchedule")
             .filter(|t| {
                 let value = t.value.as_deref().unwrap_or("");
-                !prefer_tolerations.iter().any(|tol| tolerates(tol, &t.key, value, &t.effect))
+                !prefer_tolerations
+                    .iter()
+                    .any(|tol| tolerates(tol, &t.key, value, &t.effect))
             })
             .count() as i64;
     }
@@ -1302,18 +1476,34 @@ mod tests {
 
     impl Volumes {
         fn none() -> Volumes {
-            Volumes { claims: vec![], volumes: vec![], classes: vec![] }
+            Volumes {
+                claims: vec![],
+                volumes: vec![],
+                classes: vec![],
+            }
         }
 
         fn run<R>(&self, f: impl FnOnce(&VolumeView) -> R) -> R {
             let claims = |ns: &str, name: &str| {
                 self.claims
                     .iter()
-                    .find(|c| c.metadata.namespace.as_deref() == Some(ns) && c.metadata.name.as_deref() == Some(name))
+                    .find(|c| {
+                        c.metadata.namespace.as_deref() == Some(ns)
+                            && c.metadata.name.as_deref() == Some(name)
+                    })
                     .cloned()
             };
-            let class = |name: &str| self.classes.iter().find(|c| c.metadata.name.as_deref() == Some(name)).cloned();
-            f(&VolumeView { claims: &claims, volumes: &self.volumes, class: &class })
+            let class = |name: &str| {
+                self.classes
+                    .iter()
+                    .find(|c| c.metadata.name.as_deref() == Some(name))
+                    .cloned()
+            };
+            f(&VolumeView {
+                claims: &claims,
+                volumes: &self.volumes,
+                class: &class,
+            })
         }
     }
 
@@ -1321,7 +1511,11 @@ mod tests {
         Volumes::none().run(|v| schedule(pod, nodes, v))
     }
 
-    fn sched_vol(pod: &Pod, nodes: &[&NodeInfo], vols: &Volumes) -> Result<Decision, Unschedulable> {
+    fn sched_vol(
+        pod: &Pod,
+        nodes: &[&NodeInfo],
+        vols: &Volumes,
+    ) -> Result<Decision, Unschedulable> {
         vols.run(|v| schedule(pod, nodes, v))
     }
 
@@ -1330,7 +1524,11 @@ mod tests {
     }
 
     fn reasons_of(pod: &Pod, node: &NodeInfo) -> Vec<String> {
-        sched(pod, &[node]).unwrap_err().reasons.into_keys().collect()
+        sched(pod, &[node])
+            .unwrap_err()
+            .reasons
+            .into_keys()
+            .collect()
     }
 
     fn tol(v: Value) -> Toleration {
@@ -1407,12 +1605,24 @@ mod tests {
 
     #[test]
     fn resource_fit_accepts_and_rejects_each_resource() {
-        let n = node_with("n", json!({"status": {"allocatable": {"example.com/gpu": "1"}}}));
+        let n = node_with(
+            "n",
+            json!({"status": {"allocatable": {"example.com/gpu": "1"}}}),
+        );
         assert!(fits(&pod_requesting("4", "8Gi"), &n));
-        assert_eq!(reasons_of(&pod_requesting("4001m", "1Gi"), &n), vec!["Insufficient cpu"]);
-        assert_eq!(reasons_of(&pod_requesting("1", "9Gi"), &n), vec!["Insufficient memory"]);
+        assert_eq!(
+            reasons_of(&pod_requesting("4001m", "1Gi"), &n),
+            vec!["Insufficient cpu"]
+        );
+        assert_eq!(
+            reasons_of(&pod_requesting("1", "9Gi"), &n),
+            vec!["Insufficient memory"]
+        );
         // several reasons of one filter all count
-        assert_eq!(reasons_of(&pod_requesting("5", "9Gi"), &n), vec!["Insufficient cpu", "Insufficient memory"]);
+        assert_eq!(
+            reasons_of(&pod_requesting("5", "9Gi"), &n),
+            vec!["Insufficient cpu", "Insufficient memory"]
+        );
         let eph = pod_with(json!({"spec": {"containers": [
             {"name": "a", "resources": {"requests": {"ephemeral-storage": "11Gi"}}}
         ]}}));
@@ -1423,7 +1633,10 @@ mod tests {
             ]}}))
         };
         assert!(fits(&gpu("1"), &n));
-        assert_eq!(reasons_of(&gpu("2"), &n), vec!["Insufficient example.com/gpu"]);
+        assert_eq!(
+            reasons_of(&gpu("2"), &n),
+            vec!["Insufficient example.com/gpu"]
+        );
         // an extended resource the node does not have at all
         let other = pod_with(json!({"spec": {"containers": [
             {"name": "a", "resources": {"requests": {"vendor.io/fpga": "1"}}}
@@ -1436,7 +1649,10 @@ mod tests {
         let mut n = node("n");
         n.add_pod(&pod_requesting("3", "1Gi"));
         assert!(fits(&pod_requesting("1", "1Gi"), &n));
-        assert_eq!(reasons_of(&pod_requesting("1001m", "1Gi"), &n), vec!["Insufficient cpu"]);
+        assert_eq!(
+            reasons_of(&pod_requesting("1001m", "1Gi"), &n),
+            vec!["Insufficient cpu"]
+        );
         // a pod that requests no cpu fits even on a full node
         n.add_pod(&pod_requesting("1", "0"));
         assert!(fits(&pod_requesting("0", "1Gi"), &n));
@@ -1479,9 +1695,13 @@ mod tests {
         let empty_requested = n.requested().clone();
         let empty_ports = n.ports.clone();
         let pods = [
-            pod_with(json!({"spec": {"containers": [{"name": "a", "ports": [{"containerPort": 80, "hostPort": 8080}],
-                "resources": {"requests": {"cpu": "1", "example.com/gpu": "1"}}}]}})),
-            pod_with(json!({"spec": {"containers": [{"name": "a", "ports": [{"containerPort": 80, "hostPort": 8080, "hostIP": "10.0.0.1"}]}]}})),
+            pod_with(
+                json!({"spec": {"containers": [{"name": "a", "ports": [{"containerPort": 80, "hostPort": 8080}],
+                "resources": {"requests": {"cpu": "1", "example.com/gpu": "1"}}}]}}),
+            ),
+            pod_with(
+                json!({"spec": {"containers": [{"name": "a", "ports": [{"containerPort": 80, "hostPort": 8080, "hostIP": "10.0.0.1"}]}]}}),
+            ),
             pod_requesting("250m", "64Mi"),
         ];
         for p in &pods {
@@ -1490,7 +1710,11 @@ mod tests {
         assert_eq!(n.pod_count(), 3);
         assert_eq!(n.requested().cpu, Milli(1250));
         assert_eq!(n.non_zero_requested().0, Milli(1000 + 100 + 250));
-        assert!(n.port_conflicts(&HostPort { protocol: "TCP".into(), ip: "10.0.0.2".into(), port: 8080 }));
+        assert!(n.port_conflicts(&HostPort {
+            protocol: "TCP".into(),
+            ip: "10.0.0.2".into(),
+            port: 8080
+        }));
         for p in pods.iter().rev() {
             n.remove_pod(p);
         }
@@ -1506,7 +1730,10 @@ mod tests {
         let mut n = node("n");
         n.add_pod(&pod_requesting("1", "1Gi"));
         let mut updated = node_json("n");
-        merge(&mut updated, json!({"status": {"allocatable": {"cpu": "8"}}}));
+        merge(
+            &mut updated,
+            json!({"status": {"allocatable": {"cpu": "8"}}}),
+        );
         n.set_node(Arc::new(from(updated)));
         assert_eq!(n.pod_count(), 1);
         assert_eq!(n.allocatable().cpu, Milli(8000));
@@ -1518,18 +1745,30 @@ mod tests {
     #[test]
     fn unschedulable_node_is_rejected_unless_tolerated() {
         let n = node_with("n", json!({"spec": {"unschedulable": true}}));
-        assert_eq!(reasons_of(&pod_with(json!({})), &n), vec!["node(s) were unschedulable"]);
+        assert_eq!(
+            reasons_of(&pod_with(json!({})), &n),
+            vec!["node(s) were unschedulable"]
+        );
         let tolerant = pod_with(json!({"spec": {"tolerations": [
             {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
         ]}}));
         assert!(fits(&tolerant, &n));
-        assert!(fits(&pod_with(json!({})), &node_with("m", json!({"spec": {"unschedulable": false}}))));
+        assert!(fits(
+            &pod_with(json!({})),
+            &node_with("m", json!({"spec": {"unschedulable": false}}))
+        ));
     }
 
     #[test]
     fn not_ready_node_is_rejected_unless_the_pod_tolerates_the_condition_taint() {
-        let not_ready = node_with("n", json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}));
-        let unknown = node_with("u", json!({"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}));
+        let not_ready = node_with(
+            "n",
+            json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+        );
+        let unknown = node_with(
+            "u",
+            json!({"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}),
+        );
         let no_condition = node_with("x", json!({"status": {"conditions": []}}));
         let pod = pod_with(json!({}));
         for n in [&not_ready, &unknown, &no_condition] {
@@ -1552,59 +1791,129 @@ mod tests {
     fn toleration_matrix() {
         let t = |v| tol(v);
         // Exists with an empty key tolerates every taint
-        assert!(tolerates(&t(json!({"operator": "Exists"})), "a", "b", "NoSchedule"));
-        assert!(tolerates(&t(json!({"operator": "Exists"})), "x", "", "NoExecute"));
+        assert!(tolerates(
+            &t(json!({"operator": "Exists"})),
+            "a",
+            "b",
+            "NoSchedule"
+        ));
+        assert!(tolerates(
+            &t(json!({"operator": "Exists"})),
+            "x",
+            "",
+            "NoExecute"
+        ));
         // Exists with an empty key but an effect only that effect
-        assert!(!tolerates(&t(json!({"operator": "Exists", "effect": "NoExecute"})), "a", "b", "NoSchedule"));
+        assert!(!tolerates(
+            &t(json!({"operator": "Exists", "effect": "NoExecute"})),
+            "a",
+            "b",
+            "NoSchedule"
+        ));
         // Equal compares values
-        assert!(tolerates(&t(json!({"key": "a", "operator": "Equal", "value": "b"})), "a", "b", "NoSchedule"));
-        assert!(!tolerates(&t(json!({"key": "a", "operator": "Equal", "value": "c"})), "a", "b", "NoSchedule"));
+        assert!(tolerates(
+            &t(json!({"key": "a", "operator": "Equal", "value": "b"})),
+            "a",
+            "b",
+            "NoSchedule"
+        ));
+        assert!(!tolerates(
+            &t(json!({"key": "a", "operator": "Equal", "value": "c"})),
+            "a",
+            "b",
+            "NoSchedule"
+        ));
         // no operator means Equal
-        assert!(tolerates(&t(json!({"key": "a", "value": "b"})), "a", "b", "NoSchedule"));
+        assert!(tolerates(
+            &t(json!({"key": "a", "value": "b"})),
+            "a",
+            "b",
+            "NoSchedule"
+        ));
         assert!(!tolerates(&t(json!({"key": "a"})), "a", "b", "NoSchedule"));
         assert!(tolerates(&t(json!({"key": "a"})), "a", "", "NoSchedule"));
         // key mismatch
-        assert!(!tolerates(&t(json!({"key": "z", "operator": "Exists"})), "a", "b", "NoSchedule"));
+        assert!(!tolerates(
+            &t(json!({"key": "z", "operator": "Exists"})),
+            "a",
+            "b",
+            "NoSchedule"
+        ));
         // empty effect matches every effect
         for effect in ["NoSchedule", "NoExecute", "PreferNoSchedule"] {
-            assert!(tolerates(&t(json!({"key": "a", "operator": "Exists"})), "a", "b", effect));
+            assert!(tolerates(
+                &t(json!({"key": "a", "operator": "Exists"})),
+                "a",
+                "b",
+                effect
+            ));
         }
         // effect mismatch
-        assert!(!tolerates(&t(json!({"key": "a", "operator": "Exists", "effect": "NoSchedule"})), "a", "b", "NoExecute"));
+        assert!(!tolerates(
+            &t(json!({"key": "a", "operator": "Exists", "effect": "NoSchedule"})),
+            "a",
+            "b",
+            "NoExecute"
+        ));
         // tolerationSeconds does not matter
         assert!(tolerates(
-            &t(json!({"key": "a", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0})),
+            &t(
+                json!({"key": "a", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0})
+            ),
             "a",
             "b",
             "NoExecute"
         ));
         // unknown operator tolerates nothing
-        assert!(!tolerates(&t(json!({"key": "a", "operator": "Gt", "value": "1"})), "a", "2", "NoSchedule"));
+        assert!(!tolerates(
+            &t(json!({"key": "a", "operator": "Gt", "value": "1"})),
+            "a",
+            "2",
+            "NoSchedule"
+        ));
     }
 
     #[test]
     fn untolerated_no_schedule_and_no_execute_taints_reject_prefer_no_schedule_does_not() {
-        let cp = node_with("cp", json!({"spec": {"taints": [
-            {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
-        ]}}));
+        let cp = node_with(
+            "cp",
+            json!({"spec": {"taints": [
+                {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+            ]}}),
+        );
         assert_eq!(
             reasons_of(&pod_with(json!({})), &cp),
             vec!["node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }"]
         );
-        let gone = node_with("g", json!({"spec": {"taints": [
-            {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
-        ]}}));
+        let gone = node_with(
+            "g",
+            json!({"spec": {"taints": [
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+            ]}}),
+        );
         assert_eq!(
             reasons_of(&pod_with(json!({})), &gone),
             vec!["node(s) had untolerated taint {node.kubernetes.io/unreachable: }"]
         );
-        let valued = node_with("v", json!({"spec": {"taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}}));
-        assert_eq!(reasons_of(&pod_with(json!({})), &valued), vec!["node(s) had untolerated taint {dedicated: gpu}"]);
-        let wrong_value = pod_with(json!({"spec": {"tolerations": [{"key": "dedicated", "value": "db"}]}}));
+        let valued = node_with(
+            "v",
+            json!({"spec": {"taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}}),
+        );
+        assert_eq!(
+            reasons_of(&pod_with(json!({})), &valued),
+            vec!["node(s) had untolerated taint {dedicated: gpu}"]
+        );
+        let wrong_value =
+            pod_with(json!({"spec": {"tolerations": [{"key": "dedicated", "value": "db"}]}}));
         assert!(!fits(&wrong_value, &valued));
-        let right_value = pod_with(json!({"spec": {"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]}}));
+        let right_value = pod_with(
+            json!({"spec": {"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]}}),
+        );
         assert!(fits(&right_value, &valued));
-        let soft = node_with("s", json!({"spec": {"taints": [{"key": "x", "effect": "PreferNoSchedule"}]}}));
+        let soft = node_with(
+            "s",
+            json!({"spec": {"taints": [{"key": "x", "effect": "PreferNoSchedule"}]}}),
+        );
         assert!(fits(&pod_with(json!({})), &soft));
     }
 
@@ -1623,17 +1932,29 @@ mod tests {
     #[test]
     fn node_selector_accepts_and_rejects() {
         let n = node_with("n", json!({"metadata": {"labels": {"disk": "ssd"}}}));
-        assert!(fits(&pod_with(json!({"spec": {"nodeSelector": {"disk": "ssd"}}})), &n));
+        assert!(fits(
+            &pod_with(json!({"spec": {"nodeSelector": {"disk": "ssd"}}})),
+            &n
+        ));
         assert_eq!(
-            reasons_of(&pod_with(json!({"spec": {"nodeSelector": {"disk": "hdd"}}})), &n),
+            reasons_of(
+                &pod_with(json!({"spec": {"nodeSelector": {"disk": "hdd"}}})),
+                &n
+            ),
             vec!["node(s) didn't match Pod's node affinity/selector"]
         );
-        assert!(!fits(&pod_with(json!({"spec": {"nodeSelector": {"disk": "ssd", "zone": "a"}}})), &n));
+        assert!(!fits(
+            &pod_with(json!({"spec": {"nodeSelector": {"disk": "ssd", "zone": "a"}}})),
+            &n
+        ));
     }
 
     #[test]
     fn node_affinity_operators() {
-        let n = node_with("n", json!({"metadata": {"labels": {"zone": "a", "cores": "8", "name": "x"}}}));
+        let n = node_with(
+            "n",
+            json!({"metadata": {"labels": {"zone": "a", "cores": "8", "name": "x"}}}),
+        );
         let ok = |terms: Value| fits(&affinity_pod(terms), &n);
         assert!(ok(expr("zone", "In", &["a", "b"])));
         assert!(!ok(expr("zone", "In", &["b"])));
@@ -1659,7 +1980,9 @@ mod tests {
         assert!(ok(field("In", "n")));
         assert!(!ok(field("In", "m")));
         assert!(ok(field("NotIn", "m")));
-        assert!(!ok(json!([{"matchFields": [{"key": "metadata.uid", "operator": "In", "values": ["n"]}]}])));
+        assert!(!ok(
+            json!([{"matchFields": [{"key": "metadata.uid", "operator": "In", "values": ["n"]}]}])
+        ));
         // expressions within a term are ANDed, terms are ORed
         assert!(!ok(json!([{"matchExpressions": [
             {"key": "zone", "operator": "In", "values": ["a"]},
@@ -1678,9 +2001,11 @@ mod tests {
         assert!(!ok(json!([])));
         assert!(!ok(json!([{}])));
         // nodeSelector and affinity must both hold
-        let both = pod_with(json!({"spec": {"nodeSelector": {"zone": "b"}, "affinity": {"nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": expr("zone", "Exists", &[])}
-        }}}}));
+        let both = pod_with(
+            json!({"spec": {"nodeSelector": {"zone": "b"}, "affinity": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": expr("zone", "Exists", &[])}
+            }}}}),
+        );
         assert!(!fits(&both, &n));
     }
 
@@ -1702,20 +2027,32 @@ mod tests {
         let mut n = node("n");
         n.add_pod(&port_pod(8080, None, None)); // 0.0.0.0 TCP
         n.add_pod(&port_pod(9090, Some("10.0.0.1"), Some("UDP")));
-        let conflict = vec!["node(s) didn't have free ports for the requested pod ports".to_string()];
+        let conflict =
+            vec!["node(s) didn't have free ports for the requested pod ports".to_string()];
         // wildcard in use: every IP conflicts on TCP 8080
-        assert_eq!(reasons_of(&port_pod(8080, Some("10.0.0.9"), None), &n), conflict);
-        assert_eq!(reasons_of(&port_pod(8080, Some("0.0.0.0"), Some("TCP")), &n), conflict);
+        assert_eq!(
+            reasons_of(&port_pod(8080, Some("10.0.0.9"), None), &n),
+            conflict
+        );
+        assert_eq!(
+            reasons_of(&port_pod(8080, Some("0.0.0.0"), Some("TCP")), &n),
+            conflict
+        );
         // other protocol or port: free
         assert!(fits(&port_pod(8080, None, Some("UDP")), &n));
         assert!(fits(&port_pod(8081, None, None), &n));
         // specific IP in use: the wildcard conflicts, the same IP conflicts, another IP does not
         assert_eq!(reasons_of(&port_pod(9090, None, Some("UDP")), &n), conflict);
-        assert_eq!(reasons_of(&port_pod(9090, Some("10.0.0.1"), Some("UDP")), &n), conflict);
+        assert_eq!(
+            reasons_of(&port_pod(9090, Some("10.0.0.1"), Some("UDP")), &n),
+            conflict
+        );
         assert!(fits(&port_pod(9090, Some("10.0.0.2"), Some("UDP")), &n));
         assert!(fits(&port_pod(9090, Some("10.0.0.1"), Some("TCP")), &n));
         // containerPort without hostPort uses nothing on the host
-        let plain = pod_with(json!({"spec": {"containers": [{"name": "c", "ports": [{"containerPort": 8080}]}]}}));
+        let plain = pod_with(
+            json!({"spec": {"containers": [{"name": "c", "ports": [{"containerPort": 8080}]}]}}),
+        );
         assert!(fits(&plain, &n));
     }
 
@@ -1724,8 +2061,14 @@ mod tests {
     #[test]
     fn mixed_failure_message_matches_upstream() {
         let small = node_with("small", json!({"status": {"allocatable": {"cpu": "500m"}}}));
-        let cp1 = node_with("cp1", json!({"spec": {"taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]}}));
-        let cp2 = node_with("cp2", json!({"spec": {"taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]}}));
+        let cp1 = node_with(
+            "cp1",
+            json!({"spec": {"taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]}}),
+        );
+        let cp2 = node_with(
+            "cp2",
+            json!({"spec": {"taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]}}),
+        );
         let err = sched(&pod_requesting("1", "1Gi"), &[&small, &cp1, &cp2]).unwrap_err();
         assert_eq!(
             err.message,
@@ -1756,13 +2099,19 @@ mod tests {
         counts.insert("Insufficient cpu".to_string(), 3);
         counts.insert("node(s) were unschedulable".to_string(), 2);
         counts.insert("Too many pods".to_string(), 10);
-        assert_eq!(histogram(&counts), "10 Too many pods, 2 node(s) were unschedulable, 3 Insufficient cpu");
+        assert_eq!(
+            histogram(&counts),
+            "10 Too many pods, 2 node(s) were unschedulable, 3 Insufficient cpu"
+        );
     }
 
     #[test]
     fn no_nodes_message() {
         let err = sched(&pod_with(json!({})), &[]).unwrap_err();
-        assert_eq!(err.message, "0/0 nodes are available: no nodes available to schedule pods.");
+        assert_eq!(
+            err.message,
+            "0/0 nodes are available: no nodes available to schedule pods."
+        );
     }
 
     // ---- scheduling and scoring
@@ -1770,13 +2119,17 @@ mod tests {
     #[test]
     fn identical_pods_spread_over_identical_nodes() {
         for pod in [pod_requesting("100m", "128Mi"), pod_with(json!({}))] {
-            let mut nodes = vec![node("a"), node("b"), node("c")];
+            let mut nodes = [node("a"), node("b"), node("c")];
             for _ in 0..10 {
                 let refs: Vec<&NodeInfo> = nodes.iter().collect();
                 let d = sched(&pod, &refs).unwrap();
-                nodes.iter_mut().find(|n| n.name() == d.node).unwrap().add_pod(&pod);
+                nodes
+                    .iter_mut()
+                    .find(|n| n.name() == d.node)
+                    .unwrap()
+                    .add_pod(&pod);
             }
-            let mut counts: Vec<i128> = nodes.iter().map(NodeInfo::pod_count).collect();
+            let mut counts: Vec<usize> = nodes.iter().map(NodeInfo::pod_count).collect();
             counts.sort();
             assert_eq!(counts, vec![3, 3, 4]);
         }
@@ -1794,7 +2147,12 @@ mod tests {
         let mut busy = node("a");
         busy.add_pod(&pod_requesting("3", "6Gi"));
         let idle = node("z");
-        assert_eq!(sched(&pod_requesting("100m", "100Mi"), &[&busy, &idle]).unwrap().node, "z");
+        assert_eq!(
+            sched(&pod_requesting("100m", "100Mi"), &[&busy, &idle])
+                .unwrap()
+                .node,
+            "z"
+        );
     }
 
     #[test]
@@ -1808,23 +2166,38 @@ mod tests {
         }}}}));
         assert_eq!(sched(&pod, &[&plain, &ssd]).unwrap().node, "b");
 
-        let soft = node_with("a", json!({"spec": {"taints": [{"key": "spot", "effect": "PreferNoSchedule"}]}}));
+        let soft = node_with(
+            "a",
+            json!({"spec": {"taints": [{"key": "spot", "effect": "PreferNoSchedule"}]}}),
+        );
         let clean = node("b");
-        assert_eq!(sched(&pod_with(json!({})), &[&soft, &clean]).unwrap().node, "b");
-        let tolerant = pod_with(json!({"spec": {"tolerations": [{"key": "spot", "operator": "Exists", "effect": "PreferNoSchedule"}]}}));
+        assert_eq!(
+            sched(&pod_with(json!({})), &[&soft, &clean]).unwrap().node,
+            "b"
+        );
+        let tolerant = pod_with(
+            json!({"spec": {"tolerations": [{"key": "spot", "operator": "Exists", "effect": "PreferNoSchedule"}]}}),
+        );
         assert_eq!(sched(&tolerant, &[&soft, &clean]).unwrap().node, "a");
     }
 
     #[test]
     fn image_locality_prefers_the_node_with_the_image() {
-        let with_image = node_with("b", json!({"status": {"images": [
-            {"names": ["docker.io/library/postgres:16", "docker.io/library/postgres@sha256:abc"], "sizeBytes": 400_000_000}
-        ]}}));
+        let with_image = node_with(
+            "b",
+            json!({"status": {"images": [
+                {"names": ["docker.io/library/postgres:16", "docker.io/library/postgres@sha256:abc"], "sizeBytes": 400_000_000}
+            ]}}),
+        );
         let without = node("a");
-        let pod = pod_with(json!({"spec": {"containers": [{"name": "db", "image": "postgres:16"}]}}));
+        let pod =
+            pod_with(json!({"spec": {"containers": [{"name": "db", "image": "postgres:16"}]}}));
         assert_eq!(sched(&pod, &[&without, &with_image]).unwrap().node, "b");
         // a small image (under 23MB after spreading) does not matter: the tie-break picks "a"
-        let tiny = node_with("b", json!({"status": {"images": [{"names": ["docker.io/library/busybox:1"], "sizeBytes": 4_000_000}]}}));
+        let tiny = node_with(
+            "b",
+            json!({"status": {"images": [{"names": ["docker.io/library/busybox:1"], "sizeBytes": 4_000_000}]}}),
+        );
         let pod = pod_with(json!({"spec": {"containers": [{"name": "c", "image": "busybox:1"}]}}));
         assert_eq!(sched(&pod, &[&without, &tiny]).unwrap().node, "a");
     }
@@ -1832,25 +2205,64 @@ mod tests {
     #[test]
     fn image_names_normalize_like_a_runtime_reports_them() {
         assert_eq!(normalize_image("nginx"), "docker.io/library/nginx:latest");
-        assert_eq!(normalize_image("nginx:1.25"), "docker.io/library/nginx:1.25");
-        assert_eq!(normalize_image("bitnami/redis"), "docker.io/bitnami/redis:latest");
-        assert_eq!(normalize_image("docker.io/nginx"), "docker.io/library/nginx:latest");
-        assert_eq!(normalize_image("registry.k8s.io/pause:3.9"), "registry.k8s.io/pause:3.9");
-        assert_eq!(normalize_image("localhost:5000/app"), "localhost:5000/app:latest");
-        assert_eq!(normalize_image("nginx@sha256:abc"), "docker.io/library/nginx@sha256:abc");
-        assert_eq!(normalize_image("nginx:1@sha256:abc"), "docker.io/library/nginx@sha256:abc");
+        assert_eq!(
+            normalize_image("nginx:1.25"),
+            "docker.io/library/nginx:1.25"
+        );
+        assert_eq!(
+            normalize_image("bitnami/redis"),
+            "docker.io/bitnami/redis:latest"
+        );
+        assert_eq!(
+            normalize_image("docker.io/nginx"),
+            "docker.io/library/nginx:latest"
+        );
+        assert_eq!(
+            normalize_image("registry.k8s.io/pause:3.9"),
+            "registry.k8s.io/pause:3.9"
+        );
+        assert_eq!(
+            normalize_image("localhost:5000/app"),
+            "localhost:5000/app:latest"
+        );
+        assert_eq!(
+            normalize_image("nginx@sha256:abc"),
+            "docker.io/library/nginx@sha256:abc"
+        );
+        assert_eq!(
+            normalize_image("nginx:1@sha256:abc"),
+            "docker.io/library/nginx@sha256:abc"
+        );
     }
 
     #[test]
     fn is_pending_cases() {
         assert!(is_pending(&pod_with(json!({})), "default-scheduler"));
         assert!(!is_pending(&pod_with(json!({})), "other"));
-        assert!(is_pending(&pod_with(json!({"spec": {"schedulerName": "other"}})), "other"));
-        assert!(!is_pending(&pod_with(json!({"spec": {"nodeName": "n"}})), "default-scheduler"));
-        assert!(!is_pending(&pod_with(json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})), "default-scheduler"));
-        assert!(!is_pending(&pod_with(json!({"status": {"phase": "Succeeded"}})), "default-scheduler"));
-        assert!(!is_pending(&pod_with(json!({"status": {"phase": "Failed"}})), "default-scheduler"));
-        assert!(is_pending(&pod_with(json!({"status": {"phase": "Pending"}})), "default-scheduler"));
+        assert!(is_pending(
+            &pod_with(json!({"spec": {"schedulerName": "other"}})),
+            "other"
+        ));
+        assert!(!is_pending(
+            &pod_with(json!({"spec": {"nodeName": "n"}})),
+            "default-scheduler"
+        ));
+        assert!(!is_pending(
+            &pod_with(json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})),
+            "default-scheduler"
+        ));
+        assert!(!is_pending(
+            &pod_with(json!({"status": {"phase": "Succeeded"}})),
+            "default-scheduler"
+        ));
+        assert!(!is_pending(
+            &pod_with(json!({"status": {"phase": "Failed"}})),
+            "default-scheduler"
+        ));
+        assert!(is_pending(
+            &pod_with(json!({"status": {"phase": "Pending"}})),
+            "default-scheduler"
+        ));
     }
 
     // ---- volumes
@@ -1869,7 +2281,9 @@ mod tests {
         if let Some(v) = volume {
             spec["volumeName"] = json!(v);
         }
-        Arc::new(from(json!({"metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")}, "spec": spec})))
+        Arc::new(from(
+            json!({"metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")}, "spec": spec}),
+        ))
     }
 
     fn local_pv(name: &str, class: &str, host: &str, size: &str) -> Arc<PersistentVolume> {
@@ -1927,9 +2341,11 @@ mod tests {
     #[test]
     fn ephemeral_volume_claim_must_exist_and_be_owned_by_the_pod() {
         let a = node("a");
-        let pod = pod_with(json!({"spec": {"volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
-        }}}]}}));
+        let pod = pod_with(
+            json!({"spec": {"volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+            }}}]}}),
+        );
         let err = sched(&pod, &[&a]).unwrap_err();
         assert!(err.message.contains("waiting for ephemeral volume controller to create the persistentvolumeclaim \"p-scratch\""));
         let mut claim: PersistentVolumeClaim = (*pvc("p-scratch", "local", Some("pv1"))).clone();
@@ -1939,7 +2355,11 @@ mod tests {
             classes: vec![],
         };
         let err = sched_vol(&pod, &[&a], &vols(claim.clone())).unwrap_err();
-        assert!(err.message.contains("(pod is not owner)"), "{}", err.message);
+        assert!(
+            err.message.contains("(pod is not owner)"),
+            "{}",
+            err.message
+        );
         claim.metadata.owner_references = Some(vec![from(json!({
             "apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "pod-uid", "controller": true
         }))]);
@@ -1958,9 +2378,15 @@ mod tests {
         assert_eq!(d.node, "b");
         assert!(d.select_node_for_claims.is_empty());
         let err = sched_vol(&claim_pod(&["data"]), &[&a], &vols).unwrap_err();
-        assert_eq!(err.reasons.into_keys().collect::<Vec<_>>(), vec!["node(s) had volume node affinity conflict"]);
+        assert_eq!(
+            err.reasons.into_keys().collect::<Vec<_>>(),
+            vec!["node(s) had volume node affinity conflict"]
+        );
         // bound to a volume that does not exist
-        let vols = Volumes { volumes: vec![], ..vols };
+        let vols = Volumes {
+            volumes: vec![],
+            ..vols
+        };
         let err = sched_vol(&claim_pod(&["data"]), &[&a], &vols).unwrap_err();
         assert_eq!(
             err.reasons.into_keys().collect::<Vec<_>>(),
@@ -1978,12 +2404,23 @@ mod tests {
                 local_pv("pv-b", "local", "b", "2Gi"),
                 local_pv("other-class", "slow", "a", "2Gi"),
             ],
-            classes: vec![class("local", NO_PROVISIONER, "WaitForFirstConsumer", json!(null))],
+            classes: vec![class(
+                "local",
+                NO_PROVISIONER,
+                "WaitForFirstConsumer",
+                json!(null),
+            )],
         };
         let d = sched_vol(&claim_pod(&["data"]), &[&a, &b], &vols).unwrap();
         assert_eq!(d.node, "b");
         assert_eq!(d.select_node_for_claims, vec!["data"]);
-        assert_eq!(d.static_bindings, vec![StaticBinding { claim: "data".into(), volume: "pv-b".into() }]);
+        assert_eq!(
+            d.static_bindings,
+            vec![StaticBinding {
+                claim: "data".into(),
+                volume: "pv-b".into()
+            }]
+        );
         let err = sched_vol(&claim_pod(&["data"]), &[&a], &vols).unwrap_err();
         assert_eq!(
             err.message,
@@ -1999,42 +2436,80 @@ mod tests {
         second.metadata.uid = Some("uid-logs".into());
         let vols = Volumes {
             claims: vec![pvc("data", "local", None), Arc::new(second)],
-            volumes: vec![local_pv("big", "local", "a", "10Gi"), local_pv("small", "local", "a", "1Gi")],
-            classes: vec![class("local", NO_PROVISIONER, "WaitForFirstConsumer", json!(null))],
+            volumes: vec![
+                local_pv("big", "local", "a", "10Gi"),
+                local_pv("small", "local", "a", "1Gi"),
+            ],
+            classes: vec![class(
+                "local",
+                NO_PROVISIONER,
+                "WaitForFirstConsumer",
+                json!(null),
+            )],
         };
         let d = sched_vol(&claim_pod(&["data", "logs"]), &[&a], &vols).unwrap();
         assert_eq!(
             d.static_bindings,
             vec![
-                StaticBinding { claim: "data".into(), volume: "small".into() },
-                StaticBinding { claim: "logs".into(), volume: "big".into() },
+                StaticBinding {
+                    claim: "data".into(),
+                    volume: "small".into()
+                },
+                StaticBinding {
+                    claim: "logs".into(),
+                    volume: "big".into()
+                },
             ]
         );
         // one volume for two claims: no fit
-        let vols = Volumes { volumes: vec![local_pv("only", "local", "a", "10Gi")], ..vols };
+        let vols = Volumes {
+            volumes: vec![local_pv("only", "local", "a", "10Gi")],
+            ..vols
+        };
         assert!(sched_vol(&claim_pod(&["data", "logs"]), &[&a], &vols).is_err());
     }
 
     #[test]
     fn wait_for_first_consumer_with_a_provisioner_and_allowed_topologies() {
-        let a = node_with("a", json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "z1"}}}));
-        let b = node_with("b", json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "z2"}}}));
+        let a = node_with(
+            "a",
+            json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "z1"}}}),
+        );
+        let b = node_with(
+            "b",
+            json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "z2"}}}),
+        );
         let vols = Volumes {
             claims: vec![pvc("data", "csi", None)],
             volumes: vec![],
-            classes: vec![class("csi", "csi.example.com", "WaitForFirstConsumer", json!(null))],
+            classes: vec![class(
+                "csi",
+                "csi.example.com",
+                "WaitForFirstConsumer",
+                json!(null),
+            )],
         };
         let d = sched_vol(&claim_pod(&["data"]), &[&a, &b], &vols).unwrap();
         assert_eq!(d.node, "a");
         assert_eq!(d.select_node_for_claims, vec!["data"]);
         assert!(d.static_bindings.is_empty());
         let zoned = Volumes {
-            classes: vec![class("csi", "csi.example.com", "WaitForFirstConsumer", json!([
-                {"matchLabelExpressions": [{"key": "topology.kubernetes.io/zone", "values": ["z2"]}]}
-            ]))],
+            classes: vec![class(
+                "csi",
+                "csi.example.com",
+                "WaitForFirstConsumer",
+                json!([
+                    {"matchLabelExpressions": [{"key": "topology.kubernetes.io/zone", "values": ["z2"]}]}
+                ]),
+            )],
             ..vols
         };
-        assert_eq!(sched_vol(&claim_pod(&["data"]), &[&a, &b], &zoned).unwrap().node, "b");
+        assert_eq!(
+            sched_vol(&claim_pod(&["data"]), &[&a, &b], &zoned)
+                .unwrap()
+                .node,
+            "b"
+        );
         assert!(sched_vol(&claim_pod(&["data"]), &[&a], &zoned).is_err());
     }
 
@@ -2042,15 +2517,25 @@ mod tests {
     fn prebound_volume_is_used_for_its_claim_only() {
         let a = node("a");
         let mut pv: PersistentVolume = (*local_pv("reserved", "local", "a", "1Gi")).clone();
-        pv.spec.as_mut().unwrap().claim_ref = Some(from(json!({"namespace": "default", "name": "other"})));
+        pv.spec.as_mut().unwrap().claim_ref =
+            Some(from(json!({"namespace": "default", "name": "other"})));
         let vols = Volumes {
             claims: vec![pvc("data", "local", None)],
             volumes: vec![Arc::new(pv.clone())],
-            classes: vec![class("local", NO_PROVISIONER, "WaitForFirstConsumer", json!(null))],
+            classes: vec![class(
+                "local",
+                NO_PROVISIONER,
+                "WaitForFirstConsumer",
+                json!(null),
+            )],
         };
         assert!(sched_vol(&claim_pod(&["data"]), &[&a], &vols).is_err());
-        pv.spec.as_mut().unwrap().claim_ref = Some(from(json!({"namespace": "default", "name": "data"})));
-        let vols = Volumes { volumes: vec![Arc::new(pv)], ..vols };
+        pv.spec.as_mut().unwrap().claim_ref =
+            Some(from(json!({"namespace": "default", "name": "data"})));
+        let vols = Volumes {
+            volumes: vec![Arc::new(pv)],
+            ..vols
+        };
         let d = sched_vol(&claim_pod(&["data"]), &[&a], &vols).unwrap();
         assert_eq!(d.static_bindings[0].volume, "reserved");
     }
