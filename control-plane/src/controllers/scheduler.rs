@@ -2539,4 +2539,80 @@ mod tests {
         let d = sched_vol(&claim_pod(&["data"]), &[&a], &vols).unwrap();
         assert_eq!(d.static_bindings[0].volume, "reserved");
     }
+
+    #[test]
+    fn only_the_first_failing_filter_reports() {
+        let n = node_with(
+            "n",
+            json!({"spec": {"unschedulable": true, "taints": [{"key": "a", "effect": "NoSchedule"}]},
+                   "status": {"allocatable": {"cpu": "1"}}}),
+        );
+        assert_eq!(
+            reasons_of(&pod_requesting("2", "0"), &n),
+            vec!["node(s) were unschedulable"]
+        );
+    }
+
+    #[test]
+    fn no_execute_taint_tolerated_for_a_while_still_admits_the_pod() {
+        let n = node_with(
+            "n",
+            json!({"spec": {"taints": [{"key": "maintenance", "effect": "NoExecute"}]}}),
+        );
+        let pod = pod_with(json!({"spec": {"tolerations": [
+            {"key": "maintenance", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}
+        ]}}));
+        assert!(fits(&pod, &n));
+    }
+
+    #[test]
+    fn claims_being_deleted_fail_the_pod_and_other_volumes_are_ignored() {
+        let a = node("a");
+        let mut claim: PersistentVolumeClaim = (*pvc("data", "local", Some("pv1"))).clone();
+        claim.metadata.deletion_timestamp = Some(from(json!("2026-01-01T00:00:00Z")));
+        let vols = Volumes {
+            claims: vec![Arc::new(claim)],
+            volumes: vec![local_pv("pv1", "local", "a", "1Gi")],
+            classes: vec![],
+        };
+        let err = sched_vol(&claim_pod(&["data"]), &[&a], &vols).unwrap_err();
+        assert!(
+            err.message.starts_with(
+                "0/1 nodes are available: persistentvolumeclaim \"data\" is being deleted."
+            ),
+            "{}",
+            err.message
+        );
+        let scratch = pod_with(json!({"spec": {"volumes": [
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "cfg", "configMap": {"name": "x"}}
+        ]}}));
+        let d = sched(&scratch, &[&a]).unwrap();
+        assert!(d.select_node_for_claims.is_empty() && d.static_bindings.is_empty());
+    }
+
+    #[test]
+    fn one_node_can_report_several_volume_reasons() {
+        let a = node("a");
+        let vols = Volumes {
+            claims: vec![
+                pvc("bound", "local", Some("pv-b")),
+                pvc("waiting", "local", None),
+            ],
+            volumes: vec![local_pv("pv-b", "local", "b", "1Gi")],
+            classes: vec![class(
+                "local",
+                NO_PROVISIONER,
+                "WaitForFirstConsumer",
+                json!(null),
+            )],
+        };
+        let err = sched_vol(&claim_pod(&["bound", "waiting"]), &[&a], &vols).unwrap_err();
+        assert_eq!(
+            err.message,
+            "0/1 nodes are available: 1 node(s) didn't find available persistent volumes to bind, \
+             1 node(s) had volume node affinity conflict. preemption: 0/1 nodes are available: \
+             1 Preemption is not helpful for scheduling."
+        );
+    }
 }
