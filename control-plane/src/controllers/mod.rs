@@ -7,6 +7,7 @@ pub mod expectations;
 pub mod loops;
 pub mod manager;
 pub mod quantity;
+pub mod scheduler;
 
 /// Why a reconcile failed; the key is retried with backoff.
 #[derive(Debug, thiserror::Error)]
