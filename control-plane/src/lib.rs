@@ -7,6 +7,7 @@ pub mod config;
 pub mod discovery;
 pub mod error;
 pub mod pki;
+pub mod protobuf;
 pub mod proxy;
 pub mod resources;
 pub mod selector;
