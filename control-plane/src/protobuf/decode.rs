@@ -1,9 +1,14 @@
 //! A protobuf wire-format decoder driven by the static schema of [`super::schema`], producing
 //! the JSON an upstream API server would produce for the same object.
 //!
-//! Proto2 semantics: every field present on the wire is emitted, also when zero or empty (the
-//! Go marshalers write a pointer field only when it is set), and a present empty sub-message
-//! becomes `{}`. Unknown field numbers are skipped, as the Go unmarshalers do.
+//! Proto2 semantics: a field present on the wire is emitted, also when zero (the Go marshalers
+//! write a pointer field only when it is set: `replicas: 0`, `runAsUser: 0` and
+//! `automountServiceAccountToken: false` are meant), and a present empty sub-message becomes
+//! `{}`. One exception: an empty optional string is unset. Go writes its non-pointer string
+//! fields even when empty (`generateName`, `restartPolicy`, `sessionAffinity`...) and reads
+//! them back as unset, so upstream's JSON omits them and its defaulting fills them in; the few
+//! `*string` fields where "" has a meaning are [`Kind::StringKeepEmpty`].
+//! Unknown field numbers are skipped, as the Go unmarshalers do.
 
 use base64::Engine as _;
 use serde_json::{Map, Number, Value};
@@ -24,7 +29,10 @@ pub enum Label {
 /// The value type of a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// An empty value of an optional (non-repeated, non-map) field is unset.
     String,
+    /// A Go `*string` whose empty value is kept.
+    StringKeepEmpty,
     Bool,
     Int32,
     Int64,
@@ -184,7 +192,7 @@ fn wrong_type(msg: &Message, field: &Field, got: &Wire<'_>, want: &str) -> Proto
 /// Decodes one scalar (or a whole sub-message) of `field`.
 fn value(msg: &Message, field: &Field, w: Wire<'_>, depth: usize) -> Result<Value, ProtobufError> {
     Ok(match (field.kind, w) {
-        (Kind::String, Wire::Bytes(b)) => Value::String(
+        (Kind::String | Kind::StringKeepEmpty, Wire::Bytes(b)) => Value::String(
             String::from_utf8(b.to_vec())
                 .map_err(|_| ProtobufError::Malformed(format!("{}.{}: string is not UTF-8", msg.name, field.json)))?,
         ),
@@ -197,7 +205,7 @@ fn value(msg: &Message, field: &Field, w: Wire<'_>, depth: usize) -> Result<Valu
         (Kind::Double, Wire::Fixed64(v)) => Number::from_f64(f64::from_bits(v))
             .map(Value::Number)
             .ok_or_else(|| ProtobufError::Malformed(format!("{}.{}: not a finite number", msg.name, field.json)))?,
-        (Kind::String | Kind::Bytes | Kind::Message(_), w) => return Err(wrong_type(msg, field, &w, "length-delimited")),
+        (Kind::String | Kind::StringKeepEmpty | Kind::Bytes | Kind::Message(_), w) => return Err(wrong_type(msg, field, &w, "length-delimited")),
         (Kind::Bool | Kind::Int32 | Kind::Int64, w) => return Err(wrong_type(msg, field, &w, "varint")),
         (Kind::Double, w) => return Err(wrong_type(msg, field, &w, "64-bit")),
     })
@@ -234,7 +242,7 @@ fn map_entry(msg: &Message, field: &Field, b: &[u8], depth: usize) -> Result<(St
         Some(v) => v,
         // An absent value is the zero value of its type.
         None => match field.kind {
-            Kind::String | Kind::Bytes => Value::String(String::new()),
+            Kind::String | Kind::StringKeepEmpty | Kind::Bytes => Value::String(String::new()),
             Kind::Bool => Value::Bool(false),
             Kind::Int32 | Kind::Int64 => Value::from(0),
             Kind::Double => Value::from(0.0),
@@ -263,8 +271,10 @@ pub fn decode_message(index: usize, buf: &[u8], depth: usize) -> Result<Value, P
         match field.label {
             Label::Optional => {
                 let v = value(msg, field, w, depth)?;
-                // A zero Time is marshalled as an empty message and reads back as null.
-                if v.is_null() {
+                // A zero Time is marshalled as an empty message and reads back as null; an
+                // empty string is Go's unset non-pointer string.
+                let unset = v.is_null() || (field.kind == Kind::String && v.as_str() == Some(""));
+                if unset {
                     obj.remove(field.json);
                 } else {
                     obj.insert(field.json.to_string(), v);

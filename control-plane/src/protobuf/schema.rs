@@ -400,7 +400,7 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 2, json: "resources", label: Label::Optional, kind: Kind::Message(103) },
         Field { number: 3, json: "volumeName", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "selector", label: Label::Optional, kind: Kind::Message(104) },
-        Field { number: 5, json: "storageClassName", label: Label::Optional, kind: Kind::String },
+        Field { number: 5, json: "storageClassName", label: Label::Optional, kind: Kind::StringKeepEmpty },
         Field { number: 6, json: "volumeMode", label: Label::Optional, kind: Kind::String },
         Field { number: 7, json: "dataSource", label: Label::Optional, kind: Kind::Message(105) },
         Field { number: 8, json: "dataSourceRef", label: Label::Optional, kind: Kind::Message(106) },

@@ -314,11 +314,14 @@ fn service_ip_families_and_target_port() {
 }
 
 #[test]
-fn zero_values_present_on_the_wire_are_kept() {
-    // Go writes non-pointer fields even when empty; they must come through (proto2).
+fn zero_values_present_on_the_wire() {
+    // Zero numbers and booleans on the wire come through (proto2: Go sends pointer fields only
+    // when set); empty optional strings are Go's unset non-pointer strings.
     let cm = pb::ConfigMap {
         metadata: Some(pb_meta::ObjectMeta {
             name: s("c1"),
+            generate_name: s(""),
+            resource_version: s(""),
             generation: Some(0),
             creation_timestamp: Some(pb_meta::Time::default()), // zero time: empty message
             ..Default::default()
@@ -333,6 +336,20 @@ fn zero_values_present_on_the_wire_are_kept() {
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c1", "generation": 0},
                "data": {"a": ""}, "immutable": false})
     );
+    // "" storage class (no dynamic provisioning) is a Go *string and is kept
+    let pvc = pb::PersistentVolumeClaim {
+        metadata: Some(pb_meta::ObjectMeta { name: s("c"), namespace: s(""), ..Default::default() }),
+        spec: Some(pb::PersistentVolumeClaimSpec {
+            storage_class_name: s(""),
+            volume_name: s(""),
+            access_modes: vec!["ReadWriteOnce".into()],
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let v = decode_body(&envelope("v1", "PersistentVolumeClaim", pvc.encode_to_vec())).unwrap();
+    assert_eq!(v["metadata"], json!({"name": "c"}));
+    assert_eq!(v["spec"], json!({"storageClassName": "", "accessModes": ["ReadWriteOnce"]}));
 }
 
 #[test]
