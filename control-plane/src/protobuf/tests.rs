@@ -455,3 +455,15 @@ fn unpacked_and_packed_repeated_scalars() {
     assert_eq!(v.unwrap()["spec"]["securityContext"]["supplementalGroups"], json!([7]));
     assert!(decode_body(&envelope("v1", "Pod", with_groups(vec![0x21, 0, 0, 0, 0, 0, 0, 0, 0]))).is_err());
 }
+
+#[test]
+fn every_served_kind_has_a_root() {
+    for r in crate::resources::RESOURCES {
+        assert!(
+            schema::ROOTS.iter().any(|x| x.kind == r.kind && x.api_version == r.api_version()),
+            "{} {} has no protobuf schema: run the generator",
+            r.api_version(),
+            r.kind
+        );
+    }
+}
