@@ -405,7 +405,13 @@ fn generate() -> anyhow::Result<String> {
                 inline_props.entry(sub.clone()).or_default().extend(props.iter().cloned());
             }
             let kind = match &f.kind {
-                Kind::Message(sub) => format!("Kind::Message({})", index.get(sub.as_str()).copied().unwrap_or(usize::MAX)),
+                Kind::Message(sub) => match index.get(sub.as_str()) {
+                    Some(i) => format!("Kind::Message({i})"),
+                    None => {
+                        errors.push(format!("{m}.{}: message {sub} is not in the table", f.name));
+                        continue;
+                    }
+                },
                 Kind::String if EMPTY_STRING_KEPT.contains(&format!("{m}.{}", f.name).as_str()) => {
                     kept += 1;
                     "Kind::StringKeepEmpty".to_string()

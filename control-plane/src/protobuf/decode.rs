@@ -87,8 +87,8 @@ pub struct Root {
     pub message: usize,
 }
 
-/// Nesting deeper than this is refused (the schema is recursive through JSONSchemaProps-like
-/// types; a hostile body must not exhaust the stack).
+/// Nesting deeper than this is refused. The served kinds' schema is not recursive today, so
+/// this only guards against a future recursive message (JSONSchemaProps) exhausting the stack.
 const MAX_DEPTH: usize = 64;
 
 /// One field as read from the wire.
