@@ -8,6 +8,7 @@ pub mod controllers;
 pub mod discovery;
 pub mod error;
 pub mod pki;
+pub mod protobuf;
 pub mod proxy;
 pub mod resources;
 pub mod selector;

@@ -145,13 +145,15 @@ enum Output {
 }
 
 fn negotiate(req: &Request<Incoming>, q: &HashMap<String, String>) -> Result<Output, ApiError> {
-    let accept = req
-        .headers()
-        .get(header::ACCEPT)
-        .and_then(|a| a.to_str().ok())
-        .unwrap_or("application/json")
-        .to_string();
+    let accept = req.headers().get(header::ACCEPT).and_then(|a| a.to_str().ok()).unwrap_or("application/json");
     let include = q.get("includeObject").cloned().unwrap_or_else(|| "Metadata".into());
+    negotiate_accept(accept, include)
+}
+
+/// The response format for an Accept header. Responses are never protobuf: a client that also
+/// accepts JSON (kubectl's typed clients send "application/vnd.kubernetes.protobuf, */*") gets
+/// JSON; one that accepts only protobuf gets 406.
+fn negotiate_accept(accept: &str, include: String) -> Result<Output, ApiError> {
     for part in accept.split(',') {
         let part = part.trim();
         let mut params = part.split(';').map(str::trim);
@@ -173,7 +175,7 @@ fn negotiate(req: &Request<Incoming>, q: &HashMap<String, String>) -> Result<Out
         }
     }
     if accept.contains("application/vnd.kubernetes.protobuf") && !accept.contains("json") {
-        return Err(ApiError::not_acceptable(&accept));
+        return Err(ApiError::not_acceptable(accept));
     }
     Ok(Output::Json)
 }
@@ -252,8 +254,8 @@ fn content_type(parts: &http::request::Parts) -> String {
         .to_string()
 }
 
-/// Decodes a JSON or YAML object body.
-fn decode_body(ct: &str, body: &[u8]) -> Result<Value, ApiError> {
+/// Decodes a JSON, YAML or Kubernetes protobuf object body.
+pub(crate) fn decode_body(ct: &str, body: &[u8]) -> Result<Value, ApiError> {
     let media = ct.split(';').next().unwrap_or("").trim();
     let v: Value = match media {
         "application/json" | "" | "application/merge-patch+json" | "application/strategic-merge-patch+json"
@@ -261,6 +263,7 @@ fn decode_body(ct: &str, body: &[u8]) -> Result<Value, ApiError> {
             .map_err(|e| ApiError::bad_request(format!("json: cannot unmarshal the request body: {e}")))?,
         "application/yaml" | "application/apply-patch+yaml" => serde_yaml::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("yaml: unmarshal errors: {e}")))?,
+        crate::protobuf::MEDIA_TYPE => crate::protobuf::decode_body(body).map_err(|e| ApiError::bad_request(e.to_string()))?,
         other => return Err(ApiError::unsupported_media_type(other)),
     };
     Ok(v)
@@ -492,12 +495,12 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
             record_response(&out, 200, res, &r)
         }
         (None, "delete") => {
-            let opts = delete_options(&q, body.as_deref())?;
+            let opts = delete_options(&q, &ct, body.as_deref())?;
             let (r, _gone) = api.delete(res, ns, name, &opts).await?;
             record_response(&out, 200, res, &r)
         }
         (None, "deletecollection") => {
-            let opts = delete_options(&q, body.as_deref())?;
+            let opts = delete_options(&q, &ct, body.as_deref())?;
             let lopts = list_options(&q);
             let page = api.list(res, ns, &lopts).await?;
             let mut items = Vec::new();
@@ -549,7 +552,7 @@ fn list_options(q: &HashMap<String, String>) -> ListOptions {
     }
 }
 
-fn delete_options(q: &HashMap<String, String>, body: Option<&[u8]>) -> Result<DeleteOptions, ApiError> {
+fn delete_options(q: &HashMap<String, String>, ct: &str, body: Option<&[u8]>) -> Result<DeleteOptions, ApiError> {
     let mut opts = DeleteOptions {
         grace_period_seconds: q.get("gracePeriodSeconds").and_then(|g| g.parse().ok()),
         propagation_policy: q.get("propagationPolicy").cloned(),
@@ -558,7 +561,7 @@ fn delete_options(q: &HashMap<String, String>, body: Option<&[u8]>) -> Result<De
         ..Default::default()
     };
     if let Some(b) = body.filter(|b| !b.is_empty()) {
-        let v: Value = serde_json::from_slice(b).map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
+        let v = decode_body(ct, b).map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {}", e.message)))?;
         if let Some(g) = v.get("gracePeriodSeconds").and_then(|g| g.as_i64()) {
             opts.grace_period_seconds = Some(g);
         }
@@ -772,5 +775,23 @@ mod tests {
         assert!(pod_references(&pod, "secrets", "s2"));
         assert!(!pod_references(&pod, "secrets", "s3"));
         assert!(pod_references(&pod, "configmaps", "cm1"));
+    }
+
+    #[test]
+    fn protobuf_requests_get_json_answers() {
+        let neg = |a: &str| negotiate_accept(a, "Metadata".into());
+        assert_eq!(neg("application/vnd.kubernetes.protobuf, */*").unwrap(), Output::Json);
+        assert_eq!(neg("application/vnd.kubernetes.protobuf,application/json").unwrap(), Output::Json);
+        let e = neg("application/vnd.kubernetes.protobuf").unwrap_err();
+        assert_eq!((e.code, e.status()["kind"].as_str()), (406, Some("Status")));
+    }
+
+    #[test]
+    fn bodies_by_media_type() {
+        assert_eq!(decode_body("application/json", br#"{"a":1}"#).unwrap(), json!({"a": 1}));
+        let e = decode_body("application/vnd.kubernetes.protobuf", b"{}").unwrap_err();
+        assert_eq!(e.code, 400);
+        assert!(e.message.contains("does not appear to be a protobuf message"), "{}", e.message);
+        assert_eq!(decode_body("application/cbor", b"").unwrap_err().code, 415);
     }
 }

@@ -64,8 +64,7 @@ pub async fn scale(
     let scale = to_scale(&obj);
     let new_scale = match verb {
         "get" => return Ok(json_response(200, &scale)),
-        "update" => serde_json::from_slice::<Value>(body.unwrap_or_default())
-            .map_err(|e| ApiError::bad_request(format!("invalid Scale: {e}")))?,
+        "update" => crate::server::decode_body(content_type, body.unwrap_or_default())?,
         "patch" => {
             let pt = PatchType::from_content_type(content_type)
                 .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;

@@ -263,3 +263,70 @@ fn kubectl_errors_are_upstream_statuses() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("field is immutable"), "{err}");
 }
+
+/// kubectl's typed clients (create configmap/secret/deployment/namespace/service, drain) send
+/// their bodies as application/vnd.kubernetes.protobuf.
+#[test]
+fn typed_creates_send_protobuf_bodies() {
+    let s = Server::start();
+    assert!(s.ok(&["create", "configmap", "c1", "--from-literal=a=b"]).contains("configmap/c1 created"));
+    let c = json(&s.ok(&["get", "configmap", "c1", "-o", "json"]));
+    assert_eq!(c["data"], serde_json::json!({"a": "b"}));
+    assert_eq!(c["metadata"]["namespace"], "default");
+
+    assert!(s.ok(&["create", "secret", "generic", "s1", "--from-literal=k=v"]).contains("secret/s1 created"));
+    let sec = json(&s.ok(&["get", "secret", "s1", "-o", "json"]));
+    assert_eq!(sec["data"], serde_json::json!({"k": "dg=="}));
+    assert_eq!(sec["type"], "Opaque");
+
+    assert!(s.ok(&["create", "deployment", "web", "--image=nginx:1.21", "--replicas=3"]).contains("deployment.apps/web created"));
+    let d = json(&s.ok(&["get", "deployment", "web", "-o", "json"]));
+    assert_eq!(d["spec"]["replicas"], 3);
+    assert_eq!(d["spec"]["template"]["spec"]["containers"][0]["image"], "nginx:1.21");
+    assert_eq!(d["spec"]["selector"]["matchLabels"], serde_json::json!({"app": "web"}));
+    assert_eq!(d["metadata"]["generation"], 1);
+
+    assert!(s.ok(&["create", "namespace", "n1"]).contains("namespace/n1 created"));
+    let n = json(&s.ok(&["get", "namespace", "n1", "-o", "json"]));
+    assert_eq!(n["status"]["phase"], "Active");
+
+    assert!(s.ok(&["create", "service", "clusterip", "s", "--tcp=80:8080"]).contains("service/s created"));
+    let svc = json(&s.ok(&["get", "service", "s", "-o", "json"]));
+    let port = &svc["spec"]["ports"][0];
+    assert_eq!((port["port"].as_i64(), port["targetPort"].as_i64(), port["protocol"].as_str()), (Some(80), Some(8080), Some("TCP")));
+    assert!(svc["spec"]["clusterIP"].as_str().is_some_and(|ip| !ip.is_empty()), "{svc}");
+
+    assert!(s.ok(&["create", "serviceaccount", "robot", "-n", "n1"]).contains("serviceaccount/robot created"));
+    s.ok(&["get", "serviceaccount", "robot", "-n", "n1"]);
+
+    // kubectl run: a Pod
+    assert!(s.ok(&["run", "p1", "--image=busybox", "--restart=Never", "--labels=app=p", "--port=8080"]).contains("pod/p1 created"));
+    let p = json(&s.ok(&["get", "pod", "p1", "-o", "json"]));
+    assert_eq!(p["spec"]["containers"][0]["ports"][0]["containerPort"], 8080);
+    assert_eq!(p["spec"]["restartPolicy"], "Never");
+
+    // a second create of the same name is the upstream AlreadyExists
+    let out = s.kubectl(&["create", "configmap", "c1", "--from-literal=a=b"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("AlreadyExists") || String::from_utf8_lossy(&out.stderr).contains("already exists"));
+}
+
+/// kubectl drain evicts through pods/eviction with a protobuf Eviction body.
+#[test]
+fn drain_evicts_with_protobuf_bodies() {
+    let s = Server::start();
+    s.apply(NODE);
+    let pod = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: p1}
+spec:
+  nodeName: node-a
+  containers: [{name: c, image: busybox}]
+"#;
+    s.apply(pod);
+    let out = s.ok(&["drain", "node-a", "--force", "--grace-period=0", "--timeout=30s"]);
+    assert!(out.contains("evicting pod default/p1") || out.contains("pod/p1 evicted"), "{out}");
+    assert!(out.contains("node/node-a drained"), "{out}");
+    assert!(!s.kubectl(&["get", "pod", "p1"]).status.success());
+    assert!(s.ok(&["get", "nodes"]).contains("SchedulingDisabled"));
+}
