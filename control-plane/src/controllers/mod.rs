@@ -2,3 +2,4 @@
 //! from observed objects to actions.
 
 pub mod quantity;
+pub mod replicaset;
