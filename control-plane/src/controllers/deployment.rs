@@ -16,11 +16,16 @@
 //!   revisionHistoryLimit 10, progressDeadlineSeconds 600), in case the server did not default
 //!   them;
 //! - templates are compared (ignoring the `pod-template-hash` label) on their JSON form where
-//!   absent, null and empty lists, and absent and empty label/annotation/selector maps are the
-//!   same, like upstream's semantic equality.
+//!   absent, null and empty lists, and absent and empty maps (labels, annotations, selectors,
+//!   resource lists) and non-pointer structs (`resources`, `metadata`) are the same, like
+//!   upstream's semantic equality.
 //!
 //! Proportional scaling (the Deployment's replicas change while a rollout is in progress) follows
 //! upstream `scale` with the `max-replicas` annotations.
+//!
+//! Besides the four actions of the brief, [`Action`] has `UpdateDeploymentAnnotations` (the
+//! revision annotation of the Deployment), `Event` (upstream's `ScalingReplicaSet` events) and
+//! `RequeueAfter` (upstream `requeueStuckDeployment`, to notice a missed progress deadline).
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -137,8 +142,8 @@ pub enum Action {
 /// Upstream `rand.SafeEncodeString` alphabet (no vowels, no confusable characters).
 const SAFE_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
-/// Map keys whose value is a Go map: absent and empty are the same there.
-const MAP_KEYS: [&str; 8] = [
+/// Keys whose value is a Go map or a non-pointer struct: absent and empty are the same there.
+const EMPTY_IS_ABSENT: [&str; 10] = [
     "labels",
     "annotations",
     "nodeSelector",
@@ -147,6 +152,8 @@ const MAP_KEYS: [&str; 8] = [
     "requests",
     "overhead",
     "volumeAttributes",
+    "resources",
+    "metadata",
 ];
 
 /// The JSON form of a value with nulls, empty lists and empty Go maps removed, keys sorted.
@@ -166,7 +173,7 @@ fn normalize(v: Value, key: Option<&str>) -> Option<Value> {
                 .filter_map(|(k, v)| normalize(v, Some(&k)).map(|v| (k, v)))
                 .collect();
             entries.sort_by(|a, b| a.0.cmp(&b.0));
-            if entries.is_empty() && key.is_some_and(|k| MAP_KEYS.contains(&k)) {
+            if entries.is_empty() && key.is_some_and(|k| EMPTY_IS_ABSENT.contains(&k)) {
                 return None;
             }
             Some(Value::Object(entries.into_iter().collect()))
@@ -2395,6 +2402,41 @@ mod tests {
         assert!(actions
             .iter()
             .any(|a| matches!(a, Action::UpdateStatus(s) if s.observed_generation == Some(1))));
+    }
+
+    #[test]
+    fn replica_failure_of_the_new_replica_set_is_reported() {
+        let mut w = rolled_out("v1", 2);
+        w.rss[0].status.as_mut().unwrap().conditions =
+            Some(vec![k8s_openapi::api::apps::v1::ReplicaSetCondition {
+                type_: REPLICA_FAILURE.into(),
+                status: "True".into(),
+                reason: Some("FailedCreate".into()),
+                message: Some("pods \"web-x\" is forbidden: exceeded quota".into()),
+                last_transition_time: Some(Time(ts(5))),
+            }]);
+        w.deploy_step();
+        let c = cond(&w.d, REPLICA_FAILURE).unwrap();
+        assert_eq!(c.reason.as_deref(), Some("FailedCreate"));
+        assert_eq!(c.last_update_time, Some(Time(ts(5))));
+        w.rss[0].status.as_mut().unwrap().conditions = None;
+        w.deploy_step();
+        assert!(cond(&w.d, REPLICA_FAILURE).is_none());
+    }
+
+    #[test]
+    fn terminating_deployment_only_updates_its_status() {
+        let mut w = rolled_out("v1", 2);
+        w.d.metadata.deletion_timestamp = Some(Time(ts(w.now)));
+        set_image(&mut w.d, "v2");
+        w.deploy_step();
+        assert!(
+            w.actions
+                .iter()
+                .all(|a| matches!(a, Action::UpdateStatus(_))),
+            "{:?}",
+            w.actions
+        );
     }
 
     #[test]
