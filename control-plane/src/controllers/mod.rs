@@ -3,10 +3,12 @@
 //! API through a kube client, so they work against any API server.
 
 pub mod events;
+pub mod deployment;
 pub mod expectations;
 pub mod loops;
 pub mod manager;
 pub mod quantity;
+pub mod replicaset;
 pub mod scheduler;
 
 /// Why a reconcile failed; the key is retried with backoff.
