@@ -2,3 +2,6 @@
 //! from observed objects to actions.
 
 pub mod quantity;
+pub mod endpointslice;
+pub mod nodelifecycle;
+pub mod pvbinder;
