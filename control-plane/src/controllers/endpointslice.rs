@@ -15,8 +15,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv6Addr;
 
 use k8s_openapi::api::core::v1::{
-    EndpointAddress, EndpointPort as CoreEndpointPort, EndpointSubset, Endpoints, ObjectReference, Pod, Service,
-    ServicePort,
+    EndpointAddress, EndpointPort as CoreEndpointPort, EndpointSubset, Endpoints, ObjectReference,
+    Pod, Service, ServicePort,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -86,9 +86,26 @@ fn selected<'a>(svc: &Service, sel: &BTreeMap<String, String>, pods: &[&'a Pod])
 }
 
 fn pod_ips(pod: &Pod) -> Vec<&str> {
-    let Some(status) = pod.status.as_ref() else { return Vec::new() };
-    let ips: Vec<&str> = status.pod_ips.iter().flatten().map(|p| p.ip.as_str()).filter(|i| !i.is_empty()).collect();
-    if ips.is_empty() { status.pod_ip.as_deref().filter(|i| !i.is_empty()).into_iter().collect() } else { ips }
+    let Some(status) = pod.status.as_ref() else {
+        return Vec::new();
+    };
+    let ips: Vec<&str> = status
+        .pod_ips
+        .iter()
+        .flatten()
+        .map(|p| p.ip.as_str())
+        .filter(|i| !i.is_empty())
+        .collect();
+    if ips.is_empty() {
+        status
+            .pod_ip
+            .as_deref()
+            .filter(|i| !i.is_empty())
+            .into_iter()
+            .collect()
+    } else {
+        ips
+    }
 }
 
 fn pod_ready(pod: &Pod) -> bool {
@@ -109,11 +126,17 @@ fn should_be_in_endpoints(pod: &Pod, include_terminating: bool) -> bool {
 }
 
 fn publish_not_ready(svc: &Service) -> bool {
-    svc.spec.as_ref().and_then(|s| s.publish_not_ready_addresses).unwrap_or(false)
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.publish_not_ready_addresses)
+        .unwrap_or(false)
 }
 
 fn cluster_ip(svc: &Service) -> &str {
-    svc.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()).unwrap_or("")
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.cluster_ip.as_deref())
+        .unwrap_or("")
 }
 
 /// Upstream `IsServiceIPSet`.
@@ -123,7 +146,10 @@ fn service_ip_set(svc: &Service) -> bool {
 }
 
 fn service_ports(svc: &Service) -> &[ServicePort] {
-    svc.spec.as_ref().and_then(|s| s.ports.as_deref()).unwrap_or(&[])
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.ports.as_deref())
+        .unwrap_or(&[])
 }
 
 fn protocol(p: Option<&str>) -> &str {
@@ -159,13 +185,20 @@ fn find_port(pod: &Pod, sp: &ServicePort) -> Option<i32> {
 fn hostname_for(pod: &Pod, svc: &Service) -> Option<String> {
     let spec = pod.spec.as_ref()?;
     let host = spec.hostname.as_deref().filter(|h| !h.is_empty())?;
-    (spec.subdomain.as_deref() == svc.metadata.name.as_deref() && pod.metadata.namespace == svc.metadata.namespace)
+    (spec.subdomain.as_deref() == svc.metadata.name.as_deref()
+        && pod.metadata.namespace == svc.metadata.namespace)
         .then(|| host.to_string())
 }
 
 fn address_types(svc: &Service) -> Vec<&'static str> {
     let mut out = Vec::new();
-    for f in svc.spec.as_ref().and_then(|s| s.ip_families.as_ref()).into_iter().flatten() {
+    for f in svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ip_families.as_ref())
+        .into_iter()
+        .flatten()
+    {
         let t = match f.as_str() {
             "IPv4" => "IPv4",
             "IPv6" => "IPv6",
@@ -179,7 +212,11 @@ fn address_types(svc: &Service) -> Vec<&'static str> {
         return out;
     }
     if service_ip_set(svc) {
-        return vec![if is_ipv6(cluster_ip(svc)) { "IPv6" } else { "IPv4" }];
+        return vec![if is_ipv6(cluster_ip(svc)) {
+            "IPv6"
+        } else {
+            "IPv4"
+        }];
     }
     vec!["IPv4", "IPv6"]
 }
@@ -196,10 +233,15 @@ fn owner_ref(svc: &Service) -> OwnerReference {
 }
 
 fn owned_by(slice: &EndpointSlice, svc: &Service) -> bool {
-    slice.metadata.owner_references.iter().flatten().any(|o| match svc.metadata.uid.as_deref() {
-        Some(uid) if !uid.is_empty() => o.uid == uid,
-        _ => o.kind == "Service" && Some(o.name.as_str()) == svc.metadata.name.as_deref(),
-    })
+    slice
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| match svc.metadata.uid.as_deref() {
+            Some(uid) if !uid.is_empty() => o.uid == uid,
+            _ => o.kind == "Service" && Some(o.name.as_str()) == svc.metadata.name.as_deref(),
+        })
 }
 
 fn is_reserved_label(k: &str) -> bool {
@@ -220,7 +262,10 @@ fn slice_labels(svc: &Service) -> BTreeMap<String, String> {
     if !service_ip_set(svc) {
         labels.insert(LABEL_HEADLESS.into(), String::new());
     }
-    labels.insert(LABEL_SERVICE_NAME.into(), svc.metadata.name.clone().unwrap_or_default());
+    labels.insert(
+        LABEL_SERVICE_NAME.into(),
+        svc.metadata.name.clone().unwrap_or_default(),
+    );
     labels.insert(LABEL_MANAGED_BY.into(), MANAGED_BY.into());
     labels
 }
@@ -252,7 +297,12 @@ fn ep_key(e: &Endpoint) -> EpKey {
     let (ns, name) = e
         .target_ref
         .as_ref()
-        .map(|r| (r.namespace.clone().unwrap_or_default(), r.name.clone().unwrap_or_default()))
+        .map(|r| {
+            (
+                r.namespace.clone().unwrap_or_default(),
+                r.name.clone().unwrap_or_default(),
+            )
+        })
         .unwrap_or_default();
     let mut addrs = e.addresses.clone();
     addrs.sort();
@@ -275,18 +325,31 @@ fn endpoint_ports(svc: &Service, pod: &Pod) -> Vec<EndpointPort> {
 }
 
 /// Upstream `podToEndpoint`.
-fn pod_to_endpoint(pod: &Pod, svc: &Service, address_type: &str, zone_of: &dyn Fn(&str) -> Option<String>) -> Endpoint {
+fn pod_to_endpoint(
+    pod: &Pod,
+    svc: &Service,
+    address_type: &str,
+    zone_of: &dyn Fn(&str) -> Option<String>,
+) -> Endpoint {
     let serving = pod_ready(pod);
     let terminating = pod.metadata.deletion_timestamp.is_some();
     let ready = publish_not_ready(svc) || (serving && !terminating);
-    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .filter(|n| !n.is_empty());
     Endpoint {
         addresses: pod_ips(pod)
             .into_iter()
             .filter(|ip| is_ipv6(ip) == (address_type == "IPv6"))
             .map(str::to_string)
             .collect(),
-        conditions: Some(EndpointConditions { ready: Some(ready), serving: Some(serving), terminating: Some(terminating) }),
+        conditions: Some(EndpointConditions {
+            ready: Some(ready),
+            serving: Some(serving),
+            terminating: Some(terminating),
+        }),
         zone: node.as_deref().and_then(zone_of).filter(|z| !z.is_empty()),
         node_name: node,
         hostname: hostname_for(pod, svc),
@@ -318,11 +381,17 @@ fn new_slice(svc: &Service, address_type: &str, ports: &[EndpointPort]) -> Endpo
 }
 
 /// Upstream `getSliceToFill`: the unchanged slice that the endpoints fill most closely.
-fn slice_to_fill(candidates: &[String], by_name: &BTreeMap<String, EndpointSlice>, n: usize) -> Option<String> {
+fn slice_to_fill(
+    candidates: &[String],
+    by_name: &BTreeMap<String, EndpointSlice>,
+    n: usize,
+) -> Option<String> {
     let mut best: Option<(usize, &String)> = None;
     for name in candidates {
         let Some(s) = by_name.get(name) else { continue };
-        let Some(diff) = MAX_ENDPOINTS_PER_SLICE.checked_sub(n + s.endpoints.len()) else { continue };
+        let Some(diff) = MAX_ENDPOINTS_PER_SLICE.checked_sub(n + s.endpoints.len()) else {
+            continue;
+        };
         if best.is_none_or(|(d, _)| diff < d) {
             best = Some((diff, name));
         }
@@ -387,7 +456,9 @@ fn reconcile_port_set(
         let mut names: Vec<&String> = to_update.iter().collect();
         names.sort_by_key(|n| std::cmp::Reverse(by_name.get(*n).map_or(0, |s| s.endpoints.len())));
         for name in names {
-            let Some(s) = by_name.get_mut(name) else { continue };
+            let Some(s) = by_name.get_mut(name) else {
+                continue;
+            };
             while s.endpoints.len() < MAX_ENDPOINTS_PER_SLICE {
                 let Some(e) = pop(&mut desired) else { break };
                 s.endpoints.push(e);
@@ -432,9 +503,14 @@ fn reconcile_port_set(
 /// Upstream's placeholder comparison: same namespace, labels and owners, no endpoints, no ports.
 fn is_placeholder_of(s: &EndpointSlice, placeholder: &EndpointSlice) -> bool {
     s.metadata.namespace == placeholder.metadata.namespace
-        && s.metadata.labels.clone().unwrap_or_default() == placeholder.metadata.labels.clone().unwrap_or_default()
+        && s.metadata.labels.clone().unwrap_or_default()
+            == placeholder.metadata.labels.clone().unwrap_or_default()
         && s.metadata.owner_references.clone().unwrap_or_default()
-            == placeholder.metadata.owner_references.clone().unwrap_or_default()
+            == placeholder
+                .metadata
+                .owner_references
+                .clone()
+                .unwrap_or_default()
         && s.address_type == placeholder.address_type
         && s.endpoints.is_empty()
         && s.ports.as_ref().is_none_or(Vec::is_empty)
@@ -449,22 +525,32 @@ fn reconcile_address_type(
     zone_of: &dyn Fn(&str) -> Option<String>,
     plan: &mut SlicePlan,
 ) {
-    let mut changes = Changes { create: Vec::new(), update: Vec::new(), delete: Vec::new() };
+    let mut changes = Changes {
+        create: Vec::new(),
+        update: Vec::new(),
+        delete: Vec::new(),
+    };
     let mut existing_by_ports: BTreeMap<PortKey, Vec<&EndpointSlice>> = BTreeMap::new();
     for s in existing {
         if owned_by(s, svc) {
-            existing_by_ports.entry(port_key(s.ports.as_deref().unwrap_or(&[]))).or_default().push(s);
+            existing_by_ports
+                .entry(port_key(s.ports.as_deref().unwrap_or(&[])))
+                .or_default()
+                .push(s);
         } else {
             changes.delete.push((*s).clone());
         }
     }
-    let mut desired: BTreeMap<PortKey, (Vec<EndpointPort>, BTreeMap<EpKey, Endpoint>)> = BTreeMap::new();
+    let mut desired: BTreeMap<PortKey, (Vec<EndpointPort>, BTreeMap<EpKey, Endpoint>)> =
+        BTreeMap::new();
     for pod in pods {
         if !should_be_in_endpoints(pod, true) {
             continue;
         }
         let ports = endpoint_ports(svc, pod);
-        let entry = desired.entry(port_key(&ports)).or_insert_with(|| (ports, BTreeMap::new()));
+        let entry = desired
+            .entry(port_key(&ports))
+            .or_insert_with(|| (ports, BTreeMap::new()));
         let ep = pod_to_endpoint(pod, svc, address_type, zone_of);
         if !ep.addresses.is_empty() {
             entry.1.insert(ep_key(&ep), ep);
@@ -488,7 +574,9 @@ fn reconcile_address_type(
         }
     }
     // finalize: reuse slices about to be deleted for slices about to be created
-    changes.delete.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    changes
+        .delete
+        .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let mut deletes = Vec::new();
     for old in changes.delete {
         let reusable = old.address_type == address_type && owned_by(&old, svc);
@@ -508,7 +596,9 @@ fn reconcile_address_type(
             }
         }
     }
-    changes.update.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    changes
+        .update
+        .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     plan.create.extend(changes.create);
     plan.update.extend(changes.update);
     plan.delete.extend(deletes);
@@ -527,18 +617,25 @@ pub fn plan_slices(
     zone_of: &dyn Fn(&str) -> Option<String>,
 ) -> SlicePlan {
     let mut plan = SlicePlan::default();
-    let Some(sel) = selector(svc) else { return plan };
+    let Some(sel) = selector(svc) else {
+        return plan;
+    };
     let pods = selected(svc, sel, pods);
     let types = address_types(svc);
     let mut existing: Vec<&EndpointSlice> = existing.to_vec();
     existing.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     for s in &existing {
         if !types.contains(&s.address_type.as_str()) {
-            plan.delete.push(s.metadata.name.clone().unwrap_or_default());
+            plan.delete
+                .push(s.metadata.name.clone().unwrap_or_default());
         }
     }
     for t in types {
-        let mine: Vec<&EndpointSlice> = existing.iter().copied().filter(|s| s.address_type == t).collect();
+        let mine: Vec<&EndpointSlice> = existing
+            .iter()
+            .copied()
+            .filter(|s| s.address_type == t)
+            .collect();
         reconcile_address_type(svc, &pods, &mine, t, zone_of, &mut plan);
     }
     plan
@@ -554,13 +651,21 @@ fn pod_address(svc: &Service, pod: &Pod) -> Option<EndpointAddress> {
     let want_v6 = match families.and_then(|f| f.first()) {
         Some(f) => f == "IPv6",
         None if service_ip_set(svc) => is_ipv6(cluster_ip(svc)),
-        None => pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()).is_some_and(is_ipv6),
+        None => pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .is_some_and(is_ipv6),
     };
     let ip = pod_ips(pod).into_iter().find(|ip| is_ipv6(ip) == want_v6)?;
     Some(EndpointAddress {
         ip: ip.to_string(),
         hostname: hostname_for(pod, svc),
-        node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()),
+        node_name: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty()),
         target_ref: Some(ObjectReference {
             kind: Some("Pod".into()),
             namespace: pod.metadata.namespace.clone(),
@@ -575,7 +680,13 @@ fn pod_address(svc: &Service, pod: &Pod) -> Option<EndpointAddress> {
 type AddrKey = (String, String);
 
 fn addr_key(a: &EndpointAddress) -> AddrKey {
-    (a.ip.clone(), a.target_ref.as_ref().and_then(|r| r.uid.clone()).unwrap_or_default())
+    (
+        a.ip.clone(),
+        a.target_ref
+            .as_ref()
+            .and_then(|r| r.uid.clone())
+            .unwrap_or_default(),
+    )
 }
 
 type CorePortKey = (String, i32, String, Option<String>);
@@ -584,7 +695,12 @@ type CorePortKey = (String, i32, String, Option<String>);
 type PortAddrs = (Option<CoreEndpointPort>, BTreeMap<AddrKey, bool>);
 
 fn core_port_key(p: &CoreEndpointPort) -> CorePortKey {
-    (p.name.clone().unwrap_or_default(), p.port, protocol(p.protocol.as_deref()).to_string(), p.app_protocol.clone())
+    (
+        p.name.clone().unwrap_or_default(),
+        p.port,
+        protocol(p.protocol.as_deref()).to_string(),
+        p.app_protocol.clone(),
+    )
 }
 
 /// Upstream `RepackSubsets`: ports that serve the same set of (address, ready) share a subset.
@@ -596,7 +712,9 @@ fn repack(entries: Vec<(EndpointAddress, bool, Option<CoreEndpointPort>)>) -> Ve
     for (addr, ready, port) in entries {
         let k = addr_key(&addr);
         addrs.entry(k.clone()).or_insert(addr);
-        let entry = by_port.entry(port.as_ref().map(core_port_key)).or_insert_with(|| (port, BTreeMap::new()));
+        let entry = by_port
+            .entry(port.as_ref().map(core_port_key))
+            .or_insert_with(|| (port, BTreeMap::new()));
         let r = entry.1.entry(k).or_insert(false);
         *r = *r || ready;
     }
@@ -613,7 +731,10 @@ fn repack(entries: Vec<(EndpointAddress, bool, Option<CoreEndpointPort>)>) -> Ve
         .map(|(set, mut ports)| {
             ports.sort_by_key(core_port_key);
             let pick = |want: bool| -> Vec<EndpointAddress> {
-                set.iter().filter(|(_, r)| *r == want).filter_map(|(k, _)| addrs.get(k).cloned()).collect()
+                set.iter()
+                    .filter(|(_, r)| *r == want)
+                    .filter_map(|(k, _)| addrs.get(k).cloned())
+                    .collect()
             };
             subset(pick(true), pick(false), ports)
         })
@@ -622,7 +743,11 @@ fn repack(entries: Vec<(EndpointAddress, bool, Option<CoreEndpointPort>)>) -> Ve
     subsets
 }
 
-fn subset(ready: Vec<EndpointAddress>, not_ready: Vec<EndpointAddress>, ports: Vec<CoreEndpointPort>) -> EndpointSubset {
+fn subset(
+    ready: Vec<EndpointAddress>,
+    not_ready: Vec<EndpointAddress>,
+    ports: Vec<CoreEndpointPort>,
+) -> EndpointSubset {
     EndpointSubset {
         addresses: (!ready.is_empty()).then_some(ready),
         not_ready_addresses: (!not_ready.is_empty()).then_some(not_ready),
@@ -635,7 +760,11 @@ type SubsetKey = (Vec<AddrKey>, Vec<AddrKey>, Vec<CorePortKey>);
 fn subset_key(s: &EndpointSubset) -> SubsetKey {
     (
         s.addresses.iter().flatten().map(addr_key).collect(),
-        s.not_ready_addresses.iter().flatten().map(addr_key).collect(),
+        s.not_ready_addresses
+            .iter()
+            .flatten()
+            .map(addr_key)
+            .collect(),
         s.ports.iter().flatten().map(core_port_key).collect(),
     )
 }
@@ -643,7 +772,10 @@ fn subset_key(s: &EndpointSubset) -> SubsetKey {
 /// Sorts addresses, ports and subsets so equal contents compare equal.
 fn sort_subsets(subsets: &mut [EndpointSubset]) {
     for s in subsets.iter_mut() {
-        for list in [&mut s.addresses, &mut s.not_ready_addresses].into_iter().flatten() {
+        for list in [&mut s.addresses, &mut s.not_ready_addresses]
+            .into_iter()
+            .flatten()
+        {
             list.sort_by_key(addr_key);
         }
         if let Some(ports) = s.ports.as_mut() {
@@ -663,11 +795,18 @@ fn truncate(subsets: &mut [EndpointSubset]) -> bool {
         return false;
     }
     let truncate_ready = ready > MAX_ENDPOINTS_CAPACITY;
-    let (max, total) =
-        if truncate_ready { (MAX_ENDPOINTS_CAPACITY, ready) } else { (MAX_ENDPOINTS_CAPACITY - ready, not_ready) };
+    let (max, total) = if truncate_ready {
+        (MAX_ENDPOINTS_CAPACITY, ready)
+    } else {
+        (MAX_ENDPOINTS_CAPACITY - ready, not_ready)
+    };
     let mut can_add = max;
     for s in subsets.iter_mut() {
-        let n = if truncate_ready { count(&s.addresses) } else { count(&s.not_ready_addresses) };
+        let n = if truncate_ready {
+            count(&s.addresses)
+        } else {
+            count(&s.not_ready_addresses)
+        };
         let share = (n * max).div_ceil(total.max(1)).min(can_add);
         if truncate_ready {
             if let Some(a) = s.addresses.as_mut() {
@@ -747,7 +886,11 @@ fn comparable(subsets: Option<&Vec<EndpointSubset>>) -> Vec<EndpointSubset> {
 /// headless Services). Over 1000 addresses are truncated with the
 /// `endpoints.kubernetes.io/over-capacity: truncated` annotation. The
 /// `endpoints.kubernetes.io/last-change-trigger-time` annotation is not managed.
-pub fn plan_endpoints(svc: &Service, pods: &[&Pod], existing: Option<&Endpoints>) -> Option<Endpoints> {
+pub fn plan_endpoints(
+    svc: &Service,
+    pods: &[&Pod],
+    existing: Option<&Endpoints>,
+) -> Option<Endpoints> {
     let sel = selector(svc)?;
     let pods = selected(svc, sel, pods);
     let tolerate = publish_not_ready(svc);
@@ -757,7 +900,9 @@ pub fn plan_endpoints(svc: &Service, pods: &[&Pod], existing: Option<&Endpoints>
         if !should_be_in_endpoints(pod, tolerate) {
             continue;
         }
-        let Some(addr) = pod_address(svc, pod) else { continue };
+        let Some(addr) = pod_address(svc, pod) else {
+            continue;
+        };
         let ready = tolerate || pod_ready(pod);
         let ports = service_ports(svc);
         if ports.is_empty() {
@@ -767,7 +912,9 @@ pub fn plan_endpoints(svc: &Service, pods: &[&Pod], existing: Option<&Endpoints>
             continue;
         }
         for sp in ports {
-            let Some(port) = find_port(pod, sp) else { continue };
+            let Some(port) = find_port(pod, sp) else {
+                continue;
+            };
             let ep = CoreEndpointPort {
                 name: sp.name.clone(),
                 port,
@@ -801,7 +948,10 @@ pub fn plan_endpoints(svc: &Service, pods: &[&Pod], existing: Option<&Endpoints>
     if let Some(e) = existing {
         let same_annotations = e.metadata.annotations.clone().unwrap_or_default() == annotations;
         let same_labels = e.metadata.labels.clone().unwrap_or_default() == labels;
-        if same_annotations && same_labels && comparable(e.subsets.as_ref()) == comparable(Some(&subsets)) {
+        if same_annotations
+            && same_labels
+            && comparable(e.subsets.as_ref()) == comparable(Some(&subsets))
+        {
             return None;
         }
     }
@@ -815,7 +965,9 @@ pub fn plan_endpoints(svc: &Service, pods: &[&Pod], existing: Option<&Endpoints>
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{Container, ContainerPort, PodCondition, PodIP, PodSpec, PodStatus, ServiceSpec};
+    use k8s_openapi::api::core::v1::{
+        Container, ContainerPort, PodCondition, PodIP, PodSpec, PodStatus, ServiceSpec,
+    };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn svc(ports: Vec<ServicePort>) -> Service {
@@ -864,7 +1016,10 @@ mod tests {
             },
             spec: Some(PodSpec {
                 node_name: Some("n1".into()),
-                containers: vec![Container { name: "c".into(), ..Default::default() }],
+                containers: vec![Container {
+                    name: "c".into(),
+                    ..Default::default()
+                }],
                 ..Default::default()
             }),
             status: Some(PodStatus {
@@ -889,7 +1044,10 @@ mod tests {
     fn apply(store: &mut Vec<EndpointSlice>, plan: &SlicePlan, counter: &mut usize) {
         store.retain(|s| !plan.delete.contains(s.metadata.name.as_ref().unwrap()));
         for u in &plan.update {
-            let slot = store.iter_mut().find(|s| s.metadata.name == u.metadata.name).unwrap();
+            let slot = store
+                .iter_mut()
+                .find(|s| s.metadata.name == u.metadata.name)
+                .unwrap();
             *slot = u.clone();
         }
         for c in &plan.create {
@@ -923,7 +1081,14 @@ mod tests {
         no_ip.status.as_mut().unwrap().pod_ips = None;
         let mut other = pod("f", "10.0.0.6", true);
         other.metadata.labels = None;
-        let pods = [pod("a", "10.0.0.1", true), pod("b", "10.0.0.2", false), dying, done, no_ip, other];
+        let pods = [
+            pod("a", "10.0.0.1", true),
+            pod("b", "10.0.0.2", false),
+            dying,
+            done,
+            no_ip,
+            other,
+        ];
         let plan = run(&s, &pods, &[]);
         assert_eq!(plan.create.len(), 1);
         assert!(plan.update.is_empty() && plan.delete.is_empty());
@@ -932,12 +1097,26 @@ mod tests {
         assert_eq!(slice.metadata.generate_name.as_deref(), Some("web-"));
         assert_eq!(slice.address_type, "IPv4");
         let labels = slice.metadata.labels.as_ref().unwrap();
-        assert_eq!(labels.get(LABEL_SERVICE_NAME).map(String::as_str), Some("web"));
-        assert_eq!(labels.get(LABEL_MANAGED_BY).map(String::as_str), Some(MANAGED_BY));
+        assert_eq!(
+            labels.get(LABEL_SERVICE_NAME).map(String::as_str),
+            Some("web")
+        );
+        assert_eq!(
+            labels.get(LABEL_MANAGED_BY).map(String::as_str),
+            Some(MANAGED_BY)
+        );
         assert_eq!(labels.get("team").map(String::as_str), Some("a"));
         assert!(!labels.contains_key(LABEL_HEADLESS));
         let owner = &slice.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller, owner.block_owner_deletion), ("Service", "svc-uid", Some(true), Some(true)));
+        assert_eq!(
+            (
+                owner.kind.as_str(),
+                owner.uid.as_str(),
+                owner.controller,
+                owner.block_owner_deletion
+            ),
+            ("Service", "svc-uid", Some(true), Some(true))
+        );
         let ports = slice.ports.as_ref().unwrap();
         assert_eq!(ports[0].port, Some(8080));
         assert_eq!(ports[0].name.as_deref(), Some("http"));
@@ -951,7 +1130,15 @@ mod tests {
         assert_eq!(eps[0].node_name.as_deref(), Some("n1"));
         assert_eq!(eps[0].zone.as_deref(), Some("z1"));
         let r = eps[0].target_ref.as_ref().unwrap();
-        assert_eq!((r.kind.as_deref(), r.namespace.as_deref(), r.name.as_deref(), r.uid.as_deref()), (Some("Pod"), Some("ns"), Some("a"), Some("uid-a")));
+        assert_eq!(
+            (
+                r.kind.as_deref(),
+                r.namespace.as_deref(),
+                r.name.as_deref(),
+                r.uid.as_deref()
+            ),
+            (Some("Pod"), Some("ns"), Some("a"), Some("uid-a"))
+        );
 
         // publishNotReadyAddresses: all ready
         let mut s2 = http_svc();
@@ -974,7 +1161,11 @@ mod tests {
     #[test]
     fn named_ports_resolving_differently_make_two_slices() {
         let s = svc(vec![sport("web", 80, IntOrString::String("http".into()))]);
-        let pods = [named_pod("a", "10.0.0.1", 8080), named_pod("b", "10.0.0.2", 9090), pod("c", "10.0.0.3", true)];
+        let pods = [
+            named_pod("a", "10.0.0.1", 8080),
+            named_pod("b", "10.0.0.2", 9090),
+            pod("c", "10.0.0.3", true),
+        ];
         let plan = run(&s, &pods, &[]);
         // c has no such port: its own slice with no ports, as upstream groups by port set
         assert_eq!(plan.create.len(), 3);
@@ -983,17 +1174,41 @@ mod tests {
             .iter()
             .map(|sl| {
                 (
-                    sl.ports.as_ref().and_then(|p| p.first()).and_then(|p| p.port),
-                    sl.endpoints[0].target_ref.as_ref().unwrap().name.clone().unwrap(),
+                    sl.ports
+                        .as_ref()
+                        .and_then(|p| p.first())
+                        .and_then(|p| p.port),
+                    sl.endpoints[0]
+                        .target_ref
+                        .as_ref()
+                        .unwrap()
+                        .name
+                        .clone()
+                        .unwrap(),
                 )
             })
             .collect();
         seen.sort();
-        assert_eq!(seen, vec![(None, "c".into()), (Some(8080), "a".into()), (Some(9090), "b".into())]);
+        assert_eq!(
+            seen,
+            vec![
+                (None, "c".into()),
+                (Some(8080), "a".into()),
+                (Some(9090), "b".into())
+            ]
+        );
     }
 
     fn many(n: usize) -> Vec<Pod> {
-        (0..n).map(|i| pod(&format!("p{i:03}"), &format!("10.0.{}.{}", i / 250, i % 250 + 1), true)).collect()
+        (0..n)
+            .map(|i| {
+                pod(
+                    &format!("p{i:03}"),
+                    &format!("10.0.{}.{}", i / 250, i % 250 + 1),
+                    true,
+                )
+            })
+            .collect()
     }
 
     #[test]
@@ -1011,29 +1226,55 @@ mod tests {
         assert!(again.is_empty(), "{again:?}");
 
         // removing one pod updates only its slice
-        let victim = store[1].endpoints[10].target_ref.as_ref().unwrap().name.clone().unwrap();
-        let fewer: Vec<Pod> = pods.iter().filter(|p| p.metadata.name.as_ref() != Some(&victim)).cloned().collect();
+        let victim = store[1].endpoints[10]
+            .target_ref
+            .as_ref()
+            .unwrap()
+            .name
+            .clone()
+            .unwrap();
+        let fewer: Vec<Pod> = pods
+            .iter()
+            .filter(|p| p.metadata.name.as_ref() != Some(&victim))
+            .cloned()
+            .collect();
         let plan = run(&s, &fewer, &store);
         assert!(plan.create.is_empty() && plan.delete.is_empty());
         assert_eq!(plan.update.len(), 1);
         assert_eq!(plan.update[0].metadata.name, store[1].metadata.name);
-        assert_eq!(plan.update[0].metadata.resource_version.as_deref(), Some("1"));
+        assert_eq!(
+            plan.update[0].metadata.resource_version.as_deref(),
+            Some("1")
+        );
         assert_eq!(plan.update[0].endpoints.len(), 99);
         apply(&mut store, &plan, &mut counter);
         assert!(run(&s, &fewer, &store).is_empty());
 
         // a pod turning unready rewrites only its slice
         let mut changed = fewer.clone();
-        changed[0].status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+        changed[0]
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()[0]
+            .status = "False".into();
         let plan = run(&s, &changed, &store);
-        assert_eq!((plan.create.len(), plan.update.len(), plan.delete.len()), (0, 1, 0));
+        assert_eq!(
+            (plan.create.len(), plan.update.len(), plan.delete.len()),
+            (0, 1, 0)
+        );
 
         // a new pod goes into the unchanged slice it fills most closely (the 99 one) instead
         // of a new slice
         let mut more = fewer.clone();
         more.push(pod("zzz", "10.9.9.9", true));
         let plan = run(&s, &more, &store);
-        assert_eq!((plan.create.len(), plan.update.len(), plan.delete.len()), (0, 1, 0));
+        assert_eq!(
+            (plan.create.len(), plan.update.len(), plan.delete.len()),
+            (0, 1, 0)
+        );
         assert_eq!(plan.update[0].metadata.name, store[1].metadata.name);
         assert_eq!(plan.update[0].endpoints.len(), 100);
     }
@@ -1053,14 +1294,20 @@ mod tests {
         // an update of the same object)
         let pods = [pod("a", "10.0.0.1", true)];
         let plan = run(&s, &pods, &store);
-        assert_eq!((plan.create.len(), plan.update.len(), plan.delete.len()), (0, 1, 0));
+        assert_eq!(
+            (plan.create.len(), plan.update.len(), plan.delete.len()),
+            (0, 1, 0)
+        );
         assert_eq!(plan.update[0].metadata.name.as_deref(), Some("web-1"));
         assert_eq!(plan.update[0].endpoints.len(), 1);
         apply(&mut store, &plan, &mut counter);
         assert!(run(&s, &pods, &store).is_empty());
         // and go: back to the placeholder in the same object
         let plan = run(&s, &[], &store);
-        assert_eq!((plan.create.len(), plan.update.len(), plan.delete.len()), (0, 1, 0));
+        assert_eq!(
+            (plan.create.len(), plan.update.len(), plan.delete.len()),
+            (0, 1, 0)
+        );
         assert!(plan.update[0].endpoints.is_empty());
         apply(&mut store, &plan, &mut counter);
         assert!(run(&s, &[], &store).is_empty());
@@ -1104,11 +1351,22 @@ mod tests {
     fn dual_stack() {
         let mut s = http_svc();
         s.spec.as_mut().unwrap().ip_families = Some(vec!["IPv6".into(), "IPv4".into()]);
-        let pods = [pod("a", "10.0.0.1,fd00::1", true), pod("b", "10.0.0.2", true)];
+        let pods = [
+            pod("a", "10.0.0.1,fd00::1", true),
+            pod("b", "10.0.0.2", true),
+        ];
         let plan = run(&s, &pods, &[]);
         assert_eq!(plan.create.len(), 2);
-        let v6 = plan.create.iter().find(|s| s.address_type == "IPv6").unwrap();
-        let v4 = plan.create.iter().find(|s| s.address_type == "IPv4").unwrap();
+        let v6 = plan
+            .create
+            .iter()
+            .find(|s| s.address_type == "IPv6")
+            .unwrap();
+        let v4 = plan
+            .create
+            .iter()
+            .find(|s| s.address_type == "IPv4")
+            .unwrap();
         assert_eq!(v6.endpoints.len(), 1);
         assert_eq!(v6.endpoints[0].addresses, vec!["fd00::1".to_string()]);
         assert_eq!(v4.endpoints.len(), 2);
@@ -1129,7 +1387,14 @@ mod tests {
     }
 
     fn v6_name(store: &[EndpointSlice]) -> String {
-        store.iter().find(|s| s.address_type == "IPv6").unwrap().metadata.name.clone().unwrap()
+        store
+            .iter()
+            .find(|s| s.address_type == "IPv6")
+            .unwrap()
+            .metadata
+            .name
+            .clone()
+            .unwrap()
     }
 
     #[test]
@@ -1144,16 +1409,31 @@ mod tests {
         relabelled.metadata.labels = Some(BTreeMap::from([("team".into(), "b".into())]));
         let plan = run(&relabelled, &pods, &store);
         assert_eq!(plan.update.len(), 1);
-        assert_eq!(plan.update[0].metadata.labels.as_ref().unwrap().get("team").map(String::as_str), Some("b"));
+        assert_eq!(
+            plan.update[0]
+                .metadata
+                .labels
+                .as_ref()
+                .unwrap()
+                .get("team")
+                .map(String::as_str),
+            Some("b")
+        );
         // a slice owned by an older Service of the same name
         store[0].metadata.owner_references.as_mut().unwrap()[0].uid = "old".into();
         let plan = run(&s, &pods, &store);
-        assert_eq!((plan.create.len(), plan.update.len(), plan.delete.len()), (1, 0, 1));
+        assert_eq!(
+            (plan.create.len(), plan.update.len(), plan.delete.len()),
+            (1, 0, 1)
+        );
     }
 
     #[test]
     fn endpoints_subsets() {
-        let s = svc(vec![sport("web", 80, IntOrString::String("http".into())), sport("metrics", 9100, IntOrString::Int(9100))]);
+        let s = svc(vec![
+            sport("web", 80, IntOrString::String("http".into())),
+            sport("metrics", 9100, IntOrString::Int(9100)),
+        ]);
         let a = named_pod("a", "10.0.0.1", 8080);
         let b = named_pod("b", "10.0.0.2", 8080);
         let mut c = named_pod("c", "10.0.0.3", 9090);
@@ -1163,7 +1443,10 @@ mod tests {
         let pods = [&a, &b, &c, &dying];
         let ep = plan_endpoints(&s, &pods, None).unwrap();
         let labels = ep.metadata.labels.as_ref().unwrap();
-        assert_eq!(labels.get(LABEL_SKIP_MIRROR).map(String::as_str), Some("true"));
+        assert_eq!(
+            labels.get(LABEL_SKIP_MIRROR).map(String::as_str),
+            Some("true")
+        );
         assert_eq!(labels.get("team").map(String::as_str), Some("a"));
         let subsets = ep.subsets.clone().unwrap();
         let summary: Vec<(Vec<String>, Vec<String>, Vec<i32>)> = subsets
@@ -1171,7 +1454,11 @@ mod tests {
             .map(|s| {
                 (
                     s.addresses.iter().flatten().map(|a| a.ip.clone()).collect(),
-                    s.not_ready_addresses.iter().flatten().map(|a| a.ip.clone()).collect(),
+                    s.not_ready_addresses
+                        .iter()
+                        .flatten()
+                        .map(|a| a.ip.clone())
+                        .collect(),
                     s.ports.iter().flatten().map(|p| p.port).collect(),
                 )
             })
@@ -1180,8 +1467,16 @@ mod tests {
             summary,
             vec![
                 (vec![], vec!["10.0.0.3".into()], vec![9090]),
-                (vec!["10.0.0.1".into(), "10.0.0.2".into()], vec![], vec![8080]),
-                (vec!["10.0.0.1".into(), "10.0.0.2".into()], vec!["10.0.0.3".into()], vec![9100]),
+                (
+                    vec!["10.0.0.1".into(), "10.0.0.2".into()],
+                    vec![],
+                    vec![8080]
+                ),
+                (
+                    vec!["10.0.0.1".into(), "10.0.0.2".into()],
+                    vec!["10.0.0.3".into()],
+                    vec![9100]
+                ),
             ]
         );
         let addr = &subsets[1].addresses.as_ref().unwrap()[0];
@@ -1210,7 +1505,11 @@ mod tests {
         let ep = plan_endpoints(&s2, &pods, None).unwrap();
         let subsets = ep.subsets.unwrap();
         assert!(subsets.iter().all(|s| s.not_ready_addresses.is_none()));
-        let ready: BTreeSet<&str> = subsets.iter().flat_map(|s| s.addresses.iter().flatten()).map(|a| a.ip.as_str()).collect();
+        let ready: BTreeSet<&str> = subsets
+            .iter()
+            .flat_map(|s| s.addresses.iter().flatten())
+            .map(|a| a.ip.as_str())
+            .collect();
         assert_eq!(ready.len(), 4);
     }
 
@@ -1221,18 +1520,44 @@ mod tests {
         let pods = many(1200);
         let refs: Vec<&Pod> = pods.iter().collect();
         let ep = plan_endpoints(&s, &refs, None).unwrap();
-        assert_eq!(ep.metadata.labels.as_ref().unwrap().get(LABEL_HEADLESS).map(String::as_str), Some(""));
-        assert_eq!(ep.metadata.annotations.as_ref().unwrap().get(ANN_OVER_CAPACITY).map(String::as_str), Some("truncated"));
+        assert_eq!(
+            ep.metadata
+                .labels
+                .as_ref()
+                .unwrap()
+                .get(LABEL_HEADLESS)
+                .map(String::as_str),
+            Some("")
+        );
+        assert_eq!(
+            ep.metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .get(ANN_OVER_CAPACITY)
+                .map(String::as_str),
+            Some("truncated")
+        );
         let subsets = ep.subsets.clone().unwrap();
         assert_eq!(subsets.len(), 1);
         assert_eq!(subsets[0].ports, None);
-        assert_eq!(subsets[0].addresses.as_ref().unwrap().len(), MAX_ENDPOINTS_CAPACITY);
+        assert_eq!(
+            subsets[0].addresses.as_ref().unwrap().len(),
+            MAX_ENDPOINTS_CAPACITY
+        );
         assert_eq!(plan_endpoints(&s, &refs, Some(&ep)), None);
         // headless slices carry the headless label and no ports
         let plan = plan_slices(&s, &refs[..3], &[], &zone);
         // no ipFamilies would mean both types for headless; the test service has IPv4
         assert_eq!(plan.create.len(), 1);
         assert_eq!(plan.create[0].ports, None);
-        assert!(plan.create[0].metadata.labels.as_ref().unwrap().contains_key(LABEL_HEADLESS));
+        assert!(
+            plan.create[0]
+                .metadata
+                .labels
+                .as_ref()
+                .unwrap()
+                .contains_key(LABEL_HEADLESS)
+        );
     }
 }

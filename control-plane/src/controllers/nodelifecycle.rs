@@ -93,9 +93,17 @@ fn condition<'a>(conds: &'a [NodeCondition], ty: &str) -> Option<&'a NodeConditi
 /// `spec.unschedulable` -> their NoSchedule taints (upstream `doNoScheduleTaintingPass`). Taints
 /// are compared by key and effect; added ones get `timeAdded = now`; all other taints are kept
 /// as they are.
-pub fn plan_node(node: &Node, health: &NodeHealth, grace: Duration, now: jiff::Timestamp) -> NodePlan {
-    let old_conds: Vec<NodeCondition> =
-        node.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+pub fn plan_node(
+    node: &Node,
+    health: &NodeHealth,
+    grace: Duration,
+    now: jiff::Timestamp,
+) -> NodePlan {
+    let old_conds: Vec<NodeCondition> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
     let stale = nanos(now) - nanos(health.last_heartbeat) > grace.as_nanos() as i128;
     let mut conds = old_conds.clone();
     if stale {
@@ -121,7 +129,11 @@ pub fn plan_node(node: &Node, health: &NodeHealth, grace: Duration, now: jiff::T
     }
     let status_conditions = (conds != old_conds).then(|| conds.clone());
 
-    let old_taints: Vec<Taint> = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+    let old_taints: Vec<Taint> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
     let ready = condition(&conds, "Ready").map(|c| c.status.as_str());
     // (key, effect) pairs the controller manages, and the subset wanted now
     let mut managed: Vec<(&str, &str)> = vec![
@@ -142,7 +154,12 @@ pub fn plan_node(node: &Node, health: &NodeHealth, grace: Duration, now: jiff::T
             wanted.push((key, "NoSchedule"));
         }
     }
-    if node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+    if node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+    {
         wanted.push((TAINT_UNSCHEDULABLE, "NoSchedule"));
     }
     if let Some(ready) = ready {
@@ -180,7 +197,10 @@ pub fn plan_node(node: &Node, health: &NodeHealth, grace: Duration, now: jiff::T
         }
     }
     let taints = (taints != old_taints).then_some(taints);
-    NodePlan { status_conditions, taints }
+    NodePlan {
+        status_conditions,
+        taints,
+    }
 }
 
 /// Whether a toleration tolerates a taint (upstream `Toleration.ToleratesTaint`).
@@ -205,7 +225,10 @@ fn pod_bound_at(pod: &Pod) -> Option<jiff::Timestamp> {
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled" && c.status == "True"))
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+        })
         .and_then(|c| c.last_transition_time.as_ref())
         .map(|t| t.0);
     scheduled.or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
@@ -242,8 +265,11 @@ pub fn plan_evictions(node: &Node, pods: &[&Pod], now: jiff::Timestamp) -> Evict
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
         );
-        let tolerations: &[Toleration] =
-            pod.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or(&[]);
+        let tolerations: &[Toleration] = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.tolerations.as_deref())
+            .unwrap_or(&[]);
         let bound = pod_bound_at(pod).map(nanos);
         let mut deadline: Option<i128> = None;
         let mut all_tolerated = true;
@@ -252,7 +278,9 @@ pub fn plan_evictions(node: &Node, pods: &[&Pod], now: jiff::Timestamp) -> Evict
                 all_tolerated = false;
                 break;
             };
-            let Some(secs) = tol.toleration_seconds else { continue };
+            let Some(secs) = tol.toleration_seconds else {
+                continue;
+            };
             let added = taint.time_added.as_ref().map(|t| nanos(t.0));
             let start = match (added, bound) {
                 (Some(a), Some(b)) => a.max(b),
@@ -284,8 +312,11 @@ pub fn plan_evictions(node: &Node, pods: &[&Pod], now: jiff::Timestamp) -> Evict
 /// through the status subresource and records a Warning event `NodeNotReady` "Node is not
 /// ready" on the pod.
 pub fn pods_to_mark_not_ready(node: &Node, pods: &[&Pod]) -> Vec<(String, String)> {
-    let conds: &[NodeCondition] =
-        node.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or(&[]);
+    let conds: &[NodeCondition] = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or(&[]);
     match condition(conds, "Ready") {
         Some(c) if c.status != "True" => {}
         _ => return Vec::new(),
@@ -332,8 +363,15 @@ mod tests {
 
     fn node(ready: &str, taints: Vec<Taint>) -> Node {
         Node {
-            metadata: ObjectMeta { name: Some("n1".into()), creation_timestamp: Some(Time(ts(-1000))), ..Default::default() },
-            spec: Some(NodeSpec { taints: (!taints.is_empty()).then_some(taints), ..Default::default() }),
+            metadata: ObjectMeta {
+                name: Some("n1".into()),
+                creation_timestamp: Some(Time(ts(-1000))),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                taints: (!taints.is_empty()).then_some(taints),
+                ..Default::default()
+            }),
             status: Some(NodeStatus {
                 conditions: Some(vec![
                     cond("MemoryPressure", "False", 0),
@@ -347,17 +385,27 @@ mod tests {
     }
 
     fn taint(key: &str, effect: &str, added: Option<i64>) -> Taint {
-        Taint { key: key.into(), effect: effect.into(), time_added: added.map(|a| Time(ts(a))), value: None }
+        Taint {
+            key: key.into(),
+            effect: effect.into(),
+            time_added: added.map(|a| Time(ts(a))),
+            value: None,
+        }
     }
 
     fn keys(ts: &[Taint]) -> Vec<(String, String)> {
-        let mut v: Vec<_> = ts.iter().map(|t| (t.key.clone(), t.effect.clone())).collect();
+        let mut v: Vec<_> = ts
+            .iter()
+            .map(|t| (t.key.clone(), t.effect.clone()))
+            .collect();
         v.sort();
         v
     }
 
     fn health(at: i64) -> NodeHealth {
-        NodeHealth { last_heartbeat: ts(at) }
+        NodeHealth {
+            last_heartbeat: ts(at),
+        }
     }
 
     #[test]
@@ -372,7 +420,12 @@ mod tests {
 
     #[test]
     fn stale_node_becomes_unknown_and_unreachable() {
-        let other = Taint { key: "dedicated".into(), effect: "NoSchedule".into(), time_added: None, value: Some("gpu".into()) };
+        let other = Taint {
+            key: "dedicated".into(),
+            effect: "NoSchedule".into(),
+            time_added: None,
+            value: Some("gpu".into()),
+        };
         let n = node("True", vec![other.clone()]);
         let plan = plan_node(&n, &health(100), DEFAULT_GRACE, ts(141));
         let conds = plan.status_conditions.unwrap();
@@ -380,7 +433,10 @@ mod tests {
         for c in &conds {
             assert_eq!(c.status, "Unknown", "{c:?}");
             assert_eq!(c.reason.as_deref(), Some("NodeStatusUnknown"));
-            assert_eq!(c.message.as_deref(), Some("Kubelet stopped posting node status."));
+            assert_eq!(
+                c.message.as_deref(),
+                Some("Kubelet stopped posting node status.")
+            );
             assert_eq!(c.last_transition_time, Some(Time(ts(141))));
             assert_eq!(c.last_heartbeat_time, Some(Time(ts(0))), "heartbeat kept");
         }
@@ -418,7 +474,10 @@ mod tests {
         assert_eq!(conds.len(), 4);
         let ready = conds.iter().find(|c| c.type_ == "Ready").unwrap();
         assert_eq!(ready.reason.as_deref(), Some("NodeStatusNeverUpdated"));
-        assert_eq!(ready.message.as_deref(), Some("Kubelet never posted node status."));
+        assert_eq!(
+            ready.message.as_deref(),
+            Some("Kubelet never posted node status.")
+        );
         assert_eq!(ready.last_heartbeat_time, Some(Time(ts(-1000))));
         assert_eq!(ready.last_transition_time, Some(Time(ts(100))));
         assert_eq!(keys(&plan.taints.unwrap()).len(), 2);
@@ -428,19 +487,30 @@ mod tests {
     fn not_ready_node_gets_not_ready_taints_replacing_unreachable() {
         let n = node(
             "False",
-            vec![taint(TAINT_UNREACHABLE, "NoExecute", Some(10)), taint(TAINT_UNREACHABLE, "NoSchedule", Some(10))],
+            vec![
+                taint(TAINT_UNREACHABLE, "NoExecute", Some(10)),
+                taint(TAINT_UNREACHABLE, "NoSchedule", Some(10)),
+            ],
         );
         let plan = plan_node(&n, &health(100), DEFAULT_GRACE, ts(110));
         assert!(plan.status_conditions.is_none());
         assert_eq!(
             keys(&plan.taints.unwrap()),
-            vec![(TAINT_NOT_READY.into(), "NoExecute".into()), (TAINT_NOT_READY.into(), "NoSchedule".into())]
+            vec![
+                (TAINT_NOT_READY.into(), "NoExecute".into()),
+                (TAINT_NOT_READY.into(), "NoSchedule".into())
+            ]
         );
     }
 
     #[test]
     fn ready_again_removes_only_the_lifecycle_taints() {
-        let keep = Taint { key: "example.com/x".into(), effect: "NoExecute".into(), time_added: Some(Time(ts(1))), value: None };
+        let keep = Taint {
+            key: "example.com/x".into(),
+            effect: "NoExecute".into(),
+            time_added: Some(Time(ts(1))),
+            value: None,
+        };
         let n = node(
             "True",
             vec![
@@ -456,7 +526,13 @@ mod tests {
 
     #[test]
     fn existing_taint_with_other_time_is_kept() {
-        let n = node("False", vec![taint(TAINT_NOT_READY, "NoExecute", Some(3)), taint(TAINT_NOT_READY, "NoSchedule", None)]);
+        let n = node(
+            "False",
+            vec![
+                taint(TAINT_NOT_READY, "NoExecute", Some(3)),
+                taint(TAINT_NOT_READY, "NoSchedule", None),
+            ],
+        );
         assert!(plan_node(&n, &health(100), DEFAULT_GRACE, ts(110)).is_empty());
     }
 
@@ -468,7 +544,10 @@ mod tests {
         let plan = plan_node(&n, &health(100), DEFAULT_GRACE, ts(110));
         assert_eq!(
             keys(&plan.taints.unwrap()),
-            vec![(TAINT_MEMORY_PRESSURE.into(), "NoSchedule".into()), (TAINT_UNSCHEDULABLE.into(), "NoSchedule".into())]
+            vec![
+                (TAINT_MEMORY_PRESSURE.into(), "NoSchedule".into()),
+                (TAINT_UNSCHEDULABLE.into(), "NoSchedule".into())
+            ]
         );
     }
 
@@ -487,9 +566,17 @@ mod tests {
                 creation_timestamp: Some(Time(ts(-500))),
                 ..Default::default()
             },
-            spec: Some(PodSpec { node_name: Some("n1".into()), tolerations: Some(tolerations), ..Default::default() }),
+            spec: Some(PodSpec {
+                node_name: Some("n1".into()),
+                tolerations: Some(tolerations),
+                ..Default::default()
+            }),
             status: Some(PodStatus {
-                conditions: Some(vec![PodCondition { type_: "Ready".into(), status: "True".into(), ..Default::default() }]),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    ..Default::default()
+                }]),
                 ..Default::default()
             }),
         }
@@ -507,12 +594,24 @@ mod tests {
 
     #[test]
     fn evictions_now_later_never() {
-        let n = node("Unknown", vec![taint(TAINT_UNREACHABLE, "NoExecute", Some(100)), taint(TAINT_UNREACHABLE, "NoSchedule", Some(100))]);
+        let n = node(
+            "Unknown",
+            vec![
+                taint(TAINT_UNREACHABLE, "NoExecute", Some(100)),
+                taint(TAINT_UNREACHABLE, "NoSchedule", Some(100)),
+            ],
+        );
         let bare = pod("bare", vec![]);
         let short = pod("short", vec![tol(TAINT_UNREACHABLE, Some(60))]);
         let long = pod("long", vec![tol(TAINT_UNREACHABLE, Some(300))]);
         let forever = pod("forever", vec![tol(TAINT_UNREACHABLE, None)]);
-        let any = pod("any", vec![Toleration { operator: Some("Exists".into()), ..Default::default() }]);
+        let any = pod(
+            "any",
+            vec![Toleration {
+                operator: Some("Exists".into()),
+                ..Default::default()
+            }],
+        );
         let mut dying = pod("dying", vec![]);
         dying.metadata.deletion_timestamp = Some(Time(ts(150)));
         let pods = [&bare, &short, &long, &forever, &any, &dying];
@@ -522,7 +621,10 @@ mod tests {
         assert_eq!(plan.recheck_after, Some(Duration::from_secs(50)));
 
         let plan = plan_evictions(&n, &pods, ts(160));
-        assert_eq!(plan.evict, vec![("ns".into(), "bare".into()), ("ns".into(), "short".into())]);
+        assert_eq!(
+            plan.evict,
+            vec![("ns".into(), "bare".into()), ("ns".into(), "short".into())]
+        );
         assert_eq!(plan.recheck_after, Some(Duration::from_secs(240)));
 
         let plan = plan_evictions(&n, &pods, ts(400));
@@ -534,7 +636,10 @@ mod tests {
     fn minimum_over_taints_and_value_matching() {
         let mut t2 = taint("example.com/maint", "NoExecute", Some(0));
         t2.value = Some("soon".into());
-        let n = node("Unknown", vec![taint(TAINT_UNREACHABLE, "NoExecute", Some(100)), t2]);
+        let n = node(
+            "Unknown",
+            vec![taint(TAINT_UNREACHABLE, "NoExecute", Some(100)), t2],
+        );
         let equal = Toleration {
             key: Some("example.com/maint".into()),
             operator: Some("Equal".into()),
@@ -555,7 +660,10 @@ mod tests {
 
     #[test]
     fn pod_landing_after_taint_gets_its_full_toleration() {
-        let n = node("Unknown", vec![taint(TAINT_UNREACHABLE, "NoExecute", Some(0))]);
+        let n = node(
+            "Unknown",
+            vec![taint(TAINT_UNREACHABLE, "NoExecute", Some(0))],
+        );
         let mut p = pod("late", vec![tol(TAINT_UNREACHABLE, Some(300))]);
         p.metadata.creation_timestamp = Some(Time(ts(1000)));
         let plan = plan_evictions(&n, &[&p], ts(1100));
@@ -576,6 +684,9 @@ mod tests {
         let mut other = pod("q", vec![]);
         other.spec.as_mut().unwrap().node_name = Some("n2".into());
         assert!(pods_to_mark_not_ready(&node("True", vec![]), &[&p, &other]).is_empty());
-        assert_eq!(pods_to_mark_not_ready(&node("Unknown", vec![]), &[&p, &other]), vec![("ns".to_string(), "p".to_string())]);
+        assert_eq!(
+            pods_to_mark_not_ready(&node("Unknown", vec![]), &[&p, &other]),
+            vec![("ns".to_string(), "p".to_string())]
+        );
     }
 }

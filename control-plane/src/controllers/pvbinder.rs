@@ -44,7 +44,8 @@ pub const MESSAGE_FAILED_RECYCLE: &str = "No recycler plugin found for the volum
 /// `status.reason` for a volume with an unknown reclaim policy.
 pub const REASON_UNKNOWN_RECLAIM_POLICY: &str = "VolumeUnknownReclaimPolicy";
 /// `status.message` for a volume with an unknown reclaim policy.
-pub const MESSAGE_UNKNOWN_RECLAIM_POLICY: &str = "Volume has unrecognized PersistentVolumeReclaimPolicy";
+pub const MESSAGE_UNKNOWN_RECLAIM_POLICY: &str =
+    "Volume has unrecognized PersistentVolumeReclaimPolicy";
 
 /// What one claim needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,22 +104,36 @@ pub enum VolumeAction {
     Delete,
 }
 
-fn ann<'a>(meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, key: &str) -> Option<&'a str> {
-    meta.annotations.as_ref().and_then(|a| a.get(key)).map(String::as_str)
+fn ann<'a>(
+    meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    key: &str,
+) -> Option<&'a str> {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
 }
 
 /// The class a claim asks for (upstream `GetPersistentVolumeClaimClass`): the beta annotation,
 /// else `storageClassName`, else "".
 pub fn claim_class(pvc: &PersistentVolumeClaim) -> &str {
     ann(&pvc.metadata, ANN_BETA_STORAGE_CLASS)
-        .or_else(|| pvc.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()))
+        .or_else(|| {
+            pvc.spec
+                .as_ref()
+                .and_then(|s| s.storage_class_name.as_deref())
+        })
         .unwrap_or("")
 }
 
 /// The class of a volume (upstream `GetPersistentVolumeClass`).
 pub fn volume_class(pv: &PersistentVolume) -> &str {
     ann(&pv.metadata, ANN_BETA_STORAGE_CLASS)
-        .or_else(|| pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()))
+        .or_else(|| {
+            pv.spec
+                .as_ref()
+                .and_then(|s| s.storage_class_name.as_deref())
+        })
         .unwrap_or("")
 }
 
@@ -142,7 +157,10 @@ fn capacity(pv: &PersistentVolume) -> Milli {
 }
 
 fn pv_modes(pv: &PersistentVolume) -> &[String] {
-    pv.spec.as_ref().and_then(|s| s.access_modes.as_deref()).unwrap_or(&[])
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.access_modes.as_deref())
+        .unwrap_or(&[])
 }
 
 fn access_modes_fit(pvc: &PersistentVolumeClaim, pv: &PersistentVolume) -> bool {
@@ -154,8 +172,16 @@ fn access_modes_fit(pvc: &PersistentVolumeClaim, pv: &PersistentVolume) -> bool 
 }
 
 fn volume_mode_matches(pvc: &PersistentVolumeClaim, pv: &PersistentVolume) -> bool {
-    let a = pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()).unwrap_or("Filesystem");
-    let b = pv.spec.as_ref().and_then(|s| s.volume_mode.as_deref()).unwrap_or("Filesystem");
+    let a = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_mode.as_deref())
+        .unwrap_or("Filesystem");
+    let b = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_mode.as_deref())
+        .unwrap_or("Filesystem");
     a == b
 }
 
@@ -166,10 +192,14 @@ fn pvc_ns(pvc: &PersistentVolumeClaim) -> &str {
 /// Whether the volume's claimRef names this claim (upstream `IsVolumeBoundToClaim`: same
 /// namespace and name, and the uid empty or equal).
 pub fn is_bound_to(pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> bool {
-    let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) else { return false };
+    let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) else {
+        return false;
+    };
     r.name.as_deref() == pvc.metadata.name.as_deref()
         && r.namespace.as_deref().unwrap_or("") == pvc_ns(pvc)
-        && r.uid.as_deref().is_none_or(|u| u.is_empty() || Some(u) == pvc.metadata.uid.as_deref())
+        && r.uid
+            .as_deref()
+            .is_none_or(|u| u.is_empty() || Some(u) == pvc.metadata.uid.as_deref())
 }
 
 fn claim_ref_uid(pv: &PersistentVolume) -> Option<&str> {
@@ -192,7 +222,10 @@ enum NodeCheck<'a> {
     Name(&'a str),
 }
 
-fn node_requirement_matches(r: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
+fn node_requirement_matches(
+    r: &NodeSelectorRequirement,
+    labels: &BTreeMap<String, String>,
+) -> bool {
     let op = match r.operator.as_str() {
         "In" => Operator::In,
         "NotIn" => Operator::NotIn,
@@ -202,7 +235,8 @@ fn node_requirement_matches(r: &NodeSelectorRequirement, labels: &BTreeMap<Strin
         "Lt" => Operator::LessThan,
         _ => return false,
     };
-    Requirement::new(&r.key, op, r.values.clone().unwrap_or_default()).is_ok_and(|req| req.matches(labels))
+    Requirement::new(&r.key, op, r.values.clone().unwrap_or_default())
+        .is_ok_and(|req| req.matches(labels))
 }
 
 fn term_matches(t: &NodeSelectorTerm, labels: &BTreeMap<String, String>, name: &str) -> bool {
@@ -222,11 +256,23 @@ fn term_matches(t: &NodeSelectorTerm, labels: &BTreeMap<String, String>, name: &
 
 /// Whether a volume's `spec.nodeAffinity.required` admits a node with these labels and name
 /// (upstream `CheckNodeAffinity`: terms ORed, requirements ANDed; no affinity admits all).
-pub fn node_affinity_matches(pv: &PersistentVolume, labels: &BTreeMap<String, String>, name: &str) -> bool {
-    let Some(required) = pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()).and_then(|a| a.required.as_ref()) else {
+pub fn node_affinity_matches(
+    pv: &PersistentVolume,
+    labels: &BTreeMap<String, String>,
+    name: &str,
+) -> bool {
+    let Some(required) = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_affinity.as_ref())
+        .and_then(|a| a.required.as_ref())
+    else {
         return true;
     };
-    required.node_selector_terms.iter().any(|t| term_matches(t, labels, name))
+    required
+        .node_selector_terms
+        .iter()
+        .any(|t| term_matches(t, labels, name))
 }
 
 fn node_ok(pv: &PersistentVolume, node: NodeCheck<'_>) -> bool {
@@ -270,8 +316,12 @@ fn find_matching<'a>(
         if !access_modes_fit(pvc, pv) {
             continue;
         }
-        let bound_elsewhere =
-            pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).is_some() && !is_bound_to(pv, pvc);
+        let bound_elsewhere = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.claim_ref.as_ref())
+            .is_some()
+            && !is_bound_to(pv, pvc);
         if bound_elsewhere {
             continue;
         }
@@ -313,7 +363,11 @@ fn find_matching<'a>(
 /// The volume a claim should get: a volume pre-bound to it, else the smallest fitting Available
 /// one (see the module notes). With `node`, the volume's node affinity must admit that node
 /// (the scheduler's check; upstream `FindMatchingVolume` with a node).
-pub fn best_match<'a>(pvc: &PersistentVolumeClaim, pvs: &[&'a PersistentVolume], node: Option<&Node>) -> Option<&'a PersistentVolume> {
+pub fn best_match<'a>(
+    pvc: &PersistentVolumeClaim,
+    pvs: &[&'a PersistentVolume],
+    node: Option<&Node>,
+) -> Option<&'a PersistentVolume> {
     let check = node.map_or(NodeCheck::Skip, NodeCheck::Node);
     find_matching(pvc, pvs, check, false)
 }
@@ -343,7 +397,11 @@ fn bind(pvc: &PersistentVolumeClaim, pv: &PersistentVolume) -> ClaimAction {
         && pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref()) == Some(name.as_str())
         && ann(&pvc.metadata, ANN_BIND_COMPLETED).is_some()
         && claim_phase(pvc) == Some("Bound");
-    if done { ClaimAction::None } else { ClaimAction::Bind { volume: name } }
+    if done {
+        ClaimAction::None
+    } else {
+        ClaimAction::Bind { volume: name }
+    }
 }
 
 /// Whether a volume satisfies a claim that asked for it by name (upstream
@@ -369,7 +427,11 @@ fn satisfies(pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> bool {
 /// here only by name and `kubernetes.io/hostname`; use [`plan_claim_on_node`] with the Node to
 /// check its real labels). With no match: WaitForFirstConsumer while a late-binding class has no
 /// selected node, Provision when the class has a provisioner, else Pending.
-pub fn plan_claim(pvc: &PersistentVolumeClaim, pvs: &[&PersistentVolume], class: Option<&StorageClass>) -> ClaimAction {
+pub fn plan_claim(
+    pvc: &PersistentVolumeClaim,
+    pvs: &[&PersistentVolume],
+    class: Option<&StorageClass>,
+) -> ClaimAction {
     plan_claim_on_node(pvc, pvs, class, None)
 }
 
@@ -381,9 +443,18 @@ pub fn plan_claim_on_node(
     class: Option<&StorageClass>,
     selected: Option<&Node>,
 ) -> ClaimAction {
-    let find = |name: &str| pvs.iter().copied().find(|pv| pv.metadata.name.as_deref() == Some(name));
-    let volume_name = pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref()).unwrap_or("");
-    let was_bound = ann(&pvc.metadata, ANN_BIND_COMPLETED).is_some() || claim_phase(pvc) == Some("Bound");
+    let find = |name: &str| {
+        pvs.iter()
+            .copied()
+            .find(|pv| pv.metadata.name.as_deref() == Some(name))
+    };
+    let volume_name = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .unwrap_or("");
+    let was_bound =
+        ann(&pvc.metadata, ANN_BIND_COMPLETED).is_some() || claim_phase(pvc) == Some("Bound");
     if was_bound {
         if volume_name.is_empty() {
             return set_claim_phase(pvc, "Lost");
@@ -393,7 +464,11 @@ pub fn plan_claim_on_node(
         };
         return match pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) {
             None => bind(pvc, pv),
-            Some(r) if r.uid.as_deref().unwrap_or("") == pvc.metadata.uid.as_deref().unwrap_or("") => bind(pvc, pv),
+            Some(r)
+                if r.uid.as_deref().unwrap_or("") == pvc.metadata.uid.as_deref().unwrap_or("") =>
+            {
+                bind(pvc, pv)
+            }
             Some(_) => set_claim_phase(pvc, "Lost"),
         };
     }
@@ -401,13 +476,26 @@ pub fn plan_claim_on_node(
         let Some(pv) = find(volume_name) else {
             return set_claim_phase(pvc, "Pending");
         };
-        let claimed = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).is_some();
+        let claimed = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.claim_ref.as_ref())
+            .is_some();
         if !claimed {
-            return if satisfies(pv, pvc) { bind(pvc, pv) } else { set_claim_phase(pvc, "Pending") };
+            return if satisfies(pv, pvc) {
+                bind(pvc, pv)
+            } else {
+                set_claim_phase(pvc, "Pending")
+            };
         }
-        return if is_bound_to(pv, pvc) { bind(pvc, pv) } else { set_claim_phase(pvc, "Pending") };
+        return if is_bound_to(pv, pvc) {
+            bind(pvc, pv)
+        } else {
+            set_claim_phase(pvc, "Pending")
+        };
     }
-    let delay = class.is_some_and(|c| c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"));
+    let delay =
+        class.is_some_and(|c| c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"));
     let selected_node = ann(&pvc.metadata, ANN_SELECTED_NODE).filter(|n| !n.is_empty());
     let found = match (delay, selected_node) {
         (true, Some(name)) => {
@@ -415,7 +503,8 @@ pub fn plan_claim_on_node(
                 Some(n) if n.metadata.name.as_deref() == Some(name) => NodeCheck::Node(n),
                 _ => NodeCheck::Name(name),
             };
-            find_matching(pvc, pvs, NodeCheck::Skip, true).or_else(|| find_matching(pvc, pvs, check, false))
+            find_matching(pvc, pvs, NodeCheck::Skip, true)
+                .or_else(|| find_matching(pvc, pvs, check, false))
         }
         _ => find_matching(pvc, pvs, NodeCheck::Skip, delay),
     };
@@ -423,7 +512,11 @@ pub fn plan_claim_on_node(
         return bind(pvc, pv);
     }
     if delay && selected_node.is_none() {
-        return if claim_phase(pvc) == Some("Pending") { ClaimAction::None } else { ClaimAction::WaitForFirstConsumer };
+        return if claim_phase(pvc) == Some("Pending") {
+            ClaimAction::None
+        } else {
+            ClaimAction::WaitForFirstConsumer
+        };
     }
     if !claim_class(pvc).is_empty() {
         if let Some(c) = class {
@@ -431,7 +524,13 @@ pub fn plan_claim_on_node(
             if !p.is_empty() && !p.starts_with("kubernetes.io/") {
                 let annotated = ann(&pvc.metadata, ANN_STORAGE_PROVISIONER) == Some(p)
                     && ann(&pvc.metadata, ANN_BETA_STORAGE_PROVISIONER) == Some(p);
-                return if annotated { ClaimAction::None } else { ClaimAction::Provision { provisioner: p.to_string() } };
+                return if annotated {
+                    ClaimAction::None
+                } else {
+                    ClaimAction::Provision {
+                        provisioner: p.to_string(),
+                    }
+                };
             }
         }
     }
@@ -444,12 +543,18 @@ pub fn failure_of(pv: &PersistentVolume) -> Option<(&'static str, &'static str)>
     match reclaim_policy(pv) {
         "Retain" | "Delete" => None,
         "Recycle" => Some((REASON_FAILED_RECYCLE, MESSAGE_FAILED_RECYCLE)),
-        _ => Some((REASON_UNKNOWN_RECLAIM_POLICY, MESSAGE_UNKNOWN_RECLAIM_POLICY)),
+        _ => Some((
+            REASON_UNKNOWN_RECLAIM_POLICY,
+            MESSAGE_UNKNOWN_RECLAIM_POLICY,
+        )),
     }
 }
 
 fn reclaim_policy(pv: &PersistentVolume) -> &str {
-    pv.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.as_deref()).unwrap_or("Retain")
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+        .unwrap_or("Retain")
 }
 
 fn set_volume_phase(pv: &PersistentVolume, phase: &str) -> VolumeAction {
@@ -500,7 +605,11 @@ pub fn plan_volume(pv: &PersistentVolume, claim: Option<&PersistentVolumeClaim>)
     let Some(claim) = claim else {
         return release(pv);
     };
-    let volume_name = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()).unwrap_or("");
+    let volume_name = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .unwrap_or("");
     if volume_name.is_empty() {
         return VolumeAction::None;
     }
@@ -518,15 +627,21 @@ pub fn plan_volume(pv: &PersistentVolume, claim: Option<&PersistentVolumeClaim>)
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
-        NodeSelector, ObjectReference, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, PersistentVolumeSpec,
-        PersistentVolumeStatus, VolumeNodeAffinity, VolumeResourceRequirements,
+        NodeSelector, ObjectReference, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
+        PersistentVolumeSpec, PersistentVolumeStatus, VolumeNodeAffinity,
+        VolumeResourceRequirements,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector as ApiSelector, ObjectMeta, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+        LabelSelector as ApiSelector, ObjectMeta, Time,
+    };
 
     fn pv(name: &str, size: &str, class: &str) -> PersistentVolume {
         PersistentVolume {
-            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
             spec: Some(PersistentVolumeSpec {
                 capacity: Some(BTreeMap::from([("storage".into(), Quantity(size.into()))])),
                 access_modes: Some(vec!["ReadWriteOnce".into()]),
@@ -534,7 +649,10 @@ mod tests {
                 persistent_volume_reclaim_policy: Some("Retain".into()),
                 ..Default::default()
             }),
-            status: Some(PersistentVolumeStatus { phase: Some("Available".into()), ..Default::default() }),
+            status: Some(PersistentVolumeStatus {
+                phase: Some("Available".into()),
+                ..Default::default()
+            }),
         }
     }
 
@@ -555,7 +673,10 @@ mod tests {
                 storage_class_name: class.map(Into::into),
                 ..Default::default()
             }),
-            status: Some(PersistentVolumeClaimStatus { phase: Some("Pending".into()), ..Default::default() }),
+            status: Some(PersistentVolumeClaimStatus {
+                phase: Some("Pending".into()),
+                ..Default::default()
+            }),
         }
     }
 
@@ -571,9 +692,19 @@ mod tests {
 
     fn class(name: &str, provisioner: &str, wffc: bool) -> StorageClass {
         StorageClass {
-            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
             provisioner: provisioner.into(),
-            volume_binding_mode: Some(if wffc { "WaitForFirstConsumer" } else { "Immediate" }.into()),
+            volume_binding_mode: Some(
+                if wffc {
+                    "WaitForFirstConsumer"
+                } else {
+                    "Immediate"
+                }
+                .into(),
+            ),
             ..Default::default()
         }
     }
@@ -589,7 +720,14 @@ mod tests {
         let c = pv("c", "1Gi", "fast");
         let claim = pvc("c1", "1500Mi", Some("fast"));
         assert_eq!(plan_claim(&claim, &[&a, &b, &c], None), bind_to("b"));
-        assert_eq!(best_match(&claim, &[&a, &b, &c], None).unwrap().metadata.name.as_deref(), Some("b"));
+        assert_eq!(
+            best_match(&claim, &[&a, &b, &c], None)
+                .unwrap()
+                .metadata
+                .name
+                .as_deref(),
+            Some("b")
+        );
         let exact = pv("d", "1500Mi", "fast");
         assert_eq!(plan_claim(&claim, &[&a, &b, &exact], None), bind_to("d"));
     }
@@ -609,16 +747,32 @@ mod tests {
         let mut deleting = pv("deleting", "1Gi", "fast");
         deleting.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
         let small = pv("small", "1023Mi", "fast");
-        let all = [&wrong_class, &modes, &block, &released, &taken, &deleting, &small];
+        let all = [
+            &wrong_class,
+            &modes,
+            &block,
+            &released,
+            &taken,
+            &deleting,
+            &small,
+        ];
         assert_eq!(best_match(&claim, &all, None), None);
         // claim asking more modes than offered fails; PV with more modes than asked fits
-        modes.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteOnce".into(), "ReadOnlyMany".into()]);
+        modes.spec.as_mut().unwrap().access_modes =
+            Some(vec!["ReadWriteOnce".into(), "ReadOnlyMany".into()]);
         assert_eq!(plan_claim(&claim, &[&modes], None), bind_to("modes"));
         // fewer modes first on the controller path, even when bigger
         let mut big_rwo = pv("big-rwo", "5Gi", "fast");
-        assert_eq!(plan_claim(&claim, &[&modes, &big_rwo], None), bind_to("big-rwo"));
-        big_rwo.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteOnce".into(), "ReadWriteMany".into()]);
-        assert_eq!(plan_claim(&claim, &[&modes, &big_rwo], None), bind_to("modes"));
+        assert_eq!(
+            plan_claim(&claim, &[&modes, &big_rwo], None),
+            bind_to("big-rwo")
+        );
+        big_rwo.spec.as_mut().unwrap().access_modes =
+            Some(vec!["ReadWriteOnce".into(), "ReadWriteMany".into()]);
+        assert_eq!(
+            plan_claim(&claim, &[&modes, &big_rwo], None),
+            bind_to("modes")
+        );
         wrong_class.spec.as_mut().unwrap().storage_class_name = Some("fast".into());
         assert_eq!(plan_claim(&claim, &[&wrong_class], None), bind_to("class"));
     }
@@ -628,27 +782,48 @@ mod tests {
         let classless = pv("none", "1Gi", "");
         let classy = pv("fast", "1Gi", "fast");
         for claim in [pvc("c", "1Gi", Some("")), pvc("c", "1Gi", None)] {
-            assert_eq!(plan_claim(&claim, &[&classy, &classless], None), bind_to("none"));
-            assert_eq!(plan_claim(&claim, &[&classy], None), ClaimAction::None, "already Pending");
+            assert_eq!(
+                plan_claim(&claim, &[&classy, &classless], None),
+                bind_to("none")
+            );
+            assert_eq!(
+                plan_claim(&claim, &[&classy], None),
+                ClaimAction::None,
+                "already Pending"
+            );
         }
         let mut fresh = pvc("c", "1Gi", Some(""));
         fresh.status = None;
-        assert_eq!(plan_claim(&fresh, &[&classy], None), ClaimAction::SetPhase("Pending".into()));
+        assert_eq!(
+            plan_claim(&fresh, &[&classy], None),
+            ClaimAction::SetPhase("Pending".into())
+        );
         // the beta annotation wins over storageClassName
         let mut annotated = pvc("c", "1Gi", Some(""));
-        annotated.metadata.annotations = Some(BTreeMap::from([(ANN_BETA_STORAGE_CLASS.into(), "fast".into())]));
-        assert_eq!(plan_claim(&annotated, &[&classy, &classless], None), bind_to("fast"));
+        annotated.metadata.annotations = Some(BTreeMap::from([(
+            ANN_BETA_STORAGE_CLASS.into(),
+            "fast".into(),
+        )]));
+        assert_eq!(
+            plan_claim(&annotated, &[&classy, &classless], None),
+            bind_to("fast")
+        );
     }
 
     #[test]
     fn selector_matches_volume_labels() {
         let mut claim = pvc("c", "1Gi", Some(""));
-        claim.spec.as_mut().unwrap().selector =
-            Some(ApiSelector { match_labels: Some(BTreeMap::from([("tier".into(), "db".into())])), ..Default::default() });
+        claim.spec.as_mut().unwrap().selector = Some(ApiSelector {
+            match_labels: Some(BTreeMap::from([("tier".into(), "db".into())])),
+            ..Default::default()
+        });
         let plain = pv("plain", "1Gi", "");
         let mut labelled = pv("labelled", "5Gi", "");
         labelled.metadata.labels = Some(BTreeMap::from([("tier".into(), "db".into())]));
-        assert_eq!(plan_claim(&claim, &[&plain, &labelled], None), bind_to("labelled"));
+        assert_eq!(
+            plan_claim(&claim, &[&plain, &labelled], None),
+            bind_to("labelled")
+        );
         assert_eq!(plan_claim(&claim, &[&plain], None), ClaimAction::None);
     }
 
@@ -676,10 +851,16 @@ mod tests {
         assert_eq!(plan_claim(&named, &[&too_small], None), ClaimAction::None);
         let mut fresh = named.clone();
         fresh.status = None;
-        assert_eq!(plan_claim(&fresh, &[], None), ClaimAction::SetPhase("Pending".into()));
+        assert_eq!(
+            plan_claim(&fresh, &[], None),
+            ClaimAction::SetPhase("Pending".into())
+        );
         let mut taken = pv("small", "1Gi", "");
         claim_ref(&mut taken, "someone", Some("u"));
-        assert_eq!(plan_claim(&fresh, &[&taken], None), ClaimAction::SetPhase("Pending".into()));
+        assert_eq!(
+            plan_claim(&fresh, &[&taken], None),
+            ClaimAction::SetPhase("Pending".into())
+        );
         // ... to a volume already claimed for it: finish the binding
         let mut mine = pv("small", "1Gi", "");
         claim_ref(&mut mine, "c", Some("uid-c"));
@@ -689,7 +870,8 @@ mod tests {
     fn bound_pair() -> (PersistentVolumeClaim, PersistentVolume) {
         let mut claim = pvc("c", "1Gi", Some(""));
         claim.spec.as_mut().unwrap().volume_name = Some("v".into());
-        claim.metadata.annotations = Some(BTreeMap::from([(ANN_BIND_COMPLETED.into(), "yes".into())]));
+        claim.metadata.annotations =
+            Some(BTreeMap::from([(ANN_BIND_COMPLETED.into(), "yes".into())]));
         claim.status.as_mut().unwrap().phase = Some("Bound".into());
         let mut vol = pv("v", "1Gi", "");
         claim_ref(&mut vol, "c", Some("uid-c"));
@@ -702,10 +884,16 @@ mod tests {
         let (claim, vol) = bound_pair();
         assert_eq!(plan_claim(&claim, &[&vol], None), ClaimAction::None);
         assert_eq!(plan_volume(&vol, Some(&claim)), VolumeAction::None);
-        assert_eq!(plan_claim(&claim, &[], None), ClaimAction::SetPhase("Lost".into()));
+        assert_eq!(
+            plan_claim(&claim, &[], None),
+            ClaimAction::SetPhase("Lost".into())
+        );
         let mut misbound = vol.clone();
         claim_ref(&mut misbound, "c", Some("another-uid"));
-        assert_eq!(plan_claim(&claim, &[&misbound], None), ClaimAction::SetPhase("Lost".into()));
+        assert_eq!(
+            plan_claim(&claim, &[&misbound], None),
+            ClaimAction::SetPhase("Lost".into())
+        );
         let mut lost = claim.clone();
         lost.status.as_mut().unwrap().phase = Some("Lost".into());
         assert_eq!(plan_claim(&lost, &[], None), ClaimAction::None);
@@ -739,25 +927,48 @@ mod tests {
             }),
         });
         // no selected node: wait, do not bind
-        assert_eq!(plan_claim(&claim, &[&local], Some(&wffc)), ClaimAction::WaitForFirstConsumer);
-        claim.status = Some(PersistentVolumeClaimStatus { phase: Some("Pending".into()), ..Default::default() });
-        assert_eq!(plan_claim(&claim, &[&local], Some(&wffc)), ClaimAction::None);
+        assert_eq!(
+            plan_claim(&claim, &[&local], Some(&wffc)),
+            ClaimAction::WaitForFirstConsumer
+        );
+        claim.status = Some(PersistentVolumeClaimStatus {
+            phase: Some("Pending".into()),
+            ..Default::default()
+        });
+        assert_eq!(
+            plan_claim(&claim, &[&local], Some(&wffc)),
+            ClaimAction::None
+        );
         // selected node that the volume admits: bind
-        claim.metadata.annotations = Some(BTreeMap::from([(ANN_SELECTED_NODE.into(), "n1".into())]));
-        assert_eq!(plan_claim(&claim, &[&local], Some(&wffc)), bind_to("local-n1"));
+        claim.metadata.annotations =
+            Some(BTreeMap::from([(ANN_SELECTED_NODE.into(), "n1".into())]));
+        assert_eq!(
+            plan_claim(&claim, &[&local], Some(&wffc)),
+            bind_to("local-n1")
+        );
         // another node: no static match, no real provisioner: Pending
-        claim.metadata.annotations = Some(BTreeMap::from([(ANN_SELECTED_NODE.into(), "n2".into())]));
-        assert_eq!(plan_claim(&claim, &[&local], Some(&wffc)), ClaimAction::None);
+        claim.metadata.annotations =
+            Some(BTreeMap::from([(ANN_SELECTED_NODE.into(), "n2".into())]));
+        assert_eq!(
+            plan_claim(&claim, &[&local], Some(&wffc)),
+            ClaimAction::None
+        );
         // with the Node object its labels count
         let n2 = Node {
             metadata: ObjectMeta {
                 name: Some("n2".into()),
-                labels: Some(BTreeMap::from([("kubernetes.io/hostname".into(), "n1".into())])),
+                labels: Some(BTreeMap::from([(
+                    "kubernetes.io/hostname".into(),
+                    "n1".into(),
+                )])),
                 ..Default::default()
             },
             ..Default::default()
         };
-        assert_eq!(plan_claim_on_node(&claim, &[&local], Some(&wffc), Some(&n2)), bind_to("local-n1"));
+        assert_eq!(
+            plan_claim_on_node(&claim, &[&local], Some(&wffc), Some(&n2)),
+            bind_to("local-n1")
+        );
         assert!(best_match(&claim, &[&local], Some(&n2)).is_some());
         let mut n3 = n2.clone();
         n3.metadata.labels = None;
@@ -767,11 +978,16 @@ mod tests {
         claim.spec.as_mut().unwrap().storage_class_name = Some("csi".into());
         assert_eq!(
             plan_claim(&claim, &[&local], Some(&csi)),
-            ClaimAction::Provision { provisioner: "csi.example.com".into() }
+            ClaimAction::Provision {
+                provisioner: "csi.example.com".into()
+            }
         );
         claim.metadata.annotations = None;
         claim.status = None;
-        assert_eq!(plan_claim(&claim, &[], Some(&csi)), ClaimAction::WaitForFirstConsumer);
+        assert_eq!(
+            plan_claim(&claim, &[], Some(&csi)),
+            ClaimAction::WaitForFirstConsumer
+        );
     }
 
     #[test]
@@ -786,9 +1002,16 @@ mod tests {
             match_fields: None,
         };
         v.spec.as_mut().unwrap().node_affinity = Some(VolumeNodeAffinity {
-            required: Some(NodeSelector { node_selector_terms: vec![term("zone", "In", &["a"]), term("gen", "Gt", &["3"])] }),
+            required: Some(NodeSelector {
+                node_selector_terms: vec![term("zone", "In", &["a"]), term("gen", "Gt", &["3"])],
+            }),
         });
-        let labels = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let labels = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
         assert!(node_affinity_matches(&v, &labels(&[("zone", "a")]), "x"));
         assert!(node_affinity_matches(&v, &labels(&[("gen", "4")]), "x"));
         assert!(!node_affinity_matches(&v, &labels(&[("gen", "3")]), "x"));
@@ -812,10 +1035,18 @@ mod tests {
     fn provisioning() {
         let csi = class("fast", "csi.example.com", false);
         let mut claim = pvc("c", "1Gi", Some("fast"));
-        assert_eq!(plan_claim(&claim, &[], Some(&csi)), ClaimAction::Provision { provisioner: "csi.example.com".into() });
+        assert_eq!(
+            plan_claim(&claim, &[], Some(&csi)),
+            ClaimAction::Provision {
+                provisioner: "csi.example.com".into()
+            }
+        );
         claim.metadata.annotations = Some(BTreeMap::from([
             (ANN_STORAGE_PROVISIONER.into(), "csi.example.com".into()),
-            (ANN_BETA_STORAGE_PROVISIONER.into(), "csi.example.com".into()),
+            (
+                ANN_BETA_STORAGE_PROVISIONER.into(),
+                "csi.example.com".into(),
+            ),
         ]));
         assert_eq!(plan_claim(&claim, &[], Some(&csi)), ClaimAction::None);
         // a matching static volume is preferred
@@ -825,8 +1056,14 @@ mod tests {
         let none = class("fast", NO_PROVISIONER, false);
         let mut fresh = pvc("c", "1Gi", Some("fast"));
         fresh.status = None;
-        assert_eq!(plan_claim(&fresh, &[], Some(&none)), ClaimAction::SetPhase("Pending".into()));
-        assert_eq!(plan_claim(&fresh, &[], None), ClaimAction::SetPhase("Pending".into()));
+        assert_eq!(
+            plan_claim(&fresh, &[], Some(&none)),
+            ClaimAction::SetPhase("Pending".into())
+        );
+        assert_eq!(
+            plan_claim(&fresh, &[], None),
+            ClaimAction::SetPhase("Pending".into())
+        );
         // the provisioned volume (pre-bound by the provisioner) then binds
         let mut made = pv("pvc-1", "1Gi", "fast");
         claim_ref(&mut made, "c", Some("uid-c"));
@@ -840,13 +1077,22 @@ mod tests {
         assert_eq!(plan_volume(&free, None), VolumeAction::None);
         let mut fresh = free.clone();
         fresh.status = None;
-        assert_eq!(plan_volume(&fresh, None), VolumeAction::SetPhase("Available".into()));
+        assert_eq!(
+            plan_volume(&fresh, None),
+            VolumeAction::SetPhase("Available".into())
+        );
         let mut pre = fresh.clone();
         claim_ref(&mut pre, "c", None);
-        assert_eq!(plan_volume(&pre, None), VolumeAction::SetPhase("Available".into()));
+        assert_eq!(
+            plan_volume(&pre, None),
+            VolumeAction::SetPhase("Available".into())
+        );
         let (claim, mut vol) = bound_pair();
         vol.status.as_mut().unwrap().phase = Some("Available".into());
-        assert_eq!(plan_volume(&vol, Some(&claim)), VolumeAction::SetPhase("Bound".into()));
+        assert_eq!(
+            plan_volume(&vol, Some(&claim)),
+            VolumeAction::SetPhase("Bound".into())
+        );
         // claim not bound yet: wait for the claim's sync
         let mut pending = claim.clone();
         pending.spec.as_mut().unwrap().volume_name = None;
@@ -854,11 +1100,20 @@ mod tests {
         // claim bound elsewhere: unbind
         let mut elsewhere = claim.clone();
         elsewhere.spec.as_mut().unwrap().volume_name = Some("other".into());
-        assert_eq!(plan_volume(&vol, Some(&elsewhere)), VolumeAction::ClearClaimRef);
+        assert_eq!(
+            plan_volume(&vol, Some(&elsewhere)),
+            VolumeAction::ClearClaimRef
+        );
         // ... unless provisioned for it with Delete: release for the provisioner
-        vol.metadata.annotations = Some(BTreeMap::from([(ANN_PROVISIONED_BY.into(), "csi.example.com".into())]));
+        vol.metadata.annotations = Some(BTreeMap::from([(
+            ANN_PROVISIONED_BY.into(),
+            "csi.example.com".into(),
+        )]));
         vol.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Delete".into());
-        assert_eq!(plan_volume(&vol, Some(&elsewhere)), VolumeAction::SetPhase("Released".into()));
+        assert_eq!(
+            plan_volume(&vol, Some(&elsewhere)),
+            VolumeAction::SetPhase("Released".into())
+        );
     }
 
     #[test]
@@ -868,17 +1123,27 @@ mod tests {
             let mut v = bound.clone();
             v.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some(policy.into());
             if provisioned {
-                v.metadata.annotations = Some(BTreeMap::from([(ANN_PROVISIONED_BY.into(), "csi.example.com".into())]));
+                v.metadata.annotations = Some(BTreeMap::from([(
+                    ANN_PROVISIONED_BY.into(),
+                    "csi.example.com".into(),
+                )]));
             }
             v
         };
         for policy in ["Retain", "Delete", "Recycle"] {
             let v = released(policy, false);
-            assert_eq!(plan_volume(&v, None), VolumeAction::SetPhase("Released".into()), "{policy}");
+            assert_eq!(
+                plan_volume(&v, None),
+                VolumeAction::SetPhase("Released".into()),
+                "{policy}"
+            );
             // a new claim with the same name is not the bound one
             let mut same_name = claim.clone();
             same_name.metadata.uid = Some("new".into());
-            assert_eq!(plan_volume(&v, Some(&same_name)), VolumeAction::SetPhase("Released".into()));
+            assert_eq!(
+                plan_volume(&v, Some(&same_name)),
+                VolumeAction::SetPhase("Released".into())
+            );
         }
         let after = |mut v: PersistentVolume| {
             v.status.as_mut().unwrap().phase = Some("Released".into());
@@ -887,9 +1152,18 @@ mod tests {
         assert_eq!(after(released("Retain", false)), VolumeAction::None);
         assert_eq!(after(released("Delete", false)), VolumeAction::Delete);
         assert_eq!(after(released("Delete", true)), VolumeAction::None);
-        assert_eq!(after(released("Recycle", false)), VolumeAction::SetPhase("Failed".into()));
-        assert_eq!(failure_of(&released("Recycle", false)), Some((REASON_FAILED_RECYCLE, MESSAGE_FAILED_RECYCLE)));
-        assert_eq!(after(released("Bogus", false)), VolumeAction::SetPhase("Failed".into()));
+        assert_eq!(
+            after(released("Recycle", false)),
+            VolumeAction::SetPhase("Failed".into())
+        );
+        assert_eq!(
+            failure_of(&released("Recycle", false)),
+            Some((REASON_FAILED_RECYCLE, MESSAGE_FAILED_RECYCLE))
+        );
+        assert_eq!(
+            after(released("Bogus", false)),
+            VolumeAction::SetPhase("Failed".into())
+        );
         let mut failed = released("Recycle", false);
         failed.status.as_mut().unwrap().phase = Some("Failed".into());
         assert_eq!(plan_volume(&failed, None), VolumeAction::None);
