@@ -75,7 +75,8 @@ pub enum ClaimAction {
     SetPhase(String),
     /// The claim's class binds late and no node was selected yet: upstream records a Normal
     /// event `WaitForFirstConsumer` "waiting for first consumer to be created before binding"
-    /// and keeps the claim Pending (set the phase when it is not Pending yet).
+    /// on every sync (the event recorder aggregates repeats) and keeps the claim Pending: set
+    /// the phase only when it is not Pending yet. Returned on every pass while this holds.
     WaitForFirstConsumer,
 }
 
@@ -512,11 +513,7 @@ pub fn plan_claim_on_node(
         return bind(pvc, pv);
     }
     if delay && selected_node.is_none() {
-        return if claim_phase(pvc) == Some("Pending") {
-            ClaimAction::None
-        } else {
-            ClaimAction::WaitForFirstConsumer
-        };
+        return ClaimAction::WaitForFirstConsumer;
     }
     if !claim_class(pvc).is_empty() {
         if let Some(c) = class {
@@ -937,7 +934,7 @@ mod tests {
         });
         assert_eq!(
             plan_claim(&claim, &[&local], Some(&wffc)),
-            ClaimAction::None
+            ClaimAction::WaitForFirstConsumer
         );
         // selected node that the volume admits: bind
         claim.metadata.annotations =
