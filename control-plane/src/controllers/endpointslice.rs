@@ -1560,4 +1560,37 @@ mod tests {
                 .contains_key(LABEL_HEADLESS)
         );
     }
+
+    #[test]
+    fn hostname_zone_and_sidecar_ports() {
+        let s = svc(vec![sport("web", 80, IntOrString::String("side".into()))]);
+        let mut p = pod("a", "10.0.0.1", true);
+        {
+            let spec = p.spec.as_mut().unwrap();
+            spec.hostname = Some("a-host".into());
+            spec.subdomain = Some("web".into());
+            spec.node_name = Some("n2".into());
+            spec.init_containers = Some(vec![Container {
+                name: "proxy".into(),
+                restart_policy: Some("Always".into()),
+                ports: Some(vec![ContainerPort {
+                    name: Some("side".into()),
+                    container_port: 15001,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }]);
+        }
+        let plan = run(&s, std::slice::from_ref(&p), &[]);
+        let slice = &plan.create[0];
+        assert_eq!(slice.ports.as_ref().unwrap()[0].port, Some(15001));
+        let e = &slice.endpoints[0];
+        assert_eq!(e.hostname.as_deref(), Some("a-host"));
+        assert_eq!(e.zone, None, "n2 has no zone");
+        let ep = plan_endpoints(&s, &[&p], None).unwrap();
+        let subsets = ep.subsets.unwrap();
+        let addr = &subsets[0].addresses.as_ref().unwrap()[0];
+        assert_eq!(addr.hostname.as_deref(), Some("a-host"));
+        assert_eq!(addr.node_name.as_deref(), Some("n2"));
+    }
 }

@@ -689,4 +689,30 @@ mod tests {
             vec![("ns".to_string(), "p".to_string())]
         );
     }
+
+    #[test]
+    fn not_ready_node_going_silent_becomes_unreachable() {
+        let n = node(
+            "False",
+            vec![
+                taint(TAINT_NOT_READY, "NoExecute", Some(10)),
+                taint(TAINT_NOT_READY, "NoSchedule", Some(10)),
+            ],
+        );
+        let plan = plan_node(&n, &health(0), DEFAULT_GRACE, ts(100));
+        let ready = plan
+            .status_conditions
+            .unwrap()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert_eq!(ready.status, "Unknown");
+        assert_eq!(
+            keys(&plan.taints.unwrap()),
+            vec![
+                (TAINT_UNREACHABLE.into(), "NoExecute".into()),
+                (TAINT_UNREACHABLE.into(), "NoSchedule".into())
+            ]
+        );
+    }
 }
