@@ -177,6 +177,37 @@ pub fn default_pod_spec(spec: &mut Map<String, Value>) {
     }
 }
 
+/// Upstream's `DefaultTolerationSeconds` admission plugin (pods only, not templates): a pod
+/// that does not tolerate the `node.kubernetes.io/not-ready` or `node.kubernetes.io/unreachable`
+/// NoExecute taints gets a 300 s toleration for each, so the node lifecycle controller evicts it
+/// five minutes after its node fails.
+pub fn default_toleration_seconds(spec: &mut Map<String, Value>) {
+    let tolerates = |key: &str| {
+        spec.get("tolerations").and_then(|t| t.as_array()).is_some_and(|ts| {
+            ts.iter().any(|t| {
+                let k = t.get("key").and_then(|k| k.as_str()).unwrap_or("");
+                let e = t.get("effect").and_then(|e| e.as_str()).unwrap_or("");
+                (k == key || k.is_empty()) && (e == "NoExecute" || e.is_empty())
+            })
+        })
+    };
+    let missing: Vec<&str> = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"]
+        .into_iter()
+        .filter(|k| !tolerates(k))
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    if !spec.get("tolerations").is_some_and(|t| t.is_array()) {
+        spec.insert("tolerations".into(), json!([]));
+    }
+    if let Some(Value::Array(ts)) = spec.get_mut("tolerations") {
+        for key in missing {
+            ts.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
+        }
+    }
+}
+
 fn default_template(obj: &mut Value) {
     if let Some(Value::Object(spec)) = obj.pointer_mut("/spec/template/spec") {
         default_pod_spec(spec);
@@ -196,6 +227,7 @@ pub fn apply_defaults(res: &Resource, obj: &mut Value) {
         "pods" => {
             let spec = obj_mut(obj, "spec");
             default_pod_spec(spec);
+            default_toleration_seconds(spec);
             let qos = qos_class(obj.get("spec").unwrap_or(&Value::Null));
             let status = obj_mut(obj, "status");
             default(status, "phase", json!("Pending"));
@@ -752,6 +784,40 @@ mod tests {
         let mut p = json!({"metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"reg:5000/busybox:1.36"}]}});
         apply_defaults(pods, &mut p);
         assert_eq!(p["spec"]["containers"][0]["imagePullPolicy"], "IfNotPresent");
+    }
+
+    #[test]
+    fn default_toleration_seconds_for_pods_only() {
+        let pods = crate::resources::find("", "v1", "pods").unwrap();
+        let mut p = json!({"metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"i"}]}});
+        apply_defaults(pods, &mut p);
+        assert_eq!(
+            p["spec"]["tolerations"],
+            json!([
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+            ])
+        );
+        // idempotent
+        let before = p.clone();
+        apply_defaults(pods, &mut p);
+        assert_eq!(p, before);
+        // an existing toleration for one of them (or for everything) is kept and not doubled
+        let own = json!({"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 6000});
+        let mut p = json!({"metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"i"}],"tolerations":[own.clone()]}});
+        apply_defaults(pods, &mut p);
+        let ts = p["spec"]["tolerations"].as_array().unwrap();
+        assert_eq!(ts.len(), 2);
+        assert_eq!(ts[0], own);
+        assert_eq!(ts[1]["key"], "node.kubernetes.io/not-ready");
+        let mut p = json!({"metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"i"}],"tolerations":[{"operator":"Exists"}]}});
+        apply_defaults(pods, &mut p);
+        assert_eq!(p["spec"]["tolerations"].as_array().unwrap().len(), 1);
+        // templates are not touched
+        let d = crate::resources::find("apps", "v1", "deployments").unwrap();
+        let mut dep = json!({"metadata":{"name":"d"},"spec":{"selector":{"matchLabels":{"a":"b"}},"template":{"metadata":{"labels":{"a":"b"}},"spec":{"containers":[{"name":"c","image":"i"}]}}}});
+        apply_defaults(d, &mut dep);
+        assert!(dep["spec"]["template"]["spec"].get("tolerations").is_none());
     }
 
     #[test]

@@ -2,11 +2,14 @@
 //! from observed objects to actions. The executors under `loops/` only talk to the Kubernetes
 //! API through a kube client, so they work against any API server.
 
+pub mod endpointslice;
 pub mod events;
 pub mod deployment;
 pub mod expectations;
 pub mod loops;
 pub mod manager;
+pub mod nodelifecycle;
+pub mod pvbinder;
 pub mod quantity;
 pub mod replicaset;
 pub mod scheduler;
