@@ -197,8 +197,25 @@ fn without_hash(template: &PodTemplateSpec) -> PodTemplateSpec {
 
 /// Whether two pod templates are equal ignoring the `pod-template-hash` label (upstream
 /// `EqualIgnoreHash`).
+///
+/// Fields set to `false` or `0` count as absent here: Go clients sending protobuf (kubectl
+/// create) transmit non-pointer zero fields such as `stdin: false` or `hostIPC: false`, which
+/// the same template sent as JSON omits, and Go's DeepEqual sees no difference between them.
 pub fn equal_ignore_hash(a: &PodTemplateSpec, b: &PodTemplateSpec) -> bool {
-    canonical(&without_hash(a)) == canonical(&without_hash(b))
+    drop_zeros(canonical(&without_hash(a))) == drop_zeros(canonical(&without_hash(b)))
+}
+
+fn drop_zeros(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .filter(|(_, v)| !matches!(v, Value::Bool(false)) && v.as_f64() != Some(0.0))
+                .map(|(k, v)| (k, drop_zeros(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(drop_zeros).collect()),
+        other => other,
+    }
 }
 
 /// A stable hash of a pod template: FNV-1a 32 over its canonical JSON (keys sorted, nulls and
@@ -2335,6 +2352,12 @@ mod tests {
         let mut without = with_empty_dir.clone();
         without.spec.as_mut().unwrap().volumes.as_mut().unwrap()[0].empty_dir = None;
         assert!(!equal_ignore_hash(&with_empty_dir, &without));
+        // the zero fields a protobuf client sends equal their absence
+        let mut zeros = template("v1");
+        zeros.spec.as_mut().unwrap().host_ipc = Some(false);
+        zeros.spec.as_mut().unwrap().containers[0].stdin = Some(false);
+        zeros.metadata.as_mut().unwrap().generation = Some(0);
+        assert!(equal_ignore_hash(&zeros, &template("v1")));
     }
 
     #[test]

@@ -12,12 +12,15 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt as _};
 use serde_json::json;
 
+/// (involved object uid, reason, message) -> (namespace, event name, count, first seen).
+type Seen = HashMap<(String, String, String), (String, String, i32, Instant)>;
+
 /// Writes Events in the background; never blocks or fails the caller.
 #[derive(Clone)]
 pub struct Recorder {
     client: kube::Client,
     component: &'static str,
-    seen: Arc<Mutex<HashMap<(String, String, String), (String, String, i32, Instant)>>>,
+    seen: Arc<Mutex<Seen>>,
 }
 
 impl Recorder {

@@ -147,6 +147,24 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     if on("garbagecollector") {
         super::loops::gc::start(&inf, opts);
     }
+    if on("replicaset") {
+        super::loops::replicaset::start(&inf, opts);
+    }
+    if on("deployment") {
+        super::loops::deployment::start(&inf, opts);
+    }
+    if on("endpointslice") || on("endpoints") {
+        super::loops::endpointslice::start(&inf, opts, on("endpointslice"), on("endpoints"));
+    }
+    if on("nodelifecycle") {
+        super::loops::nodelifecycle::start(&inf, opts);
+    }
+    if on("persistentvolume-binder") {
+        super::loops::pvbinder::start(&inf, opts);
+    }
+    if on("scheduler") {
+        super::loops::scheduler::start(&inf, opts);
+    }
     if on("nodeipam") && opts.allocate_node_cidrs {
         super::loops::nodeipam::start(&inf, opts);
     }

@@ -1,0 +1,303 @@
+//! Scheduler executor: a cache of nodes and the pods bound or assumed on them (kept by the
+//! informers' change handlers, so a decision never scans all pods), one decision at a time
+//! from the pending queue, and the binding sent in the background with the pod "assumed" on
+//! its node meanwhile (upstream's assume cache), released again if the binding fails.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ferro_runtime::{spawn_resync, spawn_workers, Change, Next, ObjectKey, WorkQueue};
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, PersistentVolumeClaim, Pod, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt as _};
+use serde_json::json;
+
+use crate::controllers::events::Recorder;
+use crate::controllers::manager::{Informers, Options};
+use crate::controllers::scheduler::{self as plan, NodeInfo, VolumeView};
+use crate::controllers::{is_conflict, is_not_found, Error};
+
+pub const SCHEDULER_NAME: &str = plan::DEFAULT_SCHEDULER_NAME;
+
+#[derive(Default)]
+struct Cache {
+    nodes: BTreeMap<String, NodeInfo>,
+    /// pods accounted on a node: uid -> (node, pod as accounted)
+    accounted: HashMap<String, (String, Arc<Pod>)>,
+    /// pods whose binding is in flight
+    assumed: HashSet<String>,
+    /// pods that fit nowhere, retried when the cluster changes
+    unschedulable: HashSet<ObjectKey>,
+}
+
+impl Cache {
+    fn account(&mut self, uid: &str, node: &str, pod: Arc<Pod>) {
+        if let Some((n, p)) = self.accounted.get(uid) {
+            if n == node {
+                return;
+            }
+            let (n, p) = (n.clone(), p.clone());
+            if let Some(info) = self.nodes.get_mut(&n) {
+                info.remove_pod(&p);
+            }
+        }
+        if let Some(info) = self.nodes.get_mut(node) {
+            info.add_pod(&pod);
+        }
+        self.accounted.insert(uid.to_string(), (node.to_string(), pod));
+    }
+
+    fn unaccount(&mut self, uid: &str) {
+        if let Some((n, p)) = self.accounted.remove(uid) {
+            if let Some(info) = self.nodes.get_mut(&n) {
+                info.remove_pod(&p);
+            }
+        }
+    }
+}
+
+struct Shared {
+    cache: Mutex<Cache>,
+}
+
+impl Shared {
+    fn cache(&self) -> MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn terminal(pod: &Pod) -> bool {
+    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
+pub fn start(inf: &Arc<Informers>, opts: &Options) {
+    let queue: WorkQueue<ObjectKey> = WorkQueue::new();
+    let pods = inf.pods();
+    let nodes = inf.nodes();
+    let claims = inf.claims();
+    let volumes = inf.volumes();
+    let classes = inf.storage_classes();
+    let shared = Arc::new(Shared { cache: Mutex::default() });
+    let retry_unschedulable = {
+        let (s, q) = (shared.clone(), queue.clone());
+        move || {
+            let keys: Vec<ObjectKey> = s.cache().unschedulable.drain().collect();
+            for k in keys {
+                q.add(k);
+            }
+        }
+    };
+    {
+        let (s, retry) = (shared.clone(), retry_unschedulable.clone());
+        nodes.on_change(move |c| {
+            {
+                let mut cache = s.cache();
+                match c {
+                    Change::Applied { new, .. } => {
+                        let name = new.name_any();
+                        match cache.nodes.get_mut(&name) {
+                            Some(info) => info.set_node(new.clone()),
+                            None => {
+                                let mut info = NodeInfo::new(new.clone());
+                                for (n, p) in cache.accounted.values() {
+                                    if *n == name {
+                                        info.add_pod(p);
+                                    }
+                                }
+                                cache.nodes.insert(name, info);
+                            }
+                        }
+                    }
+                    Change::Deleted(old) => {
+                        cache.nodes.remove(&old.name_any());
+                    }
+                }
+            }
+            retry();
+        });
+    }
+    {
+        let (s, q, retry) = (shared.clone(), queue.clone(), retry_unschedulable.clone());
+        pods.on_change(move |c| {
+            let pod = c.object();
+            let uid = pod.uid().unwrap_or_default();
+            let node = pod.spec.as_ref().and_then(|sp| sp.node_name.clone());
+            match c {
+                Change::Applied { new, .. } => {
+                    if plan::is_pending(new, SCHEDULER_NAME) {
+                        q.add(ObjectKey::of(new.as_ref()));
+                    }
+                    let mut cache = s.cache();
+                    match node {
+                        Some(n) if !terminal(new) => {
+                            cache.assumed.remove(&uid);
+                            cache.account(&uid, &n, new.clone());
+                        }
+                        _ if terminal(new) => {
+                            cache.unaccount(&uid);
+                            drop(cache);
+                            retry();
+                        }
+                        _ => {}
+                    }
+                }
+                Change::Deleted(_) => {
+                    let mut cache = s.cache();
+                    cache.unaccount(&uid);
+                    cache.assumed.remove(&uid);
+                    cache.unschedulable.remove(&ObjectKey::of(pod.as_ref()));
+                    drop(cache);
+                    if node.is_some() {
+                        retry();
+                    }
+                }
+            }
+        });
+    }
+    {
+        let p = pods.clone();
+        spawn_resync(queue.clone(), opts.resync.min(Duration::from_secs(60)), move || {
+            p.list().iter().filter(|p| plan::is_pending(p, SCHEDULER_NAME)).map(|p| ObjectKey::of(p.as_ref())).collect()
+        });
+    }
+    let client = inf.client();
+    let recorder = Recorder::new(client.clone(), SCHEDULER_NAME);
+    let q2 = queue.clone();
+    spawn_workers("scheduler", queue, 1, move |key: ObjectKey| {
+        let (client, pods, nodes, claims, volumes, classes, shared, recorder, queue) = (
+            client.clone(),
+            pods.clone(),
+            nodes.clone(),
+            claims.clone(),
+            volumes.clone(),
+            classes.clone(),
+            shared.clone(),
+            recorder.clone(),
+            q2.clone(),
+        );
+        async move {
+            for i in [pods.is_synced(), nodes.is_synced(), claims.is_synced(), volumes.is_synced(), classes.is_synced()] {
+                if !i {
+                    return Ok::<_, Error>(Next::After(Duration::from_millis(100)));
+                }
+            }
+            let Some(pod) = pods.get(key.namespace.as_deref(), &key.name) else { return Ok(Next::Done) };
+            if !plan::is_pending(&pod, SCHEDULER_NAME) {
+                return Ok(Next::Done);
+            }
+            let uid = pod.uid().unwrap_or_default();
+            let decision = {
+                let all_volumes = volumes.list();
+                let claim_of = |ns: &str, name: &str| -> Option<Arc<PersistentVolumeClaim>> { claims.get(Some(ns), name) };
+                let class_of = |name: &str| classes.get(None, name);
+                let view = VolumeView { claims: &claim_of, volumes: &all_volumes, class: &class_of };
+                let mut cache = shared.cache();
+                if cache.assumed.contains(&uid) {
+                    return Ok(Next::Done);
+                }
+                let infos: Vec<&NodeInfo> = cache.nodes.values().collect();
+                match plan::schedule(&pod, &infos, &view) {
+                    Ok(d) => {
+                        let mut assumed = (*pod).clone();
+                        assumed.spec.get_or_insert_with(Default::default).node_name = Some(d.node.clone());
+                        cache.account(&uid, &d.node, Arc::new(assumed));
+                        cache.assumed.insert(uid.clone());
+                        cache.unschedulable.remove(&key);
+                        Ok(d)
+                    }
+                    Err(u) => {
+                        cache.unschedulable.insert(key.clone());
+                        Err(u)
+                    }
+                }
+            };
+            let ns = key.namespace.clone().unwrap_or_default();
+            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            match decision {
+                Ok(d) => {
+                    tokio::spawn(async move {
+                        let r = bind(&client, &api, &pod, &d.node, &d.select_node_for_claims).await;
+                        match r {
+                            Ok(()) => recorder.record(
+                                pod.as_ref(),
+                                "Normal",
+                                "Scheduled",
+                                format!("Successfully assigned {}/{} to {}", ns, pod.name_any(), d.node),
+                            ),
+                            Err(e) => {
+                                tracing::info!(pod = %key, node = d.node, error = %e, "binding failed; will retry");
+                                let mut cache = shared.cache();
+                                cache.assumed.remove(&uid);
+                                cache.unaccount(&uid);
+                                drop(cache);
+                                queue.add_rate_limited(key);
+                            }
+                        }
+                    });
+                    Ok(Next::Done)
+                }
+                Err(u) => {
+                    mark_unschedulable(&api, &pod, &u.message).await?;
+                    recorder.record(pod.as_ref(), "Warning", "FailedScheduling", u.message.clone());
+                    // retried on cluster changes; and at the latest after 5 minutes, like upstream
+                    Ok(Next::After(Duration::from_secs(300)))
+                }
+            }
+        }
+    });
+}
+
+async fn bind(client: &kube::Client, api: &Api<Pod>, pod: &Pod, node: &str, claims: &[String]) -> Result<(), Error> {
+    let ns = pod.namespace().unwrap_or_default();
+    let capi: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    for c in claims {
+        let patch = json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": node}}});
+        capi.patch(c, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    }
+    let binding = Binding {
+        metadata: ObjectMeta { name: Some(pod.name_any()), namespace: Some(ns.clone()), uid: pod.uid(), ..Default::default() },
+        target: ObjectReference { api_version: Some("v1".into()), kind: Some("Node".into()), name: Some(node.to_string()), ..Default::default() },
+    };
+    match api.create_subresource::<Binding, serde_json::Value>("binding", &pod.name_any(), &PostParams::default(), &binding).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Sets PodScheduled=False/Unschedulable with the message, unless it already says so.
+async fn mark_unschedulable(api: &Api<Pod>, pod: &Pod, message: &str) -> Result<(), Error> {
+    let current = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"));
+    if current.is_some_and(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable") && c.message.as_deref() == Some(message)) {
+        return Ok(());
+    }
+    let mut conditions: Vec<PodCondition> = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.type_ != "PodScheduled")
+        .collect();
+    conditions.push(PodCondition {
+        type_: "PodScheduled".into(),
+        status: "False".into(),
+        reason: Some("Unschedulable".into()),
+        message: Some(message.to_string()),
+        last_transition_time: Some(Time(jiff::Timestamp::now())),
+        last_probe_time: None,
+        ..Default::default()
+    });
+    let patch = json!({"status": {"conditions": conditions}});
+    match api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
