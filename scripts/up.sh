@@ -26,6 +26,7 @@ if [ -f "$STATE/control-plane.pid" ] && kill -0 "$(cat "$STATE/control-plane.pid
 else
   ip netns exec "$LAB_NS" ./target/release/ferro-control-plane \
     --data-dir "$DATA" --bind-address 127.0.0.1 --secure-port 6443 \
+    --allocate-node-cidrs --cluster-cidr 10.244.0.0/16 \
     >"$STATE/control-plane.log" 2>&1 &
   echo $! >"$STATE/control-plane.pid"
 fi
