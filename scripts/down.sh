@@ -16,6 +16,7 @@ if ip netns list | grep -qw "$LAB_NS"; then
   ip netns del "$LAB_NS"
 fi
 if [ "${1:-}" = "--purge" ]; then
-  rm -rf /var/lib/ferro/lab
+  rm -rf /var/lib/ferro/lab "$STATE"
+  rmdir /run/ferro /var/lib/ferro 2>/dev/null || true
 fi
 echo "ferro is down"
