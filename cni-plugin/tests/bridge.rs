@@ -102,6 +102,26 @@ impl Dataplane for Fake {
         self.calls.push(format!("unmasq {chain} v6={v6}"));
         Ok(())
     }
+    fn verify_masq(&mut self, spec: &MasqSpec) -> Result<(), CniError> {
+        self.calls
+            .push(format!("verify masq {} {}", spec.chain, spec.pod_ip));
+        Ok(())
+    }
+    fn gc_masq(
+        &mut self,
+        network: &str,
+        keep: &[String],
+        v6: bool,
+    ) -> Result<Vec<String>, CniError> {
+        self.calls
+            .push(format!("gc masq {network} keep {keep:?} v6={v6}"));
+        Ok(Vec::new())
+    }
+    fn gc_host_veths(&mut self, bridge: &str, keep: &[String]) -> Result<Vec<String>, CniError> {
+        self.calls
+            .push(format!("gc veths on {bridge} keep {keep:?}"));
+        Ok(Vec::new())
+    }
 }
 
 fn env(cmd: &str) -> CniEnv {
