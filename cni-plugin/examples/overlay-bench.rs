@@ -157,7 +157,9 @@ fn mac_of(ns: &str, dev: &str) -> Res<String> {
 fn build(world: &mut World, data: &std::path::Path) -> Res<[(String, String); 4]> {
     let bin = ferro_bin()?;
     let under = add_ns(world, "under")?;
-    sh(&["ip", "-n", &under, "link", "add", "br-under", "type", "bridge"])?;
+    sh(&[
+        "ip", "-n", &under, "link", "add", "br-under", "type", "bridge",
+    ])?;
     sh(&["ip", "-n", &under, "link", "set", "br-under", "up"])?;
     let mut nodes = Vec::new();
     for n in 1..=2u8 {
@@ -167,18 +169,50 @@ fn build(world: &mut World, data: &std::path::Path) -> Res<[(String, String); 4]
             "ip", "-n", &under, "link", "add", &up, "type", "veth", "peer", "name", "eth0",
             "netns", &node,
         ])?;
-        sh(&["ip", "-n", &under, "link", "set", &up, "master", "br-under", "up"])?;
+        sh(&[
+            "ip", "-n", &under, "link", "set", &up, "master", "br-under", "up",
+        ])?;
         let addr = format!("192.168.78.1{n}/24");
         sh(&["ip", "-n", &node, "addr", "add", &addr, "dev", "eth0"])?;
         sh(&["ip", "-n", &node, "link", "set", "eth0", "up"])?;
         sh(&[
-            "ip", "-n", &node, "link", "add", "ferro.vxlan", "type", "vxlan", "id", "1",
-            "local", &format!("192.168.78.1{n}"), "dev", "eth0", "dstport", "8472",
+            "ip",
+            "-n",
+            &node,
+            "link",
+            "add",
+            "ferro.vxlan",
+            "type",
+            "vxlan",
+            "id",
+            "1",
+            "local",
+            &format!("192.168.78.1{n}"),
+            "dev",
+            "eth0",
+            "dstport",
+            "8472",
             "nolearning",
         ])?;
-        sh(&["ip", "-n", &node, "link", "set", "ferro.vxlan", "mtu", "1450", "up"])?;
         sh(&[
-            "ip", "-n", &node, "addr", "add", &format!("10.81.{n}.0/32"), "dev",
+            "ip",
+            "-n",
+            &node,
+            "link",
+            "set",
+            "ferro.vxlan",
+            "mtu",
+            "1450",
+            "up",
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            &node,
+            "addr",
+            "add",
+            &format!("10.81.{n}.0/32"),
+            "dev",
             "ferro.vxlan",
         ])?;
         nodes.push(node);
@@ -188,17 +222,46 @@ fn build(world: &mut World, data: &std::path::Path) -> Res<[(String, String); 4]
         let peer_n = j + 1;
         let peer_mac = mac_of(&nodes[j], "ferro.vxlan")?;
         sh(&[
-            "bridge", "-n", node, "fdb", "append", &peer_mac, "dev", "ferro.vxlan", "dst",
-            &format!("192.168.78.1{peer_n}"), "self", "permanent",
+            "bridge",
+            "-n",
+            node,
+            "fdb",
+            "append",
+            &peer_mac,
+            "dev",
+            "ferro.vxlan",
+            "dst",
+            &format!("192.168.78.1{peer_n}"),
+            "self",
+            "permanent",
         ])?;
         let vtep = format!("10.81.{peer_n}.0");
         sh(&[
-            "ip", "-n", node, "neigh", "replace", &vtep, "lladdr", &peer_mac, "dev",
-            "ferro.vxlan", "nud", "permanent",
+            "ip",
+            "-n",
+            node,
+            "neigh",
+            "replace",
+            &vtep,
+            "lladdr",
+            &peer_mac,
+            "dev",
+            "ferro.vxlan",
+            "nud",
+            "permanent",
         ])?;
         sh(&[
-            "ip", "-n", node, "route", "replace", &format!("10.81.{peer_n}.0/24"), "via",
-            &vtep, "dev", "ferro.vxlan", "onlink",
+            "ip",
+            "-n",
+            node,
+            "route",
+            "replace",
+            &format!("10.81.{peer_n}.0/24"),
+            "via",
+            &vtep,
+            "dev",
+            "ferro.vxlan",
+            "onlink",
         ])?;
     }
     let mut pods = Vec::new();
@@ -228,7 +291,9 @@ struct Figures {
 
 fn iperf(client_ns: &str, server_ns: &str, server_ip: &str, secs: u32) -> Res<(f64, f64)> {
     let mut server = Command::new("ip")
-        .args(["netns", "exec", server_ns, "iperf3", "-s", "-1", "-p", "5399"])
+        .args([
+            "netns", "exec", server_ns, "iperf3", "-s", "-1", "-p", "5399",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -236,7 +301,16 @@ fn iperf(client_ns: &str, server_ns: &str, server_ip: &str, secs: u32) -> Res<(f
     std::thread::sleep(Duration::from_millis(300));
     let out = ns_sh(
         client_ns,
-        &["iperf3", "-c", server_ip, "-p", "5399", "-t", &secs.to_string(), "-J"],
+        &[
+            "iperf3",
+            "-c",
+            server_ip,
+            "-p",
+            "5399",
+            "-t",
+            &secs.to_string(),
+            "-J",
+        ],
     );
     let _ = server.wait();
     let v: Value = serde_json::from_str(&out?).map_err(|e| e.to_string())?;
@@ -271,7 +345,12 @@ fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) ->
     .map_err(|_| "thread panicked".to_string())?
 }
 
-fn request_response(client_ns: &str, server_ns: &str, server_ip: &str, n: usize) -> Res<(f64, f64)> {
+fn request_response(
+    client_ns: &str,
+    server_ns: &str,
+    server_ip: &str,
+    n: usize,
+) -> Res<(f64, f64)> {
     let file = std::fs::File::open(format!("/run/netns/{server_ns}")).map_err(|e| e.to_string())?;
     let (tx, rx) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || -> Res<()> {
@@ -331,7 +410,10 @@ fn run(secs: u32, rr: usize) -> Res<()> {
     let mut world = World { names: Vec::new() };
     let [a, b, c, node2] = build(&mut world, data.path())?;
     let node1 = format!("{PREFIX}node1");
-    println!("pods: a {} (node 1), b {} (node 1), c {} (node 2)", a.1, b.1, c.1);
+    println!(
+        "pods: a {} (node 1), b {} (node 1), c {} (node 2)",
+        a.1, b.1, c.1
+    );
     println!(
         "| path | TCP throughput (Gbit/s) | TCP RTT under load (µs) | ping avg (ms) | TCP 1-byte request/response p50 (µs) | p99 (µs) |"
     );
@@ -339,7 +421,11 @@ fn run(secs: u32, rr: usize) -> Res<()> {
     for (label, client, server) in [
         ("pod a -> pod b, same node (bridge)", &a.0, &b),
         ("pod a -> pod c, other node (VXLAN overlay)", &a.0, &c),
-        ("node 1 -> node 2 (underlay veth + bridge, no overlay)", &node1, &node2),
+        (
+            "node 1 -> node 2 (underlay veth + bridge, no overlay)",
+            &node1,
+            &node2,
+        ),
     ] {
         let f = measure(client, &server.0, &server.1, secs, rr)?;
         println!(
