@@ -234,7 +234,7 @@ pub fn add<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<Cni
     dp.check_netns(netns)?;
     if let Some(plugin) = delegated_ipam(env, conf)? {
         let stdin = conf.raw_bytes();
-        let out = delegate::exec(&plugin, "ADD", &stdin)?.ok_or_else(|| {
+        let out = delegate::exec(&plugin, "ADD", env, &stdin)?.ok_or_else(|| {
             CniError::InvalidConfig(format!(
                 "ipam plugin {} printed no result",
                 plugin.display()
@@ -251,7 +251,7 @@ pub fn add<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<Cni
             applied
         });
         if outcome.is_err() {
-            let _ = delegate::exec(&plugin, "DEL", &stdin);
+            let _ = delegate::exec(&plugin, "DEL", env, &stdin);
         }
         return outcome;
     }
@@ -345,7 +345,7 @@ pub fn check<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<(
         .ok_or_else(|| CniError::InvalidConfig("CHECK needs prevResult".into()))?;
     let prev = CniResult::from_prev(prev)?;
     if let Some(plugin) = delegated_ipam(env, conf)? {
-        delegate::exec(&plugin, "CHECK", &conf.raw_bytes())?;
+        delegate::exec(&plugin, "CHECK", env, &conf.raw_bytes())?;
     } else {
         let held = Store::new(conf.data_dir(), &conf.name, Vec::new()).find(id, ifname)?;
         for ip in &prev.ips {
@@ -430,7 +430,7 @@ pub fn del<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<(),
     }
     dp.delete_host_link(&plan::host_veth_name(id, ifname))?;
     match delegated {
-        Some(plugin) => delegate::exec(&plugin, "DEL", &conf.raw_bytes()).map(drop),
+        Some(plugin) => delegate::exec(&plugin, "DEL", env, &conf.raw_bytes()).map(drop),
         None => Store::new(conf.data_dir(), &conf.name, Vec::new())
             .release(id, ifname)
             .map(drop),
@@ -441,7 +441,7 @@ pub fn del<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<(),
 /// the subnet file); with a delegated plugin, its STATUS decides.
 fn status(env: &CniEnv, conf: &NetConf) -> Result<Option<Value>, CniError> {
     if let Some(plugin) = delegated_ipam(env, conf)? {
-        return delegate::exec(&plugin, "STATUS", &conf.raw_bytes()).map(|_| None);
+        return delegate::exec(&plugin, "STATUS", env, &conf.raw_bytes()).map(|_| None);
     }
     conf.range_sets()
         .map_err(|e| CniError::NotAvailable(e.details()))?;
@@ -478,7 +478,7 @@ pub fn valid_attachments(conf: &NetConf) -> Result<Vec<(String, String)>, CniErr
 pub fn gc_ipam(env: &CniEnv, conf: &NetConf) -> Result<Vec<std::net::IpAddr>, CniError> {
     let valid = valid_attachments(conf)?;
     if let Some(plugin) = delegated_ipam(env, conf)? {
-        delegate::exec(&plugin, "GC", &conf.raw_bytes())?;
+        delegate::exec(&plugin, "GC", env, &conf.raw_bytes())?;
         return Ok(Vec::new());
     }
     Store::new(conf.data_dir(), &conf.name, Vec::new()).gc(&valid)

@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use ipnet::IpNet;
 use serde_json::Value;
 
+use crate::commands::CniEnv;
 use crate::error::CniError;
 use crate::ipam::Allocation;
 use crate::result::CniResult;
@@ -39,13 +40,32 @@ pub fn find_plugin(cni_path: &str, plugin: &str) -> Result<PathBuf, CniError> {
         })
 }
 
-/// Runs `plugin` with this process's environment, `CNI_COMMAND=command`, and `stdin`.
+/// Runs `plugin` with this process's environment, the `CNI_*` variables of `env` (the
+/// invocation's; unset ones are removed) with `CNI_COMMAND=command`, and `stdin`.
 /// Success returns the parsed stdout (`None` when it is empty, as for DEL); failure returns
 /// the plugin's own error ([`CniError::Delegated`]) when it printed one.
-pub fn exec(plugin: &Path, command: &str, stdin: &[u8]) -> Result<Option<Value>, CniError> {
+pub fn exec(
+    plugin: &Path,
+    command: &str,
+    env: &CniEnv,
+    stdin: &[u8],
+) -> Result<Option<Value>, CniError> {
     let what = plugin.display().to_string();
-    let mut child = Command::new(plugin)
-        .env("CNI_COMMAND", command)
+    let mut cmd = Command::new(plugin);
+    cmd.env("CNI_COMMAND", command);
+    for (name, value) in [
+        ("CNI_CONTAINERID", &env.container_id),
+        ("CNI_NETNS", &env.netns),
+        ("CNI_IFNAME", &env.ifname),
+        ("CNI_ARGS", &env.args),
+        ("CNI_PATH", &env.path),
+    ] {
+        match value {
+            Some(v) => cmd.env(name, v),
+            None => cmd.env_remove(name),
+        };
+    }
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
