@@ -2,7 +2,8 @@
 # Shared by up.sh, down.sh and test.sh: installs what ferro needs on Debian 12.
 set -euo pipefail
 
-FERRO_APT_PACKAGES=(iproute2 iputils-ping iptables nftables containernetworking-plugins curl ca-certificates e2fsprogs xfsprogs util-linux procps)
+FERRO_APT_PACKAGES=(iproute2 iputils-ping iptables nftables containernetworking-plugins curl ca-certificates e2fsprogs xfsprogs util-linux procps
+  containerd runc umoci skopeo busybox-static file protobuf-compiler iperf3)
 
 ferro_require_root() {
   if [ "$(id -u)" -ne 0 ]; then

@@ -76,6 +76,9 @@ pub struct NetConf {
     /// Every other key (`args`, `capabilities`, `cni.dev/valid-attachments`, ...).
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+    /// The bytes [`NetConf::parse`] read, passed unchanged to a delegated IPAM plugin.
+    #[serde(skip)]
+    pub raw: Vec<u8>,
 }
 
 /// The `ipam` section: ferro's built-in allocator, or another IPAM plugin to delegate to.
@@ -241,10 +244,32 @@ impl NetConf {
     /// Parses the stdin bytes. Syntax and type errors are code 6; call [`NetConf::validate`]
     /// for semantic checks.
     pub fn parse(bytes: &[u8]) -> Result<Self, CniError> {
-        serde_json::from_slice(bytes).map_err(|source| CniError::Decode {
-            what: "network configuration".into(),
-            source,
-        })
+        let mut conf: NetConf =
+            serde_json::from_slice(bytes).map_err(|source| CniError::Decode {
+                what: "network configuration".into(),
+                source,
+            })?;
+        conf.raw = bytes.to_vec();
+        Ok(conf)
+    }
+
+    /// The bytes a delegated plugin gets on stdin: what was parsed, or (for a config built
+    /// in code) its JSON rendering.
+    pub fn raw_bytes(&self) -> Vec<u8> {
+        if self.raw.is_empty() {
+            let mut obj = self.extra.clone();
+            obj.insert("cniVersion".into(), Value::from(self.cni_version.clone()));
+            obj.insert("name".into(), Value::from(self.name.clone()));
+            obj.insert("type".into(), Value::from(self.plugin_type.clone()));
+            if let Some(IpamConf::Delegate { raw, .. }) = &self.ipam {
+                obj.insert("ipam".into(), raw.clone());
+            }
+            if let Some(p) = &self.prev_result {
+                obj.insert("prevResult".into(), p.clone());
+            }
+            return Value::Object(obj).to_string().into_bytes();
+        }
+        self.raw.clone()
     }
 
     /// Every check that needs no file: version (code 1), then name, type, bridge, mtu and the

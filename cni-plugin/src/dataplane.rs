@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::address::AddressAttribute;
-use netlink_packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkInfo as NlLinkInfo, LinkMessage};
+use netlink_packet_route::link::{
+    InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkInfo as NlLinkInfo, LinkMessage,
+};
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader};
 use netlink_packet_route::AddressFamily;
 use nix::sched::CloneFlags;
@@ -75,6 +77,30 @@ pub trait Dataplane {
     /// Removes the POSTROUTING jumps to `chain` and the chain (ip6tables when `v6`);
     /// success when they do not exist.
     fn remove_masq(&mut self, chain: &str, v6: bool) -> Result<(), CniError>;
+    /// CHECK: the masquerade chain and jump of `spec` are as ADD installed them (code 101
+    /// otherwise).
+    fn verify_masq(&mut self, spec: &MasqSpec) -> Result<(), CniError>;
+    /// GC: removes the masquerade chains of `network` (by their comment) whose name is not
+    /// in `keep`, for one family; returns the removed chains.
+    fn gc_masq(
+        &mut self,
+        network: &str,
+        keep: &[String],
+        v6: bool,
+    ) -> Result<Vec<String>, CniError>;
+    /// GC: deletes the links enslaved to `bridge` whose name has the form of ferro's host
+    /// veths (`veth` + 8 hex digits) and is not in `keep`; returns their names. A missing
+    /// bridge has none.
+    fn gc_host_veths(&mut self, bridge: &str, keep: &[String]) -> Result<Vec<String>, CniError>;
+}
+
+/// Whether `name` has the form of [`crate::plan::host_veth_name`].
+pub fn is_ferro_host_veth(name: &str) -> bool {
+    name.strip_prefix("veth").is_some_and(|h| {
+        h.len() == 8
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
 }
 
 const ENODEV: i32 = 19;
@@ -548,6 +574,55 @@ impl Dataplane for Netlink {
     fn remove_masq(&mut self, chain: &str, v6: bool) -> Result<(), CniError> {
         self.iptables.remove(chain, v6)
     }
+    fn verify_masq(&mut self, spec: &MasqSpec) -> Result<(), CniError> {
+        self.iptables.verify(spec)
+    }
+    fn gc_masq(
+        &mut self,
+        network: &str,
+        keep: &[String],
+        v6: bool,
+    ) -> Result<Vec<String>, CniError> {
+        self.iptables.gc(network, keep, v6)
+    }
+    fn gc_host_veths(&mut self, bridge: &str, keep: &[String]) -> Result<Vec<String>, CniError> {
+        let h = self.host.clone();
+        self.rt.block_on(async {
+            let Some(br) = get_link(&h, bridge)
+                .await
+                .map_err(|e| nl(format!("get bridge {bridge}"), e))?
+            else {
+                return Ok(Vec::new());
+            };
+            let bidx = br.header.index;
+            let mut stale = Vec::new();
+            let mut links = h.link().get().execute();
+            while let Some(l) = links.try_next().await.map_err(|e| nl("list links", e))? {
+                let on_bridge = l
+                    .attributes
+                    .iter()
+                    .any(|a| matches!(a, LinkAttribute::Controller(i) if *i == bidx));
+                let name = l.attributes.iter().find_map(|a| match a {
+                    LinkAttribute::IfName(n) => Some(n.clone()),
+                    _ => None,
+                });
+                if let Some(name) = name {
+                    if on_bridge && is_ferro_host_veth(&name) && !keep.contains(&name) {
+                        stale.push((l.header.index, name));
+                    }
+                }
+            }
+            let mut removed = Vec::new();
+            for (idx, name) in stale {
+                match h.link().del(idx).execute().await {
+                    Ok(()) => removed.push(name),
+                    Err(e) if errno(&e) == Some(ENODEV) => {}
+                    Err(e) => return Err(nl(format!("delete link {name}"), e)),
+                }
+            }
+            Ok(removed)
+        })
+    }
 }
 
 /// Lets callers keep ownership of a dataplane (e.g. a recording fake) they pass to
@@ -590,5 +665,19 @@ impl<T: Dataplane + ?Sized> Dataplane for &mut T {
     }
     fn remove_masq(&mut self, chain: &str, v6: bool) -> Result<(), CniError> {
         (**self).remove_masq(chain, v6)
+    }
+    fn verify_masq(&mut self, spec: &MasqSpec) -> Result<(), CniError> {
+        (**self).verify_masq(spec)
+    }
+    fn gc_masq(
+        &mut self,
+        network: &str,
+        keep: &[String],
+        v6: bool,
+    ) -> Result<Vec<String>, CniError> {
+        (**self).gc_masq(network, keep, v6)
+    }
+    fn gc_host_veths(&mut self, bridge: &str, keep: &[String]) -> Result<Vec<String>, CniError> {
+        (**self).gc_host_veths(bridge, keep)
     }
 }

@@ -52,6 +52,14 @@ pub enum CniError {
     /// Code 199: a command (or part of one) ferro-cni does not implement yet.
     #[error("{0} is not implemented yet")]
     NotImplemented(String),
+    /// A delegated plugin's (the IPAM plugin's) own error, passed through with its code.
+    #[error("{plugin}: {msg}: {details}")]
+    Delegated {
+        plugin: String,
+        code: u32,
+        msg: String,
+        details: String,
+    },
 }
 
 /// Code for [`CniError::RangeExhausted`].
@@ -85,6 +93,7 @@ impl CniError {
             CniError::RangeExhausted(_) => CODE_RANGE_EXHAUSTED,
             CniError::CheckFailed(_) => CODE_CHECK_FAILED,
             CniError::NotImplemented(_) => CODE_NOT_IMPLEMENTED,
+            CniError::Delegated { code, .. } => *code,
         }
     }
 
@@ -103,6 +112,7 @@ impl CniError {
             CniError::RangeExhausted(_) => "Address range exhausted",
             CniError::CheckFailed(_) => "Check failed",
             CniError::NotImplemented(_) => "Not implemented",
+            CniError::Delegated { .. } => "Delegated plugin failed",
         }
     }
 
@@ -121,6 +131,18 @@ impl CniError {
     /// The spec's error result:
     /// `{"cniVersion": .., "code": .., "msg": .., "details": ..}`.
     pub fn to_json(&self, cni_version: &str) -> serde_json::Value {
+        if let CniError::Delegated {
+            code, msg, details, ..
+        } = self
+        {
+            // Passed through unchanged, as the spec's delegation rules ask.
+            return serde_json::json!({
+                "cniVersion": cni_version,
+                "code": code,
+                "msg": msg,
+                "details": details,
+            });
+        }
         serde_json::json!({
             "cniVersion": cni_version,
             "code": self.code(),

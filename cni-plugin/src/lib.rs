@@ -8,6 +8,7 @@
 pub mod commands;
 pub mod config;
 pub mod dataplane;
+pub mod delegate;
 pub mod error;
 pub mod ipam;
 pub mod masq;

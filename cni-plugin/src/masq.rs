@@ -170,6 +170,111 @@ pub fn render_del(chain: &str, observed: &Observed) -> Option<String> {
     Some(out)
 }
 
+/// The nat-table lines of `save` (rules and declarations), without the table markers.
+fn nat_lines(save: &str) -> Vec<&str> {
+    let mut in_nat = false;
+    let mut out = Vec::new();
+    for line in save.lines() {
+        let line = line.trim_end();
+        if let Some(table) = line.strip_prefix('*') {
+            in_nat = table == "nat";
+        } else if in_nat && line != "COMMIT" && !line.starts_with('#') {
+            out.push(line);
+        }
+    }
+    out
+}
+
+/// CHECK of one family's masquerade rules: the chain holds exactly the rules ADD renders,
+/// and POSTROUTING has exactly one jump to it, from the pod's address. `Err` describes the
+/// first difference.
+pub fn verify(save: &str, spec: &MasqSpec) -> Result<(), String> {
+    let lines = nat_lines(save);
+    let c = &spec.chain;
+    if !lines.iter().any(|l| {
+        l.strip_prefix(':')
+            .and_then(|d| d.split_whitespace().next())
+            == Some(c)
+    }) {
+        return Err(format!("masquerade chain {c} does not exist"));
+    }
+    let want: Vec<String> = render_add(spec, &Observed::default())
+        .lines()
+        .filter(|l| l.starts_with("-A "))
+        .map(str::to_string)
+        .collect();
+    for w in &want {
+        if !lines.contains(&w.as_str()) {
+            return Err(format!("masquerade rule missing: {w}"));
+        }
+    }
+    let in_chain = lines
+        .iter()
+        .filter(|l| l.starts_with(&format!("-A {c} ")))
+        .count();
+    let jumps = observe(save, c).jumps.len();
+    let want_in_chain = want
+        .iter()
+        .filter(|l| l.starts_with(&format!("-A {c} ")))
+        .count();
+    if in_chain != want_in_chain {
+        return Err(format!(
+            "masquerade chain {c} has {in_chain} rules, want {want_in_chain}"
+        ));
+    }
+    if jumps != 1 {
+        return Err(format!("POSTROUTING has {jumps} jumps to {c}, want 1"));
+    }
+    Ok(())
+}
+
+/// GC: the FERRO-MASQ chains of `network` (recognised by the comment on their rules or on
+/// the POSTROUTING jumps to them) that are not in `keep`.
+pub fn stale_chains(save: &str, network: &str, keep: &[String]) -> Vec<String> {
+    let lines = nat_lines(save);
+    let tag = format!("--comment \"{}", comment(network, ""));
+    let mut out: Vec<String> = Vec::new();
+    for decl in lines.iter().filter_map(|l| l.strip_prefix(':')) {
+        let Some(chain) = decl.split_whitespace().next() else {
+            continue;
+        };
+        if !chain.starts_with(CHAIN_PREFIX) || keep.iter().any(|k| k == chain) {
+            continue;
+        }
+        let jump = format!("-j {chain}");
+        let ours = lines.iter().any(|l| {
+            (l.starts_with(&format!("-A {chain} "))
+                || (l.starts_with("-A POSTROUTING ")
+                    && (l.ends_with(&jump) || l.contains(&format!("{jump} ")))))
+                && l.contains(&tag)
+        });
+        if ours {
+            out.push(chain.to_string());
+        }
+    }
+    out
+}
+
+/// The `iptables-restore --noflush` input removing `chains` (jumps first) in one
+/// transaction, `None` when there is nothing to remove.
+pub fn render_gc(save: &str, chains: &[String]) -> Option<String> {
+    let mut jumps = String::new();
+    let mut flush = String::new();
+    for c in chains {
+        let o = observe(save, c);
+        for j in &o.jumps {
+            jumps.push_str(&format!("-D POSTROUTING {j}\n"));
+        }
+        if o.chain_exists {
+            flush.push_str(&format!("-F {c}\n-X {c}\n"));
+        }
+    }
+    if jumps.is_empty() && flush.is_empty() {
+        return None;
+    }
+    Some(format!("*nat\n{jumps}{flush}COMMIT\n"))
+}
+
 /// Runs `iptables-save` / `iptables-restore` (or the ip6tables ones) in the current
 /// namespace. The binaries are named here, not looked up elsewhere, so they are visible.
 #[derive(Debug, Clone)]
@@ -255,6 +360,21 @@ impl Iptables {
     pub fn ensure(&self, spec: &MasqSpec) -> Result<(), CniError> {
         let observed = observe(&self.save(spec.is_v6())?, &spec.chain);
         self.restore(spec.is_v6(), &render_add(spec, &observed))
+    }
+
+    /// CHECK: the rules of `spec` are in place (code 101 otherwise).
+    pub fn verify(&self, spec: &MasqSpec) -> Result<(), CniError> {
+        verify(&self.save(spec.is_v6())?, spec).map_err(CniError::CheckFailed)
+    }
+
+    /// GC: removes the chains of `network` not in `keep`; returns the removed ones.
+    pub fn gc(&self, network: &str, keep: &[String], v6: bool) -> Result<Vec<String>, CniError> {
+        let save = self.save(v6)?;
+        let stale = stale_chains(&save, network, keep);
+        if let Some(rules) = render_gc(&save, &stale) {
+            self.restore(v6, &rules)?;
+        }
+        Ok(stale)
     }
 
     /// Removes the jumps to `chain` and the chain; nothing to remove is success.
@@ -361,6 +481,59 @@ mod tests {
             )
         );
         assert_eq!(text.matches("-A POSTROUTING").count(), 1);
+    }
+
+    #[test]
+    fn verify_accepts_what_add_renders_and_reports_drift() {
+        let s = spec();
+        let c = &s.chain;
+        let rules: String = render_add(&s, &Observed::default())
+            .lines()
+            .filter(|l| l.starts_with("-A "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let save = format!("*nat\n:POSTROUTING ACCEPT [0:0]\n:{c} - [0:0]\n{rules}COMMIT\n");
+        assert_eq!(verify(&save, &s), Ok(()));
+        let missing = save.replace(" -j MASQUERADE", " -j RETURN");
+        assert!(verify(&missing, &s).unwrap_err().contains("missing"));
+        let extra = save.replace("COMMIT", &format!("-A {c} -j ACCEPT\nCOMMIT"));
+        assert!(verify(&extra, &s).unwrap_err().contains("3 rules"));
+        assert!(verify("*nat\nCOMMIT\n", &s)
+            .unwrap_err()
+            .contains("does not exist"));
+    }
+
+    #[test]
+    fn gc_finds_chains_of_the_network_not_kept() {
+        let keep = MasqSpec::new("testnet", "keep", "10.77.0.2".parse().unwrap(), 24);
+        let stale = spec();
+        let other = MasqSpec::new("othernet", "x", "10.78.0.2".parse().unwrap(), 24);
+        let mut save = String::from("*nat\n:POSTROUTING ACCEPT [0:0]\n");
+        for s in [&keep, &stale, &other] {
+            save.push_str(&format!(":{} - [0:0]\n", s.chain));
+        }
+        for s in [&keep, &stale, &other] {
+            for l in render_add(s, &Observed::default())
+                .lines()
+                .filter(|l| l.starts_with("-A "))
+            {
+                save.push_str(l);
+                save.push('\n');
+            }
+        }
+        save.push_str("COMMIT\n");
+        let found = stale_chains(&save, "testnet", std::slice::from_ref(&keep.chain));
+        assert_eq!(found, vec![stale.chain.clone()]);
+        let c = &stale.chain;
+        let want = format!(
+            "*nat\n\
+             -D POSTROUTING -s 10.77.0.5/32 -m comment --comment \"name: testnet id: ctr-a\" -j {c}\n\
+             -F {c}\n\
+             -X {c}\n\
+             COMMIT\n"
+        );
+        assert_eq!(render_gc(&save, &found), Some(want));
+        assert_eq!(render_gc(&save, &[]), None);
     }
 
     #[test]

@@ -102,6 +102,26 @@ impl Dataplane for Fake {
         self.calls.push(format!("unmasq {chain} v6={v6}"));
         Ok(())
     }
+    fn verify_masq(&mut self, spec: &MasqSpec) -> Result<(), CniError> {
+        self.calls
+            .push(format!("verify masq {} {}", spec.chain, spec.pod_ip));
+        Ok(())
+    }
+    fn gc_masq(
+        &mut self,
+        network: &str,
+        keep: &[String],
+        v6: bool,
+    ) -> Result<Vec<String>, CniError> {
+        self.calls
+            .push(format!("gc masq {network} keep {keep:?} v6={v6}"));
+        Ok(Vec::new())
+    }
+    fn gc_host_veths(&mut self, bridge: &str, keep: &[String]) -> Result<Vec<String>, CniError> {
+        self.calls
+            .push(format!("gc veths on {bridge} keep {keep:?}"));
+        Ok(Vec::new())
+    }
 }
 
 fn env(cmd: &str) -> CniEnv {
@@ -439,4 +459,90 @@ fn check_needs_prev_result_and_the_reservation() {
         commands::run_with(&env("CHECK"), &conf(dir.path(), prev), || Ok(&mut fake)).unwrap_err();
     assert_eq!(e.code(), 101, "{e}");
     assert!(e.to_string().contains("not reserved"), "{e}");
+}
+
+fn delegated_env(cmd: &str, id: &str) -> CniEnv {
+    let vars = [
+        ("CNI_COMMAND", cmd),
+        ("CNI_CONTAINERID", id),
+        ("CNI_NETNS", "/run/netns/x"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", "/nonexistent:/usr/lib/cni"),
+    ];
+    CniEnv::from_vars(|k| {
+        vars.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    })
+    .unwrap()
+}
+
+fn host_local_conf(dir: &std::path::Path) -> NetConf {
+    assert!(
+        std::path::Path::new("/usr/lib/cni/host-local").exists(),
+        "/usr/lib/cni/host-local is missing: apt-get install -y containernetworking-plugins"
+    );
+    let v = json!({
+        "cniVersion": "1.0.0", "name": "n", "type": "ferro", "isGateway": true,
+        "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.9.0.0/24", "rangeEnd": "10.9.0.2"}]],
+                 "routes": [{"dst": "192.168.0.0/16"}], "dataDir": dir},
+    });
+    NetConf::parse(v.to_string().as_bytes()).unwrap()
+}
+
+#[test]
+fn delegated_host_local_add_merges_its_result_and_del_releases() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = host_local_conf(dir.path());
+    let mut dp = Fake::default();
+    let out = commands::run_with(&delegated_env("ADD", "abc"), &conf, || Ok(&mut dp))
+        .unwrap()
+        .unwrap();
+    assert_eq!(out["ips"][0]["address"], "10.9.0.2/24", "{out}");
+    assert_eq!(out["ips"][0]["gateway"], "10.9.0.1");
+    assert_eq!(out["ips"][0]["interface"], 2);
+    // The default route of isGateway, then host-local's route.
+    assert_eq!(
+        out["routes"],
+        json!([{"dst": "0.0.0.0/0", "gw": "10.9.0.1"}, {"dst": "192.168.0.0/16"}])
+    );
+    assert!(
+        dp.calls
+            .iter()
+            .any(|c| c.contains("bridge ferro0 [10.9.0.1/24]")),
+        "{:?}",
+        dp.calls
+    );
+    assert_eq!(ip_files(dir.path()), 1, "host-local's reservation");
+    // The single address is taken: host-local's own error comes back unchanged.
+    let e = commands::run_with(&delegated_env("ADD", "other"), &conf, || Ok(&mut dp)).unwrap_err();
+    let v = e.to_json("1.0.0");
+    assert!(
+        v["msg"]
+            .as_str()
+            .unwrap()
+            .contains("no IP addresses available"),
+        "{v}"
+    );
+    assert_eq!(ip_files(dir.path()), 1);
+    commands::run_with(&delegated_env("DEL", "abc"), &conf, || Ok(&mut dp)).unwrap();
+    assert_eq!(ip_files(dir.path()), 0);
+}
+
+#[test]
+fn delegated_add_failure_runs_the_ipam_del() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = host_local_conf(dir.path());
+    let mut dp = Fake {
+        fail_veth: true,
+        ..Fake::default()
+    };
+    let e = commands::run_with(&delegated_env("ADD", "abc"), &conf, || Ok(&mut dp)).unwrap_err();
+    assert_eq!(e.code(), 5, "{e}");
+    assert_eq!(ip_files(dir.path()), 0, "the IPAM DEL released the address");
+    assert!(
+        dp.calls.iter().any(|c| c.starts_with("delete veth")),
+        "{:?}",
+        dp.calls
+    );
 }

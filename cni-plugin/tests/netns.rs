@@ -151,7 +151,7 @@ impl Node {
             .env("CNI_CONTAINERID", id)
             .env("CNI_NETNS", netns)
             .env("CNI_IFNAME", "eth0")
-            .env("CNI_PATH", "/opt/cni/bin")
+            .env("CNI_PATH", "/usr/lib/cni")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -529,18 +529,18 @@ fn ip_masq_failed_add_leaves_no_chain() {
 }
 
 #[test]
-fn twenty_parallel_adds_then_dels_leak_nothing() {
+fn hundred_parallel_adds_then_dels_leak_nothing() {
     parallel_adds_then_dels(false);
 }
 
 #[test]
-fn twenty_parallel_masq_adds_then_dels_leak_nothing() {
+fn hundred_parallel_masq_adds_then_dels_leak_nothing() {
     require_iptables();
     parallel_adds_then_dels(true);
 }
 
 fn parallel_adds_then_dels(ip_masq: bool) {
-    const N: usize = 20;
+    const N: usize = 100;
     let node = Node::new();
     let conf = node.conf_with(ip_masq);
     let ctrs: Vec<NsGuard> = (0..N).map(|_| NsGuard::new()).collect();
@@ -567,6 +567,17 @@ fn parallel_adds_then_dels(ip_masq: bool) {
             .filter(|r| r.starts_with("-A POSTROUTING"))
             .count();
         assert_eq!(jumps, N, "{:#?}", node.masq_rules());
+        let chains = node
+            .masq_rules()
+            .into_iter()
+            .filter(|r| r.starts_with("-N FERRO-MASQ-"))
+            .count();
+        assert_eq!(chains, N, "{:#?}", node.masq_rules());
+    }
+    // Every container got its address on eth0.
+    for (c, ip) in ctrs.iter().zip(&ips) {
+        let addrs = c.ip_json(&["-4", "addr", "show", "dev", "eth0"]);
+        assert_eq!(addrs[0]["addr_info"][0]["local"], ip.as_str(), "{}", c.name);
     }
     std::thread::scope(|s| {
         for (i, c) in ctrs.iter().enumerate() {
@@ -585,6 +596,16 @@ fn parallel_adds_then_dels(ip_masq: bool) {
     assert!(node.ip_files().is_empty(), "leaked: {:?}", node.ip_files());
     assert!(node.veths().is_empty(), "leaked: {:?}", node.veths());
     assert!(node.bridge_ports().is_empty());
+    for c in &ctrs {
+        let links: Vec<String> = c
+            .ip_json(&["link", "show"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["ifname"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(links, vec!["lo"], "{} keeps links", c.name);
+    }
 }
 
 #[test]
@@ -613,4 +634,345 @@ fn check_passes_after_add_and_fails_once_the_address_is_gone() {
     assert!(!out.status.success());
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["code"], 101, "{v}");
+}
+
+fn nat_exec(node: &Node, args: &[&str]) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &node.ns.name, "iptables", "-t", "nat"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "iptables {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn with_prev(conf: &str, prev: &Value) -> String {
+    let mut v: Value = serde_json::from_str(conf).unwrap();
+    v["prevResult"] = prev.clone();
+    v.to_string()
+}
+
+#[test]
+fn check_verifies_the_masquerade_chain() {
+    require_iptables();
+    let node = Node::new();
+    let c = NsGuard::new();
+    let conf = node.conf_with(true);
+    let id = "ctr-check-masq";
+    let r = node.add_with(id, &c, &conf);
+    let ip = result_ip(&r);
+    let checked = with_prev(&conf, &r);
+    let out = node.plugin_with("CHECK", id, &c.path(), &checked);
+    assert!(
+        out.status.success(),
+        "CHECK: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Remove the MASQUERADE rule by hand: CHECK reports it.
+    let chain = ferro_cni::masq::chain_name("testnet", id);
+    nat_exec(
+        &node,
+        &[
+            "-D",
+            &chain,
+            "!",
+            "-d",
+            "224.0.0.0/4",
+            "-m",
+            "comment",
+            "--comment",
+            &format!("name: testnet id: {id}"),
+            "-j",
+            "MASQUERADE",
+        ],
+    );
+    let out = node.plugin_with("CHECK", id, &c.path(), &checked);
+    assert!(!out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["code"], 101, "{v}");
+    assert!(v["details"].as_str().unwrap().contains("MASQUERADE"), "{v}");
+    // A repeated ADD repairs it (and replaces the veth, so its result is the new
+    // prevResult); then the jump goes missing.
+    let checked = with_prev(&conf, &node.add_with(id, &c, &conf));
+    assert!(node
+        .plugin_with("CHECK", id, &c.path(), &checked)
+        .status
+        .success());
+    nat_exec(
+        &node,
+        &[
+            "-D",
+            "POSTROUTING",
+            "-s",
+            &format!("{ip}/32"),
+            "-m",
+            "comment",
+            "--comment",
+            &format!("name: testnet id: {id}"),
+            "-j",
+            &chain,
+        ],
+    );
+    let out = node.plugin_with("CHECK", id, &c.path(), &checked);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["code"], 101, "{v}");
+    node.del_with(id, &c.path(), &conf);
+    assert!(node.masq_rules().is_empty());
+}
+
+#[test]
+fn gc_removes_chains_addresses_and_veths_of_stale_attachments() {
+    require_iptables();
+    let node = Node::new();
+    let (c1, c2) = (NsGuard::new(), NsGuard::new());
+    let conf = node.conf_with(true);
+    let keep_ip = result_ip(&node.add_with("ctr-keep", &c1, &conf));
+    node.add_with("ctr-stale", &c2, &conf);
+    // A leftover host veth of ferro's form on the bridge, and a foreign port that stays.
+    node.ns.ip_json(&[
+        "link",
+        "add",
+        "vethdeadbeef",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "fcgc-p1",
+    ]);
+    node.ns.ip_json(&[
+        "link",
+        "add",
+        "fcgc-other",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "fcgc-p2",
+    ]);
+    for l in ["vethdeadbeef", "fcgc-other"] {
+        node.ns.ip_json(&["link", "set", l, "master", BRIDGE]);
+    }
+    // Another network's chain in the same table stays too.
+    let other = ferro_cni::masq::MasqSpec::new("othernet", "x", "10.99.0.2".parse().unwrap(), 24);
+    let rules = ferro_cni::masq::render_add(&other, &ferro_cni::masq::Observed::default());
+    let mut child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &node.ns.name,
+            "iptables-restore",
+            "--noflush",
+        ])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(rules.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+
+    let mut gc: Value = serde_json::from_str(&conf).unwrap();
+    gc["cniVersion"] = json!("1.1.0");
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": "ctr-keep", "ifname": "eth0"}]);
+    let out = node.plugin_with("GC", "", "", &gc.to_string());
+    assert!(
+        out.status.success(),
+        "GC: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let keep_chain = ferro_cni::masq::chain_name("testnet", "ctr-keep");
+    let stale_chain = ferro_cni::masq::chain_name("testnet", "ctr-stale");
+    let rules = node.masq_rules();
+    assert!(rules.iter().any(|r| r.contains(&keep_chain)), "{rules:#?}");
+    assert!(
+        !rules.iter().any(|r| r.contains(&stale_chain)),
+        "{rules:#?}"
+    );
+    assert!(rules.iter().any(|r| r.contains(&other.chain)), "{rules:#?}");
+    assert_eq!(node.ip_files(), vec![keep_ip]);
+    let mut ports = node.bridge_ports();
+    ports.sort();
+    let mut want = vec![
+        "fcgc-other".to_string(),
+        ferro_cni::plan::host_veth_name("ctr-keep", "eth0"),
+    ];
+    want.sort();
+    assert_eq!(ports, want);
+    node.del_with("ctr-keep", &c1.path(), &conf);
+}
+
+fn delegated_conf(node: &Node, range_end: &str) -> String {
+    json!({
+        "cniVersion": "1.0.0",
+        "name": "testnet",
+        "type": "ferro",
+        "bridge": BRIDGE,
+        "isGateway": true,
+        "ipMasq": true,
+        "ipam": {
+            "type": "host-local",
+            "ranges": [[{"subnet": SUBNET, "rangeEnd": range_end}]],
+            "dataDir": node.data.path(),
+        },
+    })
+    .to_string()
+}
+
+#[test]
+fn delegated_host_local_ipam_add_check_del() {
+    require_iptables();
+    assert!(
+        Path::new("/usr/lib/cni/host-local").exists(),
+        "/usr/lib/cni/host-local is missing: apt-get install -y containernetworking-plugins"
+    );
+    let node = Node::new();
+    let (c1, c2) = (NsGuard::new(), NsGuard::new());
+    // One address in the range: the second ADD fails with host-local's own error.
+    let conf = delegated_conf(&node, "10.77.0.2");
+    let r = node.add_with("ctr-hl", &c1, &conf);
+    let ip = result_ip(&r);
+    assert_eq!(ip, "10.77.0.2");
+    assert_eq!(r["ips"][0]["interface"], 2);
+    assert_eq!(r["ips"][0]["gateway"], GATEWAY);
+    assert_eq!(node.ip_files(), vec![ip.clone()], "host-local's file");
+    assert!(ping(&c1, GATEWAY));
+    assert!(node
+        .masq_rules()
+        .iter()
+        .any(|l| l.contains(&format!("-s {ip}/32"))));
+    let out = node.plugin_with("CHECK", "ctr-hl", &c1.path(), &with_prev(&conf, &r));
+    assert!(
+        out.status.success(),
+        "CHECK: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = node.plugin_with("ADD", "ctr-hl-2", &c2.path(), &conf);
+    assert!(!out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // host-local's error, passed through (its code and message), nothing left behind.
+    let direct = Command::new("/usr/lib/cni/host-local")
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", "ctr-hl-3")
+        .env("CNI_NETNS", c2.path())
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut ch| {
+            ch.stdin.take().unwrap().write_all(conf.as_bytes())?;
+            ch.wait_with_output()
+        })
+        .unwrap();
+    let direct: Value = serde_json::from_slice(&direct.stdout).unwrap();
+    assert_eq!(v["code"], direct["code"], "{v} vs {direct}");
+    assert_eq!(v["msg"], direct["msg"], "{v} vs {direct}");
+    assert_eq!(node.bridge_ports().len(), 1);
+
+    node.del_with("ctr-hl", &c1.path(), &with_prev(&conf, &r));
+    assert!(node.ip_files().is_empty(), "{:?}", node.ip_files());
+    assert!(node.veths().is_empty());
+    assert!(node.masq_rules().is_empty(), "{:#?}", node.masq_rules());
+    node.del_with("ctr-hl", &c1.path(), &conf);
+
+    // An IPAM plugin that is not in CNI_PATH.
+    let missing = conf.replace("host-local", "no-such-ipam");
+    let out = node.plugin_with("ADD", "ctr-x", &c2.path(), &missing);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["code"], 5, "{v}");
+    assert!(
+        v["details"].as_str().unwrap().contains("no-such-ipam"),
+        "{v}"
+    );
+}
+
+fn ping6(from: &NsGuard, ip: &str) -> bool {
+    let cmd = ping_cmd();
+    Command::new("ip")
+        .args(["netns", "exec", &from.name])
+        .args(&cmd)
+        .args(["-6", "-c1", "-W1", ip])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+#[test]
+fn dual_stack_pod_gets_both_families_and_pings_both_gateways() {
+    let node = Node::new();
+    let (c1, c2) = (NsGuard::new(), NsGuard::new());
+    let conf = json!({
+        "cniVersion": "1.0.0",
+        "name": "testnet",
+        "type": "ferro",
+        "bridge": BRIDGE,
+        "isGateway": true,
+        "ipam": {
+            "ranges": [[{"subnet": SUBNET}], [{"subnet": "fd77::/64"}]],
+            "dataDir": node.data.path(),
+        },
+    })
+    .to_string();
+    let r = node.add_with("ctr-ds", &c1, &conf);
+    let r2 = node.add_with("ctr-ds-2", &c2, &conf);
+    let ips: Vec<&str> = r["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["address"].as_str().unwrap())
+        .collect();
+    assert_eq!(ips.len(), 2, "{r}");
+    assert!(
+        ips[0].starts_with("10.77.0.") && ips[0].ends_with("/24"),
+        "{r}"
+    );
+    assert!(
+        ips[1].starts_with("fd77::") && ips[1].ends_with("/64"),
+        "{r}"
+    );
+    assert_eq!(r["ips"][1]["gateway"], "fd77::1");
+    let routes = r["routes"].as_array().unwrap();
+    assert!(
+        routes.contains(&json!({"dst": "::/0", "gw": "fd77::1"})),
+        "{r}"
+    );
+    let v6 = c1.ip_json(&["-6", "addr", "show", "dev", "eth0", "scope", "global"]);
+    assert_eq!(
+        v6[0]["addr_info"][0]["local"],
+        ips[1].split('/').next().unwrap()
+    );
+    assert!(ping(&c1, GATEWAY), "no IPv4 to the gateway");
+    // Duplicate address detection keeps fresh IPv6 addresses tentative for a moment.
+    let peer6 = r2["ips"][1]["address"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !(ping6(&c1, "fd77::1") && ping6(&c1, &peer6)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no IPv6 to the gateway fd77::1 and {peer6}: {:#}",
+            c1.ip_json(&["-6", "addr"])
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(node.ip_files().len(), 4);
+    node.del_with("ctr-ds", &c1.path(), &conf);
+    node.del_with("ctr-ds-2", &c2.path(), &conf);
+    assert!(node.ip_files().is_empty(), "{:?}", node.ip_files());
+    assert!(node.veths().is_empty());
 }

@@ -1,0 +1,358 @@
+//! A private containerd for one test, inside a network namespace the test created.
+//!
+//! Layout under a temp dir `D`: `D/root`, `D/state` (containerd's `root` and `state`; the
+//! CRI plugin's pod netns files go to `D/state/netns` via `netns_mounts_under_state_dir`),
+//! `D/containerd.sock`, `D/opt`, `D/runc` (runc's state), `D/cni/bin`, `D/cni/conf`,
+//! `D/config.toml`, `D/containerd.log`.
+//!
+//! It is started with `ip netns exec <ns>`, which also gives it a mount namespace of its own
+//! with a fresh sysfs on /sys; the wrapper script mounts the host's cgroup hierarchies again
+//! there (same types and options as the fixture's own /sys/fs/cgroup, so the same
+//! hierarchies) before it execs containerd. Everything containerd and its shims mount lives in
+//! that mount namespace and goes away with its last process.
+//!
+//! Drop: SIGKILL to the container and shim processes listed in the state dir (`init.pid`,
+//! `shim.pid`: processes this containerd started), SIGTERM to containerd (SIGKILL after 10 s),
+//! a lazy unmount of anything still mounted under `D` in the fixture's own mount namespace,
+//! then the temp dir is removed.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::netns::NetNs;
+use crate::{require_bin, run};
+
+/// What the CRI plugin is configured with.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The CRI plugin's `sandbox_image` (import it before the first RunPodSandbox).
+    pub sandbox_image: String,
+    /// CNI binaries to put in `bin_dir`: (name in bin_dir, source file). The CRI plugin also
+    /// needs `loopback` there.
+    pub cni_plugins: Vec<(String, PathBuf)>,
+    /// Files of `conf_dir`: (file name, content).
+    pub cni_configs: Vec<(String, String)>,
+}
+
+/// Renders containerd 1.6's config (version 2). Pure.
+pub fn render_config(dir: &Path, opts: &Options) -> String {
+    let d = dir.display();
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{d}/containerd.sock"
+
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
+
+[debug]
+  address = "{d}/debug.sock"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{image}"
+  netns_mounts_under_state_dir = true
+  # Without CAP_SYS_RESOURCE (as in this VM) runc cannot lower oom_score_adj to -998.
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{d}/cni/bin"
+    conf_dir = "{d}/cni/conf"
+    max_conf_num = 1
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = "{d}/runc"
+"#,
+        image = opts.sandbox_image,
+    );
+    s
+}
+
+/// Shell commands that mount, in a fresh /sys, the cgroup file systems mounted at and under
+/// /sys/fs/cgroup in `mountinfo` (the fixture's own view). Pure.
+pub fn cgroup_mount_script(mountinfo: &str) -> String {
+    let mut out = String::new();
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let Some(point) = left.split_whitespace().nth(4) else {
+            continue;
+        };
+        if point != "/sys/fs/cgroup" && !point.starts_with("/sys/fs/cgroup/") {
+            continue;
+        }
+        let mut r = right.split_whitespace();
+        let (Some(fstype), Some(_src), Some(opts)) = (r.next(), r.next(), r.next()) else {
+            continue;
+        };
+        let keep: Vec<&str> = opts
+            .split(',')
+            .filter(|o| {
+                !matches!(*o, "rw" | "ro") && !o.starts_with("size=") && !o.starts_with("inode64")
+            })
+            .collect();
+        let opts = if keep.is_empty() {
+            String::new()
+        } else {
+            format!(" -o {}", keep.join(","))
+        };
+        match fstype {
+            "tmpfs" | "cgroup" | "cgroup2" => {
+                let _ = writeln!(
+                    out,
+                    "mkdir -p {point} && mount -t {fstype}{opts} {fstype} {point}"
+                );
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A running private containerd.
+pub struct Containerd {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Containerd {
+    /// Writes the config and CNI dirs, starts containerd in `ns` and waits (up to 30 s) until
+    /// its socket answers `ctr version`.
+    pub fn start(ns: &NetNs, opts: &Options) -> Result<Containerd> {
+        crate::require_root()?;
+        require_bin("containerd", "containerd")?;
+        require_bin("ctr", "containerd")?;
+        require_bin("runc", "runc")?;
+        require_bin("containerd-shim-runc-v2", "containerd")?;
+        let dir = tempfile::Builder::new()
+            .prefix("ferro-lab-ctrd-")
+            .tempdir()?;
+        let d = dir.path();
+        for sub in ["root", "state", "opt", "runc", "cni/bin", "cni/conf"] {
+            std::fs::create_dir_all(d.join(sub))?;
+        }
+        for (name, src) in &opts.cni_plugins {
+            std::os::unix::fs::symlink(src, d.join("cni/bin").join(name))
+                .with_context(|| format!("link CNI plugin {name} -> {}", src.display()))?;
+        }
+        for (name, text) in &opts.cni_configs {
+            std::fs::write(d.join("cni/conf").join(name), text)?;
+        }
+        let config = d.join("config.toml");
+        std::fs::write(&config, render_config(d, opts))?;
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+        let script = format!(
+            "set -e\n{}exec containerd --config {} --log-level info\n",
+            cgroup_mount_script(&mountinfo),
+            config.display()
+        );
+        std::fs::write(d.join("start.sh"), &script)?;
+        let log = std::fs::File::create(d.join("containerd.log"))?;
+        let child = ns
+            .command("sh")
+            .arg(d.join("start.sh"))
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("start containerd")?;
+        let mut c = Containerd {
+            dir,
+            child: Some(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(child) = c.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    bail!("containerd exited ({status}):\n{}", c.log());
+                }
+            }
+            if c.socket().exists() && c.ctr(&["version"]).is_ok() {
+                return Ok(c);
+            }
+            if Instant::now() > deadline {
+                bail!("containerd did not answer within 30s:\n{}", c.log());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The temp dir everything lives in.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The gRPC socket (CRI and containerd's own API).
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("containerd.sock")
+    }
+
+    /// containerd's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
+    }
+
+    /// containerd's pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// `ctr --address <socket> --namespace k8s.io ARGS`.
+    pub fn ctr(&self, args: &[&str]) -> Result<String> {
+        let out = run(Command::new("ctr")
+            .arg("--address")
+            .arg(self.socket())
+            .args(["--namespace", "k8s.io"])
+            .args(args))?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Imports a docker-archive or OCI tar into the `k8s.io` namespace (the CRI plugin's).
+    pub fn import(&self, tar: &Path) -> Result<()> {
+        self.ctr(&["images", "import", &tar.display().to_string()])
+            .map(drop)
+    }
+
+    /// Pids recorded by the runc shims under the state dir (`init.pid`: container processes,
+    /// `shim.pid`: the shims), containers first.
+    fn runtime_pids(&self) -> Vec<i32> {
+        let tasks = self.dir.path().join("state/io.containerd.runtime.v2.task");
+        let mut init = Vec::new();
+        let mut shims = Vec::new();
+        for ns in std::fs::read_dir(&tasks).into_iter().flatten().flatten() {
+            for task in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
+                for (file, list) in [("init.pid", &mut init), ("shim.pid", &mut shims)] {
+                    if let Some(pid) = std::fs::read_to_string(task.path().join(file))
+                        .ok()
+                        .and_then(|s| s.trim().parse::<i32>().ok())
+                    {
+                        list.push(pid);
+                    }
+                }
+            }
+        }
+        init.extend(shims);
+        init
+    }
+
+    /// Stops everything (see the module doc); also called by Drop.
+    pub fn stop(&mut self) {
+        for pid in self.runtime_pids() {
+            if pid > 1 {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+        if let Some(mut child) = self.child.take() {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() > deadline => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        }
+        // Mounts normally die with containerd's own mount namespace; anything that reached
+        // ours (under the temp dir only) is unmounted, deepest first.
+        let prefix = self.dir.path().display().to_string();
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
+            .filter(|p| p.starts_with(&prefix))
+            .collect();
+        mounts.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for m in mounts {
+            let _ = Command::new("umount").args(["-l", &m]).output();
+        }
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn config_points_everything_into_the_temp_dir() {
+        let opts = Options {
+            sandbox_image: "registry.ferro.test/pause:1".into(),
+            cni_plugins: Vec::new(),
+            cni_configs: Vec::new(),
+        };
+        let text = render_config(Path::new("/tmp/x"), &opts);
+        for want in [
+            "root = \"/tmp/x/root\"",
+            "state = \"/tmp/x/state\"",
+            "address = \"/tmp/x/containerd.sock\"",
+            "sandbox_image = \"registry.ferro.test/pause:1\"",
+            "bin_dir = \"/tmp/x/cni/bin\"",
+            "conf_dir = \"/tmp/x/cni/conf\"",
+            "Root = \"/tmp/x/runc\"",
+            "netns_mounts_under_state_dir = true",
+        ] {
+            assert!(text.contains(want), "missing {want}:\n{text}");
+        }
+        assert!(!text.contains("/var/lib/containerd"));
+        assert!(!text.contains("/run/containerd"));
+    }
+
+    #[test]
+    fn cgroup_script_remounts_v1_hybrid_and_v2() {
+        let hybrid = "\
+30 23 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755,inode64
+31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid shared:10 - cgroup2 cgroup2 rw,nsdelegate
+32 30 0:28 / /sys/fs/cgroup/cpu,cpuacct rw shared:11 - cgroup cgroup rw,cpu,cpuacct
+40 23 0:5 / /proc rw - proc proc rw
+";
+        assert_eq!(
+            cgroup_mount_script(hybrid),
+            "mkdir -p /sys/fs/cgroup && mount -t tmpfs -o mode=755 tmpfs /sys/fs/cgroup\n\
+             mkdir -p /sys/fs/cgroup/unified && mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup/unified\n\
+             mkdir -p /sys/fs/cgroup/cpu,cpuacct && mount -t cgroup -o cpu,cpuacct cgroup /sys/fs/cgroup/cpu,cpuacct\n"
+        );
+        let v2 = "30 23 0:26 / /sys/fs/cgroup rw shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n";
+        assert_eq!(
+            cgroup_mount_script(v2),
+            "mkdir -p /sys/fs/cgroup && mount -t cgroup2 -o nsdelegate,memory_recursiveprot cgroup2 /sys/fs/cgroup\n"
+        );
+    }
+}

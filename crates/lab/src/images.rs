@@ -1,0 +1,157 @@
+//! Test images built offline.
+//!
+//! Both images are OCI layouts made with `umoci` (`init`, `new`, `insert`, `config`) from a
+//! root filesystem assembled here, then written as docker-archive tars by `skopeo copy` so
+//! `ctr images import` takes them with their names. Why not a registry: importing needs no
+//! extra process, port or `hosts.toml`, and CRI finds an imported sandbox image locally, so
+//! nothing is ever pulled (see docs/design/lab.md).
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::{require_bin, run};
+
+/// The name of the pause image (the CRI plugin's `sandbox_image`).
+pub const PAUSE_IMAGE: &str = "registry.ferro.test/pause:1";
+/// The name of the busybox image.
+pub const BUSYBOX_IMAGE: &str = "registry.ferro.test/busybox:1";
+
+/// busybox applets linked in the busybox image's /bin.
+const APPLETS: &[&str] = &[
+    "sh", "ash", "cat", "echo", "ls", "sleep", "wget", "nc", "httpd", "ip", "ping", "hostname",
+    "ps", "true", "false", "env", "id", "mkdir", "rm",
+];
+
+/// The workspace root (this crate is `crates/lab`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The host's Rust target triple, from `rustc -vV`.
+fn host_triple(cargo: &str) -> Result<String> {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| {
+        Path::new(cargo)
+            .parent()
+            .map(|d| d.join("rustc"))
+            .filter(|p| p.is_file())
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "rustc".into())
+    });
+    let out = run(Command::new(rustc).arg("-vV"))?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .map(str::to_string)
+        .context("rustc -vV printed no host triple")
+}
+
+/// Builds ferro's `pause` (crate `ferro-pause`) statically linked
+/// (`RUSTFLAGS=-C target-feature=+crt-static`, with an explicit `--target` so build scripts
+/// and proc macros stay dynamic) into `<workspace>/target/lab-static`, and checks with
+/// `file` that the result really is static. Returns the binary's path.
+pub fn build_static_pause() -> Result<PathBuf> {
+    require_bin("file", "file")?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let triple = host_triple(&cargo)?;
+    let root = workspace_root();
+    let target_dir = root.join("target/lab-static");
+    run(Command::new(&cargo)
+        .current_dir(&root)
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "ferro-pause",
+            "--target",
+            &triple,
+        ])
+        .arg("--target-dir")
+        .arg(&target_dir))?;
+    let bin = target_dir.join(&triple).join("release/pause");
+    check_static(&bin)?;
+    Ok(bin)
+}
+
+/// Fails unless `file` calls `bin` statically linked.
+pub fn check_static(bin: &Path) -> Result<()> {
+    let out = run(Command::new("file").arg("-L").arg(bin))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !text.contains("statically linked") && !text.contains("static-pie linked") {
+        bail!("{} is not static: {text}", bin.display());
+    }
+    Ok(())
+}
+
+/// The docker-archive tars of the two test images.
+pub struct ImageTars {
+    pub pause: PathBuf,
+    pub busybox: PathBuf,
+}
+
+/// Builds both images under `work` from `pause_bin` and Debian's /bin/busybox.
+pub fn build_images(work: &Path, pause_bin: &Path) -> Result<ImageTars> {
+    require_bin("umoci", "umoci")?;
+    require_bin("skopeo", "skopeo")?;
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.is_file() {
+        bail!("/bin/busybox is missing: apt-get install -y busybox-static");
+    }
+    check_static(busybox).context("the busybox image needs Debian's busybox-static")?;
+
+    let pause_root = work.join("pause-rootfs");
+    std::fs::create_dir_all(&pause_root)?;
+    std::fs::copy(pause_bin, pause_root.join("pause"))?;
+    let pause = image(work, "pause", &pause_root, &["/pause"], PAUSE_IMAGE)?;
+
+    let bb_root = work.join("busybox-rootfs");
+    let bin = bb_root.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    for d in ["tmp", "etc", "proc", "sys", "dev", "www"] {
+        std::fs::create_dir_all(bb_root.join(d))?;
+    }
+    std::fs::copy(busybox, bin.join("busybox"))?;
+    for a in APPLETS {
+        symlink("busybox", bin.join(a))?;
+    }
+    std::fs::write(bb_root.join("etc/passwd"), "root:x:0:0:root:/:/bin/sh\n")?;
+    std::fs::write(bb_root.join("etc/group"), "root:x:0:\n")?;
+    let busybox = image(work, "busybox", &bb_root, &["/bin/sh"], BUSYBOX_IMAGE)?;
+    Ok(ImageTars { pause, busybox })
+}
+
+/// One image: OCI layout `<work>/<name>-oci:<name>` with `rootfs` as its only layer and
+/// `entrypoint`, then `skopeo copy` to `<work>/<name>.tar` named `reference`.
+fn image(
+    work: &Path,
+    name: &str,
+    rootfs: &Path,
+    entrypoint: &[&str],
+    reference: &str,
+) -> Result<PathBuf> {
+    let layout = work.join(format!("{name}-oci"));
+    let img = format!("{}:{name}", layout.display());
+    run(Command::new("umoci")
+        .args(["init", "--layout"])
+        .arg(&layout))?;
+    run(Command::new("umoci").args(["new", "--image", &img]))?;
+    run(Command::new("umoci")
+        .args(["insert", "--image", &img])
+        .arg(rootfs)
+        .arg("/"))?;
+    let mut config = Command::new("umoci");
+    config.args(["config", "--image", &img]);
+    for e in entrypoint {
+        config.arg(format!("--config.entrypoint={e}"));
+    }
+    run(&mut config)?;
+    let tar = work.join(format!("{name}.tar"));
+    run(Command::new("skopeo")
+        .args(["copy", "--quiet"])
+        .arg(format!("oci:{img}"))
+        .arg(format!("docker-archive:{}:{reference}", tar.display())))?;
+    Ok(tar)
+}
