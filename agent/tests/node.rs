@@ -48,37 +48,46 @@ impl Drop for Proc {
 struct ControlPlane {
     dir: tempfile::TempDir,
     port: u16,
-    _proc: Proc,
+    proc: Proc,
 }
 
 impl ControlPlane {
     fn start() -> ControlPlane {
         let dir = tempfile::Builder::new().prefix("ferro-agent-test-cp").tempdir().unwrap();
-        let port = free_port();
-        let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
+        let mut cp = ControlPlane { dir, port: free_port(), proc: Proc(None) };
+        cp.spawn();
+        cp
+    }
+
+    /// Starts the binary (again) on the same data dir and port, waiting until it serves.
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("server.log"))
+            .unwrap();
         let child = Command::new(control_plane_bin())
-            .args(["--data-dir", dir.path().to_str().unwrap()])
-            .args(["--bind-address", "127.0.0.1", "--secure-port", &port.to_string()])
+            .args(["--data-dir", self.dir.path().to_str().unwrap()])
+            .args(["--bind-address", "127.0.0.1", "--secure-port", &self.port.to_string()])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .unwrap();
-        let mut cp = ControlPlane { dir, port, _proc: Proc(Some(child)) };
+        self.proc = Proc(Some(child));
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if cp.dir.path().join("admin.kubeconfig").exists()
-                && std::net::TcpStream::connect(("127.0.0.1", cp.port)).is_ok()
+            if self.dir.path().join("admin.kubeconfig").exists()
+                && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
             {
                 break;
             }
-            if let Some(st) = cp._proc.0.as_mut().unwrap().try_wait().unwrap() {
-                panic!("control plane exited with {st}: {}", cp.log());
+            if let Some(st) = self.proc.0.as_mut().unwrap().try_wait().unwrap() {
+                panic!("control plane exited with {st}: {}", self.log());
             }
-            assert!(Instant::now() < deadline, "control plane did not start: {}", cp.log());
+            assert!(Instant::now() < deadline, "control plane did not start: {}", self.log());
             std::thread::sleep(Duration::from_millis(50));
         }
-        cp
     }
 
     fn log(&self) -> String {
@@ -266,4 +275,35 @@ fn unknown_config_field_fails_naming_it() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("evictionHard"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keeps_retrying_while_the_api_server_is_down() {
+    let mut cp = ControlPlane::start();
+    let kubeconfig = cp.node_kubeconfig("node-a");
+    cp.proc.kill();
+    let dir = tempfile::Builder::new().prefix("ferro-agent-test").tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeLeaseDurationSeconds: 8\n",
+    )
+    .unwrap();
+    let mut agent = start_agent(dir.path(), &kubeconfig, &config, "agent.log");
+    let agent_log = || std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
+    wait_for("the agent to log a failed registration", agent_log, || async {
+        agent_log().contains("unable to register node").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(agent.0.as_mut().unwrap().try_wait().unwrap().is_none(), "the agent exited: {}", agent_log());
+    cp.spawn();
+    let client = cp.admin().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+    wait_for("the node to register once the API server is back", agent_log, || async {
+        nodes.get_opt("node-a").await.unwrap().filter(|n| ready_condition(n).is_some())
+    })
+    .await;
+    wait_for("the node lease", agent_log, || async { leases.get_opt("node-a").await.unwrap() }).await;
 }
