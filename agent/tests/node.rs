@@ -252,7 +252,19 @@ async fn registers_node_renews_lease_and_reregisters() {
     let node = nodes.get("node-a").await.unwrap();
     assert_eq!(node.metadata.uid, uid);
     assert_eq!(ready_condition(&node).unwrap().reason.as_deref(), Some("KubeletNotReady"));
-    let agent_logs = std::fs::read_to_string(dir.path().join("agent.log")).unwrap() + &log2;
+    let not_ready_since = ready_condition(&node).unwrap().last_transition_time.unwrap();
+
+    // The runtime socket starts accepting: Ready turns True on the next status update.
+    let _socket = std::os::unix::net::UnixListener::bind(dir.path().join("nothing.sock")).unwrap();
+    let ready = wait_for("Ready=True once the runtime socket accepts", logs, || async {
+        ready_condition(&nodes.get("node-a").await.unwrap()).filter(|c| c.status == "True")
+    })
+    .await;
+    assert_eq!(ready.reason.as_deref(), Some("KubeletReady"));
+    assert_eq!(ready.message.as_deref(), Some("kubelet is posting ready status"));
+    assert!(ready.last_transition_time.unwrap().0 > not_ready_since.0);
+
+    let agent_logs = std::fs::read_to_string(dir.path().join("agent.log")).unwrap() + &agent2_log();
     assert!(!agent_logs.contains(" WARN ") && !agent_logs.contains(" ERROR "), "{agent_logs}");
 }
 
