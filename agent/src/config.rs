@@ -1,0 +1,317 @@
+//! Flags and the KubeletConfiguration file, resolved into one validated [`AgentConfig`].
+//!
+//! As upstream, a flag given on the command line overrides the same setting in `--config`.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+
+/// Command-line flags, named as the upstream kubelet's.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "ferro-agent", version, about = "ferro-agent: the ferro node agent (a kubelet)")]
+pub struct Flags {
+    /// Kubeconfig with the node's credentials. Without it the agent runs standalone.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Node name to use instead of the host name.
+    #[arg(long)]
+    pub hostname_override: Option<String>,
+    /// The node's InternalIP; by default the first non-loopback IPv4 address of the host.
+    #[arg(long)]
+    pub node_ip: Option<IpAddr>,
+    /// Directory for the agent's state.
+    #[arg(long, default_value = "/var/lib/ferro/agent")]
+    pub root_dir: PathBuf,
+    /// The CRI endpoint (unix socket).
+    #[arg(long, default_value = "unix:///run/containerd/containerd.sock")]
+    pub container_runtime_endpoint: String,
+    /// Directory of static pod manifests (overrides staticPodPath of --config).
+    #[arg(long)]
+    pub pod_manifest_path: Option<PathBuf>,
+    /// A KubeletConfiguration file (kubelet.config.k8s.io/v1beta1).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parsing {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error("invalid duration {value:?} for {field}: {reason}")]
+    Duration { field: &'static str, value: String, reason: String },
+    #[error("invalid container runtime endpoint {0:?}: only unix:// endpoints are supported")]
+    Endpoint(String),
+}
+
+/// The fields of KubeletConfiguration that ferro supports; any other field is an error.
+#[derive(Deserialize, Debug, Default, Clone, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubeletConfiguration {
+    pub api_version: Option<String>,
+    pub kind: Option<String>,
+    pub node_lease_duration_seconds: Option<i32>,
+    pub node_status_update_frequency: Option<String>,
+    pub node_status_report_frequency: Option<String>,
+    pub max_pods: Option<i64>,
+    pub cgroup_driver: Option<String>,
+    pub static_pod_path: Option<PathBuf>,
+    #[serde(rename = "podCIDR")]
+    pub pod_cidr: Option<String>,
+    #[serde(rename = "clusterDNS")]
+    pub cluster_dns: Option<Vec<String>>,
+    pub cluster_domain: Option<String>,
+    pub register_node: Option<bool>,
+    pub address: Option<String>,
+    pub port: Option<u16>,
+}
+
+pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+pub const KIND: &str = "KubeletConfiguration";
+
+impl KubeletConfiguration {
+    /// Parses the YAML text of a KubeletConfiguration; `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let c: KubeletConfiguration = serde_yaml::from_str(text)
+            .map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
+        let invalid = |message: String| ConfigError::Invalid { path: path.to_path_buf(), message };
+        if c.api_version.as_deref() != Some(API_VERSION) {
+            return Err(invalid(format!("apiVersion must be {API_VERSION}, got {:?}", c.api_version)));
+        }
+        if c.kind.as_deref() != Some(KIND) {
+            return Err(invalid(format!("kind must be {KIND}, got {:?}", c.kind)));
+        }
+        Ok(c)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        Self::parse(&text, path)
+    }
+}
+
+/// The resolved configuration the agent runs with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    pub kubeconfig: Option<PathBuf>,
+    pub hostname_override: Option<String>,
+    pub node_ip: Option<IpAddr>,
+    pub root_dir: PathBuf,
+    /// Filesystem path of the runtime's unix socket.
+    pub runtime_socket: PathBuf,
+    pub static_pod_path: Option<PathBuf>,
+    pub node_lease_duration_seconds: i32,
+    pub node_status_update_frequency: Duration,
+    pub node_status_report_frequency: Duration,
+    pub max_pods: i64,
+    pub cgroup_driver: String,
+    pub pod_cidr: Option<String>,
+    pub cluster_dns: Vec<String>,
+    pub cluster_domain: Option<String>,
+    pub register_node: bool,
+    pub address: String,
+    pub port: u16,
+}
+
+impl AgentConfig {
+    /// Merges flags over the file (when given), applying upstream defaults and validating.
+    pub fn resolve(flags: &Flags, file: Option<KubeletConfiguration>) -> Result<Self, ConfigError> {
+        let file = file.unwrap_or_default();
+        let runtime_socket = flags
+            .container_runtime_endpoint
+            .strip_prefix("unix://")
+            .map(PathBuf::from)
+            .ok_or_else(|| ConfigError::Endpoint(flags.container_runtime_endpoint.clone()))?;
+        let lease = file.node_lease_duration_seconds.unwrap_or(40);
+        if lease <= 0 {
+            return Err(ConfigError::Duration {
+                field: "nodeLeaseDurationSeconds",
+                value: lease.to_string(),
+                reason: "must be positive".into(),
+            });
+        }
+        let dur = |field: &'static str, v: &Option<String>, default: &str| {
+            let value = v.clone().unwrap_or_else(|| default.to_string());
+            parse_duration(&value).map_err(|reason| ConfigError::Duration { field, value, reason })
+        };
+        Ok(AgentConfig {
+            kubeconfig: flags.kubeconfig.clone(),
+            hostname_override: flags.hostname_override.clone(),
+            node_ip: flags.node_ip,
+            root_dir: flags.root_dir.clone(),
+            runtime_socket,
+            static_pod_path: flags.pod_manifest_path.clone().or(file.static_pod_path),
+            node_lease_duration_seconds: lease,
+            node_status_update_frequency: dur(
+                "nodeStatusUpdateFrequency",
+                &file.node_status_update_frequency,
+                "10s",
+            )?,
+            node_status_report_frequency: dur(
+                "nodeStatusReportFrequency",
+                &file.node_status_report_frequency,
+                "5m",
+            )?,
+            max_pods: file.max_pods.unwrap_or(110),
+            cgroup_driver: file.cgroup_driver.unwrap_or_else(|| "cgroupfs".into()),
+            pod_cidr: file.pod_cidr,
+            cluster_dns: file.cluster_dns.unwrap_or_default(),
+            cluster_domain: file.cluster_domain,
+            register_node: file.register_node.unwrap_or(true),
+            address: file.address.unwrap_or_else(|| "0.0.0.0".into()),
+            port: file.port.unwrap_or(10250),
+        })
+    }
+
+    /// The lease renew interval: a quarter of the lease duration, as upstream.
+    pub fn lease_renew_interval(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.node_lease_duration_seconds).unwrap_or(40) * 250)
+    }
+}
+
+/// Parses a Go duration string ("10s", "5m", "1h30m", "250ms", "1.5s").
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    let mut rest = s;
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        if num_len == 0 {
+            return Err(format!("expected a number at {rest:?}"));
+        }
+        let n: f64 = rest[..num_len].parse().map_err(|_| format!("bad number {:?}", &rest[..num_len]))?;
+        rest = &rest[num_len..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let secs = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            "" => return Err("missing unit".into()),
+            u => return Err(format!("unknown unit {u:?}")),
+        };
+        total += n * secs;
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn flags(args: &[&str]) -> Flags {
+        let mut v = vec!["ferro-agent"];
+        v.extend_from_slice(args);
+        Flags::try_parse_from(v).unwrap()
+    }
+
+    #[test]
+    fn defaults() {
+        let c = AgentConfig::resolve(&flags(&[]), None).unwrap();
+        assert_eq!(c.root_dir, PathBuf::from("/var/lib/ferro/agent"));
+        assert_eq!(c.runtime_socket, PathBuf::from("/run/containerd/containerd.sock"));
+        assert_eq!(c.node_lease_duration_seconds, 40);
+        assert_eq!(c.lease_renew_interval(), Duration::from_secs(10));
+        assert_eq!(c.node_status_update_frequency, Duration::from_secs(10));
+        assert_eq!(c.node_status_report_frequency, Duration::from_secs(300));
+        assert_eq!(c.max_pods, 110);
+        assert!(c.register_node);
+        assert_eq!(c.port, 10250);
+        assert_eq!(c.kubeconfig, None);
+    }
+
+    #[test]
+    fn file_and_flag_override() {
+        let text = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+                    nodeLeaseDurationSeconds: 8\nnodeStatusUpdateFrequency: 2s\nmaxPods: 50\n\
+                    staticPodPath: /etc/from-file\npodCIDR: 10.244.1.0/24\nclusterDNS: [10.96.0.10]\n\
+                    clusterDomain: cluster.local\nregisterNode: false\nport: 10251\ncgroupDriver: systemd\n";
+        let file = KubeletConfiguration::parse(text, Path::new("c.yaml")).unwrap();
+        let c = AgentConfig::resolve(
+            &flags(&["--pod-manifest-path", "/etc/from-flag", "--node-ip", "10.0.0.5", "--hostname-override", "n1"]),
+            Some(file.clone()),
+        )
+        .unwrap();
+        assert_eq!(c.lease_renew_interval(), Duration::from_secs(2));
+        assert_eq!(c.node_status_update_frequency, Duration::from_secs(2));
+        assert_eq!(c.max_pods, 50);
+        assert_eq!(c.static_pod_path, Some(PathBuf::from("/etc/from-flag")));
+        assert_eq!(c.pod_cidr.as_deref(), Some("10.244.1.0/24"));
+        assert_eq!(c.cluster_dns, vec!["10.96.0.10".to_string()]);
+        assert!(!c.register_node);
+        assert_eq!(c.port, 10251);
+        assert_eq!(c.cgroup_driver, "systemd");
+        assert_eq!(c.hostname_override.as_deref(), Some("n1"));
+        let c = AgentConfig::resolve(&flags(&[]), Some(file)).unwrap();
+        assert_eq!(c.static_pod_path, Some(PathBuf::from("/etc/from-file")));
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let text = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard: {}\n";
+        let err = KubeletConfiguration::parse(text, Path::new("c.yaml")).unwrap_err().to_string();
+        assert!(err.contains("unknown field `evictionHard`"), "{err}");
+        assert!(err.contains("c.yaml"), "{err}");
+    }
+
+    #[test]
+    fn wrong_kind_or_version() {
+        let err = KubeletConfiguration::parse("apiVersion: v1\nkind: KubeletConfiguration\n", Path::new("c"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("apiVersion must be"), "{err}");
+        let err = KubeletConfiguration::parse("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: Pod\n", Path::new("c"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kind must be"), "{err}");
+    }
+
+    #[test]
+    fn bad_duration() {
+        let text = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusReportFrequency: 5 minutes\n";
+        let file = KubeletConfiguration::parse(text, Path::new("c.yaml")).unwrap();
+        let err = AgentConfig::resolve(&flags(&[]), Some(file)).unwrap_err().to_string();
+        assert!(err.contains("nodeStatusReportFrequency"), "{err}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("10x").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn non_unix_endpoint_rejected() {
+        let err = AgentConfig::resolve(&flags(&["--container-runtime-endpoint", "tcp://x:1"]), None).unwrap_err();
+        assert!(matches!(err, ConfigError::Endpoint(_)));
+    }
+}

@@ -1,0 +1,126 @@
+//! ferro-agent: parses flags and config, then registers the Node and runs the lease and status
+//! loops until SIGTERM.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use ferro_agent::config::{AgentConfig, Flags, KubeletConfiguration};
+use ferro_agent::node::{self, Health, HostFacts, NodeInput};
+use ferro_agent::status;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Whether the runtime's unix socket accepts a connection (the CRI client comes later).
+async fn runtime_ready(socket: &Path) -> bool {
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), tokio::net::UnixStream::connect(socket)).await,
+        Ok(Ok(_))
+    )
+}
+
+async fn health(socket: &Path) -> Health {
+    Health { runtime_ready: runtime_ready(socket).await, ..Default::default() }
+}
+
+async fn kube_client(path: &Path) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .with_context(|| format!("loading {}", path.display()))?;
+    Ok(kube::Client::try_from(cfg)?)
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let flags = Flags::parse();
+    let file = flags.config.as_deref().map(KubeletConfiguration::load).transpose()?;
+    let cfg = AgentConfig::resolve(&flags, file)?;
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cfg))
+}
+
+async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&cfg.root_dir).with_context(|| format!("creating {}", cfg.root_dir.display()))?;
+    let facts = HostFacts::read(
+        Path::new("/proc"),
+        Path::new("/sys"),
+        Path::new("/etc/os-release"),
+        &cfg.root_dir,
+    )
+    .context("reading the host's facts")?;
+    let name = cfg
+        .hostname_override
+        .clone()
+        .unwrap_or_else(|| facts.hostname.clone())
+        .to_lowercase();
+    let input = NodeInput {
+        name: name.clone(),
+        node_ip: cfg.node_ip,
+        max_pods: cfg.max_pods,
+        port: cfg.port,
+        container_runtime_version: "unknown".into(),
+        pod_cidr: cfg.pod_cidr.clone(),
+    };
+    let mut term = signal(SignalKind::terminate())?;
+    let Some(kubeconfig) = cfg.kubeconfig.clone() else {
+        tracing::info!(node = %name, "no --kubeconfig: running standalone, nothing to register");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        return Ok(());
+    };
+    let client = kube_client(&kubeconfig).await?;
+    let socket: PathBuf = cfg.runtime_socket.clone();
+    let initial = health(&socket).await;
+    let (health_tx, health_rx) = tokio::sync::watch::channel(initial.clone());
+    let probe_every = cfg.node_status_update_frequency;
+    let prober = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(probe_every).await;
+            let h = health(&socket).await;
+            health_tx.send_if_modified(|old| {
+                let changed = *old != h;
+                if changed {
+                    tracing::info!(runtime_ready = h.runtime_ready, "node health changed");
+                }
+                *old = h;
+                changed
+            });
+        }
+    });
+    let work = async {
+        let uid = if cfg.register_node {
+            let desired = node::build_node(&input, &facts, &initial, &Time(jiff::Timestamp::now()));
+            status::register(client.clone(), &desired).await
+        } else {
+            None
+        };
+        let lease = status::lease_loop(
+            client.clone(),
+            name.clone(),
+            cfg.node_lease_duration_seconds,
+            cfg.lease_renew_interval(),
+            uid,
+        );
+        let src = status::StatusSource { input, facts, health: health_rx };
+        let st = status::status_loop(
+            client.clone(),
+            src,
+            cfg.node_status_update_frequency,
+            cfg.node_status_report_frequency,
+        );
+        tokio::join!(lease, st);
+    };
+    tokio::select! {
+        _ = work => {}
+        _ = term.recv() => tracing::info!("SIGTERM: exiting"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: exiting"),
+    }
+    prober.abort();
+    Ok(())
+}

@@ -1,0 +1,321 @@
+//! The real ferro-agent binary against the real ferro-control-plane binary: registration, the
+//! node Lease, re-registration after a restart, and config errors.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+
+/// ferro-control-plane is built next to ferro-agent by `cargo build --workspace --all-targets`.
+fn control_plane_bin() -> PathBuf {
+    let agent = Path::new(env!("CARGO_BIN_EXE_ferro-agent"));
+    let bin = agent.parent().unwrap().join("ferro-control-plane");
+    assert!(
+        bin.exists(),
+        "{} is missing: build the workspace first (cargo build --workspace --all-targets, as scripts/test.sh does)",
+        bin.display()
+    );
+    bin
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// A child process killed (by its pid) when dropped.
+struct Proc(Option<Child>);
+
+impl Proc {
+    fn kill(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+struct ControlPlane {
+    dir: tempfile::TempDir,
+    port: u16,
+    proc: Proc,
+}
+
+impl ControlPlane {
+    fn start() -> ControlPlane {
+        let dir = tempfile::Builder::new().prefix("ferro-agent-test-cp").tempdir().unwrap();
+        let mut cp = ControlPlane { dir, port: free_port(), proc: Proc(None) };
+        cp.spawn();
+        cp
+    }
+
+    /// Starts the binary (again) on the same data dir and port, waiting until it serves.
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("server.log"))
+            .unwrap();
+        let child = Command::new(control_plane_bin())
+            .args(["--data-dir", self.dir.path().to_str().unwrap()])
+            .args(["--bind-address", "127.0.0.1", "--secure-port", &self.port.to_string()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.proc = Proc(Some(child));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.dir.path().join("admin.kubeconfig").exists()
+                && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            {
+                break;
+            }
+            if let Some(st) = self.proc.0.as_mut().unwrap().try_wait().unwrap() {
+                panic!("control plane exited with {st}: {}", self.log());
+            }
+            assert!(Instant::now() < deadline, "control plane did not start: {}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    fn node_kubeconfig(&self, node: &str) -> PathBuf {
+        let user = format!("system:node:{node}");
+        let out = Command::new(control_plane_bin())
+            .args(["kubeconfig", "--data-dir", self.dir.path().to_str().unwrap(), "--user", &user])
+            .args(["--group", "system:nodes"])
+            .args(["--server", &format!("https://127.0.0.1:{}", self.port)])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let path = self.dir.path().join(format!("{node}.kubeconfig"));
+        std::fs::write(&path, out.stdout).unwrap();
+        path
+    }
+
+    async fn admin(&self) -> kube::Client {
+        let kc = kube::config::Kubeconfig::read_from(self.dir.path().join("admin.kubeconfig")).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+        kube::Client::try_from(cfg).unwrap()
+    }
+}
+
+fn start_agent(dir: &Path, kubeconfig: &Path, config: &Path, log_name: &str) -> Proc {
+    let log = std::fs::File::create(dir.join(log_name)).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_ferro-agent"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--hostname-override", "node-a"])
+        .arg("--root-dir")
+        .arg(dir.join("root"))
+        .arg("--container-runtime-endpoint")
+        .arg(format!("unix://{}", dir.join("nothing.sock").display()))
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Proc(Some(child))
+}
+
+async fn wait_for<T, F, Fut>(what: &str, logs: impl Fn() -> String, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn ready_condition(n: &Node) -> Option<k8s_openapi::api::core::v1::NodeCondition> {
+    n.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").cloned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn registers_node_renews_lease_and_reregisters() {
+    let cp = ControlPlane::start();
+    let dir = tempfile::Builder::new().prefix("ferro-agent-test").tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeLeaseDurationSeconds: 8\nnodeStatusUpdateFrequency: 1s\n",
+    )
+    .unwrap();
+    let kubeconfig = cp.node_kubeconfig("node-a");
+    let mut agent = start_agent(dir.path(), &kubeconfig, &config, "agent.log");
+    let logs = || {
+        format!(
+            "agent log:\n{}\nagent log after restart:\n{}\ncontrol plane log (tail):\n{}",
+            std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default(),
+            std::fs::read_to_string(dir.path().join("agent2.log")).unwrap_or_default(),
+            cp.log().lines().rev().take(30).collect::<Vec<_>>().join("\n")
+        )
+    };
+    let client = cp.admin().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+
+    let node = wait_for("the node with a Ready condition", logs, || async {
+        nodes.get_opt("node-a").await.unwrap().filter(|n| ready_condition(n).is_some())
+    })
+    .await;
+    let labels = node.metadata.labels.clone().unwrap();
+    assert_eq!(labels["kubernetes.io/hostname"], "node-a");
+    assert_eq!(labels["kubernetes.io/os"], "linux");
+    assert!(["amd64", "arm64"].contains(&labels["kubernetes.io/arch"].as_str()), "{labels:?}");
+    let st = node.status.clone().unwrap();
+    let cap = st.capacity.clone().unwrap();
+    let cpus: u32 = cap["cpu"].0.parse().unwrap();
+    assert!(cpus >= 1);
+    assert!(cap["memory"].0.ends_with("Ki"), "{:?}", cap["memory"]);
+    assert_eq!(cap["pods"].0, "110");
+    assert!(cap.contains_key("ephemeral-storage"));
+    assert_eq!(st.allocatable.clone().unwrap()["pods"].0, "110");
+    let addrs = st.addresses.clone().unwrap();
+    assert!(addrs.iter().any(|a| a.type_ == "Hostname" && a.address == "node-a"), "{addrs:?}");
+    let info = st.node_info.clone().unwrap();
+    assert_eq!(info.operating_system, "linux");
+    assert_eq!(info.kubelet_version, "v1.33.0-ferro");
+    assert_eq!(info.container_runtime_version, "unknown");
+    assert!(!info.kernel_version.is_empty());
+    assert_eq!(st.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port, 10250);
+    let ready = ready_condition(&node).unwrap();
+    assert_eq!(ready.status, "False");
+    assert_eq!(ready.reason.as_deref(), Some("KubeletNotReady"));
+    assert_eq!(ready.message.as_deref(), Some("container runtime is down"));
+
+    // The lease exists and is renewed (every 8 s / 4 = 2 s).
+    let first = wait_for("the node lease", logs, || async {
+        leases.get_opt("node-a").await.unwrap().and_then(|l| l.spec?.renew_time)
+    })
+    .await;
+    let lease = leases.get("node-a").await.unwrap();
+    let spec = lease.spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("node-a"));
+    assert_eq!(spec.lease_duration_seconds, Some(8));
+    wait_for("the lease renewTime to advance", logs, || {
+        let first = first.clone();
+        let leases = leases.clone();
+        async move {
+            let now = leases.get("node-a").await.unwrap().spec?.renew_time?;
+            (now.0 > first.0).then_some(())
+        }
+    })
+    .await;
+
+    // A restart re-registers without error; the node keeps its identity and is updated.
+    let uid = node.metadata.uid.clone();
+    agent.kill();
+    let before = leases.get("node-a").await.unwrap().spec.unwrap().renew_time.unwrap();
+    let _agent2 = start_agent(dir.path(), &kubeconfig, &config, "agent2.log");
+    wait_for("the restarted agent to renew the lease", logs, || {
+        let before = before.clone();
+        let leases = leases.clone();
+        async move {
+            let now = leases.get("node-a").await.unwrap().spec?.renew_time?;
+            (now.0 > before.0).then_some(())
+        }
+    })
+    .await;
+    let agent2_log = || std::fs::read_to_string(dir.path().join("agent2.log")).unwrap_or_default();
+    wait_for("the restarted agent to post node status", logs, || async {
+        agent2_log().contains("node status posted").then_some(())
+    })
+    .await;
+    let log2 = agent2_log();
+    assert!(log2.contains("node already exists, updating it"), "{log2}");
+    assert!(log2.contains("node registered"), "{log2}");
+    assert!(!log2.contains("unable to register node"), "{log2}");
+    let node = nodes.get("node-a").await.unwrap();
+    assert_eq!(node.metadata.uid, uid);
+    assert_eq!(ready_condition(&node).unwrap().reason.as_deref(), Some("KubeletNotReady"));
+    let not_ready_since = ready_condition(&node).unwrap().last_transition_time.unwrap();
+
+    // The runtime socket starts accepting: Ready turns True on the next status update.
+    let _socket = std::os::unix::net::UnixListener::bind(dir.path().join("nothing.sock")).unwrap();
+    let ready = wait_for("Ready=True once the runtime socket accepts", logs, || async {
+        ready_condition(&nodes.get("node-a").await.unwrap()).filter(|c| c.status == "True")
+    })
+    .await;
+    assert_eq!(ready.reason.as_deref(), Some("KubeletReady"));
+    assert_eq!(ready.message.as_deref(), Some("kubelet is posting ready status"));
+    assert!(ready.last_transition_time.unwrap().0 > not_ready_since.0);
+
+    let agent_logs = std::fs::read_to_string(dir.path().join("agent.log")).unwrap() + &agent2_log();
+    assert!(!agent_logs.contains(" WARN ") && !agent_logs.contains(" ERROR "), "{agent_logs}");
+}
+
+#[test]
+fn unknown_config_field_fails_naming_it() {
+    let dir = tempfile::Builder::new().prefix("ferro-agent-test").tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard:\n  memory.available: 100Mi\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ferro-agent"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--root-dir")
+        .arg(dir.path().join("root"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("evictionHard"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keeps_retrying_while_the_api_server_is_down() {
+    let mut cp = ControlPlane::start();
+    let kubeconfig = cp.node_kubeconfig("node-a");
+    cp.proc.kill();
+    let dir = tempfile::Builder::new().prefix("ferro-agent-test").tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeLeaseDurationSeconds: 8\n",
+    )
+    .unwrap();
+    let mut agent = start_agent(dir.path(), &kubeconfig, &config, "agent.log");
+    let agent_log = || std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
+    wait_for("the agent to log a failed registration", agent_log, || async {
+        agent_log().contains("unable to register node").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(agent.0.as_mut().unwrap().try_wait().unwrap().is_none(), "the agent exited: {}", agent_log());
+    cp.spawn();
+    let client = cp.admin().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+    wait_for("the node to register once the API server is back", agent_log, || async {
+        nodes.get_opt("node-a").await.unwrap().filter(|n| ready_condition(n).is_some())
+    })
+    .await;
+    wait_for("the node lease", agent_log, || async { leases.get_opt("node-a").await.unwrap() }).await;
+}
