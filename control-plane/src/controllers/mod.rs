@@ -6,6 +6,7 @@ pub mod endpointslice;
 pub mod events;
 pub mod deployment;
 pub mod expectations;
+pub mod gc;
 pub mod loops;
 pub mod manager;
 pub mod nodelifecycle;

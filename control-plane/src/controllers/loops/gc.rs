@@ -15,6 +15,7 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
+use crate::controllers::gc::{self as plan, Dependent, DependentPlan, OwnerPlan};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::{is_conflict, is_not_found, Error};
 use crate::resources::RESOURCES;
@@ -177,36 +178,52 @@ fn on_change(gc: &Gc, queue: &WorkQueue<String>, kind: usize, change: &Change<Dy
 
 async fn reconcile(gc: &Gc, uid: &str) -> Result<Next, Error> {
     let Some(v) = gc.graph().vertices.get(uid).cloned() else { return Ok(Next::Done) };
-    if v.deleting && v.finalizers.iter().any(|f| f == "orphan") {
-        let deps = gc.graph().dependents_of(uid);
-        for (_, dep) in deps {
-            let owners: Vec<_> = dep.owners.iter().filter(|o| o.uid != uid).cloned().collect();
-            patch_owners(gc, &dep, owners).await?;
-        }
-        remove_finalizer(gc, &v, "orphan").await?;
-        return Ok(Next::Done);
-    }
-    if v.deleting && v.finalizers.iter().any(|f| f == "foregroundDeletion") {
-        let deps = gc.graph().dependents_of(uid);
-        if deps.is_empty() {
-            remove_finalizer(gc, &v, "foregroundDeletion").await?;
+    let dependents: Vec<(Dependent, Vertex)> = {
+        let g = gc.graph();
+        g.dependents_of(uid)
+            .into_iter()
+            .map(|(u, d)| {
+                let has_dependents = !g.dependents_of(&u).is_empty();
+                (Dependent { uid: u, owners: d.owners.clone(), deleting: d.deleting, has_dependents }, d)
+            })
+            .collect()
+    };
+    let deps: Vec<Dependent> = dependents.iter().map(|(d, _)| d.clone()).collect();
+    let vertex_of = |u: &str| dependents.iter().find(|(d, _)| d.uid == u).map(|(_, v)| v.clone());
+    match plan::plan_owner(uid, v.deleting, &v.finalizers, &deps) {
+        OwnerPlan::None => {}
+        OwnerPlan::Orphan { release } => {
+            for (dep_uid, owners) in release {
+                if let Some(dep) = vertex_of(&dep_uid) {
+                    patch_owners(gc, &dep, owners).await?;
+                }
+            }
+            remove_finalizer(gc, &v, plan::ORPHAN_FINALIZER).await?;
             return Ok(Next::Done);
         }
-        for (dep_uid, dep) in deps.iter().filter(|(_, d)| !d.deleting) {
-            let has_own = !gc.graph().dependents_of(dep_uid).is_empty();
-            let policy = if has_own { PropagationPolicy::Foreground } else { PropagationPolicy::Background };
-            delete(gc, dep_uid, &dep.clone(), policy).await?;
+        OwnerPlan::Foreground { delete: victims } => {
+            for (dep_uid, foreground) in victims {
+                let policy = if foreground { PropagationPolicy::Foreground } else { PropagationPolicy::Background };
+                if let Some(dep) = vertex_of(&dep_uid) {
+                    delete(gc, &dep_uid, &dep, policy).await?;
+                }
+            }
+            return Ok(Next::After(Duration::from_secs(5)));
         }
-        return Ok(Next::After(Duration::from_secs(5)));
+        OwnerPlan::ForegroundDone => {
+            remove_finalizer(gc, &v, plan::FOREGROUND_FINALIZER).await?;
+            return Ok(Next::Done);
+        }
     }
     if v.owners.is_empty() || v.deleting {
         return Ok(Next::Done);
     }
+    let unknown: Vec<OwnerReference> = {
+        let g = gc.graph();
+        plan::owners_to_verify(&v.owners, &|u| g.vertices.contains_key(u)).into_iter().cloned().collect()
+    };
     let mut dangling = Vec::new();
-    for o in &v.owners {
-        if gc.graph().vertices.contains_key(&o.uid) {
-            continue;
-        }
+    for o in &unknown {
         // The watch may lag behind: confirm with a live read.
         let Some(kind) = gc.kind_of(o) else { continue };
         let ns = if gc.kinds[kind].1 { v.namespace.as_deref() } else { None };
@@ -215,15 +232,13 @@ async fn reconcile(gc: &Gc, uid: &str) -> Result<Next, Error> {
             _ => dangling.push(o.uid.clone()),
         }
     }
-    if dangling.is_empty() {
-        return Ok(Next::Done);
-    }
-    if dangling.len() == v.owners.len() {
-        tracing::info!(kind = gc.kinds[v.kind].0.kind, namespace = ?v.namespace, name = v.name, "deleting object whose owners are gone");
-        delete(gc, uid, &v, PropagationPolicy::Background).await?;
-    } else {
-        let owners: Vec<_> = v.owners.iter().filter(|o| !dangling.contains(&o.uid)).cloned().collect();
-        patch_owners(gc, &v, owners).await?;
+    match plan::plan_dependent(&v.owners, v.deleting, &dangling) {
+        DependentPlan::Keep => {}
+        DependentPlan::Delete => {
+            tracing::info!(kind = gc.kinds[v.kind].0.kind, namespace = ?v.namespace, name = v.name, "deleting object whose owners are gone");
+            delete(gc, uid, &v, PropagationPolicy::Background).await?;
+        }
+        DependentPlan::DropOwners(owners) => patch_owners(gc, &v, owners).await?,
     }
     Ok(Next::Done)
 }
