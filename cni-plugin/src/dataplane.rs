@@ -5,6 +5,7 @@
 //! namespace with `setns` (a socket stays bound to the namespace it was created in), so the
 //! thread is back in the node namespace before any request is sent.
 
+use crate::netlink::{errno, EEXIST, ENODEV, ENOENT};
 use std::fs::File;
 use std::io;
 use std::net::IpAddr;
@@ -103,16 +104,7 @@ pub fn is_ferro_host_veth(name: &str) -> bool {
     })
 }
 
-const ENODEV: i32 = 19;
-const EEXIST: i32 = 17;
-const ENOENT: i32 = 2;
 
-fn errno(e: &rtnetlink::Error) -> Option<i32> {
-    match e {
-        rtnetlink::Error::NetlinkError(m) => Some(-m.raw_code()),
-        _ => None,
-    }
-}
 
 fn nl(context: impl Into<String>, e: rtnetlink::Error) -> CniError {
     let source = match &e {

@@ -13,6 +13,7 @@ pub mod error;
 pub mod ipam;
 pub mod masq;
 pub mod netd;
+pub mod netlink;
 pub mod plan;
 pub mod result;
 

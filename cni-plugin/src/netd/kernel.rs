@@ -4,6 +4,7 @@
 //! It makes no decisions beyond "is this link/address as asked": what to add and remove is
 //! decided by [`crate::netd::plan`].
 
+use crate::netlink::{errno, EADDRNOTAVAIL, EEXIST, ENODEV, ENOENT, ESRCH};
 use std::io;
 use std::net::IpAddr;
 
@@ -84,18 +85,7 @@ pub trait Kernel {
     fn ensure_masq(&self, v6: bool, rules: &[String]) -> Result<bool, KernelError>;
 }
 
-const ENODEV: i32 = 19;
-const EEXIST: i32 = 17;
-const ENOENT: i32 = 2;
-const ESRCH: i32 = 3;
-const EADDRNOTAVAIL: i32 = 99;
 
-fn errno(e: &rtnetlink::Error) -> Option<i32> {
-    match e {
-        rtnetlink::Error::NetlinkError(m) => Some(-m.raw_code()),
-        _ => None,
-    }
-}
 
 fn nl(context: impl Into<String>, e: rtnetlink::Error) -> KernelError {
     let source = match &e {
