@@ -104,8 +104,6 @@ pub fn is_ferro_host_veth(name: &str) -> bool {
     })
 }
 
-
-
 fn nl(context: impl Into<String>, e: rtnetlink::Error) -> CniError {
     let source = match &e {
         rtnetlink::Error::NetlinkError(m) => m.to_io(),
