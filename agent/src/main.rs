@@ -1,28 +1,16 @@
 //! ferro-agent: parses flags and config, then registers the Node and runs the lease and status
 //! loops until SIGTERM.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
 use anyhow::Context as _;
 use clap::Parser as _;
 use ferro_agent::config::{AgentConfig, Flags, KubeletConfiguration};
-use ferro_agent::node::{self, Health, HostFacts, NodeInput};
+use ferro_agent::cri::Prober;
+use ferro_agent::node::{self, HostFacts, NodeInput};
 use ferro_agent::status;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::signal::unix::{signal, SignalKind};
-
-/// Whether the runtime's unix socket accepts a connection (the CRI client comes later).
-async fn runtime_ready(socket: &Path) -> bool {
-    matches!(
-        tokio::time::timeout(Duration::from_secs(2), tokio::net::UnixStream::connect(socket)).await,
-        Ok(Ok(_))
-    )
-}
-
-async fn health(socket: &Path) -> Health {
-    Health { runtime_ready: runtime_ready(socket).await, ..Default::default() }
-}
 
 async fn kube_client(path: &Path) -> anyhow::Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
@@ -75,18 +63,24 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         return Ok(());
     };
     let client = kube_client(&kubeconfig).await?;
-    let socket: PathBuf = cfg.runtime_socket.clone();
-    let initial = health(&socket).await;
+    let mut prober = Prober::new(cfg.runtime_socket.clone());
+    let initial = prober.probe().await;
     let (health_tx, health_rx) = tokio::sync::watch::channel(initial.clone());
     let probe_every = cfg.node_status_update_frequency;
-    let prober = tokio::spawn(async move {
+    let probe_task = tokio::spawn(async move {
         loop {
             tokio::time::sleep(probe_every).await;
-            let h = health(&socket).await;
+            let h = prober.probe().await;
             health_tx.send_if_modified(|old| {
                 let changed = *old != h;
                 if changed {
-                    tracing::info!(runtime_ready = h.runtime_ready, "node health changed");
+                    tracing::info!(
+                        runtime_ready = h.runtime_ready,
+                        runtime_error = ?h.runtime_error,
+                        network_error = ?h.network_error,
+                        runtime_version = ?h.runtime_version,
+                        "node health changed"
+                    );
                 }
                 *old = h;
                 changed
@@ -121,6 +115,6 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         _ = term.recv() => tracing::info!("SIGTERM: exiting"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: exiting"),
     }
-    prober.abort();
+    probe_task.abort();
     Ok(())
 }

@@ -173,12 +173,71 @@ pub struct NodeInput {
 /// Inputs of the node conditions.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Health {
+    /// Whether the runtime answered its last Status call (false: "container runtime is down").
     pub runtime_ready: bool,
-    /// `Err(message)` when the runtime reports its network not ready.
+    /// The RuntimeReady condition (as [`RuntimeCondition`]'s Display, or `<nil>`) when it is not
+    /// true.
+    pub runtime_error: Option<String>,
+    /// The NetworkReady condition (as [`RuntimeCondition`]'s Display, or `<nil>`) when it is not
+    /// true.
     pub network_error: Option<String>,
+    /// `<runtimeName>://<runtimeVersion>` once the runtime has answered Version.
+    pub runtime_version: Option<String>,
     pub memory_pressure: bool,
     pub disk_pressure: bool,
     pub pid_pressure: bool,
+}
+
+/// One condition of the CRI runtime's Status (runtime.v1 RuntimeCondition).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeCondition {
+    pub type_: String,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for RuntimeCondition {
+    /// As upstream's kubecontainer.RuntimeCondition.String().
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={} reason:{} message:{}", self.type_, self.status, self.reason, self.message)
+    }
+}
+
+/// The health from the runtime's Status conditions, `None` when the runtime could not be
+/// reached. As upstream's updateRuntimeUp: a missing or false RuntimeReady / NetworkReady
+/// condition is an error (a missing one printed as Go's `<nil>`).
+pub fn runtime_health(conditions: Option<&[RuntimeCondition]>) -> Health {
+    let Some(conditions) = conditions else {
+        return Health::default();
+    };
+    let error = |ty: &str| match conditions.iter().find(|c| c.type_ == ty) {
+        Some(c) if c.status => None,
+        Some(c) => Some(c.to_string()),
+        None => Some("<nil>".to_string()),
+    };
+    Health {
+        runtime_ready: true,
+        runtime_error: error("RuntimeReady"),
+        network_error: error("NetworkReady"),
+        ..Default::default()
+    }
+}
+
+/// Joins errors as Go's utilerrors.NewAggregate(...).Error(): one as is, several deduplicated
+/// and bracketed, `[a, b]`.
+fn aggregate(errors: &[String]) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    for e in errors {
+        if !seen.contains(&e.as_str()) {
+            seen.push(e);
+        }
+    }
+    if seen.len() == 1 {
+        seen.join("")
+    } else {
+        format!("[{}]", seen.join(", "))
+    }
 }
 
 /// The Node as registered (metadata, spec and status), with conditions at `now`.
@@ -240,7 +299,10 @@ pub fn build_status(
             os_image: facts.os_image.clone(),
             operating_system: "linux".into(),
             kubelet_version: KUBELET_VERSION.into(),
-            container_runtime_version: input.container_runtime_version.clone(),
+            container_runtime_version: health
+                .runtime_version
+                .clone()
+                .unwrap_or_else(|| input.container_runtime_version.clone()),
             ..Default::default()
         }),
         ..Default::default()
@@ -252,6 +314,8 @@ pub fn conditions(health: &Health, previous: &[NodeCondition], now: &Time) -> Ve
     let mut errors = Vec::new();
     if !health.runtime_ready {
         errors.push("container runtime is down".to_string());
+    } else if let Some(e) = &health.runtime_error {
+        errors.push(format!("container runtime not ready: {e}"));
     }
     if let Some(e) = &health.network_error {
         errors.push(format!("container runtime network not ready: {e}"));
@@ -259,7 +323,7 @@ pub fn conditions(health: &Health, previous: &[NodeCondition], now: &Time) -> Ve
     let ready = if errors.is_empty() {
         ("True", "KubeletReady", "kubelet is posting ready status".to_string())
     } else {
-        ("False", "KubeletNotReady", errors.join(", "))
+        ("False", "KubeletNotReady", aggregate(&errors))
     };
     let pressure = |p: bool, yes: (&str, &str), no: (&str, &str)| {
         let (reason, msg) = if p { yes } else { no };
@@ -428,6 +492,7 @@ mod tests {
             memory_pressure: true,
             disk_pressure: true,
             pid_pressure: true,
+            ..Default::default()
         };
         let c = conditions(&h, &[], &now);
         let get = |ty: &str| c.iter().find(|c| c.type_ == ty).unwrap().clone();
@@ -439,6 +504,58 @@ mod tests {
         assert_eq!(get("MemoryPressure").reason.as_deref(), Some("KubeletHasInsufficientMemory"));
         assert_eq!(get("DiskPressure").reason.as_deref(), Some("KubeletHasDiskPressure"));
         assert_eq!(get("PIDPressure").reason.as_deref(), Some("KubeletHasInsufficientPID"));
+    }
+
+    fn cond(ty: &str, status: bool, reason: &str, message: &str) -> RuntimeCondition {
+        RuntimeCondition { type_: ty.into(), status, reason: reason.into(), message: message.into() }
+    }
+
+    fn ready_of(h: &Health) -> (String, String, String) {
+        let c = conditions(h, &[], &t("2026-01-01T00:00:00Z"));
+        let r = c.into_iter().find(|c| c.type_ == "Ready").unwrap();
+        (r.status, r.reason.unwrap(), r.message.unwrap())
+    }
+
+    #[test]
+    fn ready_from_runtime_status() {
+        // Unreachable.
+        let (st, reason, msg) = ready_of(&runtime_health(None));
+        assert_eq!((st.as_str(), reason.as_str(), msg.as_str()), ("False", "KubeletNotReady", "container runtime is down"));
+        // Both ready.
+        let ok = [cond("RuntimeReady", true, "", ""), cond("NetworkReady", true, "", "")];
+        let h = runtime_health(Some(&ok));
+        assert_eq!(h.runtime_error, None);
+        assert_eq!(h.network_error, None);
+        let (st, reason, msg) = ready_of(&h);
+        assert_eq!((st.as_str(), reason.as_str(), msg.as_str()), ("True", "KubeletReady", "kubelet is posting ready status"));
+        // containerd without a CNI config, as upstream's kubelet reports it.
+        let no_cni = [
+            cond("RuntimeReady", true, "", ""),
+            cond("NetworkReady", false, "NetworkPluginNotReady", "Network plugin returns error: cni plugin not initialized"),
+        ];
+        let (st, reason, msg) = ready_of(&runtime_health(Some(&no_cni)));
+        assert_eq!(st, "False");
+        assert_eq!(reason, "KubeletNotReady");
+        assert_eq!(
+            msg,
+            "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized"
+        );
+        // Runtime not ready and no network condition at all: both errors, aggregated as Go does.
+        let rt_down = [cond("RuntimeReady", false, "Starting", "still starting")];
+        let (st, _, msg) = ready_of(&runtime_health(Some(&rt_down)));
+        assert_eq!(st, "False");
+        assert_eq!(
+            msg,
+            "[container runtime not ready: RuntimeReady=false reason:Starting message:still starting, container runtime network not ready: <nil>]"
+        );
+    }
+
+    #[test]
+    fn runtime_version_overrides_input() {
+        let now = t("2026-01-01T00:00:00Z");
+        let h = Health { runtime_version: Some("containerd://1.6.20".into()), ..Default::default() };
+        let st = build_status(&input(), &facts(), "amd64", &h, &[], &now);
+        assert_eq!(st.node_info.unwrap().container_runtime_version, "containerd://1.6.20");
     }
 
     #[test]
