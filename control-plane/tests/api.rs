@@ -364,7 +364,9 @@ async fn acknowledged_writes_survive_kill_9() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_beyond_the_inflight_limit_get_429() {
     use tokio::io::AsyncWriteExt as _;
-    let s = Server::start_with(&["--max-mutating-requests-inflight", "1"]);
+    // The API server alone: the loops' own writes (default service accounts...) would take
+    // the single mutating slot at start.
+    let s = Server::start_with(&["--max-mutating-requests-inflight", "1", "--controllers="]);
     // One mutating request stays in flight: its body never finishes arriving.
     let (mut slow, token) = common::raw_tls(&s).await;
     let head = format!(
