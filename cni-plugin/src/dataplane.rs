@@ -5,7 +5,7 @@
 //! namespace with `setns` (a socket stays bound to the namespace it was created in), so the
 //! thread is back in the node namespace before any request is sent.
 
-use crate::netlink::{errno, EEXIST, ENODEV, ENOENT};
+use crate::netlink::{errno, route_parts, RouteParts, EEXIST, ENODEV, ENOENT};
 use std::fs::File;
 use std::io;
 use std::net::IpAddr;
@@ -17,7 +17,7 @@ use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::{
     InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkInfo as NlLinkInfo, LinkMessage,
 };
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader};
+use netlink_packet_route::route::RouteHeader;
 use netlink_packet_route::AddressFamily;
 use nix::sched::CloneFlags;
 use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteMessageBuilder};
@@ -110,14 +110,6 @@ fn nl(context: impl Into<String>, e: rtnetlink::Error) -> CniError {
         other => io::Error::other(other.to_string()),
     };
     CniError::io(context, source)
-}
-
-fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
-    match a {
-        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
-        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
-        _ => None,
-    }
 }
 
 fn mac_of(msg: &LinkMessage) -> Option<String> {
@@ -505,17 +497,7 @@ impl Dataplane for Netlink {
                     if r.header.table != RouteHeader::RT_TABLE_MAIN {
                         continue;
                     }
-                    let mut oif = None;
-                    let mut dst = None;
-                    let mut gw = None;
-                    for attr in &r.attributes {
-                        match attr {
-                            RouteAttribute::Oif(i) => oif = Some(*i),
-                            RouteAttribute::Destination(a) => dst = route_ip(a),
-                            RouteAttribute::Gateway(a) => gw = route_ip(a),
-                            _ => {}
-                        }
-                    }
+                    let RouteParts { oif, dst, gw } = route_parts(&r);
                     if oif != Some(idx) {
                         continue;
                     }

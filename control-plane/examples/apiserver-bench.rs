@@ -11,6 +11,8 @@
 //! 4. prints the server's RSS.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,14 +22,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use common::{arg, pct};
 
 fn pod(name: &str) -> Pod {
     serde_json::from_value(json!({
@@ -37,14 +32,6 @@ fn pod(name: &str) -> Pod {
             "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}
     }))
     .unwrap()
-}
-
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
 fn rss_mib(pid: u32) -> f64 {

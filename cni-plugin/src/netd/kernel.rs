@@ -4,7 +4,7 @@
 //! It makes no decisions beyond "is this link/address as asked": what to add and remove is
 //! decided by [`crate::netd::plan`].
 
-use crate::netlink::{errno, EADDRNOTAVAIL, EEXIST, ENODEV, ENOENT, ESRCH};
+use crate::netlink::{errno, route_parts, RouteParts, EADDRNOTAVAIL, EEXIST, ENODEV, ENOENT, ESRCH};
 use std::io;
 use std::net::IpAddr;
 
@@ -18,7 +18,7 @@ use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol,
+    RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol,
 };
 use netlink_packet_route::AddressFamily;
 use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVxlan, RouteMessageBuilder};
@@ -95,14 +95,6 @@ fn nl(context: impl Into<String>, e: rtnetlink::Error) -> KernelError {
     KernelError::Netlink {
         context: context.into(),
         source,
-    }
-}
-
-fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
-    match a {
-        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
-        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
-        _ => None,
     }
 }
 
@@ -612,17 +604,7 @@ impl Kernel for Netlink {
                 {
                     continue;
                 }
-                let mut oif = None;
-                let mut dst = None;
-                let mut gw = None;
-                for attr in &r.attributes {
-                    match attr {
-                        RouteAttribute::Oif(i) => oif = Some(*i),
-                        RouteAttribute::Destination(a) => dst = route_ip(a),
-                        RouteAttribute::Gateway(a) => gw = route_ip(a),
-                        _ => {}
-                    }
-                }
+                let RouteParts { oif, dst, gw } = route_parts(&r);
                 let fam_any = if r.header.address_family == AddressFamily::Inet6 {
                     IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
                 } else {
