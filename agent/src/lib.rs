@@ -4,4 +4,5 @@
 pub mod config;
 pub mod cri;
 pub mod node;
+pub mod pod;
 pub mod status;
