@@ -1129,3 +1129,757 @@ pub fn container_config(
         ..Default::default()
     })
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use serde_json::json;
+
+    const UID: &str = "1234-abcd";
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "ns1", "uid": UID,
+                "labels": {"app": "web"}, "annotations": {"note": "x"}},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn ctx() -> NodeContext {
+        NodeContext {
+            node_name: "node-a".into(),
+            host_ips: vec!["10.0.0.5".into(), "fd00::5".into()],
+            cluster_dns: vec!["10.96.0.10".into()],
+            cluster_domain: "cluster.local".into(),
+            cgroup_driver: CgroupDriver::Cgroupfs,
+            pod_log_root: PathBuf::from("/var/log/pods"),
+            allocatable_cpu_milli: 4000,
+            allocatable_memory: 8 << 30,
+            memory_capacity: 10_000_000_000,
+        }
+    }
+
+    fn first(p: &Pod) -> Container {
+        p.spec.as_ref().unwrap().containers[0].clone()
+    }
+
+    fn objects() -> Objects {
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "cm"},
+            "data": {"A": "cm-a", "B": "cm-b", "bad=key": "x"}}))
+        .unwrap();
+        let s: Secret = serde_json::from_value(json!({"metadata": {"name": "s"},
+            "data": {"PW": "c2VjcmV0", "B": "c2VjLWI="}}))
+        .unwrap();
+        Objects {
+            config_maps: BTreeMap::from([("cm".to_string(), cm)]),
+            secrets: BTreeMap::from([("s".to_string(), s)]),
+            service_account_token: None,
+        }
+    }
+
+    fn env_of(p: &Pod) -> Result<Vec<(String, String)>, SpecError> {
+        let ips = vec!["10.1.0.7".to_string(), "fd01::7".to_string()];
+        resolve_env(p, &first(p), &objects(), &ips, &ctx())
+            .map(|v| v.into_iter().map(|kv| (kv.key, kv.value)).collect())
+    }
+
+    fn env_pod(env: serde_json::Value) -> Pod {
+        pod(json!({"nodeName": "node-a", "serviceAccountName": "sa",
+            "containers": [{"name": "c", "env": env}]}))
+    }
+
+    fn one_env(var: serde_json::Value) -> Result<String, SpecError> {
+        let name = var["name"].as_str().unwrap().to_string();
+        let env = env_of(&env_pod(json!([var])))?;
+        Ok(env.into_iter().find(|(k, _)| *k == name).map(|(_, v)| v).unwrap_or_else(|| "<unset>".into()))
+    }
+
+    fn field(path: &str) -> String {
+        one_env(json!({"name": "V", "valueFrom": {"fieldRef": {"fieldPath": path}}})).unwrap()
+    }
+
+    // --- cgroup parent, log dir ---
+
+    #[test]
+    fn cgroup_parents_for_every_qos_and_driver() {
+        let g = pod(json!({"containers": [{"name": "c", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]}));
+        let b = pod(json!({"containers": [{"name": "c", "resources": {"requests": {"cpu": "100m"}}}]}));
+        let be = pod(json!({"containers": [{"name": "c"}]}));
+        assert_eq!(cgroup_parent(&g, CgroupDriver::Cgroupfs), "/kubepods/pod1234-abcd");
+        assert_eq!(cgroup_parent(&b, CgroupDriver::Cgroupfs), "/kubepods/burstable/pod1234-abcd");
+        assert_eq!(cgroup_parent(&be, CgroupDriver::Cgroupfs), "/kubepods/besteffort/pod1234-abcd");
+        assert_eq!(cgroup_parent(&g, CgroupDriver::Systemd), "kubepods-pod1234_abcd.slice");
+        assert_eq!(cgroup_parent(&b, CgroupDriver::Systemd), "kubepods-burstable-pod1234_abcd.slice");
+        assert_eq!(cgroup_parent(&be, CgroupDriver::Systemd), "kubepods-besteffort-pod1234_abcd.slice");
+    }
+
+    #[test]
+    fn log_dir() {
+        let p = pod(json!({"containers": [{"name": "c"}]}));
+        assert_eq!(pod_log_dir(&p, &ctx()), PathBuf::from("/var/log/pods/ns1_web_1234-abcd"));
+    }
+
+    // --- sandbox ---
+
+    #[test]
+    fn sandbox_metadata_labels_annotations_and_linux() {
+        let p = pod(json!({"terminationGracePeriodSeconds": 45,
+            "securityContext": {"runAsUser": 1000, "runAsGroup": 2000, "fsGroup": 3000,
+                "supplementalGroups": [4000], "sysctls": [{"name": "net.core.somaxconn", "value": "1024"}]},
+            "containers": [{"name": "c"}]}));
+        let mut c = ctx();
+        c.cgroup_driver = CgroupDriver::Systemd;
+        let s = sandbox_config(&p, 2, &c).unwrap();
+        let m = s.metadata.unwrap();
+        assert_eq!((m.name.as_str(), m.namespace.as_str(), m.uid.as_str(), m.attempt), ("web", "ns1", UID, 2));
+        assert_eq!(s.hostname, "web");
+        assert_eq!(s.log_directory, "/var/log/pods/ns1_web_1234-abcd");
+        assert_eq!(s.labels["app"], "web");
+        assert_eq!(s.labels[LABEL_POD_NAME], "web");
+        assert_eq!(s.labels[LABEL_POD_NAMESPACE], "ns1");
+        assert_eq!(s.labels[LABEL_POD_UID], UID);
+        assert_eq!(s.labels[LABEL_MANAGED_BY], MANAGED_BY);
+        assert_eq!(s.annotations["note"], "x");
+        assert_eq!(s.annotations[ANN_TERMINATION_GRACE], "45");
+        let l = s.linux.unwrap();
+        assert_eq!(l.cgroup_parent, "kubepods-besteffort-pod1234_abcd.slice");
+        assert_eq!(l.sysctls["net.core.somaxconn"], "1024");
+        let sc = l.security_context.unwrap();
+        assert_eq!(sc.run_as_user, Some(Int64Value { value: 1000 }));
+        assert_eq!(sc.run_as_group, Some(Int64Value { value: 2000 }));
+        assert_eq!(sc.supplemental_groups, vec![3000, 4000]);
+        assert!(!sc.privileged);
+        assert!(!sc.readonly_rootfs);
+        let ns = sc.namespace_options.unwrap();
+        assert_eq!(ns.network, NamespaceMode::Pod as i32);
+        assert_eq!(ns.pid, NamespaceMode::Container as i32);
+        assert_eq!(ns.ipc, NamespaceMode::Pod as i32);
+    }
+
+    #[test]
+    fn sandbox_default_grace_and_privileged_when_any_container_is() {
+        let p = pod(json!({"initContainers": [{"name": "i", "securityContext": {"privileged": true}}],
+            "containers": [{"name": "c"}]}));
+        let s = sandbox_config(&p, 0, &ctx()).unwrap();
+        assert_eq!(s.annotations[ANN_TERMINATION_GRACE], "30");
+        assert!(s.linux.unwrap().security_context.unwrap().privileged);
+    }
+
+    #[test]
+    fn sandbox_host_namespaces() {
+        let p = pod(json!({"hostNetwork": true, "hostPID": true, "hostIPC": true, "hostname": "h",
+            "containers": [{"name": "c"}]}));
+        let s = sandbox_config(&p, 0, &ctx()).unwrap();
+        assert_eq!(s.hostname, "", "host network keeps the node's hostname");
+        let ns = s.linux.unwrap().security_context.unwrap().namespace_options.unwrap();
+        assert_eq!(ns.network, NamespaceMode::Node as i32);
+        assert_eq!(ns.pid, NamespaceMode::Node as i32);
+        assert_eq!(ns.ipc, NamespaceMode::Node as i32);
+        let shared = pod(json!({"shareProcessNamespace": true, "containers": [{"name": "c"}]}));
+        let s = sandbox_config(&shared, 0, &ctx()).unwrap();
+        assert_eq!(s.linux.unwrap().security_context.unwrap().namespace_options.unwrap().pid, NamespaceMode::Pod as i32);
+    }
+
+    #[test]
+    fn hostnames() {
+        let p = pod(json!({"hostname": "custom", "containers": [{"name": "c"}]}));
+        assert_eq!(sandbox_config(&p, 0, &ctx()).unwrap().hostname, "custom");
+        // Cut to 63 characters, without a trailing '-' or '.'.
+        let long = format!("{}-{}", "a".repeat(62), "b".repeat(10));
+        let p = pod(json!({"hostname": long, "containers": [{"name": "c"}]}));
+        assert_eq!(sandbox_config(&p, 0, &ctx()).unwrap().hostname, "a".repeat(62));
+        let p = pod(json!({"hostname": "h", "subdomain": "sub", "setHostnameAsFQDN": true, "containers": [{"name": "c"}]}));
+        assert_eq!(sandbox_config(&p, 0, &ctx()).unwrap().hostname, "h.sub.ns1.svc.cluster.local");
+        let p = pod(json!({"hostname": "h".repeat(50), "subdomain": "sub", "setHostnameAsFQDN": true,
+            "containers": [{"name": "c"}]}));
+        let err = sandbox_config(&p, 0, &ctx()).unwrap_err();
+        assert!(matches!(err, SpecError::FqdnTooLong(_, 76)), "{err}");
+        // Without setHostnameAsFQDN the subdomain does not change the hostname.
+        let p = pod(json!({"hostname": "h", "subdomain": "sub", "containers": [{"name": "c"}]}));
+        assert_eq!(sandbox_config(&p, 0, &ctx()).unwrap().hostname, "h");
+    }
+
+    fn dns(spec: serde_json::Value, c: &NodeContext) -> Option<DnsConfig> {
+        sandbox_config(&pod(spec), 0, c).unwrap().dns_config
+    }
+
+    #[test]
+    fn dns_cluster_first() {
+        let d = dns(json!({"containers": [{"name": "c"}]}), &ctx()).unwrap();
+        assert_eq!(d.servers, ["10.96.0.10"]);
+        assert_eq!(d.searches, ["ns1.svc.cluster.local", "svc.cluster.local", "cluster.local"]);
+        assert_eq!(d.options, ["ndots:5"]);
+        let explicit = dns(json!({"dnsPolicy": "ClusterFirst", "containers": [{"name": "c"}]}), &ctx());
+        assert_eq!(explicit, Some(d));
+    }
+
+    #[test]
+    fn dns_cluster_first_without_cluster_dns_falls_back_to_default() {
+        let mut c = ctx();
+        c.cluster_dns.clear();
+        assert_eq!(dns(json!({"containers": [{"name": "c"}]}), &c), None);
+    }
+
+    #[test]
+    fn dns_default_and_host_network() {
+        assert_eq!(dns(json!({"dnsPolicy": "Default", "containers": [{"name": "c"}]}), &ctx()), None);
+        // ClusterFirst on the host network falls back to Default...
+        assert_eq!(dns(json!({"hostNetwork": true, "containers": [{"name": "c"}]}), &ctx()), None);
+        // ...unless the pod asks for ClusterFirstWithHostNet.
+        let d = dns(json!({"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet",
+            "containers": [{"name": "c"}]}), &ctx())
+        .unwrap();
+        assert_eq!(d.servers, ["10.96.0.10"]);
+        let d = dns(json!({"dnsPolicy": "ClusterFirstWithHostNet", "containers": [{"name": "c"}]}), &ctx()).unwrap();
+        assert_eq!(d.options, ["ndots:5"]);
+    }
+
+    #[test]
+    fn dns_none_uses_dns_config_only() {
+        let d = dns(json!({"dnsPolicy": "None", "dnsConfig": {"nameservers": ["1.1.1.1"], "searches": ["a.example"],
+            "options": [{"name": "ndots", "value": "2"}, {"name": "edns0"}]}, "containers": [{"name": "c"}]}), &ctx())
+        .unwrap();
+        assert_eq!(d.servers, ["1.1.1.1"]);
+        assert_eq!(d.searches, ["a.example"]);
+        assert_eq!(d.options, ["ndots:2", "edns0"]);
+    }
+
+    #[test]
+    fn dns_config_merged_into_cluster_first() {
+        let d = dns(json!({"dnsConfig": {"nameservers": ["1.1.1.1", "10.96.0.10"],
+            "searches": ["svc.cluster.local", "b.example"],
+            "options": [{"name": "ndots", "value": "1"}, {"name": "timeout", "value": "3"}]},
+            "containers": [{"name": "c"}]}), &ctx())
+        .unwrap();
+        assert_eq!(d.servers, ["10.96.0.10", "1.1.1.1"]);
+        assert_eq!(d.searches, ["ns1.svc.cluster.local", "svc.cluster.local", "cluster.local", "b.example"]);
+        assert_eq!(d.options, ["ndots:1", "timeout:3"]);
+    }
+
+    #[test]
+    fn dns_limits() {
+        let searches: Vec<String> = (0..40).map(|i| format!("s{i}.example")).collect();
+        let d = dns(json!({"dnsPolicy": "None", "dnsConfig": {"nameservers": ["1.1.1.1", "2.2.2.2", "3.3.3.3", "4.4.4.4"],
+            "searches": searches}, "containers": [{"name": "c"}]}), &ctx())
+        .unwrap();
+        assert_eq!(d.servers.len(), 3);
+        assert_eq!(d.searches.len(), 32);
+    }
+
+    #[test]
+    fn port_mappings_only_with_host_port() {
+        let p = pod(json!({"containers": [
+            {"name": "a", "ports": [{"containerPort": 80, "hostPort": 8080},
+                {"containerPort": 53, "hostPort": 5353, "protocol": "UDP", "hostIP": "10.0.0.5"},
+                {"containerPort": 9000}]},
+            {"name": "b", "ports": [{"containerPort": 7, "hostPort": 7, "protocol": "SCTP"}]}]}));
+        let pm = sandbox_config(&p, 0, &ctx()).unwrap().port_mappings;
+        assert_eq!(pm, vec![
+            PortMapping { protocol: Protocol::Tcp as i32, container_port: 80, host_port: 8080, host_ip: String::new() },
+            PortMapping { protocol: Protocol::Udp as i32, container_port: 53, host_port: 5353, host_ip: "10.0.0.5".into() },
+            PortMapping { protocol: Protocol::Sctp as i32, container_port: 7, host_port: 7, host_ip: String::new() },
+        ]);
+    }
+
+    #[test]
+    fn sandbox_without_spec_is_an_error() {
+        let p: Pod = serde_json::from_value(json!({"metadata": {"name": "x"}})).unwrap();
+        assert!(matches!(sandbox_config(&p, 0, &ctx()), Err(SpecError::NoSpec)));
+    }
+
+    // --- expansion ---
+
+    #[test]
+    fn expansion() {
+        let vars = |n: &str| match n {
+            "A" => Some("a".to_string()),
+            "EMPTY" => Some(String::new()),
+            _ => None,
+        };
+        assert_eq!(expand("x$(A)y", vars), "xay");
+        assert_eq!(expand("$(A)$(A)", vars), "aa");
+        assert_eq!(expand("$(EMPTY)|", vars), "|");
+        assert_eq!(expand("$(MISSING)", vars), "$(MISSING)");
+        assert_eq!(expand("$$(A)", vars), "$(A)");
+        assert_eq!(expand("$$$(A)", vars), "$a");
+        assert_eq!(expand("$$", vars), "$");
+        assert_eq!(expand("a$", vars), "a$");
+        assert_eq!(expand("$(A", vars), "$(A");
+        assert_eq!(expand("$A", vars), "$A");
+        assert_eq!(expand("$é$(A)", vars), "$éa");
+        assert_eq!(expand("no refs", vars), "no refs");
+    }
+
+    // --- env ---
+
+    #[test]
+    fn env_values_expand_against_earlier_vars() {
+        let env = env_of(&env_pod(json!([
+            {"name": "A", "value": "1"},
+            {"name": "B", "value": "$(A)-$(C)"},
+            {"name": "C", "value": "3"},
+            {"name": "D", "value": "$$(A)"},
+            {"name": "E"},
+        ])))
+        .unwrap();
+        assert_eq!(env, vec![
+            ("A".to_string(), "1".to_string()),
+            ("B".into(), "1-$(C)".into()),
+            ("C".into(), "3".into()),
+            ("D".into(), "$(A)".into()),
+            ("E".into(), String::new()),
+        ]);
+    }
+
+    #[test]
+    fn env_field_refs() {
+        assert_eq!(field("metadata.name"), "web");
+        assert_eq!(field("metadata.namespace"), "ns1");
+        assert_eq!(field("metadata.uid"), UID);
+        assert_eq!(field("metadata.labels['app']"), "web");
+        assert_eq!(field("metadata.labels['nope']"), "");
+        assert_eq!(field("metadata.annotations['note']"), "x");
+        assert_eq!(field("metadata.labels"), "app=\"web\"");
+        assert_eq!(field("spec.nodeName"), "node-a");
+        assert_eq!(field("spec.serviceAccountName"), "sa");
+        assert_eq!(field("status.podIP"), "10.1.0.7");
+        assert_eq!(field("status.podIPs"), "10.1.0.7,fd01::7");
+        assert_eq!(field("status.hostIP"), "10.0.0.5");
+        assert_eq!(field("status.hostIPs"), "10.0.0.5,fd00::5");
+        let err = one_env(json!({"name": "V", "valueFrom": {"fieldRef": {"fieldPath": "spec.bogus"}}})).unwrap_err();
+        assert_eq!(err.to_string(), "unsupported fieldPath: spec.bogus");
+        let err = one_env(json!({"name": "V", "valueFrom": {"fieldRef": {"apiVersion": "v2", "fieldPath": "metadata.name"}}}))
+            .unwrap_err();
+        assert!(matches!(err, SpecError::UnsupportedApiVersion(_)));
+    }
+
+    #[test]
+    fn pod_ips_follow_the_node_family() {
+        let p = env_pod(json!([{"name": "V", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}}]));
+        let mut c = ctx();
+        c.host_ips = vec!["fd00::5".into()];
+        let ips = vec!["10.1.0.7".to_string(), "fd01::7".to_string()];
+        let env = resolve_env(&p, &first(&p), &objects(), &ips, &c).unwrap();
+        assert_eq!(env[0].value, "fd01::7,10.1.0.7");
+        // A host network pod without sandbox IPs has the node's.
+        let p = pod(json!({"hostNetwork": true, "containers": [{"name": "c",
+            "env": [{"name": "V", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}]}));
+        let env = resolve_env(&p, &first(&p), &objects(), &[], &ctx()).unwrap();
+        assert_eq!(env[0].value, "10.0.0.5");
+    }
+
+    fn resource_env(resources: serde_json::Value, resource: &str, divisor: Option<&str>) -> String {
+        let mut sel = json!({"resource": resource});
+        if let Some(d) = divisor {
+            sel["divisor"] = json!(d);
+        }
+        let p = pod(json!({"containers": [{"name": "c", "resources": resources,
+            "env": [{"name": "V", "valueFrom": {"resourceFieldRef": sel}}]}]}));
+        let env = resolve_env(&p, &first(&p), &objects(), &[], &ctx()).unwrap();
+        env[0].value.clone()
+    }
+
+    #[test]
+    fn env_resource_field_refs() {
+        let r = json!({"requests": {"cpu": "250m", "memory": "64Mi"}, "limits": {"cpu": "1500m", "memory": "128Mi"}});
+        assert_eq!(resource_env(r.clone(), "limits.cpu", None), "2", "rounded up to whole cores");
+        assert_eq!(resource_env(r.clone(), "limits.cpu", Some("1m")), "1500");
+        assert_eq!(resource_env(r.clone(), "requests.cpu", Some("1m")), "250");
+        assert_eq!(resource_env(r.clone(), "requests.cpu", None), "1");
+        assert_eq!(resource_env(r.clone(), "limits.memory", None), "134217728");
+        assert_eq!(resource_env(r.clone(), "limits.memory", Some("1Mi")), "128");
+        assert_eq!(resource_env(r.clone(), "requests.memory", Some("1M")), "68");
+        assert_eq!(resource_env(r, "requests.memory", Some("0")), "67108864", "zero divisor means 1");
+        // Without limits: the node's allocatable.
+        assert_eq!(resource_env(json!({}), "limits.cpu", Some("1m")), "4000");
+        assert_eq!(resource_env(json!({}), "limits.memory", None), (8i64 << 30).to_string());
+        assert_eq!(resource_env(json!({}), "requests.cpu", None), "0");
+        // A request left out defaults to the limit.
+        assert_eq!(resource_env(json!({"limits": {"memory": "1Gi"}}), "requests.memory", Some("1Gi")), "1");
+        let p = pod(json!({"containers": [{"name": "c",
+            "env": [{"name": "V", "valueFrom": {"resourceFieldRef": {"resource": "limits.gpu"}}}]}]}));
+        let err = resolve_env(&p, &first(&p), &objects(), &[], &ctx()).unwrap_err();
+        assert!(matches!(err, SpecError::UnsupportedResource(_)));
+    }
+
+    #[test]
+    fn env_config_map_and_secret_keys() {
+        let v = one_env(json!({"name": "V", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "A"}}})).unwrap();
+        assert_eq!(v, "cm-a");
+        let v = one_env(json!({"name": "V", "valueFrom": {"secretKeyRef": {"name": "s", "key": "PW"}}})).unwrap();
+        assert_eq!(v, "secret");
+    }
+
+    #[test]
+    fn env_missing_objects_and_keys() {
+        let err = |var| one_env(var).unwrap_err().to_string();
+        assert_eq!(
+            err(json!({"name": "V", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "FOO"}}})),
+            "couldn't find key FOO in ConfigMap ns1/cm"
+        );
+        assert_eq!(
+            err(json!({"name": "V", "valueFrom": {"configMapKeyRef": {"name": "other", "key": "A"}}})),
+            "configmap \"other\" not found"
+        );
+        assert_eq!(
+            err(json!({"name": "V", "valueFrom": {"secretKeyRef": {"name": "s", "key": "FOO"}}})),
+            "couldn't find key FOO in Secret ns1/s"
+        );
+        assert_eq!(
+            err(json!({"name": "V", "valueFrom": {"secretKeyRef": {"name": "other", "key": "A"}}})),
+            "secret \"other\" not found"
+        );
+        // Optional references leave the variable out.
+        for var in [
+            json!({"name": "V", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "FOO", "optional": true}}}),
+            json!({"name": "V", "valueFrom": {"configMapKeyRef": {"name": "other", "key": "A", "optional": true}}}),
+            json!({"name": "V", "valueFrom": {"secretKeyRef": {"name": "s", "key": "FOO", "optional": true}}}),
+            json!({"name": "V", "valueFrom": {"secretKeyRef": {"name": "other", "key": "A", "optional": true}}}),
+        ] {
+            assert_eq!(one_env(var).unwrap(), "<unset>");
+        }
+    }
+
+    #[test]
+    fn env_from_with_prefix_invalid_keys_and_overrides() {
+        let p = pod(json!({"containers": [{"name": "c",
+            "envFrom": [{"configMapRef": {"name": "cm"}}, {"secretRef": {"name": "s"}, "prefix": "S_"},
+                {"configMapRef": {"name": "gone", "optional": true}}, {"secretRef": {"name": "gone2", "optional": true}}],
+            "env": [{"name": "A", "value": "env-a"}, {"name": "X", "value": "$(S_PW)"}]}]}));
+        let env: Vec<(String, String)> = resolve_env(&p, &first(&p), &objects(), &[], &ctx())
+            .unwrap()
+            .into_iter()
+            .map(|kv| (kv.key, kv.value))
+            .collect();
+        assert_eq!(env, vec![
+            ("B".to_string(), "cm-b".to_string()),
+            ("S_B".into(), "sec-b".into()),
+            ("S_PW".into(), "secret".into()),
+            ("A".into(), "env-a".into()),
+            ("X".into(), "secret".into()),
+        ]);
+    }
+
+    #[test]
+    fn env_from_missing_sources() {
+        let p = pod(json!({"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "gone"}}]}]}));
+        let err = resolve_env(&p, &first(&p), &objects(), &[], &ctx()).unwrap_err();
+        assert_eq!(err.to_string(), "configmap \"gone\" not found");
+        let p = pod(json!({"containers": [{"name": "c", "envFrom": [{"secretRef": {"name": "gone"}}]}]}));
+        let err = resolve_env(&p, &first(&p), &objects(), &[], &ctx()).unwrap_err();
+        assert_eq!(err.to_string(), "secret \"gone\" not found");
+    }
+
+    #[test]
+    fn env_names() {
+        assert!(valid_env_name("my.env-name"));
+        assert!(valid_env_name("1abc"));
+        assert!(!valid_env_name("a=b"));
+        assert!(!valid_env_name(""));
+        assert!(!valid_env_name("tab\there"));
+    }
+
+    // --- quantities ---
+
+    #[test]
+    fn exact_quantities() {
+        assert_eq!(quantity_scaled("100m", 1000), Some(100));
+        assert_eq!(quantity_scaled("0.3", 1000), Some(300));
+        assert_eq!(quantity_scaled("1.5", 1), Some(2));
+        assert_eq!(quantity_scaled("1Gi", 1), Some(1 << 30));
+        assert_eq!(quantity_scaled("1e3", 1), Some(1000));
+        assert_eq!(quantity_scaled("1.1k", 1), Some(1100));
+        assert_eq!(quantity_scaled("1n", 1000), Some(1));
+        assert_eq!(quantity_scaled("x", 1), None);
+        assert_eq!(quantity_scaled("1.2.3", 1), None);
+    }
+
+    // --- mounts ---
+
+    fn vols(dir: &Path) -> BTreeMap<String, VolumePath> {
+        BTreeMap::from([
+            ("data".to_string(), VolumePath { host_path: dir.join("data"), read_only: false }),
+            ("conf".to_string(), VolumePath { host_path: dir.join("conf"), read_only: true }),
+        ])
+    }
+
+    fn container(v: serde_json::Value) -> Container {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn mounts_from_volumes_hosts_and_termination_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = container(json!({"name": "c", "volumeMounts": [
+            {"name": "data", "mountPath": "/data"},
+            {"name": "data", "mountPath": "/ro", "readOnly": true, "mountPropagation": "HostToContainer"},
+            {"name": "conf", "mountPath": "/conf", "mountPropagation": "Bidirectional"}]}));
+        let hosts = dir.path().join("etc-hosts");
+        let term = dir.path().join("term");
+        let m = container_mounts(&c, &vols(dir.path()), Some(&hosts), Some(&term)).unwrap();
+        let data = dir.path().join("data").to_string_lossy().into_owned();
+        assert_eq!(m.len(), 5);
+        assert_eq!((m[0].container_path.as_str(), m[0].host_path.as_str(), m[0].readonly), ("/data", data.as_str(), false));
+        assert_eq!(m[0].propagation, MountPropagation::PropagationPrivate as i32);
+        assert!(m[1].readonly);
+        assert_eq!(m[1].propagation, MountPropagation::PropagationHostToContainer as i32);
+        assert!(m[2].readonly, "a read-only volume forces the mount read-only");
+        assert_eq!(m[2].propagation, MountPropagation::PropagationBidirectional as i32);
+        assert_eq!(m[3].container_path, "/etc/hosts");
+        assert_eq!(m[3].host_path, hosts.to_string_lossy());
+        assert_eq!(m[4].container_path, "/dev/termination-log");
+        assert_eq!(m[4].host_path, term.to_string_lossy());
+        assert!(!dir.path().join("data").exists(), "no I/O without a subPath");
+    }
+
+    #[test]
+    fn own_etc_hosts_and_custom_termination_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = container(json!({"name": "c", "terminationMessagePath": "/tmp/msg",
+            "volumeMounts": [{"name": "data", "mountPath": "/etc/hosts"}]}));
+        let hosts = dir.path().join("etc-hosts");
+        let term = dir.path().join("term");
+        let m = container_mounts(&c, &vols(dir.path()), Some(&hosts), Some(&term)).unwrap();
+        let paths: Vec<&str> = m.iter().map(|m| m.container_path.as_str()).collect();
+        assert_eq!(paths, ["/etc/hosts", "/tmp/msg"]);
+        assert_eq!(m[0].host_path, dir.path().join("data").to_string_lossy());
+        let none = container_mounts(&container(json!({"name": "c"})), &vols(dir.path()), None, None).unwrap();
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn mount_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = container(json!({"name": "c", "volumeMounts": [{"name": "nope", "mountPath": "/x"}]}));
+        let err = container_mounts(&c, &vols(dir.path()), None, None).unwrap_err();
+        assert_eq!(err.to_string(), "cannot find volume \"nope\" to mount into container \"c\"");
+        let c = container(json!({"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/x", "mountPropagation": "Sideways"}]}));
+        assert!(matches!(container_mounts(&c, &vols(dir.path()), None, None), Err(SpecError::InvalidPropagation(_))));
+        let c = container(json!({"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/x", "subPathExpr": "$(POD)"}]}));
+        assert!(matches!(container_mounts(&c, &vols(dir.path()), None, None), Err(SpecError::SubPathExprUnsupported(_))));
+    }
+
+    #[test]
+    fn sub_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        let c = container(json!({"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/x", "subPath": "a/b"}]}));
+        let m = container_mounts(&c, &vols(dir.path()), None, None).unwrap();
+        let want = dir.path().join("data/a/b");
+        assert_eq!(m[0].host_path, want.to_string_lossy());
+        assert!(want.is_dir(), "a missing subPath is created");
+        // Existing again: no error.
+        container_mounts(&c, &vols(dir.path()), None, None).unwrap();
+
+        for bad in ["../x", "a/../../x", "/abs", ".."] {
+            let c = container(json!({"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/x", "subPath": bad}]}));
+            let err = container_mounts(&c, &vols(dir.path()), None, None).unwrap_err();
+            assert!(matches!(err, SpecError::InvalidSubPath { .. }), "{bad}: {err}");
+        }
+        assert!(!dir.path().join("x").exists());
+
+        // A symlink out of the volume is refused.
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("data/escape")).unwrap();
+        let c = container(json!({"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/x", "subPath": "escape"}]}));
+        let err = container_mounts(&c, &vols(dir.path()), None, None).unwrap_err();
+        assert!(err.to_string().contains("outside of the volume"), "{err}");
+    }
+
+    // --- hosts file ---
+
+    const LOCAL: &str = "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n\
+        ::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\n\
+        fe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n";
+
+    #[test]
+    fn hosts_file_plain() {
+        let p = pod(json!({"containers": [{"name": "c"}]}));
+        let ips = ["10.1.0.7".to_string(), "fd01::7".to_string()];
+        assert_eq!(hosts_file(&p, &ips, &ctx()), format!("{LOCAL}10.1.0.7\tweb\nfd01::7\tweb\n"));
+    }
+
+    #[test]
+    fn hosts_file_with_subdomain_and_aliases() {
+        let p = pod(json!({"hostname": "h", "subdomain": "sub", "containers": [{"name": "c"}],
+            "hostAliases": [{"ip": "1.2.3.4", "hostnames": ["foo", "bar"]}, {"ip": "5.6.7.8", "hostnames": ["baz"]}]}));
+        assert_eq!(
+            hosts_file(&p, &["10.1.0.7".to_string()], &ctx()),
+            format!("{LOCAL}10.1.0.7\th.sub.ns1.svc.cluster.local\th\n\n# Entries added by HostAliases.\n1.2.3.4\tfoo\tbar\n5.6.7.8\tbaz\n")
+        );
+    }
+
+    #[test]
+    fn hosts_file_host_network() {
+        let p = pod(json!({"hostNetwork": true, "containers": [{"name": "c"}],
+            "hostAliases": [{"ip": "1.2.3.4", "hostnames": ["foo"]}]}));
+        assert_eq!(
+            host_network_hosts_file(&p, "127.0.0.1 localhost\n"),
+            "# Kubernetes-managed hosts file (host network).\n127.0.0.1 localhost\n\n# Entries added by HostAliases.\n1.2.3.4\tfoo\n"
+        );
+    }
+
+    // --- container config ---
+
+    fn config(p: &Pod, env: Vec<KeyValue>) -> Result<ContainerConfig, SpecError> {
+        config_with(p, env, &ctx())
+    }
+
+    fn config_with(p: &Pod, env: Vec<KeyValue>, c: &NodeContext) -> Result<ContainerConfig, SpecError> {
+        container_config(p, &first(p), ContainerKind::App, 1, 3, 42, env, Vec::new(), c)
+    }
+
+    fn resources(p: &Pod) -> LinuxContainerResources {
+        config(p, Vec::new()).unwrap().linux.unwrap().resources.unwrap()
+    }
+
+    #[test]
+    fn container_config_basics() {
+        let p = pod(json!({"terminationGracePeriodSeconds": 10, "containers": [{"name": "app", "image": "nginx:1",
+            "command": ["/bin/sh", "-c", "echo $(A) $$(A) $(B)"], "args": ["$(A)"], "workingDir": "/w",
+            "stdin": true, "stdinOnce": true, "tty": true, "terminationMessagePolicy": "FallbackToLogsOnError"}]}));
+        let env = vec![KeyValue { key: "A".into(), value: "1".into() }];
+        let mount = Mount { container_path: "/data".into(), host_path: "/h".into(), ..Default::default() };
+        let c = container_config(&p, &first(&p), ContainerKind::Init, 2, 5, 0xdead_beef, env.clone(), vec![mount.clone()], &ctx())
+            .unwrap();
+        assert_eq!(c.metadata, Some(ContainerMetadata { name: "app".into(), attempt: 2 }));
+        assert_eq!(c.image.as_ref().unwrap().image, "nginx:1");
+        assert_eq!(c.command, ["/bin/sh", "-c", "echo 1 $(A) $(B)"]);
+        assert_eq!(c.args, ["1"]);
+        assert_eq!(c.working_dir, "/w");
+        assert_eq!(c.envs, env);
+        assert_eq!(c.mounts, vec![mount]);
+        assert_eq!(c.log_path, "app/5.log");
+        assert!(c.stdin && c.stdin_once && c.tty);
+        assert_eq!(c.labels[LABEL_POD_NAME], "web");
+        assert_eq!(c.labels[LABEL_POD_NAMESPACE], "ns1");
+        assert_eq!(c.labels[LABEL_POD_UID], UID);
+        assert_eq!(c.labels[LABEL_CONTAINER_NAME], "app");
+        assert_eq!(c.labels[LABEL_MANAGED_BY], MANAGED_BY);
+        assert_eq!(c.annotations[ANN_CONTAINER_HASH], "3735928559");
+        assert_eq!(c.annotations[ANN_RESTART_COUNT], "5");
+        assert_eq!(c.annotations[ANN_TERMINATION_MESSAGE_PATH], "/dev/termination-log");
+        assert_eq!(c.annotations[ANN_TERMINATION_MESSAGE_POLICY], "FallbackToLogsOnError");
+        assert_eq!(c.annotations[ANN_TERMINATION_GRACE], "10");
+        assert_eq!(c.annotations[ANN_CONTAINER_TYPE], "init");
+        let app = config(&p, Vec::new()).unwrap();
+        assert_eq!(app.annotations[ANN_CONTAINER_TYPE], "app");
+        assert_eq!(app.command, ["/bin/sh", "-c", "echo $(A) $(A) $(B)"]);
+    }
+
+    #[test]
+    fn guaranteed_resources() {
+        let p = pod(json!({"containers": [{"name": "c", "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}}}]}));
+        let r = resources(&p);
+        assert_eq!(r.cpu_shares, 512, "limit stands in for a missing request");
+        assert_eq!(r.cpu_period, 100_000);
+        assert_eq!(r.cpu_quota, 50_000);
+        assert_eq!(r.memory_limit_in_bytes, 256 << 20);
+        assert_eq!(r.oom_score_adj, -997);
+    }
+
+    #[test]
+    fn best_effort_resources() {
+        let r = resources(&pod(json!({"containers": [{"name": "c"}]})));
+        assert_eq!((r.cpu_shares, r.cpu_quota, r.memory_limit_in_bytes, r.oom_score_adj), (2, 0, 0, 1000));
+        assert_eq!(r.cpu_period, 100_000);
+    }
+
+    #[test]
+    fn burstable_resources_and_oom_score() {
+        let p = pod(json!({"containers": [{"name": "c", "resources": {"requests": {"cpu": "1m", "memory": "2500000000"}}}]}));
+        let r = resources(&p);
+        assert_eq!(r.cpu_shares, 2, "minimum shares");
+        assert_eq!(r.cpu_quota, 0);
+        assert_eq!(r.oom_score_adj, 750);
+        // A tiny cpu limit still gets the minimum quota.
+        let p = pod(json!({"containers": [{"name": "c", "resources": {"requests": {"cpu": "1m"}, "limits": {"cpu": "5m"}}}]}));
+        assert_eq!(resources(&p).cpu_quota, 1000);
+        // Requests near the whole node stay above Guaranteed...
+        let p = pod(json!({"containers": [{"name": "c", "resources": {"requests": {"memory": "10G"}}}]}));
+        assert_eq!(resources(&p).oom_score_adj, 3);
+        // ...and none at all stays below BestEffort.
+        let p = pod(json!({"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}));
+        let r = resources(&p);
+        assert_eq!(r.oom_score_adj, 999);
+        assert_eq!(r.cpu_shares, 1024);
+        // Node-critical pods are protected like Guaranteed ones.
+        let p = pod(json!({"priorityClassName": "system-node-critical", "priority": 2_000_001_000,
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}));
+        assert_eq!(resources(&p).oom_score_adj, -997);
+        // Without a known capacity a Burstable container counts as nearly BestEffort.
+        let mut c = ctx();
+        c.memory_capacity = 0;
+        let p = pod(json!({"containers": [{"name": "c", "resources": {"requests": {"memory": "1Gi"}}}]}));
+        assert_eq!(config_with(&p, Vec::new(), &c).unwrap().linux.unwrap().resources.unwrap().oom_score_adj, 999);
+    }
+
+    #[test]
+    fn invalid_quantity_is_an_error() {
+        let p = pod(json!({"containers": [{"name": "c", "resources": {"limits": {"cpu": "lots"}}}]}));
+        assert!(matches!(config(&p, Vec::new()), Err(SpecError::InvalidQuantity { .. })));
+    }
+
+    fn sec(p: &Pod) -> LinuxContainerSecurityContext {
+        config(p, Vec::new()).unwrap().linux.unwrap().security_context.unwrap()
+    }
+
+    #[test]
+    fn security_context_merge() {
+        let p = pod(json!({"securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": true,
+                "fsGroup": 2000, "supplementalGroups": [3000], "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "c", "securityContext": {"runAsUser": 1001, "privileged": false,
+                "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+                "capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]}}}]}));
+        let s = sec(&p);
+        assert_eq!(s.run_as_user, Some(Int64Value { value: 1001 }), "the container's user wins");
+        assert_eq!(s.run_as_group, Some(Int64Value { value: 1000 }), "the pod's group applies");
+        assert_eq!(s.supplemental_groups, vec![2000, 3000]);
+        assert!(s.readonly_rootfs);
+        assert!(s.no_new_privs);
+        assert!(!s.privileged);
+        let caps = s.capabilities.unwrap();
+        assert_eq!(caps.add_capabilities, ["NET_ADMIN"]);
+        assert_eq!(caps.drop_capabilities, ["ALL"]);
+        assert_eq!(s.seccomp.unwrap().profile_type, ProfileType::RuntimeDefault as i32);
+        assert!(s.masked_paths.is_empty() && s.readonly_paths.is_empty(), "left to the runtime");
+        let ns = s.namespace_options.unwrap();
+        assert_eq!((ns.network, ns.pid, ns.ipc), (NamespaceMode::Pod as i32, NamespaceMode::Container as i32, NamespaceMode::Pod as i32));
+    }
+
+    #[test]
+    fn security_context_defaults() {
+        let s = sec(&pod(json!({"containers": [{"name": "c"}]})));
+        assert_eq!(s.run_as_user, None);
+        assert_eq!(s.capabilities, None);
+        assert_eq!(s.seccomp, None);
+        assert!(!s.no_new_privs && !s.privileged && !s.readonly_rootfs);
+        let s = sec(&pod(json!({"containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": true,
+            "privileged": true, "seccompProfile": {"type": "Unconfined"}}}]})));
+        assert!(!s.no_new_privs);
+        assert!(s.privileged);
+        assert_eq!(s.seccomp.unwrap().profile_type, ProfileType::Unconfined as i32);
+        let p = pod(json!({"containers": [{"name": "c", "securityContext": {"seccompProfile": {"type": "Localhost",
+            "localhostProfile": "x.json"}}}]}));
+        assert!(matches!(config(&p, Vec::new()), Err(SpecError::LocalhostSeccomp(_))));
+        let s = sec(&pod(json!({"hostNetwork": true, "hostPID": true, "containers": [{"name": "c"}]})));
+        let ns = s.namespace_options.unwrap();
+        assert_eq!((ns.network, ns.pid, ns.ipc), (NamespaceMode::Node as i32, NamespaceMode::Node as i32, NamespaceMode::Pod as i32));
+    }
+
+    #[test]
+    fn run_as_non_root() {
+        let p = pod(json!({"securityContext": {"runAsNonRoot": true},
+            "containers": [{"name": "c", "securityContext": {"runAsUser": 0}}]}));
+        let err = config(&p, Vec::new()).unwrap_err();
+        assert_eq!(err.to_string(), "container's runAsUser breaks non-root policy (pod: \"web_ns1(1234-abcd)\", container: c)");
+        // The container may allow root even when the pod does not.
+        let p = pod(json!({"securityContext": {"runAsNonRoot": true, "runAsUser": 0},
+            "containers": [{"name": "c", "securityContext": {"runAsNonRoot": false}}]}));
+        assert!(config(&p, Vec::new()).is_ok());
+        let p = pod(json!({"securityContext": {"runAsNonRoot": true, "runAsUser": 5}, "containers": [{"name": "c"}]}));
+        assert!(config(&p, Vec::new()).is_ok());
+    }
+}
