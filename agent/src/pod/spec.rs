@@ -848,7 +848,8 @@ fn sub_path_dir(volume: &Path, sub_path: &str) -> Result<PathBuf, SpecError> {
 
 /// The container's CRI mounts: its volumeMounts (by volume name from `volumes`), then the
 /// managed /etc/hosts (`hosts_file`, unless the container mounts /etc/hosts itself) and the
-/// termination message file (`termination_log`, at terminationMessagePath).
+/// termination message file (`termination_log`, at terminationMessagePath). As upstream, the
+/// caller passes a hosts file only when the sandbox has IPs (or is on the host network).
 ///
 /// Side effect: a subPath missing in its volume is created as a directory.
 pub fn container_mounts(
@@ -1253,6 +1254,7 @@ mod tests {
         assert_eq!(sc.supplemental_groups, vec![3000, 4000]);
         assert!(!sc.privileged);
         assert!(!sc.readonly_rootfs);
+        assert_eq!(sc.seccomp.unwrap().profile_type, ProfileType::RuntimeDefault as i32);
         let ns = sc.namespace_options.unwrap();
         assert_eq!(ns.network, NamespaceMode::Pod as i32);
         assert_eq!(ns.pid, NamespaceMode::Container as i32);
