@@ -1,7 +1,10 @@
 //! Pods on this node: the model of what the runtime holds ([`model`]), the planner of one
-//! sync ([`plan`]) with its crash-loop backoff ([`backoff`]), and (to come) the status
-//! computation, CRI configs, volumes, probes and the per-pod workers.
+//! sync ([`plan`]) with its crash-loop backoff ([`backoff`]), the pod status ([`status`]),
+//! the CRI sandbox and container configs ([`spec`]), volumes ([`volumes`],
+//! [`atomic_writer`]), probes and lifecycle hooks ([`probe`]), where pods come from
+//! ([`source`]) and the executor that ties them together ([`worker`]).
 
 pub mod backoff;
 pub mod model;
 pub mod plan;
+pub mod spec;
