@@ -2,3 +2,4 @@
 //! planner, status computation, CRI configs, volumes, probes and the per-pod workers.
 
 pub mod model;
+pub mod status;
