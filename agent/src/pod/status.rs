@@ -453,14 +453,13 @@ impl Ctx<'_> {
 
 /// Upstream getPhase over the computed container statuses.
 fn get_phase(spec: &PodSpec, init: &[ContainerStatus], app: &[ContainerStatus], pod_is_terminal: bool) -> &'static str {
-    let find = |list: &'_ [ContainerStatus], name: &str| list.iter().find(|s| s.name == name).cloned();
     let mut pending_init = 0;
     let mut failed_init = 0;
     let (mut unknown, mut running_n, mut waiting_n, mut stopped, mut succeeded) = (0, 0, 0, 0, 0);
     let init_containers = spec.init_containers.as_deref().unwrap_or_default();
 
     for c in init_containers {
-        let Some(s) = find(init, &c.name) else {
+        let Some(s) = by_name(init, &c.name) else {
             if restartable(c, ContainerKind::Init) {
                 unknown += 1;
             } else {
@@ -469,15 +468,15 @@ fn get_phase(spec: &PodSpec, init: &[ContainerStatus], app: &[ContainerStatus], 
             continue;
         };
         if restartable(c, ContainerKind::Init) {
-            if running(&s) {
+            if running(s) {
                 if s.started != Some(true) {
                     pending_init += 1;
                 }
                 running_n += 1;
-            } else if terminated(&s).is_some() {
+            } else if terminated(s).is_some() {
                 // A stopped sidecar does not count for the phase.
-            } else if waiting(&s) {
-                if last_terminated(&s).is_none() {
+            } else if waiting(s) {
+                if last_terminated(s).is_none() {
                     pending_init += 1;
                     waiting_n += 1;
                 }
@@ -487,14 +486,14 @@ fn get_phase(spec: &PodSpec, init: &[ContainerStatus], app: &[ContainerStatus], 
             }
             continue;
         }
-        if running(&s) {
+        if running(s) {
             pending_init += 1;
-        } else if let Some(t) = terminated(&s) {
+        } else if let Some(t) = terminated(s) {
             if t.exit_code != 0 {
                 failed_init += 1;
             }
-        } else if waiting(&s) {
-            match last_terminated(&s) {
+        } else if waiting(s) {
+            match last_terminated(s) {
                 Some(t) if t.exit_code != 0 => failed_init += 1,
                 Some(_) => {}
                 None => pending_init += 1,
@@ -505,19 +504,19 @@ fn get_phase(spec: &PodSpec, init: &[ContainerStatus], app: &[ContainerStatus], 
     }
 
     for c in &spec.containers {
-        let Some(s) = find(app, &c.name) else {
+        let Some(s) = by_name(app, &c.name) else {
             unknown += 1;
             continue;
         };
-        if running(&s) {
+        if running(s) {
             running_n += 1;
-        } else if let Some(t) = terminated(&s) {
+        } else if let Some(t) = terminated(s) {
             stopped += 1;
             if t.exit_code == 0 {
                 succeeded += 1;
             }
-        } else if waiting(&s) {
-            if last_terminated(&s).is_some() {
+        } else if waiting(s) {
+            if last_terminated(s).is_some() {
                 stopped += 1;
             } else {
                 waiting_n += 1;
@@ -553,6 +552,10 @@ fn get_phase(spec: &PodSpec, init: &[ContainerStatus], app: &[ContainerStatus], 
         return PHASE_RUNNING;
     }
     PHASE_PENDING
+}
+
+fn by_name<'a>(list: &'a [ContainerStatus], name: &str) -> Option<&'a ContainerStatus> {
+    list.iter().find(|s| s.name == name)
 }
 
 /// Whether any app container has run (running or terminated).
@@ -929,6 +932,7 @@ mod tests {
         assert_eq!(s.pod_ip, None);
         assert_eq!(s.host_ip.as_deref(), Some("192.168.1.10"));
         assert_eq!(s.host_ips.as_ref().unwrap()[0].ip, "192.168.1.10");
+        assert_eq!(phase(&one("Always"), &PodRuntime::default()), "Pending");
     }
 
     #[test]
@@ -973,6 +977,7 @@ mod tests {
         assert_eq!(waiting_reason(cs(&s, "app")), Some("PodInitializing"));
         let names: Vec<&str> = s.init_container_statuses.as_ref().unwrap().iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["i1", "i2"]);
+        assert_eq!(phase(&with_init("Always"), &r), "Pending");
         check(&s, "Initialized", "False", Some("ContainersNotInitialized"), Some("containers with incomplete status: [i1 i2]"));
         check(&s, "Ready", "False", Some("ContainersNotReady"), Some("containers with unready status: [app]"));
     }
