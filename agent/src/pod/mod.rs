@@ -8,3 +8,4 @@ pub mod backoff;
 pub mod model;
 pub mod plan;
 pub mod spec;
+pub mod status;

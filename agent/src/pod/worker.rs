@@ -821,7 +821,7 @@ impl PodWorkers {
                 return Ok(Some(Duration::from_secs(5)));
             }
         };
-        let config = match spec::container_config(pod, c, start.kind, start.attempt, start.restart_count, hash, env, mounts) {
+        let config = match spec::container_config(pod, c, start.kind, start.attempt, start.restart_count, hash, env, mounts, &self.inner.cfg.node) {
             Ok(cfg) => cfg,
             Err(e) => {
                 set_waiting("CreateContainerConfigError", e.to_string());
