@@ -642,6 +642,16 @@ impl ProbeManager {
             if pod_probes.workers.contains_key(&(name.clone(), kind)) {
                 continue;
             }
+            // A worker restarted for a new pod IP does not redo what its container is done with:
+            // startup once succeeded, liveness and startup once the container failed.
+            let done = match kind {
+                ProbeKind::Startup => shared.results.startup.contains_key(&name) || shared.results.failed.contains_key(&name),
+                ProbeKind::Liveness => shared.results.failed.contains_key(&name),
+                ProbeKind::Readiness => false,
+            };
+            if done {
+                continue;
+            }
             let started = shared.started.get(&name).map(|s| s.subscribe());
             let target = Target {
                 pod_ip: pod_ip.clone(),
@@ -1182,6 +1192,11 @@ pub(crate) mod tests {
         assert_eq!(rx.recv().await.unwrap(), "u1");
         assert_eq!(exec.calls("live"), 6);
         assert!(m.results("u1").failed.contains_key("app"));
+        // A new pod IP restarts workers, but not one whose container already failed.
+        m.sync(&p, Some("10.0.0.2".to_string()), &running("c2"));
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        assert_eq!(exec.calls("live"), 6);
+        assert!(m.results("u1").failed.contains_key("app"));
         // Gone: the results go with it.
         m.sync(&p, ip(), &[]);
         assert_eq!(m.results("u1"), ProbeResults::default());
@@ -1255,6 +1270,13 @@ pub(crate) mod tests {
         assert_eq!(exec.calls("start"), starts, "startup probing ends once it succeeded");
         assert!(exec.calls("live") >= 10);
         assert!(exec.calls("ready") >= 10);
+        // A new pod IP restarts liveness and readiness, not the startup probe that succeeded.
+        m.sync(&p, Some("10.0.0.2".to_string()), &running("c1"));
+        let (lives, readies) = (exec.calls("live"), exec.calls("ready"));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(exec.calls("start"), starts);
+        assert!(exec.calls("live") > lives && exec.calls("ready") > readies);
+        assert_eq!(m.results("u1").startup.get("app"), Some(&true));
     }
 
     #[tokio::test(start_paused = true)]
