@@ -9,3 +9,5 @@ pub mod model;
 pub mod plan;
 pub mod spec;
 pub mod status;
+pub mod hooks;
+pub mod probe;
