@@ -2,3 +2,5 @@
 //! planner, status computation, CRI configs, volumes, probes and the per-pod workers.
 
 pub mod model;
+pub mod atomic_writer;
+pub mod volumes;
