@@ -102,7 +102,8 @@ pub fn write_payload(dir: &Path, payload: &BTreeMap<String, FileProjection>) -> 
 
     let data_link = dir.join(DATA_DIR);
     let old_ts = match fs::read_link(&data_link) {
-        Ok(target) => Some(target.to_string_lossy().into_owned()),
+        // Only a sibling "..<ts>" counts; anything else is treated as no payload (and replaced).
+        Ok(target) => Some(target.to_string_lossy().into_owned()).filter(|t| t.starts_with("..") && !t.contains('/')),
         Err(e) if e.kind() == ErrorKind::NotFound => None,
         Err(e) => return Err(io("read symlink", &data_link)(e)),
     };
@@ -350,6 +351,16 @@ mod tests {
         assert!(!write_payload(dir, &p).unwrap());
         assert_eq!(fs::read_to_string(dir.join("a")).unwrap(), "1");
         assert_eq!(ts_dirs(dir).len(), 1);
+
+        // A ..data pointing outside the volume is not trusted as the current payload.
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("a"), "1").unwrap();
+        fs::set_permissions(outside.path().join("a"), fs::Permissions::from_mode(0o644)).unwrap();
+        fs::remove_file(dir.join(DATA_DIR)).unwrap();
+        symlink(outside.path(), dir.join(DATA_DIR)).unwrap();
+        assert!(write_payload(dir, &p).unwrap());
+        assert!(fs::read_link(dir.join(DATA_DIR)).unwrap().to_str().unwrap().starts_with(".."));
+        assert_eq!(fs::read_to_string(outside.path().join("a")).unwrap(), "1", "left alone");
 
         // A real file where a link belongs is an error, not silently replaced.
         let p2 = payload(&[("a", "1", 0o644), ("x", "2", 0o644)]);

@@ -1,6 +1,7 @@
-//! Pods on this node: the model of what the runtime holds ([`model`]), and (to come) the
-//! planner, status computation, CRI configs, volumes, probes and the per-pod workers.
+//! Pods on this node: the model of what the runtime holds ([`model`]), their volumes on the
+//! host ([`volumes`], files written with [`atomic_writer`]), and (to come) the planner, status
+//! computation, CRI configs, probes and the per-pod workers.
 
-pub mod model;
 pub mod atomic_writer;
+pub mod model;
 pub mod volumes;
