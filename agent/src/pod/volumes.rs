@@ -332,8 +332,11 @@ fn check_downward_item(pod: &Pod, item: &DownwardAPIVolumeFile) -> Result<(), St
 // Setup
 
 /// Prepares every volume of `pod` under `root`. Idempotent; called on every sync. Returns the
-/// host paths by volume name. The first failing volume stops the setup (as
-/// [`VolumeError::SetUp`] naming it); volumes already prepared stay.
+/// host paths by volume name. Runs [`validate`] first (its errors as they are), and needs
+/// `metadata.uid` ([`VolumeError::InvalidUid`] otherwise). The first failing volume stops the
+/// setup as [`VolumeError::SetUp`] naming it; volumes already prepared stay (a later sync or
+/// [`teardown`] deals with them). Not for concurrent calls on the same pod: the pod's worker
+/// serializes them.
 pub fn setup(
     root: &Path,
     pod: &Pod,
