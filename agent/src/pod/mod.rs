@@ -11,3 +11,7 @@ pub mod spec;
 pub mod status;
 pub mod hooks;
 pub mod probe;
+pub mod atomic_writer;
+pub mod source;
+pub mod volumes;
+pub mod worker;

@@ -25,6 +25,7 @@ use crate::pod::model::{
     Waiting,
 };
 use crate::pod::plan::{self, Actions, PlanInput, Start};
+use crate::pod::hooks;
 use crate::pod::probe::{self, ProbeManager, Target};
 use crate::pod::spec::{self, NodeContext};
 use crate::pod::status::{self, StatusInput};
@@ -849,7 +850,7 @@ impl PodWorkers {
         if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             let target = Target { pod_ip: pod_ips.first().cloned(), container_id: id.clone(), ports: c.ports.clone().unwrap_or_default() };
             let exec = CriExec { rt: self.inner.rt.clone() };
-            if let Err(msg) = probe::run_handler(h, &target, &exec, Duration::from_secs(grace_seconds(pod).max(2).unsigned_abs())).await {
+            if let Err(msg) = hooks::run_handler(h, &target, &exec, Duration::from_secs(grace_seconds(pod).max(2).unsigned_abs())).await {
                 tracing::warn!(pod = %pod_label(pod), container = %c.name, error = %msg, "postStart hook failed; killing the container");
                 let _ = rt.stop_container(&id, 2).await;
                 set_waiting("PostStartHookError", msg);
@@ -903,7 +904,7 @@ impl PodWorkers {
                         let target = Target { pod_ip, container_id: c.id.clone(), ports };
                         let exec = CriExec { rt: rt.clone() };
                         tracing::info!(pod = %pod_label(pod), container = %c.name, "running preStop hook");
-                        if let Err(e) = probe::run_handler(h, &target, &exec, Duration::from_secs(remaining.unsigned_abs())).await {
+                        if let Err(e) = hooks::run_handler(h, &target, &exec, Duration::from_secs(remaining.unsigned_abs())).await {
                             tracing::warn!(pod = %pod_label(pod), container = %c.name, error = %e, "preStop hook failed");
                         }
                     }
