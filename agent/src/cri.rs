@@ -11,7 +11,7 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{StatusRequest, VersionRequest};
-use k8s_cri::v1 as api;
+pub use k8s_cri::v1 as api;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 

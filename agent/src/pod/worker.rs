@@ -21,7 +21,7 @@ use ferro_runtime::{Next, WorkQueue};
 use crate::cri::{self, CriError, Runtime};
 use crate::pod::backoff::{self, Backoff};
 use crate::pod::model::{
-    self, ContainerKind, ContainerObs, ContainerState, Objects, PodRuntime, ProbeResults, Sandbox, SandboxState,
+    self, ContainerKind, ContainerObs, ContainerState, Objects, PodRuntime, Sandbox, SandboxState,
     Waiting,
 };
 use crate::pod::plan::{self, Actions, PlanInput, Start};
@@ -323,7 +323,7 @@ impl PodWorkers {
         ]);
         let mut out = PodRuntime { uid: uid.to_string(), ..Default::default() };
         let mut sbs = rt.list_sandboxes(sel.clone()).await?;
-        sbs.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        sbs.sort_by_key(|s| std::cmp::Reverse(s.created_at));
         for (i, s) in sbs.iter().enumerate() {
             let md = s.metadata.clone().unwrap_or_default();
             out.name = md.name.clone();
@@ -348,7 +348,7 @@ impl PodWorkers {
             });
         }
         let mut cs = rt.list_containers(sel).await?;
-        cs.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        cs.sort_by_key(|c| std::cmp::Reverse(c.created_at));
         for c in cs {
             let Some(st) = (match rt.container_status(&c.id).await {
                 Ok(s) => s,

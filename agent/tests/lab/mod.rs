@@ -9,7 +9,7 @@
 //! pod cgroups under the lab's own cgroup root, the namespace and the temp dirs.
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
