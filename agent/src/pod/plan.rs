@@ -335,18 +335,26 @@ pub fn plan(input: &PlanInput) -> Actions {
             }
             continue;
         };
-        let (message, restart) = if o.hash != container_hash(c) {
-            // Upstream restarts a changed container whatever the restart policy.
-            (format!("Container {} definition changed", c.name), true)
+        let (message, restart, now) = if o.hash != container_hash(c) {
+            // Upstream restarts a changed container whatever the restart policy, at once.
+            (format!("Container {} definition changed", c.name), true, true)
         } else if let Some(m) = input.probes.failed.get(&c.name) {
-            (m.strip_suffix(WILL_RESTART).unwrap_or(m).to_string(), policy.restarts_on_failure())
+            // A failed liveness/startup probe is a failure of the container: it is killed
+            // now and started again by a later sync once it has exited, through the
+            // crash-loop backoff (which counts from its finishedAt), so a container that
+            // keeps failing its probe backs off 10 s, 20 s, ... like one that keeps crashing.
+            (m.strip_suffix(WILL_RESTART).unwrap_or(m).to_string(), policy.restarts_on_failure(), false)
         } else {
             keep += 1;
             continue;
         };
         if restart {
             a.kill.push(kill(o, format!("{message}{WILL_RESTART}")));
-            a.start.push(start(&c.name, ContainerKind::App, obs));
+            if now {
+                a.start.push(start(&c.name, ContainerKind::App, obs));
+            } else {
+                keep += 1;
+            }
         } else {
             a.kill.push(kill(o, message));
         }
@@ -729,8 +737,13 @@ mod tests {
                     name: "a".into(),
                     message: "Container a failed liveness probe, will be restarted".into(),
                 };
-                let s = Start { restart_count: 2, attempt: 2, ..first("a", App) };
-                assert_eq!(a, Actions { kill: vec![k], start: vec![s], ..steady() }, "{policy}");
+                // Killed now; started by a later sync once it has exited (with the backoff).
+                assert_eq!(a, Actions { kill: vec![k], ..steady() }, "{policy}");
+                let mut dead = obs(&p, App, "a", 1, Exited, 137);
+                dead.finished_at = 5_000_000_000;
+                let next = run_probes(&p, &rt(vec![dead.clone()]), &ProbeResults::default());
+                assert_eq!(next.start.len(), 1, "{policy}");
+                assert_eq!(next.start[0].previous_finished_at, dead.finished_at, "{policy}");
             } else {
                 let k =
                     Kill { id: "a-1".into(), name: "a".into(), message: "Container a failed liveness probe".into() };
@@ -747,7 +760,7 @@ mod tests {
         probes.failed.insert("a".into(), "Container a failed startup probe".into());
         let a = run_probes(&p, &rt(vec![obs(&p, App, "a", 0, Running, 0)]), &probes);
         assert_eq!(a.kill[0].message, "Container a failed startup probe, will be restarted");
-        assert_eq!(names(&a.start), [("a", App)]);
+        assert!(a.start.is_empty() && !a.pod_done, "{a:?}");
     }
 
     #[test]
