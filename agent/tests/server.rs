@@ -236,7 +236,7 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
         .into_inner()
         .pod_sandbox_id;
     let script = "s=x; for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15; do s=$s$s; done; echo $s; \
-                  echo line 1; echo line 2; echo line 3 >&2; \
+                  echo line 1; echo line 2; sleep 1; echo line 3 >&2; \
                   echo hello-from-pod > /www/index.html; httpd -p 8080 -h /www; \
                   while [ ! -e /tmp/go ]; do sleep 1; done; echo later; exec sleep 3600";
     let container = runtime
@@ -386,13 +386,59 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
     }
     pf.kill().await.unwrap();
 
-    // The unknown: 404s in upstream's words, through the control plane.
-    let missing = kubectl.command(&["logs", "srv", "-c", "c"]).output().await.unwrap();
-    assert!(missing.status.success());
-    fake.containers.lock().unwrap().clear();
-    let gone = kubectl.command(&["logs", "srv"]).output().await.unwrap();
-    let err = String::from_utf8_lossy(&gone.stderr);
-    assert!(!gone.status.success() && err.contains("container \"c\" in pod \"srv\" is not available"), "{err}");
+    // Straight to the server: the API server's kubelet-client certificate is accepted, no
+    // certificate is 401 (every path), unknown pods and containers are 404s in upstream's words.
+    let curl = |path: &str, cert: bool| {
+        let mut c = tokio::process::Command::new("curl");
+        c.args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"]);
+        if cert {
+            c.arg("--cert").arg(cp_dir.join("kubelet-client.crt")).arg("--key").arg(cp_dir.join("kubelet-client.key"));
+        }
+        c.arg(format!("https://127.0.0.1:{port}{path}"));
+        async move {
+            let out = c.output().await.unwrap();
+            let text = String::from_utf8(out.stdout).unwrap();
+            let (body, code) = text.rsplit_once('\n').unwrap();
+            (code.to_string(), body.to_string())
+        }
+    };
+    for path in ["/healthz", "/pods", "/metrics", "/containerLogs/default/srv/c"] {
+        assert_eq!(curl(path, false).await, ("401".into(), "Unauthorized\n".into()), "{path}");
+    }
+    assert_eq!(curl("/healthz", true).await, ("200".into(), "ok\n".into()));
+    let (code, list) = curl("/pods", true).await;
+    assert_eq!(code, "200");
+    let list: serde_json::Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(list["kind"], "PodList");
+    assert_eq!(list["items"][0]["metadata"]["name"], "srv");
+    assert_eq!(
+        curl("/containerLogs/default/nope/c", true).await,
+        ("404".into(), "pod \"nope\" not found\n".into())
+    );
+    assert_eq!(
+        curl("/containerLogs/default/srv/other", true).await,
+        ("404".into(), "container \"other\" in pod \"srv\" is not available\n".into())
+    );
+    assert_eq!(
+        curl("/containerLogs/default/srv/c?previous=true", true).await,
+        ("400".into(), "previous terminated container \"c\" in pod \"srv\" not found\n".into())
+    );
+    let (code, metrics) = curl("/metrics", true).await;
+    assert_eq!(code, "200");
+    for want in [
+        "ferro_agent_pods 1\n",
+        "ferro_agent_running_containers 1\n",
+        "ferro_agent_server_requests_total{path=\"healthz\",code=\"401\"} 1\n",
+        "ferro_agent_server_requests_total{path=\"portForward\",code=\"101\"}",
+        // kubectl's WebSocket attempts (v5.channel.k8s.io, SPDY/3.1+portforward.k8s.io)
+        // were refused by containerd (403, passed through) and it fell back to SPDY.
+        "ferro_agent_server_requests_total{path=\"exec\",code=\"403\"} 4\n",
+        "ferro_agent_server_requests_total{path=\"exec\",code=\"101\"} 4\n",
+        "ferro_agent_server_requests_total{path=\"portForward\",code=\"403\"} 1\n",
+        "process_resident_memory_bytes ",
+    ] {
+        assert!(metrics.contains(want), "{want} missing:\n{metrics}");
+    }
 
     let _ = stop_tx.send(());
     server.await.unwrap().unwrap();
