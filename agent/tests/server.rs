@@ -178,11 +178,26 @@ fn kubectl_logs_exec_and_port_forward_through_the_agent_server() {
         rt.block_on(in_netns(netns_name, socket, dir));
     })
     .join();
+    // Pods go through CRI before containerd stops, so the runtime's shims exit on their own.
+    remove_all_pods(&ctrd.socket());
     if let Err(panic) = body {
         eprintln!("containerd log (tail):\n{}", ctrd.log().lines().rev().take(40).collect::<Vec<_>>().join("\n"));
         std::panic::resume_unwind(panic);
     }
     drop(ctrd);
+}
+
+/// StopPodSandbox + RemovePodSandbox for every sandbox (errors ignored: cleanup).
+fn remove_all_pods(socket: &Path) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+    rt.block_on(async {
+        let Ok((mut runtime, _)) = ferro_lab::cri::connect(socket).await else { return };
+        let Ok(list) = runtime.list_pod_sandbox(api::ListPodSandboxRequest { filter: None }).await else { return };
+        for s in list.into_inner().items {
+            let _ = runtime.stop_pod_sandbox(api::StopPodSandboxRequest { pod_sandbox_id: s.id.clone() }).await;
+            let _ = runtime.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: s.id }).await;
+        }
+    });
 }
 
 async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
