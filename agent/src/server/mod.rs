@@ -621,6 +621,155 @@ mod tests {
         assert_eq!(route(&Method::DELETE, "/exec/ns/p/c"), Route::MethodNotAllowed);
     }
 
+    struct NoPods;
+    impl Lookup for NoPods {
+        fn pods(&self) -> Vec<Pod> {
+            Vec::new()
+        }
+        fn container(&self, _: &str, _: &str, _: &str) -> Option<ContainerRef> {
+            None
+        }
+        fn sandbox(&self, _: &str, _: &str) -> Option<String> {
+            None
+        }
+    }
+
+    /// Trusts any server certificate (the API server does the same with agents).
+    #[derive(Debug)]
+    struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+    impl rustls::client::danger::ServerCertVerifier for AnyServer {
+        fn verify_server_cert(
+            &self,
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &[rustls::pki_types::CertificateDer<'_>],
+            _: &rustls::pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            m: &[u8],
+            c: &rustls::pki_types::CertificateDer<'_>,
+            d: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+        }
+        fn verify_tls13_signature(
+            &self,
+            m: &[u8],
+            c: &rustls::pki_types::CertificateDer<'_>,
+            d: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+
+    /// GET `path` over TLS, optionally with a client pair; returns (status, body).
+    async fn get(port: u16, path: &str, client: Option<(&str, &str)>, bearer: Option<&str>) -> (u16, String) {
+        try_get(port, path, client, bearer).await.unwrap()
+    }
+
+    /// `None` when the connection fails (handshake refused).
+    async fn try_get(port: u16, path: &str, client: Option<(&str, &str)>, bearer: Option<&str>) -> Option<(u16, String)> {
+        use rustls::pki_types::pem::PemObject as _;
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let b = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServer(provider)));
+        let cfg = match client {
+            Some((c, k)) => b
+                .with_client_auth_cert(
+                    vec![rustls::pki_types::CertificateDer::from_pem_slice(c.as_bytes()).unwrap()],
+                    rustls::pki_types::PrivateKeyDer::from_pem_slice(k.as_bytes()).unwrap(),
+                )
+                .unwrap(),
+            None => b.with_no_client_auth(),
+        };
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await.ok()?;
+        let auth = bearer.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n");
+        tls.write_all(req.as_bytes()).await.ok()?;
+        let mut out = Vec::new();
+        let _ = tls.read_to_end(&mut out).await;
+        let text = String::from_utf8(out).ok()?;
+        let code = text.get(9..12)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n")?.1.to_string();
+        Some((code, body))
+    }
+
+    #[tokio::test]
+    async fn only_clients_of_the_ca_are_served() {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, "test-ca");
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = Issuer::from_ca_cert_pem(&ca_pem, &ca_key).unwrap();
+        let client = |cn: &str, issuer: &Issuer<'_, &KeyPair>| {
+            let key = KeyPair::generate().unwrap();
+            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.distinguished_name.push(DnType::CommonName, cn);
+            p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+            (p.signed_by(&key, issuer).unwrap().pem(), key.serialize_pem())
+        };
+        let (good_c, good_k) = client("kube-apiserver-kubelet-client", &issuer);
+        // Same name, another CA: refused at the TLS layer.
+        let other_key = KeyPair::generate().unwrap();
+        let other_pem = ca.self_signed(&other_key).unwrap().pem();
+        let other = Issuer::from_ca_cert_pem(&other_pem, &other_key).unwrap();
+        let (bad_c, bad_k) = client("kube-apiserver-kubelet-client", &other);
+
+        let dir = tempfile::tempdir().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cfg = ServerConfig {
+            address: listener.local_addr().unwrap(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            client_ca_pem: Some(ca_pem.into_bytes()),
+            cert_dir: dir.path().join("pki"),
+            node_name: "node-a".into(),
+            node_ips: vec![],
+            runtime_socket: dir.path().join("none.sock"),
+            kube: None,
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_on(listener, cfg, Arc::new(NoPods), async move {
+            let _ = rx.await;
+        }));
+        let good = Some((good_c.as_str(), good_k.as_str()));
+
+        assert_eq!(get(port, "/healthz", None, None).await, (401, "Unauthorized\n".into()));
+        assert_eq!(get(port, "/pods", None, Some("some-token")).await.0, 401, "no TokenReview configured");
+        assert_eq!(get(port, "/healthz", good, None).await, (200, "ok\n".into()));
+        let (code, pods) = get(port, "/pods", good, None).await;
+        assert_eq!((code, pods.as_str()), (200, r#"{"apiVersion":"v1","items":[],"kind":"PodList","metadata":{}}"#));
+        assert_eq!(get(port, "/containerLogs/ns/p/c", good, None).await, (404, "pod \"p\" not found\n".into()));
+        assert_eq!(get(port, "/containerLogs/ns/p/c?tailLines=x", good, None).await.0, 400);
+        assert_eq!(get(port, "/exec/ns/p/c?command=ls", good, None).await.0, 400);
+        assert_eq!(get(port, "/nothing", good, None).await.0, 404);
+        assert!(dir.path().join("pki").join(tls::CERT_FILE).exists());
+        // A certificate from another CA does not get through the handshake.
+        assert_eq!(try_get(port, "/healthz", Some((&bad_c, &bad_k)), None).await, None);
+        let (_, metrics) = get(port, "/metrics", good, None).await;
+        assert!(metrics.contains("ferro_agent_server_requests_total{path=\"healthz\",code=\"401\"} 1\n"), "{metrics}");
+        assert!(metrics.contains("ferro_agent_pods 0\n"), "{metrics}");
+        tx.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+
     #[test]
     fn rss_from_proc_status() {
         let dir = tempfile::tempdir().unwrap();
