@@ -90,13 +90,22 @@ pub fn parse_ports(query: Option<&str>) -> Result<Vec<i32>, String> {
     Ok(out)
 }
 
-async fn runtime(state: &State) -> Result<crate::cri::Runtime, Response<Body>> {
-    crate::cri::connect(&state.runtime_socket)
-        .await
-        .map_err(|e| text(StatusCode::INTERNAL_SERVER_ERROR, format!("container runtime: {e}")))
+/// A failed answer: status and message.
+type Failure = (StatusCode, String);
+
+fn failed((code, msg): Failure) -> Response<Body> {
+    text(code, msg)
 }
 
-fn cri_error(what: &str, r: Result<Result<tonic::Response<String>, tonic::Status>, tokio::time::error::Elapsed>) -> Result<String, Response<Body>> {
+async fn runtime(state: &State) -> Result<crate::cri::Runtime, Failure> {
+    crate::cri::connect(&state.runtime_socket)
+        .await
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("container runtime: {e}")))
+}
+
+type Answer = Result<Result<tonic::Response<String>, tonic::Status>, tokio::time::error::Elapsed>;
+
+fn cri_error(what: &str, r: Answer) -> Result<String, Failure> {
     match r {
         Ok(Ok(url)) => Ok(url.into_inner()),
         Ok(Err(s)) => {
@@ -105,9 +114,9 @@ fn cri_error(what: &str, r: Result<Result<tonic::Response<String>, tonic::Status
                 tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition => StatusCode::BAD_REQUEST,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             };
-            Err(text(code, format!("{what}: {}", s.message())))
+            Err((code, format!("{what}: {}", s.message())))
         }
-        Err(_) => Err(text(StatusCode::GATEWAY_TIMEOUT, format!("{what}: the container runtime did not answer"))),
+        Err(_) => Err((StatusCode::GATEWAY_TIMEOUT, format!("{what}: the container runtime did not answer"))),
     }
 }
 
@@ -135,7 +144,7 @@ pub(crate) async fn exec(
     }
     let mut rt = match runtime(state).await {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(f) => return failed(f),
     };
     let url = match kind {
         Kind::Exec => {
@@ -168,7 +177,7 @@ pub(crate) async fn exec(
     };
     match url {
         Ok(url) => proxy(&url, req).await,
-        Err(resp) => resp,
+        Err(f) => failed(f),
     }
 }
 
@@ -183,7 +192,7 @@ pub(crate) async fn port_forward(state: &Arc<State>, namespace: &str, pod: &str,
     };
     let mut rt = match runtime(state).await {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(f) => return failed(f),
     };
     let r = PortForwardRequest { pod_sandbox_id: sandbox, port: ports };
     let url = cri_error(
@@ -192,7 +201,7 @@ pub(crate) async fn port_forward(state: &Arc<State>, namespace: &str, pod: &str,
     );
     match url {
         Ok(url) => proxy(&url, req).await,
-        Err(resp) => resp,
+        Err(f) => failed(f),
     }
 }
 
