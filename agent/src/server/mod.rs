@@ -20,7 +20,7 @@ pub mod tls;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::io::Read as _;
+use std::io::{Read as _, Seek as _};
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
@@ -547,8 +547,10 @@ async fn follow(
             let mut rotated = false;
             if let Some(f) = file.as_mut() {
                 let _ = f.read_to_end(&mut data);
+                let pos = f.stream_position().unwrap_or(0);
+                // Replaced (another inode) or truncated (shorter than what was read): reopen.
                 let same = match (f.metadata(), std::fs::metadata(&p)) {
-                    (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev() && b.len() >= a.len(),
+                    (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev() && b.len() >= pos,
                     (_, Err(_)) => true,
                     _ => false,
                 };
@@ -768,6 +770,78 @@ mod tests {
         assert!(metrics.contains("ferro_agent_pods 0\n"), "{metrics}");
         tx.send(()).unwrap();
         server.await.unwrap().unwrap();
+    }
+
+    /// One container whose log and state the test changes.
+    struct OneContainer(Mutex<ContainerRef>);
+    impl Lookup for OneContainer {
+        fn pods(&self) -> Vec<Pod> {
+            Vec::new()
+        }
+        fn container(&self, _: &str, _: &str, c: &str) -> Option<ContainerRef> {
+            (c == "c").then(|| self.0.lock().unwrap().clone())
+        }
+        fn sandbox(&self, _: &str, _: &str) -> Option<String> {
+            None
+        }
+    }
+
+    fn state(lookup: Arc<dyn Lookup>) -> Arc<State> {
+        Arc::new(State {
+            lookup,
+            runtime_socket: PathBuf::from("/nonexistent"),
+            kube: None,
+            counters: Counters::default(),
+            proc_root: PathBuf::from("/proc"),
+        })
+    }
+
+    async fn next_chunk(body: &mut Body) -> Option<String> {
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame()).await.unwrap()?.unwrap();
+        Some(String::from_utf8(frame.into_data().unwrap().to_vec()).unwrap())
+    }
+
+    fn append(path: &Path, text: &str) {
+        use std::io::Write as _;
+        std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap().write_all(text.as_bytes()).unwrap();
+    }
+
+    #[tokio::test]
+    async fn follow_reads_growth_rotation_and_truncation_then_ends_with_the_container() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("0.log");
+        append(&log, "2026-11-22T00:00:01Z stdout F one\n2026-11-22T00:00:02Z stdout P t\n");
+        let c = ContainerRef { id: "id1".into(), log_path: log.clone(), previous_log_path: None, running: true };
+        let lookup = Arc::new(OneContainer(Mutex::new(c)));
+        let st = state(lookup.clone());
+        let resp = container_logs(st.clone(), "ns", "p", "c", Some("follow=true&timestamps=false")).await;
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        assert_eq!(next_chunk(&mut body).await.as_deref(), Some("one\n"));
+        append(&log, "2026-11-22T00:00:03Z stdout F wo\n");
+        assert_eq!(next_chunk(&mut body).await.as_deref(), Some("two\n"));
+        // Rotation: the runtime renames the file and starts a new one.
+        std::fs::rename(&log, dir.path().join("0.log.1")).unwrap();
+        append(&log, "2026-11-22T00:00:04Z stderr F three\n");
+        assert_eq!(next_chunk(&mut body).await.as_deref(), Some("three\n"));
+        // Truncation in place (copytruncate): read again from the start.
+        std::fs::write(&log, "").unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        append(&log, "2026-11-22T00:00:05Z stdout F four\n");
+        assert_eq!(next_chunk(&mut body).await.as_deref(), Some("four\n"));
+        // The container stops: the stream ends.
+        lookup.0.lock().unwrap().running = false;
+        assert_eq!(next_chunk(&mut body).await, None);
+
+        // limitBytes ends a follow too; previous without a previous log is a 400.
+        let resp = container_logs(st.clone(), "ns", "p", "c", Some("follow=true&limitBytes=2")).await;
+        let mut body = resp.into_body();
+        assert_eq!(next_chunk(&mut body).await.as_deref(), Some("fo"));
+        assert_eq!(next_chunk(&mut body).await, None);
+        let resp = container_logs(st.clone(), "ns", "p", "c", Some("previous=true")).await;
+        assert_eq!(resp.status(), 400);
+        let resp = container_logs(st, "ns", "p", "x", None).await;
+        assert_eq!(resp.status(), 404);
     }
 
     #[test]
