@@ -1,6 +1,6 @@
 //! The agent's HTTPS server behind the real ferro-control-plane, driven by the real kubectl:
-//! `logs` (plain, --tail, --timestamps, -f), `exec` (with and without stdin) and
-//! `port-forward`, against a busybox container that a private containerd (the ferro-lab
+//! `logs` (plain, --tail, --timestamps, --limit-bytes, -f), `exec` (with and without stdin),
+//! `attach` and `port-forward`, against a busybox container that a private containerd (the ferro-lab
 //! fixture) runs.
 //!
 //! containerd's streaming server listens on 127.0.0.1 inside the lab's network namespace, so
@@ -143,6 +143,8 @@ const LONG: usize = 32768;
 #[test]
 fn kubectl_logs_exec_and_port_forward_through_the_agent_server() {
     ferro_lab::require_root().unwrap();
+    ferro_lab::require_bin("kubectl", "kubectl").unwrap();
+    ferro_lab::require_bin("curl", "curl").unwrap();
     let work = tempfile::Builder::new().prefix("ferro-agent-server").tempdir().unwrap();
     let pause = images::build_static_pause().unwrap();
     let tars = images::build_images(work.path(), &pause).unwrap();
@@ -253,7 +255,8 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
     let script = "s=x; for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15; do s=$s$s; done; echo $s; \
                   echo line 1; echo line 2; sleep 1; echo line 3 >&2; \
                   echo hello-from-pod > /www/index.html; httpd -p 8080 -h /www; \
-                  while [ ! -e /tmp/go ]; do sleep 1; done; echo later; exec sleep 3600";
+                  while [ ! -e /tmp/go ]; do sleep 1; done; echo later; \
+                  while [ ! -e /tmp/go2 ]; do sleep 1; done; echo attached; exec sleep 3600";
     let container = runtime
         .create_container(api::CreateContainerRequest {
             pod_sandbox_id: sandbox.clone(),
@@ -367,6 +370,21 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
     let hostname = kubectl.run(&["exec", "srv", "-c", "c", "--", "sh", "-c", "hostname; echo err >&2"], None).await;
     assert_eq!(hostname, "srv\n");
 
+    // Straight to the server (below, and to watch the request counters).
+    let curl = |path: &str, cert: bool| {
+        let mut c = tokio::process::Command::new("curl");
+        c.args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"]);
+        if cert {
+            c.arg("--cert").arg(cp_dir.join("kubelet-client.crt")).arg("--key").arg(cp_dir.join("kubelet-client.key"));
+        }
+        c.arg(format!("https://127.0.0.1:{port}{path}"));
+        async move {
+            let out = c.output().await.unwrap();
+            let text = String::from_utf8(out.stdout).unwrap();
+            let (body, code) = text.rsplit_once('\n').unwrap();
+            (code.to_string(), body.to_string())
+        }
+    };
     // logs -f: a line the container writes later (once told to) arrives on the open stream.
     let mut follow = kubectl.command(&["logs", "-f", "--tail=1", "srv"]);
     follow.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -378,6 +396,22 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
     let next = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap();
     assert_eq!(next.as_deref(), Some("later"));
     follow.kill().await.unwrap();
+
+    // attach: output the container writes once attached arrives. The attach stream is up once
+    // the server counted its 101.
+    let mut attach = kubectl.command(&["attach", "srv", "-c", "c"]);
+    attach.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut attach = attach.spawn().unwrap();
+    wait_for("the attach stream", || async {
+        let (_, m) = curl("/metrics", true).await;
+        m.contains("ferro_agent_server_requests_total{path=\"attach\",code=\"101\"} 1\n").then_some(())
+    })
+    .await;
+    kubectl.run(&["exec", "srv", "--", "mkdir", "/tmp/go2"], None).await;
+    let mut attached = tokio::io::BufReader::new(attach.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), attached.next_line()).await.unwrap().unwrap();
+    assert_eq!(line.as_deref(), Some("attached"));
+    attach.kill().await.unwrap();
 
     // port-forward: kubectl listens where it runs (in the namespace); the runtime dials the
     // pod's port 8080.
@@ -401,22 +435,8 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
     }
     pf.kill().await.unwrap();
 
-    // Straight to the server: the API server's kubelet-client certificate is accepted, no
-    // certificate is 401 (every path), unknown pods and containers are 404s in upstream's words.
-    let curl = |path: &str, cert: bool| {
-        let mut c = tokio::process::Command::new("curl");
-        c.args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"]);
-        if cert {
-            c.arg("--cert").arg(cp_dir.join("kubelet-client.crt")).arg("--key").arg(cp_dir.join("kubelet-client.key"));
-        }
-        c.arg(format!("https://127.0.0.1:{port}{path}"));
-        async move {
-            let out = c.output().await.unwrap();
-            let text = String::from_utf8(out.stdout).unwrap();
-            let (body, code) = text.rsplit_once('\n').unwrap();
-            (code.to_string(), body.to_string())
-        }
-    };
+    // The API server's kubelet-client certificate is accepted, no certificate is 401 (every
+    // path), unknown pods and containers are 404s in upstream's words.
     for path in ["/healthz", "/pods", "/metrics", "/containerLogs/default/srv/c"] {
         assert_eq!(curl(path, false).await, ("401".into(), "Unauthorized\n".into()), "{path}");
     }
@@ -447,8 +467,10 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
         "ferro_agent_server_requests_total{path=\"portForward\",code=\"101\"}",
         // kubectl's WebSocket attempts (v5.channel.k8s.io, SPDY/3.1+portforward.k8s.io)
         // were refused by containerd (403, passed through) and it fell back to SPDY.
-        "ferro_agent_server_requests_total{path=\"exec\",code=\"403\"} 4\n",
-        "ferro_agent_server_requests_total{path=\"exec\",code=\"101\"} 4\n",
+        "ferro_agent_server_requests_total{path=\"exec\",code=\"403\"} 5\n",
+        "ferro_agent_server_requests_total{path=\"exec\",code=\"101\"} 5\n",
+        "ferro_agent_server_requests_total{path=\"attach\",code=\"403\"} 1\n",
+        "ferro_agent_server_requests_total{path=\"attach\",code=\"101\"} 1\n",
         "ferro_agent_server_requests_total{path=\"portForward\",code=\"403\"} 1\n",
         "process_resident_memory_bytes ",
     ] {
