@@ -710,6 +710,57 @@ mod tests {
         Some((code, body))
     }
 
+    /// A kube client whose API server knows one token (`good-token` of user alice) and
+    /// answers every TokenReview.
+    fn token_reviewer() -> kube::Client {
+        let svc = tower::service_fn(|req: http::Request<kube::client::Body>| async move {
+            assert_eq!(req.uri().path(), "/apis/authentication.k8s.io/v1/tokenreviews");
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            let review: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let ok = review["spec"]["token"] == "good-token";
+            let mut out = review.clone();
+            out["status"] = if ok {
+                serde_json::json!({"authenticated": true, "user": {"username": "alice"}})
+            } else {
+                serde_json::json!({"authenticated": false})
+            };
+            let resp = http::Response::builder()
+                .status(201)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(out.to_string())))
+                .unwrap();
+            Ok::<_, Infallible>(resp)
+        });
+        kube::Client::new(svc, "default")
+    }
+
+    #[tokio::test]
+    async fn bearer_tokens_go_through_token_review() {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cfg = ServerConfig {
+            address: listener.local_addr().unwrap(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            client_ca_pem: None,
+            cert_dir: dir.path().join("pki"),
+            node_name: "node-a".into(),
+            node_ips: vec![],
+            runtime_socket: dir.path().join("none.sock"),
+            kube: Some(token_reviewer()),
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_on(listener, cfg, Arc::new(NoPods), async move {
+            let _ = rx.await;
+        }));
+        assert_eq!(get(port, "/healthz", None, Some("good-token")).await, (200, "ok\n".into()));
+        assert_eq!(get(port, "/healthz", None, Some("bad-token")).await.0, 401);
+        assert_eq!(get(port, "/healthz", None, None).await.0, 401);
+        tx.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+
     #[tokio::test]
     async fn only_clients_of_the_ca_are_served() {
         use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
