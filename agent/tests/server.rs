@@ -362,6 +362,14 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
     assert_eq!(rest, "line 3\n");
     assert!(time.parse::<jiff::Timestamp>().is_ok() && time.len() == 30, "{stamped}");
     assert_eq!(kubectl.run(&["logs", "srv", "--limit-bytes=3", "--tail=1"], None).await, "lin");
+    assert_eq!(short(&kubectl.run(&["logs", "srv", "--since=1h"], None).await), short(&want));
+    let previous = kubectl.command(&["logs", "srv", "--previous"]).output().await.unwrap();
+    let err = String::from_utf8_lossy(&previous.stderr);
+    assert!(!previous.status.success(), "{err}");
+    // The agent's plain-text message is checked with curl below: ferro-control-plane passes the
+    // 400 through as it is, and kubectl only prints the reason for a body that is no Status
+    // (upstream's API server wraps the agent's text into a Status).
+    assert!(err.contains("(BadRequest)"), "{err}");
 
     // Exec: kubectl tries WebSocket v5 first; containerd refuses it and kubectl falls back to
     // SPDY.
