@@ -100,19 +100,7 @@ impl Lab {
         }
         let ns = NetNs::new(&format!("ferro-al-{tag}")).unwrap();
 
-        // Control plane.
-        let cp_log = std::fs::File::create(d.join("cp.log")).unwrap();
-        let cp = ns
-            .command(sibling_bin("ferro-control-plane").to_str().unwrap())
-            .arg("--data-dir")
-            .arg(d.join("cp"))
-            .args(["--bind-address", "127.0.0.1", "--secure-port", &API_PORT.to_string()])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(cp_log)
-            .spawn()
-            .unwrap();
-        let cp = Proc(Some(cp));
+        let cp = Proc(None);
 
         // containerd with ferro-cni.
         let conflist = serde_json::json!({
@@ -137,7 +125,7 @@ impl Lab {
 
         let cgroup_root = format!("/ferro-lab-{tag}-{}", std::process::id());
         let mut lab = Lab { agent: Proc(None), ctrd, cp, ns, dir, cgroup_root, agent_logs: 0 };
-        lab.wait_api();
+        lab.start_cp();
         let kubeconfig = lab.node_kubeconfig();
         std::fs::write(
             lab.dir.path().join("agent.yaml"),
@@ -155,6 +143,25 @@ impl Lab {
             (String::from_utf8_lossy(&out.stdout) == "True").then_some(())
         });
         lab
+    }
+
+    /// Starts ferro-control-plane (again, on the same data dir) and waits until it serves.
+    pub fn start_cp(&mut self) {
+        let d = self.dir.path();
+        let cp_log = std::fs::OpenOptions::new().create(true).append(true).open(d.join("cp.log")).unwrap();
+        let cp = self
+            .ns
+            .command(sibling_bin("ferro-control-plane").to_str().unwrap())
+            .arg("--data-dir")
+            .arg(d.join("cp"))
+            .args(["--bind-address", "127.0.0.1", "--secure-port", &API_PORT.to_string()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(cp_log)
+            .spawn()
+            .unwrap();
+        self.cp = Proc(Some(cp));
+        self.wait_api();
     }
 
     fn wait_api(&self) {
