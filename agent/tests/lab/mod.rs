@@ -63,16 +63,10 @@ impl Drop for Proc {
     }
 }
 
-/// Images built once per test binary (building the static pause binary takes a while).
-fn images() -> ferro_lab::images::ImageTars {
-    static IMAGES: std::sync::OnceLock<(tempfile::TempDir, ferro_lab::images::ImageTars)> = std::sync::OnceLock::new();
-    let (_, tars) = IMAGES.get_or_init(|| {
-        let work = tempfile::Builder::new().prefix("ferro-agent-lab-images").tempdir().unwrap();
-        let pause = ferro_lab::images::build_static_pause().unwrap();
-        let tars = ferro_lab::images::build_images(work.path(), &pause).unwrap();
-        (work, tars)
-    });
-    tars.clone()
+/// The offline test images, built under `work` (removed with the lab's temp dir).
+fn images(work: &std::path::Path) -> ferro_lab::images::ImageTars {
+    let pause = ferro_lab::images::build_static_pause().unwrap();
+    ferro_lab::images::build_images(work, &pause).unwrap()
 }
 
 pub struct Lab {
@@ -92,12 +86,12 @@ impl Lab {
         ferro_lab::require_root().unwrap();
         ferro_lab::require_bin("nsenter", "util-linux").unwrap();
         ferro_lab::require_bin("kubectl", "kubernetes-client").unwrap();
-        let tars = images();
         let dir = tempfile::Builder::new().prefix(&format!("ferro-agent-lab-{tag}-")).tempdir().unwrap();
         let d = dir.path();
-        for sub in ["cp", "agent", "logs", "manifests", "ipam", "host"] {
+        for sub in ["cp", "agent", "logs", "manifests", "ipam", "host", "images"] {
             std::fs::create_dir_all(d.join(sub)).unwrap();
         }
+        let tars = images(&d.join("images"));
         let ns = NetNs::new(&format!("ferro-al-{tag}")).unwrap();
 
         let cp = Proc(None);
