@@ -70,7 +70,7 @@ fn pods_run_network_init_and_status() {
     lab.apply(&pod_yaml(
         "client",
         &format!(
-            "  restartPolicy: Never\n  containers:\n  - name: get\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"wget -q -O - http://{ip}:8080/ | grep -q hello-from-web\"]\n"
+            "  restartPolicy: Never\n  containers:\n  - name: get\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"wget -q -O - http://{ip}:8080/ | grep -q hello-from-web && echo fetched > /dev/termination-log\"]\n"
         ),
     ));
     let client = lab.wait_pod("client", "Succeeded", MIN, |p| matches!(phase(p), "Succeeded" | "Failed"));
@@ -78,6 +78,7 @@ fn pods_run_network_init_and_status() {
     let cs = container_status(&client, "get").unwrap();
     assert_eq!(cs["state"]["terminated"]["reason"], "Completed");
     assert_eq!(cs["state"]["terminated"]["exitCode"], 0);
+    assert_eq!(cs["state"]["terminated"]["message"].as_str().map(str::trim), Some("fetched"), "{cs}");
     assert_eq!(condition(&client, "Ready"), Some("False"));
 
     // Init containers run in order, before the app container, sharing an emptyDir.
@@ -254,7 +255,11 @@ fn volumes_graceful_deletion_and_admission() {
     ));
     let p = lab.wait_pod("pvc", "rejected", MIN, |p| phase(p) == "Failed");
     assert!(p["status"]["message"].as_str().unwrap().contains("persistentVolumeClaim"), "{}", p["status"]);
-    lab.kubectl_ok(&["delete", "pod", "cmpod", "huge", "pvc", "--wait=true", "--timeout=60s"]);
+    // activeDeadlineSeconds: the pod is stopped and Failed with DeadlineExceeded.
+    lab.apply(&pod_yaml("deadline", &format!("  activeDeadlineSeconds: 3\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n")));
+    let p = lab.wait_pod("deadline", "DeadlineExceeded", MIN, |p| phase(p) == "Failed");
+    assert_eq!(p["status"]["reason"], "DeadlineExceeded", "{}", p["status"]);
+    lab.kubectl_ok(&["delete", "pod", "cmpod", "huge", "pvc", "deadline", "--wait=true", "--timeout=60s"]);
     lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
     let left: Vec<_> = std::fs::read_dir(lab.dir.path().join("agent/pods")).map(|d| d.flatten().count()).into_iter().collect();
     assert_eq!(left.iter().sum::<usize>(), 0, "pod dirs left behind");

@@ -174,6 +174,10 @@ pub struct Refs {
 pub struct Objects {
     pub config_maps: BTreeMap<String, ConfigMap>,
     pub secrets: BTreeMap<String, Secret>,
+    /// The Services whose environment variables the containers get (upstream's service links:
+    /// those of the pod's namespace when enableServiceLinks is not false, and the `kubernetes`
+    /// Service of `default` always).
+    pub services: Vec<k8s_openapi::api::core::v1::Service>,
     /// A bound service account token for projected serviceAccountToken sources, when the
     /// agent could obtain one (TokenRequest); None makes such a projection an error.
     pub service_account_token: Option<String>,

@@ -556,10 +556,12 @@ pub fn resolve_env(
         }
     }
 
+    let services = service_env(&objects.services);
+    let svc = |n: &str| services.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
     let ips = sorted_pod_ips(pod, pod_ips, ctx);
     for var in container.env.iter().flatten() {
         let value = match (var.value.as_deref(), var.value_from.as_ref()) {
-            (Some(v), _) if !v.is_empty() => expand(v, |n| env.get(n)),
+            (Some(v), _) if !v.is_empty() => expand(v, |n| env.get(n).or_else(|| svc(n))),
             (_, Some(from)) => {
                 if let Some(f) = from.field_ref.as_ref() {
                     field_value(pod, f.api_version.as_deref(), &f.field_path, &ips, ctx)?
@@ -611,8 +613,53 @@ pub fn resolve_env(
         };
         env.set(var.name.clone(), value);
     }
+    // Service variables come last and only where the container defines no variable of the name.
+    for (k, v) in services {
+        if env.get(&k).is_none() {
+            env.0.push((k, v));
+        }
+    }
 
     Ok(env.0.into_iter().map(|(key, value)| KeyValue { key, value }).collect())
+}
+
+/// Upstream's service link variables (docker links format) for Services with a cluster IP:
+/// `<NAME>_SERVICE_HOST`, `<NAME>_SERVICE_PORT` (first port), `<NAME>_SERVICE_PORT_<PORTNAME>`,
+/// `<NAME>_PORT=<proto>://<ip>:<port>` and per port `<NAME>_PORT_<port>_<PROTO>[_PROTO|_PORT|_ADDR]`,
+/// NAME being the Service name upper-cased with `-` as `_`. Services sorted by name.
+pub fn service_env(services: &[k8s_openapi::api::core::v1::Service]) -> Vec<(String, String)> {
+    let mut sorted: Vec<&k8s_openapi::api::core::v1::Service> = services.iter().collect();
+    sorted.sort_by_key(|s| s.metadata.name.clone().unwrap_or_default());
+    sorted.dedup_by_key(|s| s.metadata.name.clone());
+    let mut out = Vec::new();
+    for s in sorted {
+        let Some(spec) = s.spec.as_ref() else { continue };
+        let Some(ip) = spec.cluster_ip.as_deref().filter(|ip| !ip.is_empty() && *ip != "None") else {
+            continue;
+        };
+        let ports = spec.ports.as_deref().unwrap_or_default();
+        let Some(first) = ports.first() else { continue };
+        let name = s.metadata.name.as_deref().unwrap_or_default().to_uppercase().replace('-', "_");
+        out.push((format!("{name}_SERVICE_HOST"), ip.to_string()));
+        out.push((format!("{name}_SERVICE_PORT"), first.port.to_string()));
+        for p in ports {
+            if let Some(pn) = p.name.as_deref().filter(|n| !n.is_empty()) {
+                out.push((format!("{name}_SERVICE_PORT_{}", pn.to_uppercase().replace('-', "_")), p.port.to_string()));
+            }
+        }
+        let url_ip = if ip.contains(':') { format!("[{ip}]") } else { ip.to_string() };
+        let proto_of = |p: &k8s_openapi::api::core::v1::ServicePort| p.protocol.clone().unwrap_or_else(|| "TCP".into());
+        out.push((format!("{name}_PORT"), format!("{}://{url_ip}:{}", proto_of(first).to_lowercase(), first.port)));
+        for p in ports {
+            let proto = proto_of(p);
+            let prefix = format!("{name}_PORT_{}_{}", p.port, proto.to_uppercase());
+            out.push((prefix.clone(), format!("{}://{url_ip}:{}", proto.to_lowercase(), p.port)));
+            out.push((format!("{prefix}_PROTO"), proto.to_lowercase()));
+            out.push((format!("{prefix}_PORT"), p.port.to_string()));
+            out.push((format!("{prefix}_ADDR"), ip.to_string()));
+        }
+    }
+    out
 }
 
 /// `metadata.labels['key']` -> ("metadata.labels", "key").
@@ -1133,6 +1180,35 @@ pub fn container_config(
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
+mod service_env_tests {
+    use super::*;
+
+    #[test]
+    fn service_links_as_upstream() {
+        let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "my-db"},
+            "spec": {"clusterIP": "10.96.0.7", "ports": [{"name": "sql", "port": 5432}, {"port": 53, "protocol": "UDP"}]}
+        }))
+        .unwrap();
+        let headless: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "h"}, "spec": {"clusterIP": "None", "ports": [{"port": 1}]}
+        }))
+        .unwrap();
+        let env = service_env(&[svc, headless]);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("MY_DB_SERVICE_HOST"), Some("10.96.0.7"));
+        assert_eq!(get("MY_DB_SERVICE_PORT"), Some("5432"));
+        assert_eq!(get("MY_DB_SERVICE_PORT_SQL"), Some("5432"));
+        assert_eq!(get("MY_DB_PORT"), Some("tcp://10.96.0.7:5432"));
+        assert_eq!(get("MY_DB_PORT_53_UDP"), Some("udp://10.96.0.7:53"));
+        assert_eq!(get("MY_DB_PORT_53_UDP_PROTO"), Some("udp"));
+        assert_eq!(get("MY_DB_PORT_5432_TCP_ADDR"), Some("10.96.0.7"));
+        assert!(env.iter().all(|(k, _)| !k.starts_with("H_")), "headless services get no variables");
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -1178,6 +1254,7 @@ mod tests {
             config_maps: BTreeMap::from([("cm".to_string(), cm)]),
             secrets: BTreeMap::from([("s".to_string(), s)]),
             service_account_token: None,
+            services: Vec::new(),
         }
     }
 

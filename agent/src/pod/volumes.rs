@@ -1376,6 +1376,7 @@ mod tests {
             config_maps: [config_map("ca", json!({"ca.crt": "CERT", "other": "o"}))].into(),
             secrets: [secret("s", &[("key", b"K")])].into(),
             service_account_token: Some("tok".into()),
+            services: Vec::new(),
         };
         let p = pod(json!([{"name": "kube-api-access", "projected": {"defaultMode": 0o420, "sources": [
             {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},

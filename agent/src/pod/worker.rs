@@ -363,10 +363,33 @@ impl PodWorkers {
             } else {
                 ContainerKind::App
             };
+            let name = c.labels.get(model::LABEL_CONTAINER_NAME).cloned().unwrap_or(md.name.clone());
+            let restart_count: u32 =
+                c.annotations.get(model::ANN_RESTART_COUNT).and_then(|h| h.parse().ok()).unwrap_or(0);
+            let mut message = st.message;
+            if container_state(st.state) == ContainerState::Exited {
+                let fallback = c.annotations.get(model::ANN_TERMINATION_MESSAGE_POLICY).map(String::as_str)
+                    == Some("FallbackToLogsOnError");
+                let log = self
+                    .inner
+                    .cfg
+                    .node
+                    .pod_log_root
+                    .join(format!("{}_{}_{uid}", out.namespace, out.name))
+                    .join(&name)
+                    .join(format!("{restart_count}.log"));
+                let term = volumes::pod_dir(&self.inner.cfg.root_dir, uid)
+                    .join("containers")
+                    .join(&name)
+                    .join(restart_count.to_string());
+                if let Some(m) = termination_message(&term, fallback && st.exit_code != 0, &log) {
+                    message = m;
+                }
+            }
             out.containers.push(ContainerObs {
                 id: c.id.clone(),
                 sandbox_id: c.pod_sandbox_id.clone(),
-                name: c.labels.get(model::LABEL_CONTAINER_NAME).cloned().unwrap_or(md.name),
+                name,
                 kind,
                 attempt: md.attempt,
                 state: container_state(st.state),
@@ -375,11 +398,11 @@ impl PodWorkers {
                 finished_at: st.finished_at,
                 exit_code: st.exit_code,
                 reason: st.reason,
-                message: st.message,
+                message,
                 image: st.image.map(|i| i.image).unwrap_or_default(),
                 image_ref: st.image_ref,
                 hash: c.annotations.get(model::ANN_CONTAINER_HASH).and_then(|h| h.parse().ok()).unwrap_or(0),
-                restart_count: c.annotations.get(model::ANN_RESTART_COUNT).and_then(|h| h.parse().ok()).unwrap_or(0),
+                restart_count,
             });
         }
         Ok(out)
@@ -454,10 +477,25 @@ impl PodWorkers {
                 out.config_maps.insert(n, cm);
             }
         }
-        let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(client, &ns);
+        let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(client.clone(), &ns);
         for n in refs.secrets {
             if let Ok(Some(s)) = secrets.get_opt(&n).await {
                 out.secrets.insert(n, s);
+            }
+        }
+        // Service links: the namespace's Services unless enableServiceLinks is false, and the
+        // API server's `kubernetes` Service always.
+        use k8s_openapi::api::core::v1::Service;
+        if pod.spec.as_ref().and_then(|s| s.enable_service_links) != Some(false) {
+            let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), &ns);
+            if let Ok(list) = svcs.list(&Default::default()).await {
+                out.services.extend(list.items);
+            }
+        }
+        if ns != "default" || pod.spec.as_ref().and_then(|s| s.enable_service_links) == Some(false) {
+            let def: kube::Api<Service> = kube::Api::namespaced(client, "default");
+            if let Ok(Some(s)) = def.get_opt("kubernetes").await {
+                out.services.push(s);
             }
         }
         out
@@ -502,12 +540,17 @@ impl PodWorkers {
                 s.deletion_seen.get_or_insert_with(Instant::now);
             });
         }
+        let mut deadline_in: Option<Duration> = None;
         if let (Some(deadline), Some(start)) = (
             pod.spec.as_ref().and_then(|s| s.active_deadline_seconds),
             pod.status.as_ref().and_then(|s| s.start_time.as_ref()),
         ) {
             let started: i64 = start.0.as_nanosecond().try_into().unwrap_or(0);
-            if now_ns() - started > deadline.saturating_mul(1_000_000_000) {
+            let left = started + deadline.saturating_mul(1_000_000_000) - now_ns();
+            if left > 0 {
+                deadline_in = Some(Duration::from_nanos(left.unsigned_abs()) + Duration::from_millis(100));
+            }
+            if left <= 0 {
                 self.with_state(uid, |s| {
                     s.failed.get_or_insert_with(|| {
                         ("DeadlineExceeded".into(), "Pod was active on the node longer than the specified deadline".into())
@@ -524,7 +567,7 @@ impl PodWorkers {
 
         let probes = self.inner.probes.results(uid);
         let actions = plan::plan(&PlanInput { pod: &pod, runtime: &observed, probes: &probes, terminating });
-        let mut next = self.inner.cfg.resync;
+        let mut next = self.inner.cfg.resync.min(deadline_in.unwrap_or(Duration::MAX));
         if actions != Actions::default() {
             tracing::debug!(pod = %pod_label(&pod), ?actions, "actions");
         }
@@ -1060,6 +1103,38 @@ impl crate::server::Lookup for PodWorkers {
     }
 }
 
+/// The termination message of an exited container: the file it wrote at its
+/// terminationMessagePath (at most 4096 bytes), or with FallbackToLogsOnError and a failure,
+/// the end of its log (at most 80 lines / 2048 bytes), as upstream.
+pub fn termination_message(file: &Path, fallback_to_log: bool, log: &Path) -> Option<String> {
+    if let Ok(b) = std::fs::read(file) {
+        let b = &b[..b.len().min(4096)];
+        if !b.is_empty() {
+            return Some(String::from_utf8_lossy(b).into_owned());
+        }
+    }
+    if !fallback_to_log {
+        return None;
+    }
+    let text = std::fs::read_to_string(log).ok()?;
+    // CRI log lines: "<time> <stream> <P|F> <content>"; P parts join the next record.
+    let mut lines: Vec<String> = Vec::new();
+    let mut partial = String::new();
+    for l in text.lines() {
+        let mut it = l.splitn(4, ' ');
+        let (_, _, tag, content) = (it.next(), it.next(), it.next(), it.next().unwrap_or(""));
+        partial.push_str(content);
+        if tag != Some("P") {
+            lines.push(std::mem::take(&mut partial));
+        }
+    }
+    let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+    let start = tail.len().saturating_sub(2048);
+    let start = (start..=tail.len()).find(|i| tail.is_char_boundary(*i)).unwrap_or(tail.len());
+    let msg = tail[start..].to_string();
+    (!msg.is_empty()).then_some(msg)
+}
+
 /// Removes the (empty) cgroup directories of pod `uid` that the runtime created under
 /// `<root>/kubepods` with the cgroupfs driver, in every hierarchy (cgroup v1 controllers or the
 /// v2 unified tree). Best effort: a cgroup still holding a process stays.
@@ -1117,6 +1192,20 @@ mod tests {
                           {"name":"b","resources":{"limits":{"cpu":"1"}}}]}}))
         .unwrap();
         assert_eq!(pod_requests(&pod), (2000, 2 * 1024 * 1024 * 1024));
+    }
+
+    #[test]
+    fn termination_messages() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("0");
+        let log = d.path().join("0.log");
+        std::fs::write(&log, "2026-01-01T00:00:00.1Z stdout P part\n2026-01-01T00:00:00.2Z stdout F ial\n2026-01-01T00:00:00.3Z stderr F boom\n").unwrap();
+        assert_eq!(termination_message(&file, false, &log), None);
+        assert_eq!(termination_message(&file, true, &log).as_deref(), Some("partial\nboom"));
+        std::fs::write(&file, "bye").unwrap();
+        assert_eq!(termination_message(&file, true, &log).as_deref(), Some("bye"));
+        std::fs::write(&file, "x".repeat(5000)).unwrap();
+        assert_eq!(termination_message(&file, false, &log).unwrap().len(), 4096);
     }
 
     #[test]
