@@ -84,6 +84,7 @@ struct Inner {
     pull_backoff: Mutex<Backoff>,
     probes: ProbeManager,
     queue: WorkQueue<String>,
+    events: Option<ferro_runtime::events::Recorder>,
 }
 
 /// The pod workers of this node.
@@ -186,6 +187,9 @@ pub fn pod_requests(pod: &Pod) -> (i64, i64) {
 
 impl PodWorkers {
     pub fn new(cfg: WorkerConfig, runtime_name: String, rt: Runtime, kube: Option<kube::Client>) -> Self {
+        let events = kube
+            .as_ref()
+            .map(|c| ferro_runtime::events::Recorder::new(c.clone(), "kubelet").with_host(&cfg.node.node_name));
         let (notify_tx, mut notify_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let exec: Arc<dyn probe::Exec> = Arc::new(CriExec { rt: rt.clone() });
         let queue = WorkQueue::new();
@@ -201,6 +205,7 @@ impl PodWorkers {
             pull_backoff: Mutex::new(Backoff::new(backoff::INITIAL, backoff::MAX)),
             probes: ProbeManager::new(exec, notify_tx),
             queue: queue.clone(),
+            events,
         });
         tokio::spawn(async move {
             while let Some(uid) = notify_rx.recv().await {
@@ -406,6 +411,13 @@ impl PodWorkers {
             });
         }
         Ok(out)
+    }
+
+    /// Records an Event about the pod (Normal or Warning), as the upstream kubelet does.
+    fn event(&self, pod: &Pod, type_: &str, reason: &str, message: String) {
+        if let Some(r) = self.inner.events.as_ref() {
+            r.record(pod, type_, reason, message);
+        }
     }
 
     fn with_state<T>(&self, uid: &str, f: impl FnOnce(&mut PodState) -> T) -> T {
@@ -647,6 +659,7 @@ impl PodWorkers {
         }
         for k in &actions.kill {
             tracing::info!(pod = %pod_label(pod), container = %k.name, message = %k.message, "killing container");
+            self.event(pod, "Normal", "Killing", k.message.clone());
             if let Err(e) = rt.stop_container(&k.id, grace_seconds(pod)).await {
                 if !e.is_not_found() {
                     return Err(e.to_string());
@@ -671,6 +684,7 @@ impl PodWorkers {
             Err(e) => {
                 let msg = e.to_string();
                 tracing::warn!(pod = %pod_label(pod), error = %msg, "volume setup failed");
+                self.event(pod, "Warning", "FailedMount", msg.clone());
                 self.with_state(uid, |s| {
                     for c in pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten())) {
                         s.waiting.insert(
@@ -697,6 +711,7 @@ impl PodWorkers {
                 Ok(id) => id,
                 Err(e) => {
                     let msg = e.message();
+                    self.event(pod, "Warning", "FailedCreatePodSandBox", format!("Failed to create pod sandbox: {msg}"));
                     self.with_state(uid, |s| {
                         for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
                             s.waiting.insert(c.name.clone(), Waiting { reason: "ContainerCreating".into(), message: format!("Failed to create pod sandbox: {msg}") });
@@ -773,6 +788,7 @@ impl PodWorkers {
             if let Some(rem) = b.in_backoff(&key, start.previous_finished_at, now) {
                 let cur = b.current(&key).unwrap_or(backoff::INITIAL);
                 drop(b);
+                self.event(pod, "Warning", "BackOff", format!("Back-off restarting failed container {} in pod {}", c.name, pod_label(pod)));
                 set_waiting(
                     "CrashLoopBackOff",
                     format!(
@@ -822,12 +838,16 @@ impl PodWorkers {
                 let b = self.inner.pull_backoff.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(rem) = b.in_backoff(&pkey, now, now) {
                     drop(b);
+                    self.event(pod, "Normal", "BackOff", format!("Back-off pulling image {image:?}"));
                     set_waiting("ImagePullBackOff", format!("Back-off pulling image {image:?}"));
                     return Ok(Some(rem));
                 }
             }
             tracing::info!(pod = %pod_label(pod), %image, "pulling image");
+            self.event(pod, "Normal", "Pulling", format!("Pulling image {image:?}"));
+            let started = Instant::now();
             if let Err(e) = rt.pull_image(&image, Some(sandbox_config.clone())).await {
+                self.event(pod, "Warning", "Failed", format!("Failed to pull image {image:?}: {}", e.message()));
                 if present {
                     tracing::warn!(%image, error = %e, "pull failed; using the image present on the node");
                 } else {
@@ -840,12 +860,21 @@ impl PodWorkers {
                 }
             } else {
                 self.inner.pull_backoff.lock().unwrap_or_else(|p| p.into_inner()).reset(&pkey);
+                self.event(
+                    pod,
+                    "Normal",
+                    "Pulled",
+                    format!("Successfully pulled image {image:?} in {:.3}s", started.elapsed().as_secs_f64()),
+                );
             }
+        } else if start.restart_count == 0 {
+            self.event(pod, "Normal", "Pulled", format!("Container image {image:?} already present on machine"));
         }
         // Config.
         let env = match spec::resolve_env(pod, c, objects, pod_ips, &self.inner.cfg.node) {
             Ok(e) => e,
             Err(e) => {
+                self.event(pod, "Warning", "Failed", format!("Error: {e}"));
                 set_waiting("CreateContainerConfigError", e.to_string());
                 return Ok(Some(Duration::from_secs(5)));
             }
@@ -876,11 +905,14 @@ impl PodWorkers {
         let id = match rt.create_container(sandbox_id, config, sandbox_config.clone()).await {
             Ok(id) => id,
             Err(e) => {
+                self.event(pod, "Warning", "Failed", format!("Error: {}", e.message()));
                 set_waiting("CreateContainerError", e.message());
                 return Ok(Some(Duration::from_secs(5)));
             }
         };
+        self.event(pod, "Normal", "Created", format!("Created container: {}", c.name));
         if let Err(e) = rt.start_container(&id).await {
+            self.event(pod, "Warning", "Failed", format!("Error: {}", e.message()));
             // The container exists but did not start (e.g. the command does not exist): its
             // exited status carries the runtime's reason; the waiting reason says why.
             set_waiting("RunContainerError", e.message());
@@ -889,6 +921,7 @@ impl PodWorkers {
         self.with_state(uid, |s| {
             s.waiting.remove(&c.name);
         });
+        self.event(pod, "Normal", "Started", format!("Started container {}", c.name));
         // postStart hook.
         if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             let target = Target { pod_ip: pod_ips.first().cloned(), container_id: id.clone(), ports: c.ports.clone().unwrap_or_default() };
@@ -955,6 +988,7 @@ impl PodWorkers {
                 let used = i64::try_from(started.elapsed().as_secs()).unwrap_or(0);
                 let left = (remaining - used).max(if remaining == 0 { 0 } else { 2 });
                 tracing::info!(pod = %pod_label(pod), container = %c.name, grace = left, "stopping container");
+                self.event(pod, "Normal", "Killing", format!("Stopping container {}", c.name));
                 match rt.stop_container(&c.id, left).await {
                     Err(e) if !e.is_not_found() => Err(e.to_string()),
                     _ => Ok(()),

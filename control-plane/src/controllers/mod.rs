@@ -2,9 +2,8 @@
 //! from observed objects to actions. The executors under `loops/` only talk to the Kubernetes
 //! API through a kube client, so they work against any API server.
 
-pub mod endpointslice;
-pub mod events;
 pub mod deployment;
+pub mod endpointslice;
 pub mod expectations;
 pub mod gc;
 pub mod loops;

@@ -1,9 +1,11 @@
 //! The control-loop runtime shared by ferro's controllers: informers (one watch per kind, a
 //! local cache, change notifications) and work queues (deduplicated keys, one worker per key at
 //! a time, retries with exponential backoff). Reconcilers are level-triggered: a key says
-//! "look at this object again", never what changed.
+//! "look at this object again", never what changed. Plus the Event recorder the controllers
+//! and the agent share.
 
 pub mod controller;
+pub mod events;
 pub mod informer;
 pub mod queue;
 

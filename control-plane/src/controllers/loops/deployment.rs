@@ -11,7 +11,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt as _};
 
 use crate::controllers::deployment::{self as plan, Action};
-use crate::controllers::events::Recorder;
+use ferro_runtime::events::Recorder;
 use crate::controllers::loops::replicaset::controller_of;
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::{is_conflict, is_not_found, Error};

@@ -13,7 +13,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
-use crate::controllers::events::Recorder;
+use ferro_runtime::events::Recorder;
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::nodelifecycle::{self as plan, NodeHealth};
 use crate::controllers::{is_conflict, is_not_found, Error};

@@ -14,7 +14,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
-use crate::controllers::events::Recorder;
+use ferro_runtime::events::Recorder;
 use crate::controllers::expectations::Expectations;
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::replicaset as plan;

@@ -20,12 +20,20 @@ type Seen = HashMap<(String, String, String), (String, String, i32, Instant)>;
 pub struct Recorder {
     client: kube::Client,
     component: &'static str,
+    /// source.host (the node, for the agent's events).
+    host: Option<String>,
     seen: Arc<Mutex<Seen>>,
 }
 
 impl Recorder {
     pub fn new(client: kube::Client, component: &'static str) -> Self {
-        Recorder { client, component, seen: Arc::default() }
+        Recorder { client, component, host: None, seen: Arc::default() }
+    }
+
+    /// Events from a node component name the node as their source host.
+    pub fn with_host(mut self, host: &str) -> Self {
+        self.host = Some(host.to_string());
+        self
     }
 
     /// Records a Normal or Warning event about `obj`.
@@ -73,9 +81,9 @@ impl Recorder {
             first_timestamp: Some(Time(now)),
             last_timestamp: Some(Time(now)),
             event_time: None::<MicroTime>,
-            source: Some(EventSource { component: Some(self.component.to_string()), host: None }),
+            source: Some(EventSource { component: Some(self.component.to_string()), host: self.host.clone() }),
             reporting_component: Some(self.component.to_string()),
-            reporting_instance: Some(self.component.to_string()),
+            reporting_instance: Some(self.host.clone().unwrap_or_else(|| self.component.to_string())),
             ..Default::default()
         };
         self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(key, (ns, name, 1, Instant::now()));
