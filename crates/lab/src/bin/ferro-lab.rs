@@ -11,12 +11,17 @@
 //! - `containerd-start-script --config C [--shim-dir S]`: prints the script to run with `ip
 //!   netns exec NS sh`: cgroup mounts as this process sees them, the shim socket dir bound
 //!   over /run/containerd, `exec containerd --config C`.
+//! - `cri-pull --socket S IMAGE...`: pulls each image through CRI (ImageService.PullImage, so
+//!   with the CRI plugin's registry config) and prints `IMAGE IMAGE-REF`.
+//! - `cri-teardown --socket S`: stops and removes every pod sandbox through CRI (which stops
+//!   their containers and calls CNI DEL), then prints how many there were.
 
 use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use ferro_lab::containerd::{self, Layout, Options};
+use ferro_lab::cri::{self, api};
 use ferro_lab::images;
 
 #[derive(Parser, Debug)]
@@ -62,6 +67,79 @@ enum Cmd {
         #[arg(long)]
         shim_dir: Option<PathBuf>,
     },
+    /// Pull images through CRI.
+    CriPull {
+        /// containerd's socket.
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(required = true)]
+        images: Vec<String>,
+    },
+    /// Stop and remove every pod sandbox through CRI.
+    CriTeardown {
+        /// containerd's socket.
+        #[arg(long)]
+        socket: PathBuf,
+    },
+}
+
+fn block_on<F: std::future::Future>(f: F) -> anyhow::Result<F::Output> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f))
+}
+
+async fn cri_pull(socket: &std::path::Path, images: &[String]) -> anyhow::Result<()> {
+    let (_, mut image) = cri::connect(socket).await?;
+    for name in images {
+        let resp = image
+            .pull_image(api::PullImageRequest {
+                image: Some(api::ImageSpec {
+                    image: name.clone(),
+                    ..Default::default()
+                }),
+                auth: None,
+                sandbox_config: None,
+            })
+            .await
+            .with_context(|| format!("pull {name} through CRI"))?
+            .into_inner();
+        println!("{name} {}", resp.image_ref);
+    }
+    Ok(())
+}
+
+async fn cri_teardown(socket: &std::path::Path) -> anyhow::Result<()> {
+    let (mut runtime, _) = cri::connect(socket).await?;
+    let sandboxes = runtime
+        .list_pod_sandbox(api::ListPodSandboxRequest { filter: None })
+        .await
+        .context("list pod sandboxes")?
+        .into_inner()
+        .items;
+    let mut failed = Vec::new();
+    for sb in &sandboxes {
+        let id = sb.id.clone();
+        let stop = runtime
+            .stop_pod_sandbox(api::StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await;
+        let remove = runtime
+            .remove_pod_sandbox(api::RemovePodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await;
+        if let Some(e) = stop.err().or(remove.err()) {
+            failed.push(format!("{id}: {}", e.message()));
+        }
+    }
+    println!("{} pod sandboxes removed", sandboxes.len() - failed.len());
+    if !failed.is_empty() {
+        anyhow::bail!("some pod sandboxes were not removed: {}", failed.join("; "));
+    }
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -110,6 +188,8 @@ fn main() -> anyhow::Result<()> {
                 containerd::start_script(&mountinfo, &config, shim_dir.as_deref())
             );
         }
+        Cmd::CriPull { socket, images } => block_on(cri_pull(&socket, &images))??,
+        Cmd::CriTeardown { socket } => block_on(cri_teardown(&socket))??,
     }
     Ok(())
 }
