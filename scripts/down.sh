@@ -67,22 +67,19 @@ if pid_of containerd containerd >/dev/null; then
     done
   done
 fi
-# Container processes and shims this containerd started (as the lab fixture's Drop does),
-# containers first: whatever is still alive after the above.
-shim_pids=()
-for f in "$CTRD_RUN"/state/io.containerd.runtime.v2.task/*/*/init.pid \
-         "$CTRD_RUN"/state/io.containerd.runtime.v2.task/*/*/shim.pid; do
+# Container processes this containerd started (init.pid under its state dir, as the lab
+# fixture's Drop does), then its shims: the processes whose command line names our socket
+# (`containerd-shim-runc-v2 ... -address /run/ferro/lab/containerd/containerd.sock`).
+for f in "$CTRD_RUN"/state/io.containerd.runtime.v2.task/*/*/init.pid; do
   [ -f "$f" ] || continue
   pid=$(cat "$f")
   case "$pid" in "" | *[!0-9]* | 0 | 1) continue ;; esac
-  case "$f" in
-    */init.pid) kill -9 "$pid" 2>/dev/null || true ;;
-    *) shim_pids+=("$pid") ;;
-  esac
+  kill -9 "$pid" 2>/dev/null || true
 done
-for pid in "${shim_pids[@]}"; do
-  if [[ $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") == *containerd-shim* ]]; then
-    kill -9 "$pid" 2>/dev/null || true
+for d in /proc/[0-9]*; do
+  cmd=$(tr '\0' ' ' 2>/dev/null <"$d/cmdline") || continue
+  if [[ $cmd == *containerd-shim*" -address $LAB_CTRD_SOCK "* ]]; then
+    kill -9 "${d#/proc/}" 2>/dev/null || true
   fi
 done
 stop containerd containerd

@@ -184,10 +184,12 @@ if running agent ferro-agent && [ "$ctrd_started" = yes ]; then
   kill "$(cat "$LAB_STATE/agent.pid")"
   for _ in $(seq 1 50); do running agent ferro-agent || break; sleep 0.1; done
 fi
+AGENT_SINCE="" # when the agent was started by this run: Ready must be newer than that
 if running agent ferro-agent; then
   echo "ferro-agent already running (pid $(cat "$LAB_STATE/agent.pid"))"
 else
-  RUST_LOG=${RUST_LOG:-info} nsenter --target "$CTRD_PID" --net --mount -- \
+  AGENT_SINCE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  NO_COLOR=1 RUST_LOG=${RUST_LOG:-info} nsenter --target "$CTRD_PID" --net --mount -- \
     "$BIN/ferro-agent" \
     --kubeconfig "$NODE_DIR/kubeconfig" \
     --config "$NODE_DIR/kubelet-config.yaml" \
@@ -199,8 +201,11 @@ else
   echo $! >"$LAB_STATE/agent.pid"
 fi
 node_ready() {
-  [ "$("${KUBECTL[@]}" get node "$LAB_NODE" \
-    -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+  local ready
+  ready=$("${KUBECTL[@]}" get node "$LAB_NODE" \
+    -o 'jsonpath={range .status.conditions[?(@.type=="Ready")]}{.status} {.lastHeartbeatTime}{end}') || return 1
+  # "True <heartbeat>", the heartbeat not older than this run's agent (not a stale status).
+  [[ $ready == "True "* ]] && [[ ! ${ready#True } < $AGENT_SINCE ]]
 }
 wait_for "node $LAB_NODE becoming Ready" 90 "$LAB_STATE/agent.log" node_ready
 "${KUBECTL[@]}" get nodes -o wide
@@ -265,7 +270,7 @@ Logs and pids: $LAB_STATE/*.log, $LAB_STATE/*.pid. Look at the demo with:
   $K get pods -o wide
   $K logs deployment/demo
   $K exec deployment/demo -- wget -qO- http://${POD_IP:-<pod IP>}:8080/
-  ip netns exec $LAB_NS wget -qO- http://${POD_IP:-<pod IP>}:8080/
+  ip netns exec $LAB_NS curl -s http://${POD_IP:-<pod IP>}:8080/
 
 Stop everything with: scripts/down.sh   (--purge also removes the data)
 TXT
