@@ -34,6 +34,12 @@ pub struct Flags {
     /// A KubeletConfiguration file (kubelet.config.k8s.io/v1beta1).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// How pod cgroups are named: cgroupfs or systemd (must match the runtime's setting).
+    #[arg(long)]
+    pub cgroup_driver: Option<String>,
+    /// The cgroup under which the pod cgroups (kubepods) are made; "/" by default.
+    #[arg(long)]
+    pub cgroup_root: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +56,8 @@ pub enum ConfigError {
     Invalid { path: PathBuf, message: String },
     #[error("invalid duration {value:?} for {field}: {reason}")]
     Duration { field: &'static str, value: String, reason: String },
+    #[error("invalid {field} {value:?}: {reason}")]
+    Value { field: &'static str, value: String, reason: String },
     #[error("invalid container runtime endpoint {0:?}: only unix:// endpoints are supported")]
     Endpoint(String),
 }
@@ -65,6 +73,8 @@ pub struct KubeletConfiguration {
     pub node_status_report_frequency: Option<String>,
     pub max_pods: Option<i64>,
     pub cgroup_driver: Option<String>,
+    pub cgroup_root: Option<String>,
+    pub pod_logs_dir: Option<PathBuf>,
     pub static_pod_path: Option<PathBuf>,
     #[serde(rename = "podCIDR")]
     pub pod_cidr: Option<String>,
@@ -116,6 +126,10 @@ pub struct AgentConfig {
     pub node_status_report_frequency: Duration,
     pub max_pods: i64,
     pub cgroup_driver: String,
+    /// Prefix of the pod cgroups ("" for the root).
+    pub cgroup_root: String,
+    /// Where container logs go (/var/log/pods).
+    pub pod_logs_dir: PathBuf,
     pub pod_cidr: Option<String>,
     pub cluster_dns: Vec<String>,
     pub cluster_domain: Option<String>,
@@ -145,6 +159,15 @@ impl AgentConfig {
             let value = v.clone().unwrap_or_else(|| default.to_string());
             parse_duration(&value).map_err(|reason| ConfigError::Duration { field, value, reason })
         };
+        let cgroup_driver =
+            flags.cgroup_driver.clone().or(file.cgroup_driver).unwrap_or_else(|| "cgroupfs".into());
+        if cgroup_driver != "cgroupfs" && cgroup_driver != "systemd" {
+            return Err(ConfigError::Value {
+                field: "cgroupDriver",
+                value: cgroup_driver,
+                reason: "must be cgroupfs or systemd".into(),
+            });
+        }
         Ok(AgentConfig {
             kubeconfig: flags.kubeconfig.clone(),
             hostname_override: flags.hostname_override.clone(),
@@ -164,7 +187,15 @@ impl AgentConfig {
                 "5m",
             )?,
             max_pods: file.max_pods.unwrap_or(110),
-            cgroup_driver: file.cgroup_driver.unwrap_or_else(|| "cgroupfs".into()),
+            cgroup_driver,
+            cgroup_root: flags
+                .cgroup_root
+                .clone()
+                .or(file.cgroup_root)
+                .unwrap_or_default()
+                .trim_end_matches('/')
+                .to_string(),
+            pod_logs_dir: file.pod_logs_dir.unwrap_or_else(|| PathBuf::from("/var/log/pods")),
             pod_cidr: file.pod_cidr,
             cluster_dns: file.cluster_dns.unwrap_or_default(),
             cluster_domain: file.cluster_domain,

@@ -11,6 +11,7 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{StatusRequest, VersionRequest};
+pub use k8s_cri::v1 as api;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -18,6 +19,11 @@ use crate::node::{self, Health, RuntimeCondition};
 
 /// How long one CRI call may take before the runtime counts as down.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Timeout of the calls that do real work (sandbox and container lifecycle), as upstream's
+/// runtime request timeout.
+pub const WORK_TIMEOUT: Duration = Duration::from_secs(120);
+/// Timeout of an image pull.
+pub const PULL_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The CRI API version the agent speaks (VersionRequest.version).
 pub const CRI_API_VERSION: &str = "v1";
@@ -74,11 +80,54 @@ async fn call<T>(
     what: &'static str,
     fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 ) -> Result<T, CriError> {
-    match tokio::time::timeout(CALL_TIMEOUT, fut).await {
+    call_within(what, CALL_TIMEOUT, fut).await
+}
+
+async fn call_within<T>(
+    what: &'static str,
+    limit: Duration,
+    fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, CriError> {
+    match tokio::time::timeout(limit, fut).await {
         Ok(Ok(r)) => Ok(r.into_inner()),
         Ok(Err(s)) => Err(CriError::Call(what, s)),
-        Err(_) => Err(CriError::Timeout(what, CALL_TIMEOUT)),
+        Err(_) => Err(CriError::Timeout(what, limit)),
     }
+}
+
+impl CriError {
+    /// The gRPC status code of a failed call (NotFound means the object is already gone).
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            CriError::Call(_, s) => Some(s.code()),
+            _ => None,
+        }
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        self.code() == Some(tonic::Code::NotFound)
+    }
+
+    /// The runtime's own message for a failed call.
+    pub fn message(&self) -> String {
+        match self {
+            CriError::Call(_, s) => s.message().to_string(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// Clients whose channel connects on first use and again after the runtime went away (the
+/// pod workers keep one for the agent's lifetime).
+pub fn connect_lazy(socket: &Path) -> Runtime {
+    let path: PathBuf = socket.to_path_buf();
+    let ch = Endpoint::from_static("http://[::]:50051")
+        .connect_timeout(CALL_TIMEOUT)
+        .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }));
+    Runtime { runtime: RuntimeServiceClient::new(ch.clone()), image: ImageServiceClient::new(ch) }
 }
 
 /// Connects to `socket` (the path of a `unix://` endpoint).
@@ -109,6 +158,114 @@ impl Runtime {
             .into_iter()
             .map(|c| RuntimeCondition { type_: c.r#type, status: c.status, reason: c.reason, message: c.message })
             .collect())
+    }
+}
+
+/// The pod lifecycle calls, each with [`WORK_TIMEOUT`] (pulls [`PULL_TIMEOUT`], listing and
+/// status [`CALL_TIMEOUT`] x 5).
+impl Runtime {
+    pub async fn list_sandboxes(
+        &mut self,
+        labels: std::collections::HashMap<String, String>,
+    ) -> Result<Vec<api::PodSandbox>, CriError> {
+        let req = api::ListPodSandboxRequest {
+            filter: Some(api::PodSandboxFilter { label_selector: labels, ..Default::default() }),
+        };
+        Ok(call_within("ListPodSandbox", CALL_TIMEOUT * 5, self.runtime.list_pod_sandbox(req)).await?.items)
+    }
+
+    pub async fn sandbox_status(&mut self, id: &str) -> Result<Option<api::PodSandboxStatus>, CriError> {
+        let req = api::PodSandboxStatusRequest { pod_sandbox_id: id.into(), verbose: false };
+        Ok(call_within("PodSandboxStatus", CALL_TIMEOUT * 5, self.runtime.pod_sandbox_status(req)).await?.status)
+    }
+
+    pub async fn list_containers(
+        &mut self,
+        labels: std::collections::HashMap<String, String>,
+    ) -> Result<Vec<api::Container>, CriError> {
+        let req = api::ListContainersRequest {
+            filter: Some(api::ContainerFilter { label_selector: labels, ..Default::default() }),
+        };
+        Ok(call_within("ListContainers", CALL_TIMEOUT * 5, self.runtime.list_containers(req)).await?.containers)
+    }
+
+    pub async fn container_status(&mut self, id: &str) -> Result<Option<api::ContainerStatus>, CriError> {
+        let req = api::ContainerStatusRequest { container_id: id.into(), verbose: false };
+        Ok(call_within("ContainerStatus", CALL_TIMEOUT * 5, self.runtime.container_status(req)).await?.status)
+    }
+
+    pub async fn run_sandbox(&mut self, config: api::PodSandboxConfig) -> Result<String, CriError> {
+        let req = api::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
+        Ok(call_within("RunPodSandbox", WORK_TIMEOUT, self.runtime.run_pod_sandbox(req)).await?.pod_sandbox_id)
+    }
+
+    pub async fn stop_sandbox(&mut self, id: &str) -> Result<(), CriError> {
+        let req = api::StopPodSandboxRequest { pod_sandbox_id: id.into() };
+        call_within("StopPodSandbox", WORK_TIMEOUT, self.runtime.stop_pod_sandbox(req)).await.map(|_| ())
+    }
+
+    pub async fn remove_sandbox(&mut self, id: &str) -> Result<(), CriError> {
+        let req = api::RemovePodSandboxRequest { pod_sandbox_id: id.into() };
+        call_within("RemovePodSandbox", WORK_TIMEOUT, self.runtime.remove_pod_sandbox(req)).await.map(|_| ())
+    }
+
+    pub async fn create_container(
+        &mut self,
+        sandbox_id: &str,
+        config: api::ContainerConfig,
+        sandbox_config: api::PodSandboxConfig,
+    ) -> Result<String, CriError> {
+        let req = api::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.into(),
+            config: Some(config),
+            sandbox_config: Some(sandbox_config),
+        };
+        Ok(call_within("CreateContainer", WORK_TIMEOUT, self.runtime.create_container(req)).await?.container_id)
+    }
+
+    pub async fn start_container(&mut self, id: &str) -> Result<(), CriError> {
+        let req = api::StartContainerRequest { container_id: id.into() };
+        call_within("StartContainer", WORK_TIMEOUT, self.runtime.start_container(req)).await.map(|_| ())
+    }
+
+    /// StopContainer with a grace period in seconds (the runtime sends SIGTERM, then SIGKILL).
+    pub async fn stop_container(&mut self, id: &str, grace_seconds: i64) -> Result<(), CriError> {
+        let req = api::StopContainerRequest { container_id: id.into(), timeout: grace_seconds.max(0) };
+        let limit = WORK_TIMEOUT + Duration::from_secs(grace_seconds.max(0).unsigned_abs());
+        call_within("StopContainer", limit, self.runtime.stop_container(req)).await.map(|_| ())
+    }
+
+    pub async fn remove_container(&mut self, id: &str) -> Result<(), CriError> {
+        let req = api::RemoveContainerRequest { container_id: id.into() };
+        call_within("RemoveContainer", WORK_TIMEOUT, self.runtime.remove_container(req)).await.map(|_| ())
+    }
+
+    /// ExecSync: (exit code, stdout + stderr).
+    pub async fn exec_sync(&mut self, id: &str, cmd: Vec<String>, timeout: Duration) -> Result<(i32, Vec<u8>), CriError> {
+        let req = api::ExecSyncRequest { container_id: id.into(), cmd, timeout: timeout.as_secs().max(1).try_into().unwrap_or(i64::MAX) };
+        let r = call_within("ExecSync", timeout + CALL_TIMEOUT * 5, self.runtime.exec_sync(req)).await?;
+        let mut out = r.stdout;
+        out.extend_from_slice(&r.stderr);
+        Ok((r.exit_code, out))
+    }
+
+    /// The image's id when present on the node.
+    pub async fn image_present(&mut self, image: &str) -> Result<Option<String>, CriError> {
+        let req = api::ImageStatusRequest {
+            image: Some(api::ImageSpec { image: image.into(), ..Default::default() }),
+            verbose: false,
+        };
+        Ok(call_within("ImageStatus", CALL_TIMEOUT * 5, self.image.image_status(req)).await?.image.map(|i| i.id))
+    }
+
+    /// PullImage: the image reference the runtime resolved.
+    pub async fn pull_image(&mut self, image: &str, sandbox: Option<api::PodSandboxConfig>) -> Result<String, CriError> {
+        let req = api::PullImageRequest {
+            image: Some(api::ImageSpec { image: image.into(), ..Default::default() }),
+            auth: None,
+            sandbox_config: sandbox,
+        };
+        Ok(call_within("PullImage", PULL_TIMEOUT, self.image.pull_image(req)).await?.image_ref)
     }
 }
 

@@ -6,7 +6,10 @@ use std::path::Path;
 use anyhow::Context as _;
 use clap::Parser as _;
 use ferro_agent::config::{AgentConfig, Flags, KubeletConfiguration};
-use ferro_agent::cri::Prober;
+use ferro_agent::cri::{self, Prober};
+use ferro_agent::pod::source;
+use ferro_agent::pod::spec::{CgroupDriver, NodeContext};
+use ferro_agent::pod::worker::{PodWorkers, Source, WorkerConfig};
 use ferro_agent::node::{self, HostFacts, NodeInput};
 use ferro_agent::status;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -29,6 +32,74 @@ fn main() -> anyhow::Result<()> {
     let file = flags.config.as_deref().map(KubeletConfiguration::load).transpose()?;
     let cfg = AgentConfig::resolve(&flags, file)?;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cfg))
+}
+
+/// Starts the pod workers, the API pod source (with a client) and the static pods.
+async fn start_pods(
+    cfg: &AgentConfig,
+    name: &str,
+    facts: &HostFacts,
+    client: Option<kube::Client>,
+) -> anyhow::Result<PodWorkers> {
+    let host_ips: Vec<String> = node::pick_internal_ip(cfg.node_ip, &facts.interfaces)
+        .map(|ip| ip.to_string())
+        .into_iter()
+        .collect();
+    let memory = i64::try_from(facts.memory_ki.saturating_mul(1024)).unwrap_or(i64::MAX);
+    let ctx = NodeContext {
+        node_name: name.to_string(),
+        host_ips,
+        cluster_dns: cfg.cluster_dns.clone(),
+        cluster_domain: cfg.cluster_domain.clone().unwrap_or_else(|| "cluster.local".into()),
+        cgroup_driver: if cfg.cgroup_driver == "systemd" { CgroupDriver::Systemd } else { CgroupDriver::Cgroupfs },
+        pod_log_root: cfg.pod_logs_dir.clone(),
+        allocatable_cpu_milli: i64::from(facts.cpus) * 1000,
+        allocatable_memory: memory,
+        memory_capacity: memory,
+    };
+    let wcfg = WorkerConfig {
+        root_dir: cfg.root_dir.clone(),
+        node: ctx,
+        resync: std::time::Duration::from_secs(10),
+        workers: 8,
+        max_pods: usize::try_from(cfg.max_pods).unwrap_or(110),
+        allocatable_cpu_milli: i64::from(facts.cpus) * 1000,
+        allocatable_memory: memory,
+        cgroup_root: cfg.cgroup_root.clone(),
+    };
+    let rt = cri::connect_lazy(&cfg.runtime_socket);
+    let runtime_name = {
+        let mut probe = rt.clone();
+        match probe.version().await {
+            Ok(v) => v.runtime_name,
+            Err(e) => {
+                tracing::warn!(error = %e, "container runtime not reachable yet");
+                "containerd".to_string()
+            }
+        }
+    };
+    let workers = PodWorkers::new(wcfg, runtime_name, rt, client.clone());
+    if let Some(dir) = cfg.static_pod_path.clone() {
+        // The first read happens before anything is cleaned up, so running static pods are
+        // recognised after a restart.
+        for (_, p) in source::read_manifests(&dir, name) {
+            workers.upsert(p, Source::File);
+        }
+        tokio::spawn(source::static_pods_loop(dir, name.to_string(), workers.clone(), client.clone()));
+    }
+    if let Some(c) = client {
+        let informer = source::watch_api(c, name, workers.clone());
+        let w = workers.clone();
+        tokio::spawn(async move {
+            informer.wait_synced().await;
+            w.start();
+            w.queue_all().await;
+        });
+    } else {
+        workers.start();
+        workers.queue_all().await;
+    }
+    Ok(workers)
 }
 
 async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
@@ -54,15 +125,20 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         pod_cidr: cfg.pod_cidr.clone(),
     };
     let mut term = signal(SignalKind::terminate())?;
-    let Some(kubeconfig) = cfg.kubeconfig.clone() else {
-        tracing::info!(node = %name, "no --kubeconfig: running standalone, nothing to register");
+    let client = match cfg.kubeconfig.as_deref() {
+        Some(k) => Some(kube_client(k).await?),
+        None => None,
+    };
+    let workers = start_pods(&cfg, &name, &facts, client.clone()).await?;
+    let Some(client) = client else {
+        tracing::info!(node = %name, "no --kubeconfig: running standalone (static pods only), nothing to register");
         tokio::select! {
             _ = term.recv() => {}
             _ = tokio::signal::ctrl_c() => {}
         }
+        drop(workers);
         return Ok(());
     };
-    let client = kube_client(&kubeconfig).await?;
     let mut prober = Prober::new(cfg.runtime_socket.clone());
     let initial = prober.probe().await;
     let (health_tx, health_rx) = tokio::sync::watch::channel(initial.clone());

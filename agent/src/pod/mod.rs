@@ -1,4 +1,17 @@
-//! Pods on this node: the model of what the runtime holds ([`model`]), and (to come) the
-//! planner, status computation, CRI configs, volumes, probes and the per-pod workers.
+//! Pods on this node: the model of what the runtime holds ([`model`]), the planner of one
+//! sync ([`plan`]) with its crash-loop backoff ([`backoff`]), the pod status ([`status`]),
+//! the CRI sandbox and container configs ([`spec`]), volumes ([`volumes`],
+//! [`atomic_writer`]), probes and lifecycle hooks ([`probe`]), where pods come from
+//! ([`source`]) and the executor that ties them together ([`worker`]).
 
+pub mod backoff;
 pub mod model;
+pub mod plan;
+pub mod spec;
+pub mod status;
+pub mod hooks;
+pub mod probe;
+pub mod atomic_writer;
+pub mod source;
+pub mod volumes;
+pub mod worker;

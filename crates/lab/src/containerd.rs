@@ -373,9 +373,37 @@ impl Containerd {
         init
     }
 
+    /// Shim processes started by this containerd, found by their `-address <our socket>`
+    /// argument (a shim re-parents to init, and its state-dir pid file is not always there).
+    fn shim_pids(&self) -> Vec<i32> {
+        let socket = self.socket().display().to_string();
+        let mut out = Vec::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+                continue;
+            };
+            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+            let is_shim = args
+                .first()
+                .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"));
+            let ours = args
+                .windows(2)
+                .any(|w| w[0] == b"-address" && w[1] == socket.as_bytes());
+            if is_shim && ours {
+                out.push(pid);
+            }
+        }
+        out
+    }
+
     /// Stops everything (see the module doc); also called by Drop.
     pub fn stop(&mut self) {
-        for pid in self.runtime_pids() {
+        let mut pids = self.runtime_pids();
+        pids.extend(self.shim_pids());
+        for pid in pids {
             if pid > 1 {
                 let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
             }

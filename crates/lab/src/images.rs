@@ -87,6 +87,7 @@ pub fn check_static(bin: &Path) -> Result<()> {
 }
 
 /// The docker-archive tars of the two test images.
+#[derive(Debug, Clone)]
 pub struct ImageTars {
     pub pause: PathBuf,
     pub busybox: PathBuf,

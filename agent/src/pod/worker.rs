@@ -1,0 +1,1098 @@
+//! The pod workers: the executor that turns the pure decisions of [`plan`], [`status`],
+//! [`spec`] and [`volumes`] into CRI calls and API writes.
+//!
+//! One work queue keyed by pod UID (ferro-runtime's client-go style queue: a key is synced by
+//! one worker at a time, so each pod has in effect its own worker). A pod is queued when its
+//! API object changes, when the relist of the runtime (upstream's PLEG: one ListContainers and
+//! one ListPodSandbox every second) sees one of its containers or sandboxes change state,
+//! when a probe result flips, and again after every sync (a resync period, shorter while a
+//! backoff or an init container is pending). Every sync is level-triggered: it observes the
+//! runtime, plans, acts, observes again and writes the status if it changed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use ferro_runtime::{Next, WorkQueue};
+
+use crate::cri::{self, CriError, Runtime};
+use crate::pod::backoff::{self, Backoff};
+use crate::pod::model::{
+    self, ContainerKind, ContainerObs, ContainerState, Objects, PodRuntime, Sandbox, SandboxState,
+    Waiting,
+};
+use crate::pod::plan::{self, Actions, PlanInput, Start};
+use crate::pod::hooks;
+use crate::pod::probe::{self, ProbeManager, Target};
+use crate::pod::spec::{self, NodeContext};
+use crate::pod::status::{self, StatusInput};
+use crate::pod::volumes;
+
+/// Where a pod came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Api,
+    /// A static pod from --pod-manifest-path (its status goes to the mirror pod, if any).
+    File,
+}
+
+/// What the executor needs to know about the node.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub root_dir: PathBuf,
+    pub node: NodeContext,
+    /// How long between two syncs of a pod with nothing pending.
+    pub resync: Duration,
+    /// Parallel pod syncs.
+    pub workers: usize,
+    pub max_pods: usize,
+    pub allocatable_cpu_milli: i64,
+    pub allocatable_memory: i64,
+    /// Prefix of the pod cgroups (--cgroup-root), "" for the root.
+    pub cgroup_root: String,
+}
+
+/// The agent's own state of one pod, beyond what the runtime and the API hold.
+#[derive(Debug, Default)]
+struct PodState {
+    waiting: BTreeMap<String, Waiting>,
+    /// The status last written (or read from the API).
+    last_status: Option<PodStatus>,
+    /// Admission decided: Ok (runs) or Err((reason, message)) (rejected, phase Failed).
+    admitted: Option<Result<(), (String, String)>>,
+    /// When the agent first saw the pod being deleted (for the remaining grace period).
+    deletion_seen: Option<Instant>,
+    /// Set when the pod's deadline passed or it was evicted: (reason, message).
+    failed: Option<(String, String)>,
+    /// The final status was written and the API object deleted.
+    finalized: bool,
+}
+
+struct Inner {
+    cfg: WorkerConfig,
+    runtime_name: String,
+    rt: Runtime,
+    kube: Option<kube::Client>,
+    desired: RwLock<BTreeMap<String, (Arc<Pod>, Source)>>,
+    states: Mutex<BTreeMap<String, PodState>>,
+    /// The last runtime view of each pod (for the server and the relist).
+    observed: RwLock<BTreeMap<String, PodRuntime>>,
+    crash_backoff: Mutex<Backoff>,
+    pull_backoff: Mutex<Backoff>,
+    probes: ProbeManager,
+    queue: WorkQueue<String>,
+}
+
+/// The pod workers of this node.
+#[derive(Clone)]
+pub struct PodWorkers {
+    inner: Arc<Inner>,
+}
+
+/// CRI ExecSync for probes and hooks.
+struct CriExec {
+    rt: Runtime,
+}
+
+impl probe::Exec for CriExec {
+    fn exec_sync(
+        &self,
+        container_id: &str,
+        cmd: Vec<String>,
+        timeout: Duration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(i32, Vec<u8>), String>> + Send>> {
+        let mut rt = self.rt.clone();
+        let id = container_id.to_string();
+        Box::pin(async move { rt.exec_sync(&id, cmd, timeout).await.map_err(|e| e.message()) })
+    }
+}
+
+fn now_ns() -> i64 {
+    jiff::Timestamp::now().as_nanosecond().try_into().unwrap_or(i64::MAX)
+}
+
+fn uid_of(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+fn pod_label(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+fn managed() -> HashMap<String, String> {
+    HashMap::from([(model::LABEL_MANAGED_BY.to_string(), model::MANAGED_BY.to_string())])
+}
+
+fn sandbox_state(s: i32) -> SandboxState {
+    if s == cri::api::PodSandboxState::SandboxReady as i32 {
+        SandboxState::Ready
+    } else {
+        SandboxState::NotReady
+    }
+}
+
+fn container_state(s: i32) -> ContainerState {
+    match cri::api::ContainerState::try_from(s) {
+        Ok(cri::api::ContainerState::ContainerCreated) => ContainerState::Created,
+        Ok(cri::api::ContainerState::ContainerRunning) => ContainerState::Running,
+        Ok(cri::api::ContainerState::ContainerExited) => ContainerState::Exited,
+        _ => ContainerState::Unknown,
+    }
+}
+
+fn grace_seconds(pod: &Pod) -> i64 {
+    pod.metadata
+        .deletion_grace_period_seconds
+        .or_else(|| pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+        .unwrap_or(30)
+}
+
+fn spec_container<'a>(pod: &'a Pod, kind: ContainerKind, name: &str) -> Option<&'a Container> {
+    let spec = pod.spec.as_ref()?;
+    match kind {
+        ContainerKind::App => spec.containers.iter().find(|c| c.name == name),
+        ContainerKind::Init => spec.init_containers.iter().flatten().find(|c| c.name == name),
+    }
+}
+
+fn millis_of(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>, scale: f64) -> i64 {
+    q.and_then(|q| model::parse_quantity(&q.0)).map(|v| (v * scale).round() as i64).unwrap_or(0)
+}
+
+/// The pod's effective requests (cpu milli, memory bytes): the larger of the sum over app
+/// containers and the largest init container, as upstream.
+pub fn pod_requests(pod: &Pod) -> (i64, i64) {
+    let Some(spec) = pod.spec.as_ref() else {
+        return (0, 0);
+    };
+    let req = |c: &Container, name: &str, scale: f64| {
+        millis_of(c.resources.as_ref().and_then(|r| r.requests.as_ref().and_then(|m| m.get(name)).or_else(|| r.limits.as_ref().and_then(|m| m.get(name)))), scale)
+    };
+    let app = spec.containers.iter().fold((0, 0), |(c, m), x| (c + req(x, "cpu", 1000.0), m + req(x, "memory", 1.0)));
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .fold((0, 0), |(c, m), x| (c.max(req(x, "cpu", 1000.0)), m.max(req(x, "memory", 1.0))));
+    (app.0.max(init.0), app.1.max(init.1))
+}
+
+impl PodWorkers {
+    pub fn new(cfg: WorkerConfig, runtime_name: String, rt: Runtime, kube: Option<kube::Client>) -> Self {
+        let (notify_tx, mut notify_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let exec: Arc<dyn probe::Exec> = Arc::new(CriExec { rt: rt.clone() });
+        let queue = WorkQueue::new();
+        let inner = Arc::new(Inner {
+            cfg,
+            runtime_name,
+            rt,
+            kube,
+            desired: RwLock::new(BTreeMap::new()),
+            states: Mutex::new(BTreeMap::new()),
+            observed: RwLock::new(BTreeMap::new()),
+            crash_backoff: Mutex::new(Backoff::new(backoff::INITIAL, backoff::MAX)),
+            pull_backoff: Mutex::new(Backoff::new(backoff::INITIAL, backoff::MAX)),
+            probes: ProbeManager::new(exec, notify_tx),
+            queue: queue.clone(),
+        });
+        tokio::spawn(async move {
+            while let Some(uid) = notify_rx.recv().await {
+                queue.add(uid);
+            }
+        });
+        PodWorkers { inner }
+    }
+
+    /// Starts the workers and the runtime relist.
+    pub fn start(&self) {
+        let this = self.clone();
+        ferro_runtime::spawn_workers("pod", self.inner.queue.clone(), self.inner.cfg.workers, move |uid: String| {
+            let this = this.clone();
+            async move { this.sync(&uid).await }
+        });
+        let this = self.clone();
+        tokio::spawn(async move { this.relist_loop().await });
+    }
+
+    /// A pod was added or changed (from the API or the manifest dir).
+    pub fn upsert(&self, pod: Pod, source: Source) {
+        let uid = uid_of(&pod);
+        if uid.is_empty() {
+            return;
+        }
+        self.inner.desired.write().unwrap_or_else(|p| p.into_inner()).insert(uid.clone(), (Arc::new(pod), source));
+        self.inner.queue.add(uid);
+    }
+
+    /// A pod is gone from its source: its containers are stopped and everything removed.
+    pub fn remove(&self, uid: &str) {
+        self.inner.desired.write().unwrap_or_else(|p| p.into_inner()).remove(uid);
+        self.inner.queue.add(uid.to_string());
+    }
+
+    /// The UIDs of the desired pods of `source`.
+    pub fn uids(&self, source: Source) -> Vec<String> {
+        let d = self.inner.desired.read().unwrap_or_else(|p| p.into_inner());
+        d.iter().filter(|(_, (_, s))| *s == source).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// Every pod the agent runs (for the server's /pods).
+    pub fn pods(&self) -> Vec<Pod> {
+        let d = self.inner.desired.read().unwrap_or_else(|p| p.into_inner());
+        d.values().map(|(p, _)| (**p).clone()).collect()
+    }
+
+    /// The runtime view of a pod by namespace and name.
+    pub fn runtime_of(&self, namespace: &str, name: &str) -> Option<(Arc<Pod>, PodRuntime)> {
+        let d = self.inner.desired.read().unwrap_or_else(|p| p.into_inner());
+        let (uid, (pod, _)) = d.iter().find(|(_, (p, _))| {
+            p.metadata.namespace.as_deref() == Some(namespace) && p.metadata.name.as_deref() == Some(name)
+        })?;
+        let o = self.inner.observed.read().unwrap_or_else(|p| p.into_inner());
+        Some((pod.clone(), o.get(uid).cloned().unwrap_or_default()))
+    }
+
+    /// Queues every known pod and every pod the runtime holds (after a restart: orphans).
+    pub async fn queue_all(&self) {
+        let mut uids: BTreeSet<String> =
+            self.inner.desired.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        let mut rt = self.inner.rt.clone();
+        if let Ok(sbs) = rt.list_sandboxes(managed()).await {
+            uids.extend(sbs.iter().filter_map(|s| s.labels.get(model::LABEL_POD_UID).cloned()));
+        }
+        for uid in volumes::pod_uids_on_disk(&self.inner.cfg.root_dir) {
+            uids.insert(uid);
+        }
+        for uid in uids {
+            self.inner.queue.add(uid);
+        }
+    }
+
+    /// Upstream's PLEG: relist containers and sandboxes every second and queue the pods whose
+    /// state changed.
+    async fn relist_loop(&self) {
+        let mut last: BTreeMap<String, (String, i32)> = BTreeMap::new();
+        let mut rt = self.inner.rt.clone();
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let (Ok(cs), Ok(sbs)) = (rt.list_containers(managed()).await, rt.list_sandboxes(managed()).await) else {
+                continue;
+            };
+            let mut now: BTreeMap<String, (String, i32)> = BTreeMap::new();
+            for c in &cs {
+                if let Some(uid) = c.labels.get(model::LABEL_POD_UID) {
+                    now.insert(c.id.clone(), (uid.clone(), c.state));
+                }
+            }
+            for s in &sbs {
+                if let Some(uid) = s.labels.get(model::LABEL_POD_UID) {
+                    now.insert(s.id.clone(), (uid.clone(), 100 + s.state));
+                }
+            }
+            let mut changed: BTreeSet<String> = BTreeSet::new();
+            for (id, v) in &now {
+                if last.get(id) != Some(v) {
+                    changed.insert(v.0.clone());
+                }
+            }
+            for (id, v) in &last {
+                if !now.contains_key(id) {
+                    changed.insert(v.0.clone());
+                }
+            }
+            for uid in changed {
+                self.inner.queue.add(uid);
+            }
+            last = now;
+        }
+    }
+
+    /// Everything the runtime holds for pod `uid`, newest first.
+    async fn observe(&self, uid: &str) -> Result<PodRuntime, CriError> {
+        let mut rt = self.inner.rt.clone();
+        let sel = HashMap::from([
+            (model::LABEL_POD_UID.to_string(), uid.to_string()),
+            (model::LABEL_MANAGED_BY.to_string(), model::MANAGED_BY.to_string()),
+        ]);
+        let mut out = PodRuntime { uid: uid.to_string(), ..Default::default() };
+        let mut sbs = rt.list_sandboxes(sel.clone()).await?;
+        sbs.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        for (i, s) in sbs.iter().enumerate() {
+            let md = s.metadata.clone().unwrap_or_default();
+            out.name = md.name.clone();
+            out.namespace = md.namespace.clone();
+            let state = sandbox_state(s.state);
+            let (mut ip, mut additional) = (None, Vec::new());
+            if i == 0 && state == SandboxState::Ready {
+                if let Some(st) = rt.sandbox_status(&s.id).await? {
+                    if let Some(n) = st.network {
+                        ip = Some(n.ip).filter(|x| !x.is_empty());
+                        additional = n.additional_ips.into_iter().map(|p| p.ip).collect();
+                    }
+                }
+            }
+            out.sandboxes.push(Sandbox {
+                id: s.id.clone(),
+                attempt: md.attempt,
+                state,
+                created_at: s.created_at,
+                ip,
+                additional_ips: additional,
+            });
+        }
+        let mut cs = rt.list_containers(sel).await?;
+        cs.sort_by_key(|c| std::cmp::Reverse(c.created_at));
+        for c in cs {
+            let Some(st) = (match rt.container_status(&c.id).await {
+                Ok(s) => s,
+                Err(e) if e.is_not_found() => None,
+                Err(e) => return Err(e),
+            }) else {
+                continue;
+            };
+            let md = c.metadata.clone().unwrap_or_default();
+            let kind = if c.annotations.get(model::ANN_CONTAINER_TYPE).map(String::as_str) == Some("init") {
+                ContainerKind::Init
+            } else {
+                ContainerKind::App
+            };
+            out.containers.push(ContainerObs {
+                id: c.id.clone(),
+                sandbox_id: c.pod_sandbox_id.clone(),
+                name: c.labels.get(model::LABEL_CONTAINER_NAME).cloned().unwrap_or(md.name),
+                kind,
+                attempt: md.attempt,
+                state: container_state(st.state),
+                created_at: st.created_at,
+                started_at: st.started_at,
+                finished_at: st.finished_at,
+                exit_code: st.exit_code,
+                reason: st.reason,
+                message: st.message,
+                image: st.image.map(|i| i.image).unwrap_or_default(),
+                image_ref: st.image_ref,
+                hash: c.annotations.get(model::ANN_CONTAINER_HASH).and_then(|h| h.parse().ok()).unwrap_or(0),
+                restart_count: c.annotations.get(model::ANN_RESTART_COUNT).and_then(|h| h.parse().ok()).unwrap_or(0),
+            });
+        }
+        Ok(out)
+    }
+
+    fn with_state<T>(&self, uid: &str, f: impl FnOnce(&mut PodState) -> T) -> T {
+        let mut s = self.inner.states.lock().unwrap_or_else(|p| p.into_inner());
+        f(s.entry(uid.to_string()).or_default())
+    }
+
+    /// Admission as upstream: room for one more pod, requests within what admitted pods leave
+    /// of allocatable, volumes of supported types.
+    fn admit(&self, uid: &str, pod: &Pod, running: bool) -> Result<(), (String, String)> {
+        if running {
+            // Already running (the agent restarted): it was admitted before.
+            return Ok(());
+        }
+        if let Err(e) = volumes::validate(pod) {
+            return Err(("UnsupportedVolume".into(), e.to_string()));
+        }
+        let states = self.inner.states.lock().unwrap_or_else(|p| p.into_inner());
+        let desired = self.inner.desired.read().unwrap_or_else(|p| p.into_inner());
+        let admitted: Vec<&Pod> = desired
+            .iter()
+            .filter(|(u, _)| u.as_str() != uid)
+            .filter(|(u, _)| matches!(states.get(u.as_str()).and_then(|s| s.admitted.as_ref()), Some(Ok(()))))
+            .map(|(_, (p, _))| p.as_ref())
+            .filter(|p| {
+                !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+            })
+            .collect();
+        if admitted.len() + 1 > self.inner.cfg.max_pods {
+            return Err(("OutOfpods".into(), format!("Node didn't have enough resource: pods, requested: 1, used: {}, capacity: {}", admitted.len(), self.inner.cfg.max_pods)));
+        }
+        let (used_cpu, used_mem) = admitted.iter().fold((0, 0), |(c, m), p| {
+            let (pc, pm) = pod_requests(p);
+            (c + pc, m + pm)
+        });
+        let (cpu, mem) = pod_requests(pod);
+        if cpu > 0 && used_cpu + cpu > self.inner.cfg.allocatable_cpu_milli {
+            return Err((
+                "OutOfcpu".into(),
+                format!(
+                    "Node didn't have enough resource: cpu, requested: {cpu}, used: {used_cpu}, capacity: {}",
+                    self.inner.cfg.allocatable_cpu_milli
+                ),
+            ));
+        }
+        if mem > 0 && used_mem + mem > self.inner.cfg.allocatable_memory {
+            return Err((
+                "OutOfmemory".into(),
+                format!(
+                    "Node didn't have enough resource: memory, requested: {mem}, used: {used_mem}, capacity: {}",
+                    self.inner.cfg.allocatable_memory
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Fetches the ConfigMaps and Secrets the pod refers to (absent ones are left out).
+    async fn objects(&self, pod: &Pod) -> Objects {
+        let mut out = Objects::default();
+        let Some(client) = self.inner.kube.clone() else {
+            return out;
+        };
+        let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let refs = model::references(pod);
+        let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client.clone(), &ns);
+        for n in refs.config_maps {
+            if let Ok(Some(cm)) = cms.get_opt(&n).await {
+                out.config_maps.insert(n, cm);
+            }
+        }
+        let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(client, &ns);
+        for n in refs.secrets {
+            if let Ok(Some(s)) = secrets.get_opt(&n).await {
+                out.secrets.insert(n, s);
+            }
+        }
+        out
+    }
+
+    /// One sync of pod `uid`.
+    async fn sync(&self, uid: &str) -> Result<Next, String> {
+        let desired = self.inner.desired.read().unwrap_or_else(|p| p.into_inner()).get(uid).cloned();
+        let observed = self.observe(uid).await.map_err(|e| e.to_string())?;
+        let Some((pod, source)) = desired else {
+            return self.cleanup(uid, &observed).await.map(|_| Next::Done);
+        };
+        let any_running = observed.running().next().is_some();
+        // Admission, once.
+        let admission = self.with_state(uid, |s| s.admitted.clone());
+        let admission = match admission {
+            Some(a) => a,
+            None => {
+                let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+                let a = if matches!(phase.as_deref(), Some("Succeeded" | "Failed")) {
+                    Ok(())
+                } else {
+                    self.admit(uid, &pod, any_running)
+                };
+                if let Err((reason, message)) = &a {
+                    tracing::warn!(pod = %pod_label(&pod), %reason, %message, "pod rejected");
+                }
+                self.with_state(uid, |s| s.admitted = Some(a.clone()));
+                a
+            }
+        };
+        if let Err((reason, message)) = admission {
+            let st = status::rejected(&pod, &reason, &message, now_ns());
+            self.write_status(uid, &pod, source, st).await?;
+            return Ok(Next::Done);
+        }
+
+        // Terminating: deletion, deadline.
+        let deleting = pod.metadata.deletion_timestamp.is_some();
+        if deleting {
+            self.with_state(uid, |s| {
+                s.deletion_seen.get_or_insert_with(Instant::now);
+            });
+        }
+        if let (Some(deadline), Some(start)) = (
+            pod.spec.as_ref().and_then(|s| s.active_deadline_seconds),
+            pod.status.as_ref().and_then(|s| s.start_time.as_ref()),
+        ) {
+            let started: i64 = start.0.as_nanosecond().try_into().unwrap_or(0);
+            if now_ns() - started > deadline.saturating_mul(1_000_000_000) {
+                self.with_state(uid, |s| {
+                    s.failed.get_or_insert_with(|| {
+                        ("DeadlineExceeded".into(), "Pod was active on the node longer than the specified deadline".into())
+                    });
+                });
+            }
+        }
+        let failed = self.with_state(uid, |s| s.failed.clone());
+        let terminal_phase = matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        let terminating = deleting || failed.is_some() || terminal_phase;
+
+        let probes = self.inner.probes.results(uid);
+        let actions = plan::plan(&PlanInput { pod: &pod, runtime: &observed, probes: &probes, terminating });
+        let mut next = self.inner.cfg.resync;
+        if actions != Actions::default() {
+            tracing::debug!(pod = %pod_label(&pod), ?actions, "actions");
+        }
+        let objects = self.objects(&pod).await;
+        if let Some(n) = self.execute(uid, &pod, &observed, &actions, &objects).await? {
+            next = next.min(n);
+        }
+        self.gc_containers(&observed).await;
+
+        // Observe again, probes, status.
+        let observed = self.observe(uid).await.map_err(|e| e.to_string())?;
+        let pod_ip = observed.sandbox().and_then(|s| s.ip.clone());
+        let running: Vec<(String, String, i64)> = observed
+            .containers
+            .iter()
+            .filter(|c| c.kind == ContainerKind::App && c.state == ContainerState::Running)
+            .filter(|c| observed.latest(ContainerKind::App, &c.name).map(|l| l.id == c.id).unwrap_or(false))
+            .map(|c| (c.name.clone(), c.id.clone(), c.started_at))
+            .collect();
+        if terminating {
+            self.inner.probes.remove_pod(uid);
+        } else {
+            self.inner.probes.sync(&pod, pod_ip.clone(), &running);
+        }
+        self.inner.observed.write().unwrap_or_else(|p| p.into_inner()).insert(uid.to_string(), observed.clone());
+        let probes = self.inner.probes.results(uid);
+        let waiting = self.with_state(uid, |s| s.waiting.clone());
+        let failed = self.with_state(uid, |s| s.failed.clone());
+        let st = status::compute(&StatusInput {
+            pod: &pod,
+            runtime: &observed,
+            probes: &probes,
+            waiting: &waiting,
+            runtime_name: &self.inner.runtime_name,
+            host_ips: &self.inner.cfg.node.host_ips,
+            now: now_ns(),
+            failed,
+        });
+        self.write_status(uid, &pod, source, st).await?;
+
+        // Deleted in the API and everything stopped: the final delete with grace 0.
+        let all_stopped = observed.running().next().is_none()
+            && observed.sandboxes.iter().all(|s| s.state == SandboxState::NotReady);
+        if deleting && all_stopped && source == Source::Api {
+            self.finalize_deletion(uid, &pod).await?;
+            return Ok(Next::After(Duration::from_secs(5)));
+        }
+        if !terminating {
+            // ConfigMap/Secret/downward API contents are refreshed on every sync.
+            if !observed.sandboxes.is_empty() {
+                let _ = volumes::setup(
+                    &self.inner.cfg.root_dir,
+                    &pod,
+                    &objects,
+                    self.inner.cfg.allocatable_cpu_milli,
+                    self.inner.cfg.allocatable_memory,
+                );
+            }
+        }
+        Ok(Next::After(next))
+    }
+
+    /// Carries out `actions`; returns how soon to look again when something is pending.
+    async fn execute(
+        &self,
+        uid: &str,
+        pod: &Pod,
+        observed: &PodRuntime,
+        actions: &Actions,
+        objects: &Objects,
+    ) -> Result<Option<Duration>, String> {
+        let mut rt = self.inner.rt.clone();
+        let mut soon: Option<Duration> = None;
+        let deleting = pod.metadata.deletion_timestamp.is_some();
+        if actions.kill_pod {
+            self.kill_pod(uid, pod, observed, deleting).await?;
+        }
+        for k in &actions.kill {
+            tracing::info!(pod = %pod_label(pod), container = %k.name, message = %k.message, "killing container");
+            if let Err(e) = rt.stop_container(&k.id, grace_seconds(pod)).await {
+                if !e.is_not_found() {
+                    return Err(e.to_string());
+                }
+            }
+        }
+        if actions.kill_pod && !actions.create_sandbox {
+            return Ok(None);
+        }
+        if actions.start.is_empty() && !actions.create_sandbox {
+            return Ok(None);
+        }
+        // Volumes before the sandbox, as upstream.
+        let vols = match volumes::setup(
+            &self.inner.cfg.root_dir,
+            pod,
+            objects,
+            self.inner.cfg.allocatable_cpu_milli,
+            self.inner.cfg.allocatable_memory,
+        ) {
+            Ok(v) => v,
+            Err(e) => {
+                let msg = e.to_string();
+                tracing::warn!(pod = %pod_label(pod), error = %msg, "volume setup failed");
+                self.with_state(uid, |s| {
+                    for c in pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten())) {
+                        s.waiting.insert(
+                            c.name.clone(),
+                            Waiting { reason: "ContainerCreating".into(), message: format!("MountVolume.SetUp failed: {msg}") },
+                        );
+                    }
+                });
+                return Ok(Some(Duration::from_secs(2)));
+            }
+        };
+        let mut sandbox_config =
+            spec::sandbox_config(pod, actions.sandbox_attempt, &self.inner.cfg.node).map_err(|e| e.to_string())?;
+        if self.inner.cfg.node.cgroup_driver == spec::CgroupDriver::Cgroupfs && !self.inner.cfg.cgroup_root.is_empty() {
+            if let Some(l) = sandbox_config.linux.as_mut() {
+                l.cgroup_parent = format!("{}{}", self.inner.cfg.cgroup_root, l.cgroup_parent);
+            }
+        }
+        let pod_dir = volumes::pod_dir(&self.inner.cfg.root_dir, uid);
+        let (sandbox_id, pod_ips) = if actions.create_sandbox {
+            let _ = std::fs::create_dir_all(spec::pod_log_dir(pod, &self.inner.cfg.node));
+            tracing::info!(pod = %pod_label(pod), attempt = actions.sandbox_attempt, "creating pod sandbox");
+            let id = match rt.run_sandbox(sandbox_config.clone()).await {
+                Ok(id) => id,
+                Err(e) => {
+                    let msg = e.message();
+                    self.with_state(uid, |s| {
+                        for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
+                            s.waiting.insert(c.name.clone(), Waiting { reason: "ContainerCreating".into(), message: format!("Failed to create pod sandbox: {msg}") });
+                        }
+                    });
+                    return Err(format!("RunPodSandbox: {msg}"));
+                }
+            };
+            let st = rt.sandbox_status(&id).await.map_err(|e| e.to_string())?;
+            let ips: Vec<String> = st
+                .and_then(|s| s.network)
+                .map(|n| std::iter::once(n.ip).chain(n.additional_ips.into_iter().map(|p| p.ip)).filter(|i| !i.is_empty()).collect())
+                .unwrap_or_default();
+            (id, ips)
+        } else {
+            let Some(id) = actions.sandbox_id.clone() else {
+                return Ok(None);
+            };
+            let sb = observed.sandboxes.iter().find(|s| s.id == id);
+            let ips = sb
+                .map(|s| s.ip.iter().cloned().chain(s.additional_ips.iter().cloned()).collect())
+                .unwrap_or_default();
+            (id, ips)
+        };
+        let host_network = pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false);
+        let hosts_path = pod_dir.join("etc-hosts");
+        let hosts = if host_network {
+            None
+        } else {
+            let content = spec::hosts_file(pod, &pod_ips, &self.inner.cfg.node);
+            std::fs::write(&hosts_path, content).map_err(|e| format!("writing {}: {e}", hosts_path.display()))?;
+            Some(hosts_path.as_path())
+        };
+        for start in &actions.start {
+            if let Some(d) = self.start_container(uid, pod, start, &sandbox_id, &sandbox_config, &vols, hosts, &pod_ips, objects).await? {
+                soon = Some(soon.map_or(d, |s: Duration| s.min(d)));
+            }
+            if start.kind == ContainerKind::Init {
+                soon = Some(soon.map_or(Duration::from_secs(1), |s| s.min(Duration::from_secs(1))));
+            }
+        }
+        Ok(soon)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn start_container(
+        &self,
+        uid: &str,
+        pod: &Pod,
+        start: &Start,
+        sandbox_id: &str,
+        sandbox_config: &cri::api::PodSandboxConfig,
+        vols: &BTreeMap<String, volumes::VolumePath>,
+        hosts: Option<&Path>,
+        pod_ips: &[String],
+        objects: &Objects,
+    ) -> Result<Option<Duration>, String> {
+        let Some(c) = spec_container(pod, start.kind, &start.name) else {
+            return Ok(None);
+        };
+        let mut rt = self.inner.rt.clone();
+        let hash = plan::container_hash(c);
+        let name = c.name.clone();
+        let set_waiting = |reason: &str, message: String| {
+            self.with_state(uid, |s| {
+                s.waiting.insert(name.clone(), Waiting { reason: reason.into(), message });
+            })
+        };
+        // Crash-loop backoff.
+        let key = backoff::container_key(uid, &c.name, hash);
+        if start.previous_finished_at > 0 {
+            let now = now_ns();
+            let mut b = self.inner.crash_backoff.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(rem) = b.in_backoff(&key, start.previous_finished_at, now) {
+                let cur = b.current(&key).unwrap_or(backoff::INITIAL);
+                drop(b);
+                set_waiting(
+                    "CrashLoopBackOff",
+                    format!(
+                        "back-off {} restarting failed container={} pod={}_{}({uid})",
+                        humanize(cur),
+                        c.name,
+                        pod.metadata.name.as_deref().unwrap_or(""),
+                        pod.metadata.namespace.as_deref().unwrap_or("")
+                    ),
+                );
+                return Ok(Some(rem));
+            }
+            b.next(&key, start.previous_finished_at, start.previous_ran_for);
+        }
+        // Image.
+        let image = c.image.clone().unwrap_or_default();
+        if image.is_empty() {
+            set_waiting("InvalidImageName", format!("Failed to apply default image tag {image:?}: couldn't parse image name"));
+            return Ok(None);
+        }
+        let policy = c.image_pull_policy.clone().unwrap_or_else(|| {
+            if image.ends_with(":latest") || !image.rsplit('/').next().unwrap_or("").contains(':') {
+                "Always".into()
+            } else {
+                "IfNotPresent".into()
+            }
+        });
+        let present = rt.image_present(&image).await.map_err(|e| e.to_string())?.is_some();
+        let must_pull = match policy.as_str() {
+            "Always" => true,
+            "Never" => {
+                if !present {
+                    set_waiting(
+                        "ErrImageNeverPull",
+                        format!("Container image {image:?} is not present with pull policy of Never"),
+                    );
+                    return Ok(Some(Duration::from_secs(5)));
+                }
+                false
+            }
+            _ => !present,
+        };
+        if must_pull {
+            let pkey = format!("pull/{uid}/{image}");
+            let now = now_ns();
+            {
+                let b = self.inner.pull_backoff.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(rem) = b.in_backoff(&pkey, now, now) {
+                    drop(b);
+                    set_waiting("ImagePullBackOff", format!("Back-off pulling image {image:?}"));
+                    return Ok(Some(rem));
+                }
+            }
+            tracing::info!(pod = %pod_label(pod), %image, "pulling image");
+            if let Err(e) = rt.pull_image(&image, Some(sandbox_config.clone())).await {
+                if present {
+                    tracing::warn!(%image, error = %e, "pull failed; using the image present on the node");
+                } else {
+                    let mut b = self.inner.pull_backoff.lock().unwrap_or_else(|p| p.into_inner());
+                    b.next(&pkey, now, Duration::ZERO);
+                    let rem = b.current(&pkey).unwrap_or(backoff::INITIAL);
+                    drop(b);
+                    set_waiting("ErrImagePull", format!("failed to pull image {image:?}: {}", e.message()));
+                    return Ok(Some(rem));
+                }
+            } else {
+                self.inner.pull_backoff.lock().unwrap_or_else(|p| p.into_inner()).reset(&pkey);
+            }
+        }
+        // Config.
+        let env = match spec::resolve_env(pod, c, objects, pod_ips, &self.inner.cfg.node) {
+            Ok(e) => e,
+            Err(e) => {
+                set_waiting("CreateContainerConfigError", e.to_string());
+                return Ok(Some(Duration::from_secs(5)));
+            }
+        };
+        let term_dir = volumes::pod_dir(&self.inner.cfg.root_dir, uid).join("containers").join(&c.name);
+        std::fs::create_dir_all(&term_dir).map_err(|e| format!("creating {}: {e}", term_dir.display()))?;
+        let term_file = term_dir.join(format!("{}", start.restart_count));
+        std::fs::write(&term_file, b"").map_err(|e| format!("creating {}: {e}", term_file.display()))?;
+        let spec_vols: BTreeMap<String, spec::VolumePath> = vols
+            .iter()
+            .map(|(k, v)| (k.clone(), spec::VolumePath { host_path: v.host_path.clone(), read_only: v.read_only }))
+            .collect();
+        let mounts = match spec::container_mounts(c, &spec_vols, hosts, Some(&term_file)) {
+            Ok(m) => m,
+            Err(e) => {
+                set_waiting("CreateContainerConfigError", e.to_string());
+                return Ok(Some(Duration::from_secs(5)));
+            }
+        };
+        let config = match spec::container_config(pod, c, start.kind, start.attempt, start.restart_count, hash, env, mounts, &self.inner.cfg.node) {
+            Ok(cfg) => cfg,
+            Err(e) => {
+                set_waiting("CreateContainerConfigError", e.to_string());
+                return Ok(Some(Duration::from_secs(5)));
+            }
+        };
+        tracing::info!(pod = %pod_label(pod), container = %c.name, attempt = start.attempt, "creating container");
+        let id = match rt.create_container(sandbox_id, config, sandbox_config.clone()).await {
+            Ok(id) => id,
+            Err(e) => {
+                set_waiting("CreateContainerError", e.message());
+                return Ok(Some(Duration::from_secs(5)));
+            }
+        };
+        if let Err(e) = rt.start_container(&id).await {
+            // The container exists but did not start (e.g. the command does not exist): its
+            // exited status carries the runtime's reason; the waiting reason says why.
+            set_waiting("RunContainerError", e.message());
+            return Ok(Some(Duration::from_secs(1)));
+        }
+        self.with_state(uid, |s| {
+            s.waiting.remove(&c.name);
+        });
+        // postStart hook.
+        if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
+            let target = Target { pod_ip: pod_ips.first().cloned(), container_id: id.clone(), ports: c.ports.clone().unwrap_or_default() };
+            let exec = CriExec { rt: self.inner.rt.clone() };
+            if let Err(msg) = hooks::run_handler(h, &target, &exec, Duration::from_secs(grace_seconds(pod).max(2).unsigned_abs())).await {
+                tracing::warn!(pod = %pod_label(pod), container = %c.name, error = %msg, "postStart hook failed; killing the container");
+                let _ = rt.stop_container(&id, 2).await;
+                set_waiting("PostStartHookError", msg);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Container GC as upstream with MaxPerPodContainer=1: of each container, the newest
+    /// attempt and one dead attempt before it are kept, older exited ones are removed; sandboxes
+    /// other than the newest are removed once they hold no containers.
+    async fn gc_containers(&self, observed: &PodRuntime) {
+        let mut rt = self.inner.rt.clone();
+        let mut seen: BTreeMap<(bool, &str), usize> = BTreeMap::new();
+        let mut kept_sandboxes: BTreeSet<&str> = observed.sandbox().map(|s| s.id.as_str()).into_iter().collect();
+        for c in &observed.containers {
+            let n = seen.entry((c.kind == ContainerKind::Init, c.name.as_str())).or_insert(0);
+            *n += 1;
+            if *n > 2 && c.state == ContainerState::Exited {
+                if let Err(e) = rt.remove_container(&c.id).await {
+                    tracing::debug!(container = %c.id, error = %e, "container gc");
+                }
+            } else {
+                kept_sandboxes.insert(c.sandbox_id.as_str());
+            }
+        }
+        for s in &observed.sandboxes {
+            if !kept_sandboxes.contains(s.id.as_str()) && s.state == SandboxState::NotReady {
+                if let Err(e) = rt.remove_sandbox(&s.id).await {
+                    tracing::debug!(sandbox = %s.id, error = %e, "sandbox gc");
+                }
+            }
+        }
+    }
+
+    /// Stops every running container (preStop hooks first when the pod is being deleted) and
+    /// every ready sandbox.
+    async fn kill_pod(&self, uid: &str, pod: &Pod, observed: &PodRuntime, deleting: bool) -> Result<(), String> {
+        let grace = grace_seconds(pod);
+        let elapsed = self.with_state(uid, |s| s.deletion_seen.map(|t| t.elapsed().as_secs())).unwrap_or(0);
+        let remaining = (grace - i64::try_from(elapsed).unwrap_or(0)).max(if grace == 0 { 0 } else { 2 });
+        let running: Vec<ContainerObs> = observed.running().cloned().collect();
+        let tasks = running.into_iter().map(|c| {
+            let mut rt = self.inner.rt.clone();
+            let pod_ip = observed.sandbox().and_then(|s| s.ip.clone());
+            async move {
+                let started = Instant::now();
+                if deleting {
+                    if let Some(h) = spec_container(pod, c.kind, &c.name).and_then(|s| s.lifecycle.as_ref()).and_then(|l| l.pre_stop.as_ref()) {
+                        let ports = spec_container(pod, c.kind, &c.name).and_then(|s| s.ports.clone()).unwrap_or_default();
+                        let target = Target { pod_ip, container_id: c.id.clone(), ports };
+                        let exec = CriExec { rt: rt.clone() };
+                        tracing::info!(pod = %pod_label(pod), container = %c.name, "running preStop hook");
+                        if let Err(e) = hooks::run_handler(h, &target, &exec, Duration::from_secs(remaining.unsigned_abs())).await {
+                            tracing::warn!(pod = %pod_label(pod), container = %c.name, error = %e, "preStop hook failed");
+                        }
+                    }
+                }
+                let used = i64::try_from(started.elapsed().as_secs()).unwrap_or(0);
+                let left = (remaining - used).max(if remaining == 0 { 0 } else { 2 });
+                tracing::info!(pod = %pod_label(pod), container = %c.name, grace = left, "stopping container");
+                match rt.stop_container(&c.id, left).await {
+                    Err(e) if !e.is_not_found() => Err(e.to_string()),
+                    _ => Ok(()),
+                }
+            }
+        });
+        for r in futures::future::join_all(tasks).await {
+            r?;
+        }
+        let mut rt = self.inner.rt.clone();
+        for s in observed.sandboxes.iter().filter(|s| s.state == SandboxState::Ready) {
+            tracing::info!(pod = %pod_label(pod), sandbox = %s.id, "stopping pod sandbox");
+            match rt.stop_sandbox(&s.id).await {
+                Err(e) if !e.is_not_found() => return Err(e.to_string()),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The pod is deleted in the API and stopped here: write the final status and delete the
+    /// object with grace 0 (uid precondition), as upstream's status manager.
+    async fn finalize_deletion(&self, uid: &str, pod: &Pod) -> Result<(), String> {
+        if self.with_state(uid, |s| s.finalized) {
+            return Ok(());
+        }
+        let Some(client) = self.inner.kube.clone() else {
+            return Ok(());
+        };
+        let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let api: kube::Api<Pod> = kube::Api::namespaced(client, &ns);
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions { uid: Some(uid.to_string()), resource_version: None }),
+            ..Default::default()
+        };
+        match api.delete(pod.metadata.name.as_deref().unwrap_or(""), &dp).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(e) => return Err(format!("deleting pod: {e}")),
+        }
+        tracing::info!(pod = %pod_label(pod), "pod terminated and deleted");
+        self.with_state(uid, |s| s.finalized = true);
+        Ok(())
+    }
+
+    /// Pod `uid` is no longer wanted: stop and remove its containers and sandboxes, unmount its
+    /// volumes, forget it.
+    async fn cleanup(&self, uid: &str, observed: &PodRuntime) -> Result<(), String> {
+        let mut rt = self.inner.rt.clone();
+        self.inner.probes.remove_pod(uid);
+        if !observed.containers.is_empty() || !observed.sandboxes.is_empty() {
+            tracing::info!(uid = %uid, pod = %format!("{}/{}", observed.namespace, observed.name), "removing a pod that is no longer bound here");
+        }
+        for c in &observed.containers {
+            if c.state == ContainerState::Running {
+                match rt.stop_container(&c.id, 2).await {
+                    Err(e) if !e.is_not_found() => return Err(e.to_string()),
+                    _ => {}
+                }
+            }
+            match rt.remove_container(&c.id).await {
+                Err(e) if !e.is_not_found() => return Err(e.to_string()),
+                _ => {}
+            }
+        }
+        for s in &observed.sandboxes {
+            match rt.stop_sandbox(&s.id).await {
+                Err(e) if !e.is_not_found() => return Err(e.to_string()),
+                _ => {}
+            }
+            match rt.remove_sandbox(&s.id).await {
+                Err(e) if !e.is_not_found() => return Err(e.to_string()),
+                _ => {}
+            }
+        }
+        volumes::teardown(&self.inner.cfg.root_dir, uid).map_err(|e| e.to_string())?;
+        if !observed.name.is_empty() {
+            let logs = self.inner.cfg.node.pod_log_root.join(format!("{}_{}_{uid}", observed.namespace, observed.name));
+            let _ = std::fs::remove_dir_all(logs);
+        }
+        if self.inner.cfg.node.cgroup_driver == spec::CgroupDriver::Cgroupfs {
+            remove_pod_cgroups(Path::new("/sys/fs/cgroup"), &self.inner.cfg.cgroup_root, uid);
+        }
+        self.inner.states.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+        self.inner.observed.write().unwrap_or_else(|p| p.into_inner()).remove(uid);
+        Ok(())
+    }
+
+    /// Writes `st` through the status subresource when it differs from what was last written.
+    async fn write_status(&self, uid: &str, pod: &Pod, source: Source, st: PodStatus) -> Result<(), String> {
+        let last = self.with_state(uid, |s| s.last_status.clone()).or_else(|| pod.status.clone());
+        if !status::changed(last.as_ref(), &st) {
+            return Ok(());
+        }
+        let Some(client) = self.inner.kube.clone() else {
+            self.with_state(uid, |s| s.last_status = Some(st));
+            return Ok(());
+        };
+        let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let api: kube::Api<Pod> = kube::Api::namespaced(client, &ns);
+        // Static pods: the status goes to the mirror pod (same name, its own UID).
+        let patch = if source == Source::File {
+            serde_json::json!({"status": st})
+        } else {
+            serde_json::json!({"metadata": {"uid": uid}, "status": st})
+        };
+        match api.patch_status(pod.metadata.name.as_deref().unwrap_or(""), &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                self.with_state(uid, |s| s.last_status = Some(st));
+                Ok(())
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(format!("writing pod status: {e}")),
+        }
+    }
+}
+
+/// Removes the (empty) cgroup directories of pod `uid` that the runtime created under
+/// `<root>/kubepods` with the cgroupfs driver, in every hierarchy (cgroup v1 controllers or the
+/// v2 unified tree). Best effort: a cgroup still holding a process stays.
+pub fn remove_pod_cgroups(cgroup_fs: &Path, root: &str, uid: &str) {
+    let rel = root.trim_start_matches('/');
+    let mut hierarchies = vec![cgroup_fs.to_path_buf()];
+    if let Ok(entries) = std::fs::read_dir(cgroup_fs) {
+        hierarchies.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+    }
+    for h in hierarchies {
+        let base = if rel.is_empty() { h.join("kubepods") } else { h.join(rel).join("kubepods") };
+        for qos in ["", "burstable", "besteffort"] {
+            let dir = if qos.is_empty() { base.join(format!("pod{uid}")) } else { base.join(qos).join(format!("pod{uid}")) };
+            if dir.is_dir() {
+                remove_cgroup_tree(&dir);
+            }
+        }
+    }
+}
+
+/// rmdir of a cgroup directory and its sub-cgroups, deepest first.
+pub fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    if let Err(e) = std::fs::remove_dir(dir) {
+        tracing::debug!(cgroup = %dir.display(), error = %e, "cgroup not removed");
+    }
+}
+
+/// "10s", "1m20s", "5m0s" as Go prints durations in the backoff message.
+fn humanize(d: Duration) -> String {
+    let s = d.as_secs();
+    if s < 60 {
+        format!("{s}s")
+    } else {
+        format!("{}m{}s", s / 60, s % 60)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_take_the_larger_of_apps_and_init() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({"spec":{
+            "initContainers":[{"name":"i","resources":{"requests":{"cpu":"2","memory":"1Gi"}}}],
+            "containers":[{"name":"a","resources":{"requests":{"cpu":"500m","memory":"2Gi"}}},
+                          {"name":"b","resources":{"limits":{"cpu":"1"}}}]}}))
+        .unwrap();
+        assert_eq!(pod_requests(&pod), (2000, 2 * 1024 * 1024 * 1024));
+    }
+
+    #[test]
+    fn backoff_message_durations() {
+        assert_eq!(humanize(Duration::from_secs(10)), "10s");
+        assert_eq!(humanize(Duration::from_secs(80)), "1m20s");
+        assert_eq!(humanize(Duration::from_secs(300)), "5m0s");
+    }
+}

@@ -1,0 +1,331 @@
+//! A one-node cluster in a network namespace for the agent's lab tests: ferro-control-plane
+//! (scheduler and controllers included) on 127.0.0.1 inside the namespace, a private
+//! containerd 1.6 (ferro-lab fixture) with ferro-cni as its CNI plugin, the offline busybox
+//! and pause images imported, and ferro-agent running inside containerd's network and mount
+//! namespaces (entered with nsenter, so tmpfs volumes the agent mounts are the ones runc sees).
+//! kubectl runs inside the namespace with the admin kubeconfig.
+//!
+//! Drop stops the agent, containerd (with its containers), the control plane, removes the
+//! pod cgroups under the lab's own cgroup root, the namespace and the temp dirs.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ferro_lab::containerd::{Containerd, Options};
+use ferro_lab::netns::NetNs;
+
+pub const SUBNET: &str = "10.88.0.0/24";
+pub const NODE: &str = "lab-node";
+pub const BUSYBOX: &str = ferro_lab::images::BUSYBOX_IMAGE;
+pub const API_PORT: u16 = 6443;
+
+/// The ferro-agent binary: cargo's for tests; next to the examples dir for the benchmark.
+pub fn agent_bin() -> PathBuf {
+    match option_env!("CARGO_BIN_EXE_ferro-agent") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("ferro-agent"),
+    }
+}
+
+/// A binary built next to ferro-agent (`cargo build --workspace --all-targets`).
+pub fn sibling_bin(name: &str) -> PathBuf {
+    let agent = agent_bin();
+    let bin = agent.parent().unwrap().join(name);
+    assert!(
+        bin.exists(),
+        "{} is missing: build the workspace first (cargo build --workspace --all-targets, as scripts/test.sh does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A child process killed (by its pid) when dropped.
+pub struct Proc(pub Option<Child>);
+
+impl Proc {
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.0.as_ref().map(Child::id)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Images built once per test binary (building the static pause binary takes a while).
+fn images() -> ferro_lab::images::ImageTars {
+    static IMAGES: std::sync::OnceLock<(tempfile::TempDir, ferro_lab::images::ImageTars)> = std::sync::OnceLock::new();
+    let (_, tars) = IMAGES.get_or_init(|| {
+        let work = tempfile::Builder::new().prefix("ferro-agent-lab-images").tempdir().unwrap();
+        let pause = ferro_lab::images::build_static_pause().unwrap();
+        let tars = ferro_lab::images::build_images(work.path(), &pause).unwrap();
+        (work, tars)
+    });
+    tars.clone()
+}
+
+pub struct Lab {
+    // Drop order: agent, containerd, control plane, namespace, dirs.
+    pub agent: Proc,
+    pub ctrd: Containerd,
+    pub cp: Proc,
+    pub ns: NetNs,
+    pub dir: tempfile::TempDir,
+    pub cgroup_root: String,
+    pub agent_logs: u32,
+}
+
+impl Lab {
+    /// Everything up, the node Ready. `tag` names the namespace (unique per test).
+    pub fn start(tag: &str) -> Lab {
+        ferro_lab::require_root().unwrap();
+        ferro_lab::require_bin("nsenter", "util-linux").unwrap();
+        ferro_lab::require_bin("kubectl", "kubernetes-client").unwrap();
+        let tars = images();
+        let dir = tempfile::Builder::new().prefix(&format!("ferro-agent-lab-{tag}-")).tempdir().unwrap();
+        let d = dir.path();
+        for sub in ["cp", "agent", "logs", "manifests", "ipam", "host"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        let ns = NetNs::new(&format!("ferro-al-{tag}")).unwrap();
+
+        // Control plane.
+        let cp_log = std::fs::File::create(d.join("cp.log")).unwrap();
+        let cp = ns
+            .command(sibling_bin("ferro-control-plane").to_str().unwrap())
+            .arg("--data-dir")
+            .arg(d.join("cp"))
+            .args(["--bind-address", "127.0.0.1", "--secure-port", &API_PORT.to_string()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(cp_log)
+            .spawn()
+            .unwrap();
+        let cp = Proc(Some(cp));
+
+        // containerd with ferro-cni.
+        let conflist = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "ferro-lab",
+            "plugins": [{
+                "type": "ferro", "bridge": "ferro0", "isGateway": true, "ipMasq": false,
+                "ipam": {"ranges": [[{"subnet": SUBNET}]], "dataDir": d.join("ipam")},
+            }],
+        });
+        let opts = Options {
+            sandbox_image: ferro_lab::images::PAUSE_IMAGE.into(),
+            cni_plugins: vec![
+                ("ferro".into(), sibling_bin("ferro-cni")),
+                ("loopback".into(), "/usr/lib/cni/loopback".into()),
+            ],
+            cni_configs: vec![("10-ferro.conflist".into(), conflist.to_string())],
+        };
+        let ctrd = Containerd::start(&ns, &opts).unwrap();
+        ctrd.import(&tars.pause).unwrap();
+        ctrd.import(&tars.busybox).unwrap();
+
+        let cgroup_root = format!("/ferro-lab-{tag}-{}", std::process::id());
+        let mut lab = Lab { agent: Proc(None), ctrd, cp, ns, dir, cgroup_root, agent_logs: 0 };
+        lab.wait_api();
+        let kubeconfig = lab.node_kubeconfig();
+        std::fs::write(
+            lab.dir.path().join("agent.yaml"),
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodCIDR: {SUBNET}\npodLogsDir: {}\nstaticPodPath: {}\n",
+                lab.dir.path().join("logs").display(),
+                lab.dir.path().join("manifests").display()
+            ),
+        )
+        .unwrap();
+        let _ = kubeconfig;
+        lab.start_agent();
+        lab.wait("the node to be Ready", Duration::from_secs(60), |l| {
+            let out = l.kubectl(&["get", "node", NODE, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"]);
+            (String::from_utf8_lossy(&out.stdout) == "True").then_some(())
+        });
+        lab
+    }
+
+    fn wait_api(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.admin_kubeconfig().exists() {
+                let out = self.kubectl(&["get", "--raw", "/healthz"]);
+                if out.status.success() {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "control plane did not start: {}", self.cp_log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("cp/admin.kubeconfig")
+    }
+
+    fn node_kubeconfig(&self) -> PathBuf {
+        let path = self.dir.path().join("node.kubeconfig");
+        if path.exists() {
+            return path;
+        }
+        let out = Command::new(sibling_bin("ferro-control-plane"))
+            .args(["kubeconfig", "--data-dir", self.dir.path().join("cp").to_str().unwrap()])
+            .args(["--user", &format!("system:node:{NODE}"), "--group", "system:nodes"])
+            .args(["--server", &format!("https://127.0.0.1:{API_PORT}")])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        std::fs::write(&path, out.stdout).unwrap();
+        path
+    }
+
+    /// Starts ferro-agent (again) in containerd's network and mount namespaces.
+    pub fn start_agent(&mut self) {
+        self.agent_logs += 1;
+        let log = std::fs::File::create(self.dir.path().join(format!("agent{}.log", self.agent_logs))).unwrap();
+        let pid = self.ctrd.pid().unwrap().to_string();
+        let child = Command::new("nsenter")
+            .args(["--target", &pid, "--net", "--mount", "--"])
+            .arg(agent_bin())
+            .arg("--kubeconfig")
+            .arg(self.node_kubeconfig())
+            .args(["--hostname-override", NODE, "--node-ip", "127.0.0.1"])
+            .arg("--root-dir")
+            .arg(self.dir.path().join("agent"))
+            .arg("--container-runtime-endpoint")
+            .arg(format!("unix://{}", self.ctrd.socket().display()))
+            .arg("--config")
+            .arg(self.dir.path().join("agent.yaml"))
+            .args(["--cgroup-root", &self.cgroup_root])
+            .env("RUST_LOG", "info,ferro_agent=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.agent = Proc(Some(child));
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.ns
+            .command("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.admin_kubeconfig())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// kubectl that must succeed; its stdout.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(out.status.success(), "kubectl {args:?} failed: {}\n{}", String::from_utf8_lossy(&out.stderr), self.logs());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// kubectl apply -f - with `manifest` (YAML or JSON).
+    pub fn apply(&self, manifest: &str) {
+        use std::io::Write as _;
+        let mut child = self
+            .ns
+            .command("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.admin_kubeconfig())
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(manifest.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "kubectl apply failed: {}\n{manifest}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// The pod as JSON (None when it does not exist).
+    pub fn pod(&self, name: &str) -> Option<serde_json::Value> {
+        let out = self.kubectl(&["get", "pod", name, "-o", "json"]);
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// Polls `f` every 250 ms until it returns Some, failing with the logs after `limit`.
+    pub fn wait<T>(&self, what: &str, limit: Duration, mut f: impl FnMut(&Lab) -> Option<T>) -> T {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(v) = f(self) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Waits until the pod's JSON satisfies `f`.
+    pub fn wait_pod(&self, name: &str, what: &str, limit: Duration, f: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        self.wait(&format!("pod {name}: {what}"), limit, |l| l.pod(name).filter(|p| f(p)))
+    }
+
+    pub fn agent_log(&self) -> String {
+        (1..=self.agent_logs)
+            .map(|i| std::fs::read_to_string(self.dir.path().join(format!("agent{i}.log"))).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n--- agent restarted ---\n")
+    }
+
+    pub fn cp_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("cp.log")).unwrap_or_default()
+    }
+
+    fn tail(s: &str, n: usize) -> String {
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    pub fn logs(&self) -> String {
+        format!(
+            "--- agent log (tail) ---\n{}\n--- containerd log (tail) ---\n{}\n--- control plane log (tail) ---\n{}",
+            Self::tail(&self.agent_log(), 120),
+            Self::tail(&self.ctrd.log(), 40),
+            Self::tail(&self.cp_log(), 30)
+        )
+    }
+
+    /// A host directory pods can mount with hostPath to hand results back.
+    pub fn host_dir(&self) -> PathBuf {
+        self.dir.path().join("host")
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.agent.kill();
+        self.ctrd.stop();
+        self.cp.kill();
+        // The pod cgroups runc left empty under this lab's own cgroup root.
+        let rel = self.cgroup_root.trim_start_matches('/');
+        let mut hierarchies = vec![PathBuf::from("/sys/fs/cgroup")];
+        if let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") {
+            hierarchies.extend(entries.flatten().map(|e| e.path()));
+        }
+        for h in hierarchies {
+            let root = h.join(rel);
+            if !rel.is_empty() && root.is_dir() {
+                ferro_agent::pod::worker::remove_cgroup_tree(&root);
+            }
+        }
+    }
+}
