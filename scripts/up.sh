@@ -162,21 +162,12 @@ if [ ! -s "$NODE_DIR/kubeconfig" ]; then
     --server https://127.0.0.1:6443 >"$NODE_DIR/kubeconfig.tmp"
   mv "$NODE_DIR/kubeconfig.tmp" "$NODE_DIR/kubeconfig"
 fi
-# TEMPORARY, until the agent's pod workers land on main: the first slice of ferro-agent has
-# neither --cgroup-root nor podLogsDir (it runs no pods), and rejects them.
-AGENT_POD_FLAGS=(--cgroup-root "$LAB_CGROUP_ROOT")
-POD_LOGS_LINE="podLogsDir: $LAB_LOGS/pods"
-if [[ $("$BIN/ferro-agent" --help) != *--cgroup-root* ]]; then
-  echo "note: this ferro-agent runs no pods yet (no --cgroup-root): starting it without pod settings"
-  AGENT_POD_FLAGS=()
-  POD_LOGS_LINE=""
-fi
 cat >"$NODE_DIR/kubelet-config.yaml" <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 podCIDR: $LAB_POD_CIDR
+podLogsDir: $LAB_LOGS/pods
 clusterDomain: cluster.local
-$POD_LOGS_LINE
 YAML
 if running agent ferro-agent && [ "$ctrd_started" = yes ]; then
   # The agent lives in containerd's mount namespace: a new containerd needs a new agent.
@@ -196,7 +187,7 @@ else
     --hostname-override "$LAB_NODE" --node-ip 127.0.0.1 \
     --root-dir "$AGENT_ROOT" \
     --container-runtime-endpoint "unix://$LAB_CTRD_SOCK" \
-    "${AGENT_POD_FLAGS[@]}" \
+    --cgroup-root "$LAB_CGROUP_ROOT" \
     >"$LAB_STATE/agent.log" 2>&1 &
   echo $! >"$LAB_STATE/agent.pid"
 fi
@@ -210,7 +201,7 @@ node_ready() {
 wait_for "node $LAB_NODE becoming Ready" 90 "$LAB_STATE/agent.log" node_ready
 "${KUBECTL[@]}" get nodes -o wide
 
-step "demo Deployment: 2 x busybox httpd on port 8080"
+step "demo Deployment: 2 x busybox httpd on port 8080 (its page in a tmpfs emptyDir)"
 "${KUBECTL[@]}" apply -f - <<YAML
 apiVersion: apps/v1
 kind: Deployment
@@ -237,9 +228,18 @@ spec:
           exec httpd -f -v -p 8080 -h /www
         ports:
         - containerPort: 8080
+        volumeMounts:
+        - {name: www, mountPath: /www}
+      volumes:
+      - name: www
+        emptyDir: {medium: Memory}
 YAML
 demo_available() {
-  [ "$("${KUBECTL[@]}" get deployment demo -o 'jsonpath={.status.availableReplicas}' 2>/dev/null)" = 2 ]
+  # As `kubectl rollout status`: the spec observed, 2 updated and available, no old pods left.
+  local st
+  st=$("${KUBECTL[@]}" get deployment demo -o 'jsonpath={.metadata.generation} {.status.observedGeneration} {.status.updatedReplicas} {.status.availableReplicas} {.status.replicas}' 2>/dev/null) || return 1
+  read -r gen observed updated available total <<<"$st"
+  [ "$gen" = "$observed" ] && [ "$updated" = 2 ] && [ "$available" = 2 ] && [ "$total" = 2 ]
 }
 demo_ok=true
 for ((i = 0; i < DEMO_TIMEOUT; i++)); do
@@ -251,8 +251,8 @@ if ! demo_available; then
   cat >&2 <<TXT
 
 warning: the demo Deployment is not available after ${DEMO_TIMEOUT}s (FERRO_DEMO_TIMEOUT).
-The node runs pods only with a ferro-agent that has its pod workers; look at the pods and at
-the agent's log ($LAB_STATE/agent.log):
+Everything else is up; look at the pods, their events and the agent's log
+($LAB_STATE/agent.log):
 TXT
   "${KUBECTL[@]}" get deployment,pods -o wide >&2 || true
   tail -n 20 "$LAB_STATE/agent.log" >&2 || true
