@@ -123,11 +123,9 @@ JSON
   --cni-bin "$CNI/bin" --cni-conf "$CNI/conf" >"$CTRD_DATA/config.toml"
 "$BIN/ferro-lab" containerd-start-script --config "$CTRD_DATA/config.toml" \
   --shim-dir "$CTRD_RUN/shims" >"$CTRD_RUN/start.sh"
-ctrd_started=no
 if running containerd "containerd --config $CTRD_DATA/config.toml"; then
   echo "containerd already running (pid $(cat "$LAB_STATE/containerd.pid"))"
 else
-  ctrd_started=yes
   if [ ! -d /run/containerd ]; then
     # containerd 1.6 needs /run/containerd as the mount point of its shim socket dir; the
     # empty directory is removed again by down.sh.
@@ -169,9 +167,10 @@ podCIDR: $LAB_POD_CIDR
 podLogsDir: $LAB_LOGS/pods
 clusterDomain: cluster.local
 YAML
-if running agent ferro-agent && [ "$ctrd_started" = yes ]; then
+if running agent ferro-agent &&
+  [ "$(readlink "/proc/$(cat "$LAB_STATE/agent.pid")/ns/mnt")" != "$(readlink "/proc/$CTRD_PID/ns/mnt")" ]; then
   # The agent lives in containerd's mount namespace: a new containerd needs a new agent.
-  echo "restarting ferro-agent (containerd was restarted)"
+  echo "restarting ferro-agent (it is not in this containerd's mount namespace)"
   kill "$(cat "$LAB_STATE/agent.pid")"
   for _ in $(seq 1 50); do running agent ferro-agent || break; sleep 0.1; done
 fi

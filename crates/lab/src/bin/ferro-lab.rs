@@ -90,8 +90,31 @@ fn block_on<F: std::future::Future>(f: F) -> anyhow::Result<F::Output> {
         .block_on(f))
 }
 
+/// Waits (up to 60 s) until the CRI plugin answers Status: after a restart it takes a while
+/// to recover its state ("server is not initialized yet") although containerd answers.
+async fn wait_cri(
+    runtime: &mut k8s_cri::v1::runtime_service_client::RuntimeServiceClient<
+        tonic::transport::Channel,
+    >,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match runtime.status(api::StatusRequest { verbose: false }).await {
+            Ok(_) => return Ok(()),
+            Err(e) if std::time::Instant::now() > deadline => {
+                anyhow::bail!(
+                    "the CRI plugin did not answer Status within 60s: {}",
+                    e.message()
+                )
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
+        }
+    }
+}
+
 async fn cri_pull(socket: &std::path::Path, images: &[String]) -> anyhow::Result<()> {
-    let (_, mut image) = cri::connect(socket).await?;
+    let (mut runtime, mut image) = cri::connect(socket).await?;
+    wait_cri(&mut runtime).await?;
     for name in images {
         let resp = image
             .pull_image(api::PullImageRequest {
@@ -112,6 +135,7 @@ async fn cri_pull(socket: &std::path::Path, images: &[String]) -> anyhow::Result
 
 async fn cri_teardown(socket: &std::path::Path) -> anyhow::Result<()> {
     let (mut runtime, _) = cri::connect(socket).await?;
+    wait_cri(&mut runtime).await?;
     let sandboxes = runtime
         .list_pod_sandbox(api::ListPodSandboxRequest { filter: None })
         .await
