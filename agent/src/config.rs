@@ -40,6 +40,14 @@ pub struct Flags {
     /// The cgroup under which the pod cgroups (kubepods) are made; "/" by default.
     #[arg(long)]
     pub cgroup_root: Option<String>,
+    /// Serving certificate of the :10250 server (self-signed under <root-dir>/pki when unset).
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    #[arg(long)]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// CA whose client certificates the :10250 server accepts (default: the kubeconfig's CA).
+    #[arg(long)]
+    pub client_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +83,9 @@ pub struct KubeletConfiguration {
     pub cgroup_driver: Option<String>,
     pub cgroup_root: Option<String>,
     pub pod_logs_dir: Option<PathBuf>,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_private_key_file: Option<PathBuf>,
+    pub authentication: Option<Authentication>,
     pub static_pod_path: Option<PathBuf>,
     #[serde(rename = "podCIDR")]
     pub pod_cidr: Option<String>,
@@ -84,6 +95,20 @@ pub struct KubeletConfiguration {
     pub register_node: Option<bool>,
     pub address: Option<String>,
     pub port: Option<u16>,
+}
+
+/// `authentication` of KubeletConfiguration: the x509 client CA.
+#[derive(Deserialize, Debug, Default, Clone, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Authentication {
+    pub x509: Option<X509Authentication>,
+}
+
+#[derive(Deserialize, Debug, Default, Clone, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct X509Authentication {
+    #[serde(rename = "clientCAFile")]
+    pub client_ca_file: Option<PathBuf>,
 }
 
 pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
@@ -130,6 +155,9 @@ pub struct AgentConfig {
     pub cgroup_root: String,
     /// Where container logs go (/var/log/pods).
     pub pod_logs_dir: PathBuf,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_private_key_file: Option<PathBuf>,
+    pub client_ca_file: Option<PathBuf>,
     pub pod_cidr: Option<String>,
     pub cluster_dns: Vec<String>,
     pub cluster_domain: Option<String>,
@@ -196,6 +224,12 @@ impl AgentConfig {
                 .trim_end_matches('/')
                 .to_string(),
             pod_logs_dir: file.pod_logs_dir.unwrap_or_else(|| PathBuf::from("/var/log/pods")),
+            tls_cert_file: flags.tls_cert_file.clone().or(file.tls_cert_file),
+            tls_private_key_file: flags.tls_private_key_file.clone().or(file.tls_private_key_file),
+            client_ca_file: flags
+                .client_ca_file
+                .clone()
+                .or(file.authentication.and_then(|a| a.x509).and_then(|x| x.client_ca_file)),
             pod_cidr: file.pod_cidr,
             cluster_dns: file.cluster_dns.unwrap_or_default(),
             cluster_domain: file.cluster_domain,

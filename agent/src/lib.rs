@@ -5,4 +5,5 @@ pub mod config;
 pub mod cri;
 pub mod node;
 pub mod pod;
+pub mod server;
 pub mod status;

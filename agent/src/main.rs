@@ -11,6 +11,7 @@ use ferro_agent::pod::source;
 use ferro_agent::pod::spec::{CgroupDriver, NodeContext};
 use ferro_agent::pod::worker::{PodWorkers, Source, WorkerConfig};
 use ferro_agent::node::{self, HostFacts, NodeInput};
+use ferro_agent::server;
 use ferro_agent::status;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::signal::unix::{signal, SignalKind};
@@ -32,6 +33,51 @@ fn main() -> anyhow::Result<()> {
     let file = flags.config.as_deref().map(KubeletConfiguration::load).transpose()?;
     let cfg = AgentConfig::resolve(&flags, file)?;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cfg))
+}
+
+/// The CA of the kubeconfig's cluster (PEM): the clients the :10250 server accepts by default
+/// (the control plane's kubelet-client certificate is signed by it).
+fn kubeconfig_ca(path: &Path) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    let kc = kube::config::Kubeconfig::read_from(path).ok()?;
+    let cluster = kc.clusters.first()?.cluster.clone()?;
+    if let Some(data) = cluster.certificate_authority_data {
+        return base64::engine::general_purpose::STANDARD.decode(data.trim()).ok();
+    }
+    std::fs::read(cluster.certificate_authority?).ok()
+}
+
+/// Starts the HTTPS server on address:port (logs, exec, attach, port-forward, /pods, metrics).
+fn start_server(
+    cfg: &AgentConfig,
+    name: &str,
+    facts: &HostFacts,
+    client: Option<kube::Client>,
+    workers: PodWorkers,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let ip: std::net::IpAddr = cfg.address.parse().with_context(|| format!("invalid address {:?}", cfg.address))?;
+    let node_ips: Vec<std::net::IpAddr> = node::pick_internal_ip(cfg.node_ip, &facts.interfaces).into_iter().collect();
+    let scfg = server::ServerConfig {
+        address: std::net::SocketAddr::new(ip, cfg.port),
+        tls_cert_file: cfg.tls_cert_file.clone(),
+        tls_key_file: cfg.tls_private_key_file.clone(),
+        client_ca_pem: cfg
+            .client_ca_file
+            .as_ref()
+            .and_then(|f| std::fs::read(f).ok())
+            .or_else(|| cfg.kubeconfig.as_deref().and_then(kubeconfig_ca)),
+        cert_dir: cfg.root_dir.join("pki"),
+        node_name: name.to_string(),
+        node_ips,
+        runtime_socket: cfg.runtime_socket.clone(),
+        kube: client,
+    };
+    let lookup: std::sync::Arc<dyn server::Lookup> = std::sync::Arc::new(workers);
+    Ok(tokio::spawn(async move {
+        if let Err(e) = server::serve(scfg, lookup, std::future::pending()).await {
+            tracing::error!(error = %e, "the :10250 server stopped");
+        }
+    }))
 }
 
 /// Starts the pod workers, the API pod source (with a client) and the static pods.
@@ -130,6 +176,7 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         None => None,
     };
     let workers = start_pods(&cfg, &name, &facts, client.clone()).await?;
+    let server = start_server(&cfg, &name, &facts, client.clone(), workers.clone())?;
     let Some(client) = client else {
         tracing::info!(node = %name, "no --kubeconfig: running standalone (static pods only), nothing to register");
         tokio::select! {
@@ -137,6 +184,7 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => {}
         }
         drop(workers);
+        server.abort();
         return Ok(());
     };
     let mut prober = Prober::new(cfg.runtime_socket.clone());
@@ -192,5 +240,6 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: exiting"),
     }
     probe_task.abort();
+    server.abort();
     Ok(())
 }

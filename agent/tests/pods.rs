@@ -41,7 +41,7 @@ fn pods_run_network_init_and_status() {
     lab.apply(&pod_yaml(
         "web",
         &format!(
-            "  containers:\n  - name: web\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"mkdir -p /www && echo hello-from-web > /www/index.html && exec httpd -f -p 8080 -h /www\"]\n    ports:\n    - containerPort: 8080\n"
+            "  containers:\n  - name: web\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"echo web starting; mkdir -p /www && echo hello-from-web > /www/index.html && exec httpd -f -p 8080 -h /www\"]\n    ports:\n    - containerPort: 8080\n"
         ),
     ));
     let web = lab.wait_pod("web", "Running and Ready", MIN, |p| phase(p) == "Running" && condition(p, "Ready") == Some("True"));
@@ -59,6 +59,12 @@ fn pods_run_network_init_and_status() {
     for t in ["PodScheduled", "Initialized", "ContainersReady", "PodReadyToStartContainers"] {
         assert_eq!(condition(&web, t), Some("True"), "{t}: {}", web["status"]);
     }
+
+    // Logs and exec through kubectl -> ferro-control-plane -> the agent's :10250 -> containerd.
+    let logs = lab.kubectl_ok(&["logs", "web"]);
+    assert!(logs.contains("web starting"), "kubectl logs: {logs:?}");
+    let page = lab.kubectl_ok(&["exec", "web", "--", "cat", "/www/index.html"]);
+    assert_eq!(page.trim(), "hello-from-web");
 
     // A second pod fetches from the first over the bridge and completes.
     lab.apply(&pod_yaml(
@@ -188,4 +194,134 @@ fn image_and_config_errors_recover() {
     });
     let text = p["status"].to_string();
     assert!(text.contains("/no/such/binary"), "the error does not name the command: {text}");
+}
+
+fn read(path: &std::path::Path) -> Option<String> {
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+}
+
+/// configMap volume updates reach a running container; graceful deletion runs preStop and
+/// SIGTERM within the grace period; pods beyond allocatable and unknown volume types are
+/// rejected with a clear status.
+#[test]
+fn volumes_graceful_deletion_and_admission() {
+    let lab = Lab::start("vol");
+    let host = lab.host_dir();
+    lab.apply("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\ndata:\n  color: blue\n");
+    lab.apply(&pod_yaml(
+        "cmpod",
+        &format!(
+            "  volumes:\n  - name: cfg\n    configMap: {{name: cfg}}\n  - name: host\n    hostPath: {{path: {}, type: Directory}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"while true; do cat /etc/cfg/color > /host/color.tmp && mv /host/color.tmp /host/color; sleep 1; done\"]\n    volumeMounts:\n    - {{name: cfg, mountPath: /etc/cfg}}\n    - {{name: host, mountPath: /host}}\n",
+            host.display()
+        ),
+    ));
+    lab.wait("the container to see color=blue", MIN, |_| (read(&host.join("color")).as_deref() == Some("blue")).then_some(()));
+    lab.apply("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\ndata:\n  color: green\n");
+    lab.wait("the updated ConfigMap inside the running container", MIN, |_| {
+        (read(&host.join("color")).as_deref() == Some("green")).then_some(())
+    });
+    let p = lab.pod("cmpod").unwrap();
+    assert_eq!(container_status(&p, "app").unwrap()["restartCount"], 0, "the update restarted the container");
+
+    // Graceful deletion: preStop, then SIGTERM (the trap writes a marker and exits).
+    lab.apply(&pod_yaml(
+        "graceful",
+        &format!(
+            "  volumes:\n  - name: host\n    hostPath: {{path: {}, type: Directory}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"trap 'echo term > /host/term; exit 0' TERM; while true; do sleep 1; done\"]\n    lifecycle:\n      preStop:\n        exec: {{command: [\"sh\", \"-c\", \"echo prestop > /host/prestop\"]}}\n    volumeMounts:\n    - {{name: host, mountPath: /host}}\n",
+            host.display()
+        ),
+    ));
+    lab.wait_pod("graceful", "Running", MIN, |p| phase(p) == "Running");
+    std::thread::sleep(Duration::from_secs(1));
+    let t = std::time::Instant::now();
+    lab.kubectl_ok(&["delete", "pod", "graceful", "--wait=true", "--timeout=60s"]);
+    let took = t.elapsed();
+    assert_eq!(read(&host.join("prestop")).as_deref(), Some("prestop"), "preStop did not run\n{}", lab.logs());
+    assert_eq!(read(&host.join("term")).as_deref(), Some("term"), "SIGTERM was not delivered\n{}", lab.logs());
+    assert!(took < Duration::from_secs(30), "deletion took {took:?} with a 5 s grace period");
+
+    // Admission: a pod bound straight to the node asking for more cpu than it has.
+    lab.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: huge\nspec:\n  nodeName: {NODE}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n    resources:\n      requests: {{cpu: \"1000\"}}\n"
+    ));
+    let p = lab.wait_pod("huge", "rejected", MIN, |p| phase(p) == "Failed");
+    assert_eq!(p["status"]["reason"], "OutOfcpu", "{}", p["status"]);
+    assert!(p["status"]["message"].as_str().unwrap().contains("cpu"), "{}", p["status"]);
+
+    // A volume of a type the agent does not support: rejected, nothing started.
+    lab.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: pvc\nspec:\n  nodeName: {NODE}\n  volumes:\n  - name: data\n    persistentVolumeClaim: {{claimName: nothing}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n"
+    ));
+    let p = lab.wait_pod("pvc", "rejected", MIN, |p| phase(p) == "Failed");
+    assert!(p["status"]["message"].as_str().unwrap().contains("persistentVolumeClaim"), "{}", p["status"]);
+    lab.kubectl_ok(&["delete", "pod", "cmpod", "huge", "pvc", "--wait=true", "--timeout=60s"]);
+    lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
+    let left: Vec<_> = std::fs::read_dir(lab.dir.path().join("agent/pods")).map(|d| d.flatten().count()).into_iter().collect();
+    assert_eq!(left.iter().sum::<usize>(), 0, "pod dirs left behind");
+}
+
+/// kill -9 of the agent while 20 pods run: after the restart none is restarted or duplicated.
+/// Then static pods: one runs with the control plane down, and appears as a mirror pod when it
+/// is back; an invalid manifest is only a log line.
+#[test]
+fn agent_restart_and_static_pods() {
+    let mut lab = Lab::start("restart");
+    lab.kubectl_ok(&["create", "deployment", "many", "--image", BUSYBOX, "--replicas", "20", "--", "sleep", "3600"]);
+    let ids = |l: &Lab| -> Option<std::collections::BTreeMap<String, String>> {
+        let out = l.kubectl(&["get", "pods", "-l", "app=many", "-o", "json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let items = v["items"].as_array()?;
+        let mut m = std::collections::BTreeMap::new();
+        for p in items {
+            if phase(p) != "Running" {
+                return None;
+            }
+            let cs = container_status(p, "busybox")?;
+            if cs["restartCount"] != 0 {
+                return None;
+            }
+            m.insert(p["metadata"]["name"].as_str()?.to_string(), cs["containerID"].as_str()?.to_string());
+        }
+        (m.len() == 20).then_some(m)
+    };
+    let before = lab.wait("20 pods Running", Duration::from_secs(180), ids);
+    let count = |l: &Lab| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().lines().count();
+    assert_eq!(count(&lab), 40, "20 sandboxes + 20 containers");
+    lab.agent.kill(); // SIGKILL
+    lab.start_agent();
+    // Let the restarted agent rebuild its view and sync every pod a few times.
+    lab.wait("the restarted agent to sync", MIN, |l| l.agent_log().matches("--- agent restarted ---").next().and_then(|_| {
+        let log = l.agent_log();
+        let after = log.rsplit("--- agent restarted ---").next().unwrap_or("");
+        after.contains("node status posted").then_some(())
+    }));
+    std::thread::sleep(Duration::from_secs(15));
+    let after = ids(&lab).unwrap_or_else(|| panic!("pods changed after the restart\n{}", lab.logs()));
+    assert_eq!(before, after, "containers were restarted or replaced");
+    assert_eq!(count(&lab), 40, "duplicated sandboxes or containers after the restart");
+    let restarted = lab.agent_log().rsplit("--- agent restarted ---").next().unwrap_or("").to_string();
+    assert!(!restarted.contains("creating pod sandbox") && !restarted.contains("creating container"), "{restarted}");
+    lab.kubectl_ok(&["delete", "deployment", "many"]);
+    lab.wait("the deployment's containers gone", Duration::from_secs(120), |l| (count(l) == 0).then_some(()));
+
+    // Static pods: the control plane goes away first.
+    lab.cp.kill();
+    let manifests = lab.dir.path().join("manifests");
+    std::fs::write(manifests.join("broken.yaml"), "metadata: [this is not a pod").unwrap();
+    std::fs::write(
+        manifests.join("static.yaml"),
+        format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: static\nspec:\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n"),
+    )
+    .unwrap();
+    lab.wait("the static pod's container running with the API down", Duration::from_secs(90), |l| {
+        let out = l.ctrd.ctr(&["containers", "ls"]).unwrap();
+        (count(l) == 2 && out.contains("busybox")).then_some(())
+    });
+    assert!(lab.agent_log().contains("skipping static pod manifest"), "{}", lab.logs());
+    lab.start_cp();
+    let mirror = lab.wait_pod(&format!("static-{NODE}"), "the mirror pod Running", Duration::from_secs(90), |p| phase(p) == "Running");
+    assert!(mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string(), "{mirror}");
+    // Removing the manifest stops the pod and removes the mirror.
+    std::fs::remove_file(manifests.join("static.yaml")).unwrap();
+    lab.wait("the static pod gone", Duration::from_secs(90), |l| (count(l) == 0 && l.pod(&format!("static-{NODE}")).is_none()).then_some(()));
 }

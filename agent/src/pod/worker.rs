@@ -1030,6 +1030,36 @@ impl PodWorkers {
     }
 }
 
+/// What the :10250 server needs: the pods, and the CRI ids and log files of their containers.
+impl crate::server::Lookup for PodWorkers {
+    fn pods(&self) -> Vec<Pod> {
+        PodWorkers::pods(self)
+    }
+
+    fn container(&self, namespace: &str, pod: &str, container: &str) -> Option<crate::server::ContainerRef> {
+        let (p, rt) = self.runtime_of(namespace, pod)?;
+        let kind = if p.spec.as_ref()?.containers.iter().any(|c| c.name == container) {
+            ContainerKind::App
+        } else {
+            ContainerKind::Init
+        };
+        let latest = rt.latest(kind, container)?;
+        let dir = spec::pod_log_dir(&p, &self.inner.cfg.node).join(container);
+        let previous = rt.previous(kind, container);
+        Some(crate::server::ContainerRef {
+            id: latest.id.clone(),
+            log_path: dir.join(format!("{}.log", latest.restart_count)),
+            previous_log_path: previous.map(|c| dir.join(format!("{}.log", c.restart_count))),
+            running: latest.state == ContainerState::Running,
+        })
+    }
+
+    fn sandbox(&self, namespace: &str, pod: &str) -> Option<String> {
+        let (_, rt) = self.runtime_of(namespace, pod)?;
+        rt.sandbox().filter(|s| s.state == SandboxState::Ready).map(|s| s.id.clone())
+    }
+}
+
 /// Removes the (empty) cgroup directories of pod `uid` that the runtime created under
 /// `<root>/kubepods` with the cgroupfs driver, in every hierarchy (cgroup v1 controllers or the
 /// v2 unified tree). Best effort: a cgroup still holding a process stays.

@@ -63,16 +63,10 @@ impl Drop for Proc {
     }
 }
 
-/// Images built once per test binary (building the static pause binary takes a while).
-fn images() -> ferro_lab::images::ImageTars {
-    static IMAGES: std::sync::OnceLock<(tempfile::TempDir, ferro_lab::images::ImageTars)> = std::sync::OnceLock::new();
-    let (_, tars) = IMAGES.get_or_init(|| {
-        let work = tempfile::Builder::new().prefix("ferro-agent-lab-images").tempdir().unwrap();
-        let pause = ferro_lab::images::build_static_pause().unwrap();
-        let tars = ferro_lab::images::build_images(work.path(), &pause).unwrap();
-        (work, tars)
-    });
-    tars.clone()
+/// The offline test images, built under `work` (removed with the lab's temp dir).
+fn images(work: &std::path::Path) -> ferro_lab::images::ImageTars {
+    let pause = ferro_lab::images::build_static_pause().unwrap();
+    ferro_lab::images::build_images(work, &pause).unwrap()
 }
 
 pub struct Lab {
@@ -92,27 +86,15 @@ impl Lab {
         ferro_lab::require_root().unwrap();
         ferro_lab::require_bin("nsenter", "util-linux").unwrap();
         ferro_lab::require_bin("kubectl", "kubernetes-client").unwrap();
-        let tars = images();
         let dir = tempfile::Builder::new().prefix(&format!("ferro-agent-lab-{tag}-")).tempdir().unwrap();
         let d = dir.path();
-        for sub in ["cp", "agent", "logs", "manifests", "ipam", "host"] {
+        for sub in ["cp", "agent", "logs", "manifests", "ipam", "host", "images"] {
             std::fs::create_dir_all(d.join(sub)).unwrap();
         }
+        let tars = images(&d.join("images"));
         let ns = NetNs::new(&format!("ferro-al-{tag}")).unwrap();
 
-        // Control plane.
-        let cp_log = std::fs::File::create(d.join("cp.log")).unwrap();
-        let cp = ns
-            .command(sibling_bin("ferro-control-plane").to_str().unwrap())
-            .arg("--data-dir")
-            .arg(d.join("cp"))
-            .args(["--bind-address", "127.0.0.1", "--secure-port", &API_PORT.to_string()])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(cp_log)
-            .spawn()
-            .unwrap();
-        let cp = Proc(Some(cp));
+        let cp = Proc(None);
 
         // containerd with ferro-cni.
         let conflist = serde_json::json!({
@@ -137,7 +119,7 @@ impl Lab {
 
         let cgroup_root = format!("/ferro-lab-{tag}-{}", std::process::id());
         let mut lab = Lab { agent: Proc(None), ctrd, cp, ns, dir, cgroup_root, agent_logs: 0 };
-        lab.wait_api();
+        lab.start_cp();
         let kubeconfig = lab.node_kubeconfig();
         std::fs::write(
             lab.dir.path().join("agent.yaml"),
@@ -155,6 +137,25 @@ impl Lab {
             (String::from_utf8_lossy(&out.stdout) == "True").then_some(())
         });
         lab
+    }
+
+    /// Starts ferro-control-plane (again, on the same data dir) and waits until it serves.
+    pub fn start_cp(&mut self) {
+        let d = self.dir.path();
+        let cp_log = std::fs::OpenOptions::new().create(true).append(true).open(d.join("cp.log")).unwrap();
+        let cp = self
+            .ns
+            .command(sibling_bin("ferro-control-plane").to_str().unwrap())
+            .arg("--data-dir")
+            .arg(d.join("cp"))
+            .args(["--bind-address", "127.0.0.1", "--secure-port", &API_PORT.to_string()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(cp_log)
+            .spawn()
+            .unwrap();
+        self.cp = Proc(Some(cp));
+        self.wait_api();
     }
 
     fn wait_api(&self) {
