@@ -257,7 +257,9 @@ TXT
   tail -n 20 "$LAB_STATE/agent.log" >&2 || true
 fi
 "${KUBECTL[@]}" get pods -o wide
-POD_IP=$("${KUBECTL[@]}" get pods -l app=demo -o 'jsonpath={.items[0].status.podIP}' 2>/dev/null || true)
+# One pod's name and the other's address, for the hints below.
+read -r POD_A POD_B_IP <<<"$("${KUBECTL[@]}" get pods -l app=demo \
+  -o 'jsonpath={.items[0].metadata.name} {.items[1].status.podIP}' 2>/dev/null || true)" || true
 
 K="ip netns exec $LAB_NS kubectl --kubeconfig $CP_DATA/admin.kubeconfig"
 cat <<TXT
@@ -268,8 +270,8 @@ Logs and pids: $LAB_STATE/*.log, $LAB_STATE/*.pid. Look at the demo with:
 
   $K get pods -o wide
   $K logs deployment/demo
-  $K exec deployment/demo -- wget -qO- http://${POD_IP:-<pod IP>}:8080/
-  ip netns exec $LAB_NS curl -s http://${POD_IP:-<pod IP>}:8080/
+  $K exec ${POD_A:-<pod>} -- wget -qO- http://${POD_B_IP:-<other pod IP>}:8080/
+  ip netns exec $LAB_NS curl -s http://${POD_B_IP:-<pod IP>}:8080/
 
 Stop everything with: scripts/down.sh   (--purge also removes the data)
 TXT
