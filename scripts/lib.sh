@@ -1,9 +1,24 @@
 #!/usr/bin/env bash
-# Shared by up.sh, down.sh and test.sh: installs what ferro needs on Debian 12.
+# Shared by up.sh, down.sh and test.sh: installs what ferro needs on Debian 12, and the lab's
+# names and places (docs/design/lab.md, "The quick start").
 set -euo pipefail
 
 FERRO_APT_PACKAGES=(iproute2 iputils-ping iptables nftables containernetworking-plugins curl ca-certificates e2fsprogs xfsprogs util-linux procps
-  containerd runc umoci skopeo busybox-static file protobuf-compiler iperf3)
+  containerd runc umoci skopeo busybox-static file protobuf-compiler iperf3 docker-registry)
+
+# The quick start's lab (up.sh, down.sh).
+# shellcheck disable=SC2034 # used by the scripts that source this file
+{
+  LAB_NS=ferro-lab                          # the lab's network namespace
+  LAB_STATE=/run/ferro/lab                  # pids, logs, containerd's state and socket
+  LAB_DATA=/var/lib/ferro/lab               # control plane, registry, containerd root, CNI, agent
+  LAB_LOGS=/var/log/ferro-lab               # pod logs (podLogsDir)
+  LAB_CGROUP_ROOT=/ferro-lab                # the agent's --cgroup-root (pod cgroups under it)
+  LAB_REGISTRY=127.0.0.1:5000               # docker-registry, inside the namespace
+  LAB_CTRD_SOCK=$LAB_STATE/containerd/containerd.sock
+  LAB_NODE=ferro-node-1
+  LAB_POD_CIDR=10.244.0.0/24
+}
 
 ferro_require_root() {
   if [ "$(id -u)" -ne 0 ]; then
@@ -26,6 +41,11 @@ ferro_install_deps() {
     echo "installing Debian packages: ${missing[*]}" >&2
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    if printf '%s\n' "${missing[@]}" | grep -qx docker-registry && [ -d /run/systemd/system ]; then
+      # The package enables and starts a system-wide registry on :5000 of the root network
+      # namespace; the lab runs its own inside its namespace and wants none outside it.
+      systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
+    fi
   fi
   if ! command -v cargo >/dev/null 2>&1; then
     if [ -x "$HOME/.cargo/bin/cargo" ]; then

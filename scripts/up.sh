@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
-# Brings ferro up on this machine: builds it, starts ferro-control-plane inside the lab network
-# namespace "ferro-lab" (nothing changes in the root network namespace) and prints how to use it.
-# Stop everything with scripts/down.sh.
+# Brings up a one-node ferro cluster on this machine, inside the network namespace "ferro-lab"
+# (nothing changes in the root network namespace; the system containerd is never used):
+#   1. installs the Debian packages, builds ferro (release);
+#   2. a local registry (Debian's docker-registry) on 127.0.0.1:5000 inside the namespace,
+#      holding the test images built offline (busybox-static, ferro's static pause);
+#   3. a private containerd inside the namespace (own config, root, state, socket; its CRI
+#      plugin pulls from the registry over plain http and calls ferro-cni);
+#   4. ferro-control-plane on 127.0.0.1:6443 inside the namespace;
+#   5. one node: ferro-agent in containerd's network and mount namespaces;
+#   6. waits for the node to be Ready, deploys a demo (2 busybox httpd pods) and prints the
+#      kubectl commands to look at it.
+# Running it again is fine: what runs is left alone. Pids are in /run/ferro/lab/*.pid.
+# Stop everything with scripts/down.sh. Layout: docs/design/lab.md ("The quick start").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
@@ -9,43 +19,260 @@ cd "$(dirname "$0")/.."
 ferro_require_root
 ferro_install_deps
 
-LAB_NS=ferro-lab
-STATE=/run/ferro/lab
-DATA=/var/lib/ferro/lab/control-plane
+BIN=${CARGO_TARGET_DIR:-$PWD/target}/release
+CP_DATA=$LAB_DATA/control-plane
+CTRD_DATA=$LAB_DATA/containerd
+CTRD_RUN=$LAB_STATE/containerd
+CNI=$LAB_DATA/cni
+NODE_DIR=$LAB_DATA/node
+AGENT_ROOT=$LAB_DATA/agent
+PAUSE_IMAGE=$LAB_REGISTRY/ferro/pause:1
+BUSYBOX_IMAGE=$LAB_REGISTRY/ferro/busybox:1
+DEMO_TIMEOUT=${FERRO_DEMO_TIMEOUT:-180}
+KUBECTL=(ip netns exec "$LAB_NS" kubectl --kubeconfig "$CP_DATA/admin.kubeconfig")
 
-cargo build --release -p ferro-control-plane
-install -d "$STATE" "$DATA"
+step() { printf '\n==> %s\n' "$*"; }
 
+# running NAME PATTERN: the pid in $LAB_STATE/NAME.pid is alive and its command line has PATTERN.
+running() {
+  local f=$LAB_STATE/$1.pid pid cmd
+  [ -f "$f" ] || return 1
+  pid=$(cat "$f")
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+  cmd=$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") || return 1
+  [[ $cmd == *"$2"* ]]
+}
+
+# wait_for WHAT SECONDS LOG COMMAND...: polls COMMAND every 0.2 s; on timeout, fails with LOG.
+wait_for() {
+  local what=$1 secs=$2 log=$3 i
+  shift 3
+  for ((i = 0; i < secs * 5; i++)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.2
+  done
+  echo "error: $what did not happen within ${secs}s; last lines of $log:" >&2
+  tail -n 30 "$log" >&2 || true
+  exit 1
+}
+
+step "building ferro (release)"
+cargo build --release -p ferro-control-plane -p ferro-agent -p ferro-cni -p ferro-lab
+install -d -m 0755 "$LAB_STATE" "$LAB_DATA" "$CP_DATA" "$CTRD_DATA" "$CTRD_RUN" \
+  "$CNI/bin" "$CNI/conf" "$CNI/ipam" "$NODE_DIR" "$AGENT_ROOT" "$LAB_DATA/registry/data" \
+  "$LAB_DATA/images" "$LAB_LOGS/pods"
+
+step "network namespace $LAB_NS"
 if ! ip netns list | grep -qw "$LAB_NS"; then
   ip netns add "$LAB_NS"
 fi
 ip -n "$LAB_NS" link set lo up
 
-if [ -f "$STATE/control-plane.pid" ] && kill -0 "$(cat "$STATE/control-plane.pid")" 2>/dev/null; then
-  echo "ferro-control-plane already running (pid $(cat "$STATE/control-plane.pid"))"
+step "registry on $LAB_REGISTRY (inside $LAB_NS)"
+cat >"$LAB_DATA/registry/config.yml" <<YAML
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $LAB_DATA/registry/data
+  delete:
+    enabled: true
+http:
+  addr: $LAB_REGISTRY
+YAML
+if running registry docker-registry; then
+  echo "docker-registry already running (pid $(cat "$LAB_STATE/registry.pid"))"
 else
-  ip netns exec "$LAB_NS" ./target/release/ferro-control-plane \
-    --data-dir "$DATA" --bind-address 127.0.0.1 --secure-port 6443 \
-    --allocate-node-cidrs --cluster-cidr 10.244.0.0/16 \
-    >"$STATE/control-plane.log" 2>&1 &
-  echo $! >"$STATE/control-plane.pid"
+  ip netns exec "$LAB_NS" docker-registry serve "$LAB_DATA/registry/config.yml" \
+    >"$LAB_STATE/registry.log" 2>&1 &
+  echo $! >"$LAB_STATE/registry.pid"
 fi
+wait_for "the registry answering" 30 "$LAB_STATE/registry.log" \
+  ip netns exec "$LAB_NS" curl -fsS "http://$LAB_REGISTRY/v2/"
 
-for _ in $(seq 1 100); do
-  if [ -f "$DATA/admin.kubeconfig" ] && \
-     ip netns exec "$LAB_NS" kubectl --kubeconfig "$DATA/admin.kubeconfig" get --raw /readyz >/dev/null 2>&1; then
-    break
-  fi
-  sleep 0.1
+step "test images (built offline) -> $LAB_REGISTRY/ferro/{pause,busybox}:1"
+if [ ! -f "$LAB_DATA/images/pause.tar" ] || [ ! -f "$LAB_DATA/images/busybox.tar" ]; then
+  "$BIN/ferro-lab" images --out "$LAB_DATA/images"
+fi
+for img in pause busybox; do
+  ip netns exec "$LAB_NS" skopeo copy --quiet --dest-tls-verify=false \
+    "docker-archive:$LAB_DATA/images/$img.tar" "docker://$LAB_REGISTRY/ferro/$img:1"
 done
-ip netns exec "$LAB_NS" kubectl --kubeconfig "$DATA/admin.kubeconfig" get namespaces
 
+step "containerd (inside $LAB_NS, socket $LAB_CTRD_SOCK)"
+install -m 0755 "$BIN/ferro-cni" "$CNI/bin/ferro"
+install -m 0755 /usr/lib/cni/loopback "$CNI/bin/loopback"
+cat >"$CNI/conf/10-ferro.conflist" <<JSON
+{
+  "cniVersion": "1.0.0",
+  "name": "ferro-lab",
+  "plugins": [
+    {
+      "type": "ferro",
+      "bridge": "ferro0",
+      "isGateway": true,
+      "ipMasq": false,
+      "ipam": {"ranges": [[{"subnet": "$LAB_POD_CIDR"}]], "dataDir": "$CNI/ipam"}
+    }
+  ]
+}
+JSON
+"$BIN/ferro-lab" containerd-config --dir "$CTRD_DATA" --run-dir "$CTRD_RUN" \
+  --sandbox-image "$PAUSE_IMAGE" --registry "$LAB_REGISTRY" \
+  --cni-bin "$CNI/bin" --cni-conf "$CNI/conf" >"$CTRD_DATA/config.toml"
+"$BIN/ferro-lab" containerd-start-script --config "$CTRD_DATA/config.toml" \
+  --shim-dir "$CTRD_RUN/shims" >"$CTRD_RUN/start.sh"
+if running containerd "containerd --config $CTRD_DATA/config.toml"; then
+  echo "containerd already running (pid $(cat "$LAB_STATE/containerd.pid"))"
+else
+  if [ ! -d /run/containerd ]; then
+    # containerd 1.6 needs /run/containerd as the mount point of its shim socket dir; the
+    # empty directory is removed again by down.sh.
+    touch "$LAB_STATE/created-run-containerd"
+  fi
+  ip netns exec "$LAB_NS" sh "$CTRD_RUN/start.sh" >"$LAB_STATE/containerd.log" 2>&1 &
+  echo $! >"$LAB_STATE/containerd.pid"
+fi
+wait_for "containerd answering" 30 "$LAB_STATE/containerd.log" \
+  ctr --address "$LAB_CTRD_SOCK" version
+CTRD_PID=$(cat "$LAB_STATE/containerd.pid")
+echo "pulling through CRI (registry config: $CTRD_DATA/certs.d/$LAB_REGISTRY/hosts.toml):"
+"$BIN/ferro-lab" cri-pull --socket "$LAB_CTRD_SOCK" "$PAUSE_IMAGE" "$BUSYBOX_IMAGE"
+
+step "ferro-control-plane (https://127.0.0.1:6443 inside $LAB_NS)"
+if running control-plane ferro-control-plane; then
+  echo "ferro-control-plane already running (pid $(cat "$LAB_STATE/control-plane.pid"))"
+else
+  ip netns exec "$LAB_NS" "$BIN/ferro-control-plane" \
+    --data-dir "$CP_DATA" --bind-address 127.0.0.1 --secure-port 6443 \
+    --allocate-node-cidrs --cluster-cidr 10.244.0.0/16 \
+    >"$LAB_STATE/control-plane.log" 2>&1 &
+  echo $! >"$LAB_STATE/control-plane.pid"
+fi
+wait_for "the API server answering /readyz" 30 "$LAB_STATE/control-plane.log" \
+  "${KUBECTL[@]}" get --raw /readyz
+
+step "node $LAB_NODE: ferro-agent in containerd's network and mount namespaces"
+if [ ! -s "$NODE_DIR/kubeconfig" ]; then
+  "$BIN/ferro-control-plane" kubeconfig --data-dir "$CP_DATA" \
+    --user "system:node:$LAB_NODE" --group system:nodes \
+    --server https://127.0.0.1:6443 >"$NODE_DIR/kubeconfig.tmp"
+  mv "$NODE_DIR/kubeconfig.tmp" "$NODE_DIR/kubeconfig"
+fi
+cat >"$NODE_DIR/kubelet-config.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+podCIDR: $LAB_POD_CIDR
+podLogsDir: $LAB_LOGS/pods
+clusterDomain: cluster.local
+YAML
+if running agent ferro-agent &&
+  [ "$(readlink "/proc/$(cat "$LAB_STATE/agent.pid")/ns/mnt")" != "$(readlink "/proc/$CTRD_PID/ns/mnt")" ]; then
+  # The agent lives in containerd's mount namespace: a new containerd needs a new agent.
+  echo "restarting ferro-agent (it is not in this containerd's mount namespace)"
+  kill "$(cat "$LAB_STATE/agent.pid")"
+  for _ in $(seq 1 50); do running agent ferro-agent || break; sleep 0.1; done
+fi
+AGENT_SINCE="" # when the agent was started by this run: Ready must be newer than that
+if running agent ferro-agent; then
+  echo "ferro-agent already running (pid $(cat "$LAB_STATE/agent.pid"))"
+else
+  AGENT_SINCE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  NO_COLOR=1 RUST_LOG=${RUST_LOG:-info} nsenter --target "$CTRD_PID" --net --mount -- \
+    "$BIN/ferro-agent" \
+    --kubeconfig "$NODE_DIR/kubeconfig" \
+    --config "$NODE_DIR/kubelet-config.yaml" \
+    --hostname-override "$LAB_NODE" --node-ip 127.0.0.1 \
+    --root-dir "$AGENT_ROOT" \
+    --container-runtime-endpoint "unix://$LAB_CTRD_SOCK" \
+    --cgroup-root "$LAB_CGROUP_ROOT" \
+    >"$LAB_STATE/agent.log" 2>&1 &
+  echo $! >"$LAB_STATE/agent.pid"
+fi
+node_ready() {
+  local ready
+  ready=$("${KUBECTL[@]}" get node "$LAB_NODE" \
+    -o 'jsonpath={range .status.conditions[?(@.type=="Ready")]}{.status} {.lastHeartbeatTime}{end}') || return 1
+  # "True <heartbeat>", the heartbeat not older than this run's agent (not a stale status).
+  [[ $ready == "True "* ]] && [[ ! ${ready#True } < $AGENT_SINCE ]]
+}
+wait_for "node $LAB_NODE becoming Ready" 90 "$LAB_STATE/agent.log" node_ready
+"${KUBECTL[@]}" get nodes -o wide
+
+step "demo Deployment: 2 x busybox httpd on port 8080 (its page in a tmpfs emptyDir)"
+"${KUBECTL[@]}" apply -f - <<YAML
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: demo
+  namespace: default
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: demo}
+  template:
+    metadata:
+      labels: {app: demo}
+    spec:
+      containers:
+      - name: httpd
+        image: $BUSYBOX_IMAGE
+        command:
+        - sh
+        - -c
+        - |
+          echo "hello from \$(hostname)" >/www/index.html
+          echo "serving /www on port 8080"
+          exec httpd -f -v -p 8080 -h /www
+        ports:
+        - containerPort: 8080
+        volumeMounts:
+        - {name: www, mountPath: /www}
+      volumes:
+      - name: www
+        emptyDir: {medium: Memory}
+YAML
+demo_available() {
+  # As `kubectl rollout status`: the spec observed, 2 updated and available, no old pods left.
+  local st
+  st=$("${KUBECTL[@]}" get deployment demo -o 'jsonpath={.metadata.generation} {.status.observedGeneration} {.status.updatedReplicas} {.status.availableReplicas} {.status.replicas}' 2>/dev/null) || return 1
+  read -r gen observed updated available total <<<"$st"
+  [ "$gen" = "$observed" ] && [ "$updated" = 2 ] && [ "$available" = 2 ] && [ "$total" = 2 ]
+}
+demo_ok=true
+for ((i = 0; i < DEMO_TIMEOUT; i++)); do
+  demo_available && break
+  sleep 1
+done
+if ! demo_available; then
+  demo_ok=false
+  cat >&2 <<TXT
+
+warning: the demo Deployment is not available after ${DEMO_TIMEOUT}s (FERRO_DEMO_TIMEOUT).
+Everything else is up; look at the pods, their events and the agent's log
+($LAB_STATE/agent.log):
+TXT
+  "${KUBECTL[@]}" get deployment,pods -o wide >&2 || true
+  tail -n 20 "$LAB_STATE/agent.log" >&2 || true
+fi
+"${KUBECTL[@]}" get pods -o wide
+# One pod's name and the other's address, for the hints below.
+read -r POD_A POD_B_IP <<<"$("${KUBECTL[@]}" get pods -l app=demo \
+  -o 'jsonpath={.items[0].metadata.name} {.items[1].status.podIP}' 2>/dev/null || true)" || true
+
+K="ip netns exec $LAB_NS kubectl --kubeconfig $CP_DATA/admin.kubeconfig"
 cat <<TXT
 
-ferro is up: ferro-control-plane serves the Kubernetes API at https://127.0.0.1:6443 inside the
-network namespace $LAB_NS (log: $STATE/control-plane.log). Use it with:
+ferro is up in the network namespace $LAB_NS: ferro-control-plane (https://127.0.0.1:6443),
+containerd ($LAB_CTRD_SOCK), the registry ($LAB_REGISTRY) and node $LAB_NODE (ferro-agent).
+Logs and pids: $LAB_STATE/*.log, $LAB_STATE/*.pid. Look at the demo with:
 
-  ip netns exec $LAB_NS kubectl --kubeconfig $DATA/admin.kubeconfig get all -A
+  $K get pods -o wide
+  $K logs deployment/demo
+  $K exec ${POD_A:-<pod>} -- wget -qO- http://${POD_B_IP:-<other pod IP>}:8080/
+  ip netns exec $LAB_NS curl -s http://${POD_B_IP:-<pod IP>}:8080/
 
-Stop it with: scripts/down.sh
+Stop everything with: scripts/down.sh   (--purge also removes the data)
 TXT
+$demo_ok

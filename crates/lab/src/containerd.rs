@@ -40,28 +40,87 @@ pub struct Options {
     pub cni_configs: Vec<(String, String)>,
 }
 
+/// Where a containerd keeps its things. The fixture puts everything under one temp dir
+/// ([`Layout::under`]); the quick start (scripts/up.sh) splits persistent data and run-time
+/// state ([`Layout::split`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layout {
+    /// containerd's `root` (content, snapshots, metadata).
+    pub root: PathBuf,
+    /// containerd's `state` (tasks, shims' files, the CRI plugin's pod netns files).
+    pub state: PathBuf,
+    /// The gRPC socket; the ttrpc socket is `<socket>.ttrpc`.
+    pub socket: PathBuf,
+    /// The debug socket.
+    pub debug_socket: PathBuf,
+    /// The `opt` plugin's directory.
+    pub opt: PathBuf,
+    /// runc's `--root` (the runc runtime's `Root` option).
+    pub runc_root: PathBuf,
+    /// The CRI plugin's CNI `bin_dir` and `conf_dir`.
+    pub cni_bin: PathBuf,
+    pub cni_conf: PathBuf,
+    /// The CRI plugin's registry `config_path` (a `hosts.toml` per registry host, see
+    /// [`write_registry_hosts`]); `None` leaves the registry section out.
+    pub registry_config_path: Option<PathBuf>,
+}
+
+impl Layout {
+    /// Everything under `d`: `d/root`, `d/state`, `d/containerd.sock`, `d/debug.sock`, `d/opt`,
+    /// `d/runc`, `d/cni/bin`, `d/cni/conf`; no registry config.
+    pub fn under(d: &Path) -> Layout {
+        Layout {
+            root: d.join("root"),
+            state: d.join("state"),
+            socket: d.join("containerd.sock"),
+            debug_socket: d.join("debug.sock"),
+            opt: d.join("opt"),
+            runc_root: d.join("runc"),
+            cni_bin: d.join("cni/bin"),
+            cni_conf: d.join("cni/conf"),
+            registry_config_path: None,
+        }
+    }
+
+    /// Persistent data under `data` (`root`, `opt`, `certs.d` as the registry config_path),
+    /// run-time state under `run` (`state`, `containerd.sock`, `debug.sock`, `runc`), CNI dirs
+    /// as given.
+    pub fn split(data: &Path, run: &Path, cni_bin: &Path, cni_conf: &Path) -> Layout {
+        Layout {
+            root: data.join("root"),
+            state: run.join("state"),
+            socket: run.join("containerd.sock"),
+            debug_socket: run.join("debug.sock"),
+            opt: data.join("opt"),
+            runc_root: run.join("runc"),
+            cni_bin: cni_bin.to_path_buf(),
+            cni_conf: cni_conf.to_path_buf(),
+            registry_config_path: Some(data.join("certs.d")),
+        }
+    }
+}
+
 /// Renders containerd 1.6's config (version 2). Pure.
-pub fn render_config(dir: &Path, opts: &Options) -> String {
-    let d = dir.display();
+pub fn render_config(layout: &Layout, opts: &Options) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
         r#"version = 2
-root = "{d}/root"
-state = "{d}/state"
+root = "{root}"
+state = "{state}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
 
 [grpc]
-  address = "{d}/containerd.sock"
+  address = "{socket}"
 
 [ttrpc]
-  address = "{d}/containerd.sock.ttrpc"
+  address = "{socket}.ttrpc"
 
 [debug]
-  address = "{d}/debug.sock"
+  address = "{debug}"
 
 [plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/opt"
+  path = "{opt}"
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{image}"
@@ -72,8 +131,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   stream_server_port = "0"
   enable_selinux = false
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{d}/cni/bin"
-    conf_dir = "{d}/cni/conf"
+    bin_dir = "{cni_bin}"
+    conf_dir = "{cni_conf}"
     max_conf_num = 1
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
@@ -81,11 +140,47 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        Root = "{d}/runc"
+        Root = "{runc}"
 "#,
+        root = layout.root.display(),
+        state = layout.state.display(),
+        socket = layout.socket.display(),
+        debug = layout.debug_socket.display(),
+        opt = layout.opt.display(),
+        cni_bin = layout.cni_bin.display(),
+        cni_conf = layout.cni_conf.display(),
+        runc = layout.runc_root.display(),
         image = opts.sandbox_image,
     );
+    if let Some(path) = &layout.registry_config_path {
+        let _ = write!(
+            s,
+            r#"  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{}"
+"#,
+            path.display()
+        );
+    }
     s
+}
+
+/// The `hosts.toml` that makes containerd pull `host` (`HOST:PORT`) over plain http. Pure.
+pub fn hosts_toml(host: &str) -> String {
+    format!(
+        "server = \"http://{host}\"\n\n[host.\"http://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+    )
+}
+
+/// Writes `<config_path>/<host>/hosts.toml` ([`hosts_toml`]) and returns its path.
+pub fn write_registry_hosts(config_path: &Path, host: &str) -> Result<PathBuf> {
+    if host.is_empty() || host.contains('/') || host.contains("..") {
+        bail!("registry must be HOST or HOST:PORT, got {host:?}");
+    }
+    let dir = config_path.join(host);
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let file = dir.join("hosts.toml");
+    std::fs::write(&file, hosts_toml(host)).with_context(|| format!("write {}", file.display()))?;
+    Ok(file)
 }
 
 /// Shell commands that mount, in a fresh /sys, the cgroup file systems mounted at and under
@@ -130,6 +225,29 @@ pub fn cgroup_mount_script(mountinfo: &str) -> String {
     out
 }
 
+/// The script `ip netns exec <ns> sh` runs to start containerd in the mount namespace `ip
+/// netns exec` made for it: the cgroup mounts ([`cgroup_mount_script`] of `mountinfo`); with
+/// `shim_dir`, a bind mount of it over `/run/containerd` (containerd 1.6 puts its shims' sockets
+/// in `/run/containerd/s`, whatever its config says: the bind keeps them out of the system
+/// containerd's directory, and the mount exists only in this mount namespace); then `exec
+/// containerd --config <config>`. Pure.
+pub fn start_script(mountinfo: &str, config: &Path, shim_dir: Option<&Path>) -> String {
+    let mut s = format!("set -e\n{}", cgroup_mount_script(mountinfo));
+    if let Some(dir) = shim_dir {
+        let _ = writeln!(
+            s,
+            "mkdir -p {d} /run/containerd && mount --bind {d} /run/containerd",
+            d = dir.display()
+        );
+    }
+    let _ = writeln!(
+        s,
+        "exec containerd --config {} --log-level info",
+        config.display()
+    );
+    s
+}
+
 /// A running private containerd.
 pub struct Containerd {
     dir: tempfile::TempDir,
@@ -160,14 +278,9 @@ impl Containerd {
             std::fs::write(d.join("cni/conf").join(name), text)?;
         }
         let config = d.join("config.toml");
-        std::fs::write(&config, render_config(d, opts))?;
+        std::fs::write(&config, render_config(&Layout::under(d), opts))?;
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-        let script = format!(
-            "set -e\n{}exec containerd --config {} --log-level info\n",
-            cgroup_mount_script(&mountinfo),
-            config.display()
-        );
-        std::fs::write(d.join("start.sh"), &script)?;
+        std::fs::write(d.join("start.sh"), start_script(&mountinfo, &config, None))?;
         let log = std::fs::File::create(d.join("containerd.log"))?;
         let child = ns
             .command("sh")
@@ -346,7 +459,7 @@ mod tests {
             cni_plugins: Vec::new(),
             cni_configs: Vec::new(),
         };
-        let text = render_config(Path::new("/tmp/x"), &opts);
+        let text = render_config(&Layout::under(Path::new("/tmp/x")), &opts);
         for want in [
             "root = \"/tmp/x/root\"",
             "state = \"/tmp/x/state\"",
@@ -361,6 +474,72 @@ mod tests {
         }
         assert!(!text.contains("/var/lib/containerd"));
         assert!(!text.contains("/run/containerd"));
+        assert!(!text.contains("config_path"));
+    }
+
+    #[test]
+    fn split_layout_with_a_registry() {
+        let opts = Options {
+            sandbox_image: "127.0.0.1:5000/ferro/pause:1".into(),
+            cni_plugins: Vec::new(),
+            cni_configs: Vec::new(),
+        };
+        let layout = Layout::split(
+            Path::new("/var/lib/l/containerd"),
+            Path::new("/run/l/containerd"),
+            Path::new("/var/lib/l/cni/bin"),
+            Path::new("/var/lib/l/cni/conf"),
+        );
+        let text = render_config(&layout, &opts);
+        for want in [
+            "root = \"/var/lib/l/containerd/root\"",
+            "state = \"/run/l/containerd/state\"",
+            "address = \"/run/l/containerd/containerd.sock\"",
+            "address = \"/run/l/containerd/containerd.sock.ttrpc\"",
+            "address = \"/run/l/containerd/debug.sock\"",
+            "path = \"/var/lib/l/containerd/opt\"",
+            "Root = \"/run/l/containerd/runc\"",
+            "bin_dir = \"/var/lib/l/cni/bin\"",
+            "conf_dir = \"/var/lib/l/cni/conf\"",
+            "sandbox_image = \"127.0.0.1:5000/ferro/pause:1\"",
+            "[plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = \"/var/lib/l/containerd/certs.d\"",
+        ] {
+            assert!(text.contains(want), "missing {want}:\n{text}");
+        }
+        assert!(!text.contains("/var/lib/containerd"));
+        assert!(!text.contains("/run/containerd"));
+    }
+
+    #[test]
+    fn hosts_toml_pulls_over_plain_http() {
+        assert_eq!(
+            hosts_toml("127.0.0.1:5000"),
+            "server = \"http://127.0.0.1:5000\"\n\n[host.\"http://127.0.0.1:5000\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = write_registry_hosts(dir.path(), "127.0.0.1:5000").unwrap();
+        assert_eq!(file, dir.path().join("127.0.0.1:5000/hosts.toml"));
+        assert_eq!(
+            std::fs::read_to_string(file).unwrap(),
+            hosts_toml("127.0.0.1:5000")
+        );
+        assert!(write_registry_hosts(dir.path(), "../x").is_err());
+    }
+
+    #[test]
+    fn start_script_mounts_cgroups_then_the_shim_dir_then_execs() {
+        let v2 = "30 23 0:26 / /sys/fs/cgroup rw shared:9 - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(
+            start_script(v2, Path::new("/d/config.toml"), None),
+            "set -e\nmkdir -p /sys/fs/cgroup && mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup\n\
+             exec containerd --config /d/config.toml --log-level info\n"
+        );
+        assert_eq!(
+            start_script(v2, Path::new("/d/config.toml"), Some(Path::new("/run/l/shims"))),
+            "set -e\nmkdir -p /sys/fs/cgroup && mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup\n\
+             mkdir -p /run/l/shims /run/containerd && mount --bind /run/l/shims /run/containerd\n\
+             exec containerd --config /d/config.toml --log-level info\n"
+        );
     }
 
     #[test]
