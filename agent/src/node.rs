@@ -122,6 +122,54 @@ pub fn parse_cpu_list(s: &str) -> Option<u32> {
 }
 
 /// MemTotal of /proc/meminfo, in KiB.
+/// The eviction signals the pressure conditions follow, with upstream's default hard
+/// thresholds: memory.available < 100Mi, nodefs.available < 10%, nodefs.inodesFree < 5%.
+/// memory.available is the kernel's MemAvailable (upstream: capacity minus the root cgroup's
+/// working set; MemAvailable is the same idea without cgroup accounting). pid.available has no
+/// default threshold upstream, so PIDPressure stays False.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Signals {
+    pub memory_available: u64,
+    pub nodefs_available: u64,
+    pub nodefs_capacity: u64,
+    pub nodefs_inodes_free: u64,
+    pub nodefs_inodes: u64,
+}
+
+pub const MEMORY_AVAILABLE_THRESHOLD: u64 = 100 * 1024 * 1024;
+
+impl Signals {
+    /// Reads MemAvailable from `<proc>/meminfo` and statvfs of `root_dir` (the node fs).
+    pub fn read(proc: &Path, root_dir: &Path) -> Option<Signals> {
+        let meminfo = std::fs::read_to_string(proc.join("meminfo")).ok()?;
+        let kib = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())?;
+        let st = nix::sys::statvfs::statvfs(root_dir).ok()?;
+        #[allow(clippy::useless_conversion)]
+        let frag = u64::from(st.fragment_size());
+        #[allow(clippy::useless_conversion)]
+        Some(Signals {
+            memory_available: kib.saturating_mul(1024),
+            nodefs_available: u64::from(st.blocks_available()).saturating_mul(frag),
+            nodefs_capacity: u64::from(st.blocks()).saturating_mul(frag),
+            nodefs_inodes_free: u64::from(st.files_available()),
+            nodefs_inodes: u64::from(st.files()),
+        })
+    }
+
+    pub fn memory_pressure(&self) -> bool {
+        self.memory_available < MEMORY_AVAILABLE_THRESHOLD
+    }
+
+    pub fn disk_pressure(&self) -> bool {
+        let below = |free: u64, total: u64, pct: u64| total > 0 && free.saturating_mul(100) < total.saturating_mul(pct);
+        below(self.nodefs_available, self.nodefs_capacity, 10) || below(self.nodefs_inodes_free, self.nodefs_inodes, 5)
+    }
+}
+
 pub fn parse_meminfo(text: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix("MemTotal:"))
@@ -385,6 +433,26 @@ pub fn status_changed(old: &NodeStatus, new: &NodeStatus) -> bool {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn eviction_signals_against_default_thresholds() {
+        let ok = Signals {
+            memory_available: 2 << 30,
+            nodefs_available: 50,
+            nodefs_capacity: 100,
+            nodefs_inodes_free: 50,
+            nodefs_inodes: 100,
+        };
+        assert!(!ok.memory_pressure() && !ok.disk_pressure());
+        assert!(Signals { memory_available: 99 << 20, ..ok }.memory_pressure());
+        assert!(!Signals { memory_available: 100 << 20, ..ok }.memory_pressure());
+        assert!(Signals { nodefs_available: 9, ..ok }.disk_pressure());
+        assert!(!Signals { nodefs_available: 10, ..ok }.disk_pressure());
+        assert!(Signals { nodefs_inodes_free: 4, ..ok }.disk_pressure());
+        assert!(!Signals { nodefs_inodes: 0, nodefs_inodes_free: 0, ..ok }.disk_pressure());
+        let here = Signals::read(Path::new("/proc"), Path::new("/")).unwrap();
+        assert!(here.memory_available > 0 && here.nodefs_capacity > 0);
+    }
 
     fn t(s: &str) -> Time {
         Time(s.parse().unwrap())
