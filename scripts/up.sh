@@ -166,6 +166,12 @@ kind: KubeletConfiguration
 podCIDR: $LAB_POD_CIDR
 podLogsDir: $LAB_LOGS/pods
 clusterDomain: cluster.local
+# A lab on a developer's machine: only a nearly full disk counts as disk pressure (upstream's
+# default, nodefs.available<10%, would keep the demo from scheduling on a well-used disk).
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 1%
+  nodefs.inodesFree: 1%
 YAML
 if running agent ferro-agent &&
   [ "$(readlink "/proc/$(cat "$LAB_STATE/agent.pid")/ns/mnt")" != "$(readlink "/proc/$CTRD_PID/ns/mnt")" ]; then

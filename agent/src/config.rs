@@ -86,6 +86,7 @@ pub struct KubeletConfiguration {
     pub tls_cert_file: Option<PathBuf>,
     pub tls_private_key_file: Option<PathBuf>,
     pub authentication: Option<Authentication>,
+    pub eviction_hard: Option<std::collections::BTreeMap<String, String>>,
     pub static_pod_path: Option<PathBuf>,
     #[serde(rename = "podCIDR")]
     pub pod_cidr: Option<String>,
@@ -158,6 +159,8 @@ pub struct AgentConfig {
     pub tls_cert_file: Option<PathBuf>,
     pub tls_private_key_file: Option<PathBuf>,
     pub client_ca_file: Option<PathBuf>,
+    /// The hard eviction thresholds the pressure conditions follow.
+    pub eviction_hard: crate::node::Thresholds,
     pub pod_cidr: Option<String>,
     pub cluster_dns: Vec<String>,
     pub cluster_domain: Option<String>,
@@ -224,6 +227,14 @@ impl AgentConfig {
                 .trim_end_matches('/')
                 .to_string(),
             pod_logs_dir: file.pod_logs_dir.unwrap_or_else(|| PathBuf::from("/var/log/pods")),
+            eviction_hard: match file.eviction_hard.as_ref() {
+                None => crate::node::Thresholds::default(),
+                Some(m) => crate::node::Thresholds::parse(m).map_err(|reason| ConfigError::Value {
+                    field: "evictionHard",
+                    value: format!("{m:?}"),
+                    reason,
+                })?,
+            },
             tls_cert_file: flags.tls_cert_file.clone().or(file.tls_cert_file),
             tls_private_key_file: flags.tls_private_key_file.clone().or(file.tls_private_key_file),
             client_ca_file: flags
@@ -334,9 +345,9 @@ mod tests {
 
     #[test]
     fn unknown_field_is_named() {
-        let text = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard: {}\n";
+        let text = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionSoft: {}\n";
         let err = KubeletConfiguration::parse(text, Path::new("c.yaml")).unwrap_err().to_string();
-        assert!(err.contains("unknown field `evictionHard`"), "{err}");
+        assert!(err.contains("unknown field `evictionSoft`"), "{err}");
         assert!(err.contains("c.yaml"), "{err}");
     }
 

@@ -190,19 +190,20 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let mut prober = Prober::new(cfg.runtime_socket.clone());
     let mut initial = prober.probe().await;
     if let Some(sig) = node::Signals::read(Path::new("/proc"), &cfg.root_dir) {
-        initial.memory_pressure = sig.memory_pressure();
-        initial.disk_pressure = sig.disk_pressure();
+        initial.memory_pressure = sig.memory_pressure(&cfg.eviction_hard);
+        initial.disk_pressure = sig.disk_pressure(&cfg.eviction_hard);
     }
     let (health_tx, health_rx) = tokio::sync::watch::channel(initial.clone());
     let probe_every = cfg.node_status_update_frequency;
     let root_dir = cfg.root_dir.clone();
+    let thresholds = cfg.eviction_hard.clone();
     let probe_task = tokio::spawn(async move {
         loop {
             tokio::time::sleep(probe_every).await;
             let mut h = prober.probe().await;
             if let Some(sig) = node::Signals::read(Path::new("/proc"), &root_dir) {
-                h.memory_pressure = sig.memory_pressure();
-                h.disk_pressure = sig.disk_pressure();
+                h.memory_pressure = sig.memory_pressure(&thresholds);
+                h.disk_pressure = sig.disk_pressure(&thresholds);
             }
             health_tx.send_if_modified(|old| {
                 let changed = *old != h;

@@ -130,29 +130,106 @@ pub fn parse_cpu_list(s: &str) -> Option<u32> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Signals {
     pub memory_available: u64,
+    /// MemTotal (for percentage thresholds).
+    pub memory_capacity: u64,
     pub nodefs_available: u64,
     pub nodefs_capacity: u64,
     pub nodefs_inodes_free: u64,
     pub nodefs_inodes: u64,
 }
 
-pub const MEMORY_AVAILABLE_THRESHOLD: u64 = 100 * 1024 * 1024;
+/// One eviction threshold: an absolute quantity or a percentage of capacity.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Threshold {
+    Bytes(u64),
+    Percent(f64),
+}
+
+impl Threshold {
+    fn parse(v: &str) -> Result<Threshold, String> {
+        if let Some(p) = v.strip_suffix('%') {
+            let p: f64 = p.trim().parse().map_err(|_| format!("invalid percentage {v:?}"))?;
+            if !(0.0..=100.0).contains(&p) {
+                return Err(format!("percentage {v:?} out of 0-100"));
+            }
+            return Ok(Threshold::Percent(p));
+        }
+        let n = crate::pod::model::parse_quantity(v).ok_or_else(|| format!("invalid quantity {v:?}"))?;
+        if n < 0.0 {
+            return Err(format!("negative quantity {v:?}"));
+        }
+        Ok(Threshold::Bytes(n as u64))
+    }
+
+    /// Whether `available` of `capacity` is below the threshold.
+    pub fn crossed(&self, available: u64, capacity: u64) -> bool {
+        match *self {
+            Threshold::Bytes(b) => available < b,
+            Threshold::Percent(p) => capacity > 0 && (available as f64) < (capacity as f64) * p / 100.0,
+        }
+    }
+}
+
+/// evictionHard: the signals ferro watches. As upstream, a configured map replaces the defaults
+/// entirely (a signal it leaves out has no threshold).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Thresholds {
+    pub memory_available: Option<Threshold>,
+    pub nodefs_available: Option<Threshold>,
+    pub nodefs_inodes_free: Option<Threshold>,
+}
+
+impl Default for Thresholds {
+    /// Upstream's defaults on Linux.
+    fn default() -> Self {
+        Thresholds {
+            memory_available: Some(Threshold::Bytes(100 * 1024 * 1024)),
+            nodefs_available: Some(Threshold::Percent(10.0)),
+            nodefs_inodes_free: Some(Threshold::Percent(5.0)),
+        }
+    }
+}
+
+impl Thresholds {
+    /// Parses evictionHard (`memory.available`, `nodefs.available`, `nodefs.inodesFree`,
+    /// `imagefs.available`, `imagefs.inodesFree`, `pid.available`; the imagefs and pid signals
+    /// are accepted and not watched). Unknown signals are errors.
+    pub fn parse(m: &std::collections::BTreeMap<String, String>) -> Result<Thresholds, String> {
+        let mut t = Thresholds { memory_available: None, nodefs_available: None, nodefs_inodes_free: None };
+        for (k, v) in m {
+            let th = Threshold::parse(v)?;
+            match k.as_str() {
+                "memory.available" => t.memory_available = Some(th),
+                "nodefs.available" => t.nodefs_available = Some(th),
+                "nodefs.inodesFree" => t.nodefs_inodes_free = Some(th),
+                "imagefs.available" | "imagefs.inodesFree" | "pid.available" => {}
+                other => return Err(format!("unknown eviction signal {other:?}")),
+            }
+        }
+        Ok(t)
+    }
+}
 
 impl Signals {
     /// Reads MemAvailable from `<proc>/meminfo` and statvfs of `root_dir` (the node fs).
     pub fn read(proc: &Path, root_dir: &Path) -> Option<Signals> {
         let meminfo = std::fs::read_to_string(proc.join("meminfo")).ok()?;
-        let kib = meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix("MemAvailable:"))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|v| v.parse::<u64>().ok())?;
+        let field = |name: &str| {
+            meminfo
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        let kib = field("MemAvailable:")?;
+        let total = field("MemTotal:")?;
         let st = nix::sys::statvfs::statvfs(root_dir).ok()?;
         #[allow(clippy::useless_conversion)]
         let frag = u64::from(st.fragment_size());
         #[allow(clippy::useless_conversion)]
         Some(Signals {
             memory_available: kib.saturating_mul(1024),
+            memory_capacity: total.saturating_mul(1024),
             nodefs_available: u64::from(st.blocks_available()).saturating_mul(frag),
             nodefs_capacity: u64::from(st.blocks()).saturating_mul(frag),
             nodefs_inodes_free: u64::from(st.files_available()),
@@ -160,13 +237,13 @@ impl Signals {
         })
     }
 
-    pub fn memory_pressure(&self) -> bool {
-        self.memory_available < MEMORY_AVAILABLE_THRESHOLD
+    pub fn memory_pressure(&self, t: &Thresholds) -> bool {
+        t.memory_available.is_some_and(|th| th.crossed(self.memory_available, self.memory_capacity))
     }
 
-    pub fn disk_pressure(&self) -> bool {
-        let below = |free: u64, total: u64, pct: u64| total > 0 && free.saturating_mul(100) < total.saturating_mul(pct);
-        below(self.nodefs_available, self.nodefs_capacity, 10) || below(self.nodefs_inodes_free, self.nodefs_inodes, 5)
+    pub fn disk_pressure(&self, t: &Thresholds) -> bool {
+        t.nodefs_available.is_some_and(|th| th.crossed(self.nodefs_available, self.nodefs_capacity))
+            || t.nodefs_inodes_free.is_some_and(|th| th.crossed(self.nodefs_inodes_free, self.nodefs_inodes))
     }
 }
 
@@ -438,18 +515,34 @@ mod tests {
     fn eviction_signals_against_default_thresholds() {
         let ok = Signals {
             memory_available: 2 << 30,
+            memory_capacity: 8 << 30,
             nodefs_available: 50,
             nodefs_capacity: 100,
             nodefs_inodes_free: 50,
             nodefs_inodes: 100,
         };
-        assert!(!ok.memory_pressure() && !ok.disk_pressure());
-        assert!(Signals { memory_available: 99 << 20, ..ok }.memory_pressure());
-        assert!(!Signals { memory_available: 100 << 20, ..ok }.memory_pressure());
-        assert!(Signals { nodefs_available: 9, ..ok }.disk_pressure());
-        assert!(!Signals { nodefs_available: 10, ..ok }.disk_pressure());
-        assert!(Signals { nodefs_inodes_free: 4, ..ok }.disk_pressure());
-        assert!(!Signals { nodefs_inodes: 0, nodefs_inodes_free: 0, ..ok }.disk_pressure());
+        let d = Thresholds::default();
+        assert!(!ok.memory_pressure(&d) && !ok.disk_pressure(&d));
+        assert!(Signals { memory_available: 99 << 20, ..ok }.memory_pressure(&d));
+        assert!(!Signals { memory_available: 100 << 20, ..ok }.memory_pressure(&d));
+        assert!(Signals { nodefs_available: 9, ..ok }.disk_pressure(&d));
+        assert!(!Signals { nodefs_available: 10, ..ok }.disk_pressure(&d));
+        assert!(Signals { nodefs_inodes_free: 4, ..ok }.disk_pressure(&d));
+        assert!(!Signals { nodefs_inodes: 0, nodefs_inodes_free: 0, ..ok }.disk_pressure(&d));
+        // A configured map replaces the defaults.
+        let m: std::collections::BTreeMap<String, String> =
+            [("nodefs.available".to_string(), "1%".to_string())].into_iter().collect();
+        let t = Thresholds::parse(&m).unwrap();
+        assert!(!Signals { nodefs_available: 9, ..ok }.disk_pressure(&t));
+        assert!(Signals { nodefs_available: 0, ..ok }.disk_pressure(&t));
+        assert!(!Signals { memory_available: 1, ..ok }.memory_pressure(&t));
+        let m: std::collections::BTreeMap<String, String> =
+            [("memory.available".to_string(), "1Gi".to_string())].into_iter().collect();
+        assert!(Signals { memory_available: 1 << 29, ..ok }.memory_pressure(&Thresholds::parse(&m).unwrap()));
+        for bad in [("nodefs.available", "110%"), ("memory.available", "lots"), ("cpu.available", "1")] {
+            let m: std::collections::BTreeMap<String, String> = [(bad.0.to_string(), bad.1.to_string())].into_iter().collect();
+            assert!(Thresholds::parse(&m).is_err(), "{bad:?}");
+        }
         let here = Signals::read(Path::new("/proc"), Path::new("/")).unwrap();
         assert!(here.memory_available > 0 && here.nodefs_capacity > 0);
     }

@@ -269,7 +269,7 @@ fn unknown_config_field_fails_naming_it() {
     let config = dir.path().join("config.yaml");
     std::fs::write(
         &config,
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard:\n  memory.available: 100Mi\n",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionSoft:\n  memory.available: 100Mi\n",
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_ferro-agent"))
@@ -281,7 +281,7 @@ fn unknown_config_field_fails_naming_it() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("evictionHard"), "{err}");
+    assert!(err.contains("evictionSoft"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -63,6 +63,9 @@ fn pods_run_network_init_and_status() {
     // Logs and exec through kubectl -> ferro-control-plane -> the agent's :10250 -> containerd.
     let logs = lab.kubectl_ok(&["logs", "web"]);
     assert!(logs.contains("web starting"), "kubectl logs: {logs:?}");
+    let prev = lab.kubectl(&["logs", "web", "--previous"]);
+    let err = String::from_utf8_lossy(&prev.stderr);
+    assert!(!prev.status.success() && err.contains("previous terminated container \"web\" in pod \"web\" not found"), "{err}");
     let page = lab.kubectl_ok(&["exec", "web", "--", "cat", "/www/index.html"]);
     assert_eq!(page.trim(), "hello-from-web");
 

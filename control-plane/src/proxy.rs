@@ -230,9 +230,40 @@ pub async fn proxy_pod_subresource(
             .body(http_body_util::Empty::new().map_err(|never| match never {}).boxed())
             .map_err(ApiError::internal);
     }
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !upgrade && resp.status().as_u16() >= 400 && !json {
+        // As upstream's API server: the agent's plain-text error becomes a Status, so that
+        // kubectl prints it (e.g. `previous terminated container "c" in pod "p" not found`).
+        let code = resp.status().as_u16();
+        let bytes = http_body_util::Limited::new(resp.into_body(), 64 * 1024)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes).trim().to_string();
+        return Err(ApiError::new(code, agent_error_reason(code), text));
+    }
     let (parts, body) = resp.into_parts();
     let body = body.map_err(std::io::Error::other).boxed();
     Ok(Response::from_parts(parts, body))
+}
+
+/// The Status reason for an agent's error code.
+fn agent_error_reason(code: u16) -> &'static str {
+    match code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        409 => "Conflict",
+        429 => "TooManyRequests",
+        503 => "ServiceUnavailable",
+        _ => "InternalError",
+    }
 }
 
 #[cfg(test)]

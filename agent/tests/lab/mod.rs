@@ -20,6 +20,10 @@ pub const SUBNET: &str = "10.88.0.0/24";
 pub const NODE: &str = "lab-node";
 pub const BUSYBOX: &str = ferro_lab::images::BUSYBOX_IMAGE;
 pub const API_PORT: u16 = 6443;
+/// The test machines' disks can be more than 90% full (upstream's default nodefs.available<10%
+/// would taint the node with disk-pressure and nothing would schedule): only a nearly full disk
+/// counts in the lab.
+pub const EVICTION: &str = "evictionHard:\n  memory.available: 100Mi\n  nodefs.available: 1%\n  nodefs.inodesFree: 1%\n";
 
 /// The ferro-agent binary: cargo's for tests; next to the examples dir for the benchmark.
 pub fn agent_bin() -> PathBuf {
@@ -124,7 +128,7 @@ impl Lab {
         std::fs::write(
             lab.dir.path().join("agent.yaml"),
             format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodCIDR: {SUBNET}\npodLogsDir: {}\nstaticPodPath: {}\n",
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodCIDR: {SUBNET}\npodLogsDir: {}\nstaticPodPath: {}\n{EVICTION}",
                 lab.dir.path().join("logs").display(),
                 lab.dir.path().join("manifests").display()
             ),
@@ -297,8 +301,11 @@ impl Lab {
     }
 
     pub fn logs(&self) -> String {
+        let state = self.kubectl(&["get", "nodes,pods,events", "-A", "-o", "wide"]);
         format!(
-            "--- agent log (tail) ---\n{}\n--- containerd log (tail) ---\n{}\n--- control plane log (tail) ---\n{}",
+            "--- kubectl get nodes,pods,events ---\n{}{}\n--- agent log (tail) ---\n{}\n--- containerd log (tail) ---\n{}\n--- control plane log (tail) ---\n{}",
+            String::from_utf8_lossy(&state.stdout),
+            String::from_utf8_lossy(&state.stderr),
             Self::tail(&self.agent_log(), 120),
             Self::tail(&self.ctrd.log(), 40),
             Self::tail(&self.cp_log(), 30)
