@@ -2,48 +2,17 @@
 //! node Lease, re-registration after a restart, and config errors.
 #![allow(clippy::unwrap_used)]
 
+mod lab;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use lab::{control_plane_bin, free_port, Proc};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-
-/// ferro-control-plane is built next to ferro-agent by `cargo build --workspace --all-targets`.
-fn control_plane_bin() -> PathBuf {
-    let agent = Path::new(env!("CARGO_BIN_EXE_ferro-agent"));
-    let bin = agent.parent().unwrap().join("ferro-control-plane");
-    assert!(
-        bin.exists(),
-        "{} is missing: build the workspace first (cargo build --workspace --all-targets, as scripts/test.sh does)",
-        bin.display()
-    );
-    bin
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
-/// A child process killed (by its pid) when dropped.
-struct Proc(Option<Child>);
-
-impl Proc {
-    fn kill(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 struct ControlPlane {
     dir: tempfile::TempDir,

@@ -11,11 +11,15 @@
 //! through CRI. Needs root and the lab's packages; fails, never skips, without them.
 #![allow(clippy::unwrap_used)]
 
+mod lab;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use lab::{control_plane_bin, free_port, Proc};
 
 use ferro_agent::server::{serve_on, ContainerRef, Lookup, ServerConfig};
 use ferro_lab::containerd::{Containerd, Options};
@@ -26,36 +30,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
-
-/// ferro-control-plane is built next to ferro-agent by `cargo build --workspace --all-targets`.
-fn control_plane_bin() -> PathBuf {
-    let agent = Path::new(env!("CARGO_BIN_EXE_ferro-agent"));
-    let bin = agent.parent().unwrap().join("ferro-control-plane");
-    assert!(
-        bin.exists(),
-        "{} is missing: build the workspace first (cargo build --workspace --all-targets, as scripts/test.sh does)",
-        bin.display()
-    );
-    bin
-}
-
-/// A free port in the current thread's network namespace.
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
-/// A child process killed (by its pid) when dropped.
-struct Proc(Option<Child>);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// The fake pod workers: one pod, one container.
 #[derive(Default)]

@@ -45,6 +45,17 @@ pub fn sibling_bin(name: &str) -> PathBuf {
     bin
 }
 
+/// A free port in the current thread's network namespace.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// ferro-control-plane, built next to ferro-agent.
+pub fn control_plane_bin() -> PathBuf {
+    sibling_bin("ferro-control-plane")
+}
+
 /// A child process killed (by its pid) when dropped.
 pub struct Proc(pub Option<Child>);
 
