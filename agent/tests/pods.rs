@@ -312,6 +312,11 @@ fn agent_restart_and_static_pods() {
     lab.kubectl_ok(&["delete", "deployment", "many"]);
     lab.wait("the deployment's containers gone", Duration::from_secs(120), |l| (count(l) == 0).then_some(()));
 
+    // The API server goes away while a pod runs; the pod finishes meanwhile, and its status
+    // reaches the API once it is back.
+    lab.apply(&pod_yaml("short", &format!("  restartPolicy: Never\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, \"8\"]\n")));
+    lab.wait_pod("short", "Running", MIN, |p| phase(p) == "Running");
+
     // Static pods: the control plane goes away first.
     lab.cp.kill();
     let manifests = lab.dir.path().join("manifests");
@@ -323,13 +328,17 @@ fn agent_restart_and_static_pods() {
     .unwrap();
     lab.wait("the static pod's container running with the API down", Duration::from_secs(90), |l| {
         let out = l.ctrd.ctr(&["containers", "ls"]).unwrap();
-        (count(l) == 2 && out.contains("busybox")).then_some(())
+        // The static pod's sandbox and container, plus the finished "short" pod's two.
+        (count(l) == 4 && out.contains("busybox")).then_some(())
     });
     assert!(lab.agent_log().contains("skipping static pod manifest"), "{}", lab.logs());
     lab.start_cp();
+    lab.wait_pod("short", "Succeeded, reported after the API came back", Duration::from_secs(90), |p| phase(p) == "Succeeded");
     let mirror = lab.wait_pod(&format!("static-{NODE}"), "the mirror pod Running", Duration::from_secs(90), |p| phase(p) == "Running");
     assert!(mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string(), "{mirror}");
     // Removing the manifest stops the pod and removes the mirror.
     std::fs::remove_file(manifests.join("static.yaml")).unwrap();
-    lab.wait("the static pod gone", Duration::from_secs(90), |l| (count(l) == 0 && l.pod(&format!("static-{NODE}")).is_none()).then_some(()));
+    lab.wait("the static pod gone", Duration::from_secs(90), |l| {
+        (count(l) == 2 && l.pod(&format!("static-{NODE}")).is_none()).then_some(())
+    });
 }
