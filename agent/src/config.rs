@@ -48,6 +48,10 @@ pub struct Flags {
     /// CA whose client certificates the :10250 server accepts (default: the kubeconfig's CA).
     #[arg(long)]
     pub client_ca_file: Option<PathBuf>,
+    /// ferro-specific (no upstream flag): how often image garbage collection runs, a Go
+    /// duration (upstream's fixed ImageGCPeriod is 5m).
+    #[arg(long, default_value = "1m")]
+    pub image_gc_period: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +100,12 @@ pub struct KubeletConfiguration {
     pub register_node: Option<bool>,
     pub address: Option<String>,
     pub port: Option<u16>,
+    #[serde(rename = "imageGCHighThresholdPercent")]
+    pub image_gc_high_threshold_percent: Option<i32>,
+    #[serde(rename = "imageGCLowThresholdPercent")]
+    pub image_gc_low_threshold_percent: Option<i32>,
+    #[serde(rename = "imageMinimumGCAge")]
+    pub image_minimum_gc_age: Option<String>,
 }
 
 /// `authentication` of KubeletConfiguration: the x509 client CA.
@@ -167,6 +177,12 @@ pub struct AgentConfig {
     pub register_node: bool,
     pub address: String,
     pub port: u16,
+    /// imageGCHighThresholdPercent (100 disables image GC).
+    pub image_gc_high_threshold_percent: u8,
+    pub image_gc_low_threshold_percent: u8,
+    pub image_minimum_gc_age: Duration,
+    /// `--image-gc-period` (ferro-specific).
+    pub image_gc_period: Duration,
 }
 
 impl AgentConfig {
@@ -199,7 +215,25 @@ impl AgentConfig {
                 reason: "must be cgroupfs or systemd".into(),
             });
         }
+        let (image_gc_high_threshold_percent, image_gc_low_threshold_percent) =
+            image_gc_thresholds(file.image_gc_high_threshold_percent, file.image_gc_low_threshold_percent)?;
+        let image_gc_period = parse_duration(&flags.image_gc_period).map_err(|reason| ConfigError::Duration {
+            field: "--image-gc-period",
+            value: flags.image_gc_period.clone(),
+            reason,
+        })?;
+        if image_gc_period.is_zero() {
+            return Err(ConfigError::Duration {
+                field: "--image-gc-period",
+                value: flags.image_gc_period.clone(),
+                reason: "must be positive".into(),
+            });
+        }
         Ok(AgentConfig {
+            image_gc_high_threshold_percent,
+            image_gc_low_threshold_percent,
+            image_minimum_gc_age: dur("imageMinimumGCAge", &file.image_minimum_gc_age, "2m")?,
+            image_gc_period,
             kubeconfig: flags.kubeconfig.clone(),
             hostname_override: flags.hostname_override.clone(),
             node_ip: flags.node_ip,
@@ -250,10 +284,44 @@ impl AgentConfig {
         })
     }
 
+    /// The image GC policy (see [`crate::pod::imagegc`]).
+    pub fn image_gc(&self) -> crate::pod::imagegc::ImageGcConfig {
+        crate::pod::imagegc::ImageGcConfig {
+            high_threshold_percent: self.image_gc_high_threshold_percent,
+            low_threshold_percent: self.image_gc_low_threshold_percent,
+            min_age: self.image_minimum_gc_age,
+            period: self.image_gc_period,
+        }
+    }
+
     /// The lease renew interval: a quarter of the lease duration, as upstream.
     pub fn lease_renew_interval(&self) -> Duration {
         Duration::from_millis(u64::try_from(self.node_lease_duration_seconds).unwrap_or(40) * 250)
     }
+}
+
+/// imageGCHighThresholdPercent (default 85) and imageGCLowThresholdPercent (default 80),
+/// validated as upstream's kubelet config validation does: each within 0..=100, and low less
+/// than high (so high = 100, which disables GC, still needs low below 100).
+fn image_gc_thresholds(high: Option<i32>, low: Option<i32>) -> Result<(u8, u8), ConfigError> {
+    let (high, low) = (high.unwrap_or(85), low.unwrap_or(80));
+    let percent = |field: &'static str, v: i32| {
+        u8::try_from(v).ok().filter(|p| *p <= 100).ok_or_else(|| ConfigError::Value {
+            field,
+            value: v.to_string(),
+            reason: "must be between 0 and 100, inclusive".into(),
+        })
+    };
+    let high_p = percent("imageGCHighThresholdPercent", high)?;
+    let low_p = percent("imageGCLowThresholdPercent", low)?;
+    if low_p >= high_p {
+        return Err(ConfigError::Value {
+            field: "imageGCLowThresholdPercent",
+            value: low.to_string(),
+            reason: format!("must be less than imageGCHighThresholdPercent {high}"),
+        });
+    }
+    Ok((high_p, low_p))
 }
 
 /// Parses a Go duration string ("10s", "5m", "1h30m", "250ms", "1.5s").
@@ -383,6 +451,78 @@ mod tests {
         assert!(parse_duration("10x").is_err());
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("").is_err());
+    }
+
+    fn gc_file(lines: &str) -> Result<AgentConfig, ConfigError> {
+        let text = format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{lines}");
+        let file = KubeletConfiguration::parse(&text, Path::new("c.yaml"))?;
+        AgentConfig::resolve(&flags(&[]), Some(file))
+    }
+
+    #[test]
+    fn image_gc_defaults() {
+        let c = AgentConfig::resolve(&flags(&[]), None).unwrap();
+        assert_eq!(c.image_gc_high_threshold_percent, 85);
+        assert_eq!(c.image_gc_low_threshold_percent, 80);
+        assert_eq!(c.image_minimum_gc_age, Duration::from_secs(120));
+        assert_eq!(c.image_gc_period, Duration::from_secs(60));
+        let gc = c.image_gc();
+        assert_eq!((gc.high_threshold_percent, gc.low_threshold_percent), (85, 80));
+        assert!(!gc.disabled());
+    }
+
+    #[test]
+    fn image_gc_from_file_and_flag() {
+        let c = gc_file("imageGCHighThresholdPercent: 1\nimageGCLowThresholdPercent: 0\nimageMinimumGCAge: 0s\n").unwrap();
+        assert_eq!((c.image_gc_high_threshold_percent, c.image_gc_low_threshold_percent), (1, 0));
+        assert_eq!(c.image_minimum_gc_age, Duration::ZERO);
+        let c = gc_file("imageMinimumGCAge: 1h30m\n").unwrap();
+        assert_eq!(c.image_minimum_gc_age, Duration::from_secs(5400));
+        let c = AgentConfig::resolve(&flags(&["--image-gc-period", "2s"]), None).unwrap();
+        assert_eq!(c.image_gc().period, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn image_gc_high_100_disables() {
+        let c = gc_file("imageGCHighThresholdPercent: 100\n").unwrap();
+        assert!(c.image_gc().disabled());
+        let c = gc_file("imageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n").unwrap();
+        assert!(c.image_gc().disabled());
+        // As upstream, low must stay below high even then.
+        let err = gc_file("imageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 100\n").unwrap_err().to_string();
+        assert!(err.contains("imageGCLowThresholdPercent") && err.contains("must be less than imageGCHighThresholdPercent 100"), "{err}");
+    }
+
+    #[test]
+    fn image_gc_invalid_thresholds() {
+        for (lines, field, reason) in [
+            ("imageGCHighThresholdPercent: 101\n", "imageGCHighThresholdPercent", "between 0 and 100"),
+            ("imageGCHighThresholdPercent: -1\n", "imageGCHighThresholdPercent", "between 0 and 100"),
+            ("imageGCLowThresholdPercent: -5\n", "imageGCLowThresholdPercent", "between 0 and 100"),
+            ("imageGCLowThresholdPercent: 101\n", "imageGCLowThresholdPercent", "between 0 and 100"),
+            ("imageGCHighThresholdPercent: 50\nimageGCLowThresholdPercent: 50\n", "imageGCLowThresholdPercent", "must be less than"),
+            ("imageGCHighThresholdPercent: 70\n", "imageGCLowThresholdPercent", "must be less than imageGCHighThresholdPercent 70"),
+            ("imageGCHighThresholdPercent: 0\nimageGCLowThresholdPercent: 0\n", "imageGCLowThresholdPercent", "must be less than"),
+        ] {
+            let err = gc_file(lines).unwrap_err();
+            assert!(matches!(err, ConfigError::Value { field: f, .. } if f == field), "{lines}: {err}");
+            assert!(err.to_string().contains(reason), "{lines}: {err}");
+        }
+    }
+
+    #[test]
+    fn image_gc_bad_durations() {
+        let err = gc_file("imageMinimumGCAge: 2 minutes\n").unwrap_err().to_string();
+        assert!(err.contains("imageMinimumGCAge"), "{err}");
+        let err = gc_file("imageMinimumGCAge: -1s\n").unwrap_err().to_string();
+        assert!(err.contains("imageMinimumGCAge"), "{err}");
+        let err = AgentConfig::resolve(&flags(&["--image-gc-period", "0s"]), None).unwrap_err().to_string();
+        assert!(err.contains("--image-gc-period") && err.contains("positive"), "{err}");
+        let err = AgentConfig::resolve(&flags(&["--image-gc-period", "soon"]), None).unwrap_err().to_string();
+        assert!(err.contains("--image-gc-period"), "{err}");
+        // Field names are exact: upstream's spelling only.
+        let err = gc_file("imageMinimumGcAge: 1m\n").unwrap_err().to_string();
+        assert!(err.contains("unknown field `imageMinimumGcAge`"), "{err}");
     }
 
     #[test]

@@ -258,6 +258,31 @@ impl Runtime {
         Ok(call_within("ImageStatus", CALL_TIMEOUT * 5, self.image.image_status(req)).await?.image.map(|i| i.id))
     }
 
+    /// ImageService.ImageFsInfo: the filesystems holding images (mountpoint, bytes used).
+    pub async fn image_fs_info(&mut self) -> Result<Vec<api::FilesystemUsage>, CriError> {
+        let r = call_within("ImageFsInfo", CALL_TIMEOUT * 5, self.image.image_fs_info(api::ImageFsInfoRequest {})).await?;
+        Ok(r.image_filesystems)
+    }
+
+    /// ImageService.ListImages: every image.
+    pub async fn list_images(&mut self) -> Result<Vec<api::Image>, CriError> {
+        let req = api::ListImagesRequest { filter: None };
+        Ok(call_within("ListImages", CALL_TIMEOUT * 5, self.image.list_images(req)).await?.images)
+    }
+
+    /// ImageService.RemoveImage by id or name (a missing image is NotFound or success, as the
+    /// runtime decides).
+    pub async fn remove_image(&mut self, image: &str) -> Result<(), CriError> {
+        let req = api::RemoveImageRequest { image: Some(api::ImageSpec { image: image.into(), ..Default::default() }) };
+        call_within("RemoveImage", WORK_TIMEOUT, self.image.remove_image(req)).await.map(|_| ())
+    }
+
+    /// RuntimeService.Status with verbose=true: the runtime's info map (containerd puts its CRI
+    /// plugin config JSON under `config`).
+    pub async fn status_info(&mut self) -> Result<std::collections::HashMap<String, String>, CriError> {
+        Ok(call_within("Status", CALL_TIMEOUT * 5, self.runtime.status(StatusRequest { verbose: true })).await?.info)
+    }
+
     /// PullImage: the image reference the runtime resolved.
     pub async fn pull_image(&mut self, image: &str, sandbox: Option<api::PodSandboxConfig>) -> Result<String, CriError> {
         let req = api::PullImageRequest {

@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use ferro_agent::config::{AgentConfig, Flags, KubeletConfiguration};
 use ferro_agent::cri::{self, Prober};
-use ferro_agent::pod::source;
+use ferro_agent::pod::{imagegc, source};
 use ferro_agent::pod::spec::{CgroupDriver, NodeContext};
 use ferro_agent::pod::worker::{PodWorkers, Source, WorkerConfig};
 use ferro_agent::node::{self, HostFacts, NodeInput};
@@ -125,6 +125,7 @@ async fn start_pods(
         }
     };
     let workers = PodWorkers::new(wcfg, runtime_name, rt, client.clone());
+    tokio::spawn(imagegc::image_gc_loop(cri::connect_lazy(&cfg.runtime_socket), cfg.image_gc()));
     if let Some(dir) = cfg.static_pod_path.clone() {
         // The first read happens before anything is cleaned up, so running static pods are
         // recognised after a restart.

@@ -2,7 +2,8 @@
 //! sync ([`plan`]) with its crash-loop backoff ([`backoff`]), the pod status ([`status`]),
 //! the CRI sandbox and container configs ([`spec`]), volumes ([`volumes`],
 //! [`atomic_writer`]), probes and lifecycle hooks ([`probe`]), where pods come from
-//! ([`source`]) and the executor that ties them together ([`worker`]).
+//! ([`source`]), image garbage collection ([`imagegc`]) and the executor that ties them
+//! together ([`worker`]).
 
 pub mod backoff;
 pub mod model;
@@ -10,6 +11,7 @@ pub mod plan;
 pub mod spec;
 pub mod status;
 pub mod hooks;
+pub mod imagegc;
 pub mod probe;
 pub mod atomic_writer;
 pub mod source;

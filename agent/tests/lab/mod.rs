@@ -24,6 +24,8 @@ pub const API_PORT: u16 = 6443;
 /// would taint the node with disk-pressure and nothing would schedule): only a nearly full disk
 /// counts in the lab.
 pub const EVICTION: &str = "evictionHard:\n  memory.available: 100Mi\n  nodefs.available: 1%\n  nodefs.inodesFree: 1%\n";
+/// The KubeletConfiguration line that turns image GC off (upstream: high threshold 100).
+pub const NO_IMAGE_GC: &str = "imageGCHighThresholdPercent: 100\n";
 
 /// The ferro-agent binary: cargo's for tests; next to the examples dir for the benchmark.
 pub fn agent_bin() -> PathBuf {
@@ -93,11 +95,23 @@ pub struct Lab {
     pub dir: tempfile::TempDir,
     pub cgroup_root: String,
     pub agent_logs: u32,
+    /// Extra flags for ferro-agent, used from the next [`Lab::start_agent`].
+    pub agent_args: Vec<String>,
 }
 
 impl Lab {
     /// Everything up, the node Ready. `tag` names the namespace (unique per test).
+    ///
+    /// Image GC is off ([`NO_IMAGE_GC`]): the lab's images are imported offline and cannot be
+    /// pulled again, and on a host whose disk is over the default 85% the agent would remove
+    /// busybox between pods.
     pub fn start(tag: &str) -> Lab {
+        Self::start_with(tag, NO_IMAGE_GC)
+    }
+
+    /// As [`Lab::start`], with `extra_config` (YAML lines) appended to the agent's
+    /// KubeletConfiguration.
+    pub fn start_with(tag: &str, extra_config: &str) -> Lab {
         ferro_lab::require_root().unwrap();
         ferro_lab::require_bin("nsenter", "util-linux").unwrap();
         ferro_lab::require_bin("kubectl", "kubernetes-client").unwrap();
@@ -133,18 +147,10 @@ impl Lab {
         ctrd.import(&tars.busybox).unwrap();
 
         let cgroup_root = format!("/ferro-lab-{tag}-{}", std::process::id());
-        let mut lab = Lab { agent: Proc(None), ctrd, cp, ns, dir, cgroup_root, agent_logs: 0 };
+        let mut lab = Lab { agent: Proc(None), ctrd, cp, ns, dir, cgroup_root, agent_logs: 0, agent_args: Vec::new() };
         lab.start_cp();
         let kubeconfig = lab.node_kubeconfig();
-        std::fs::write(
-            lab.dir.path().join("agent.yaml"),
-            format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodCIDR: {SUBNET}\npodLogsDir: {}\nstaticPodPath: {}\n{EVICTION}",
-                lab.dir.path().join("logs").display(),
-                lab.dir.path().join("manifests").display()
-            ),
-        )
-        .unwrap();
+        lab.write_agent_config(extra_config);
         let _ = kubeconfig;
         lab.start_agent();
         lab.wait("the node to be Ready", Duration::from_secs(60), |l| {
@@ -152,6 +158,20 @@ impl Lab {
             (String::from_utf8_lossy(&out.stdout) == "True").then_some(())
         });
         lab
+    }
+
+    /// (Re)writes the agent's KubeletConfiguration: the lab's settings plus `extra_config`
+    /// (YAML lines); a restarted agent ([`Lab::start_agent`]) reads it.
+    pub fn write_agent_config(&self, extra_config: &str) {
+        std::fs::write(
+            self.dir.path().join("agent.yaml"),
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodCIDR: {SUBNET}\npodLogsDir: {}\nstaticPodPath: {}\n{EVICTION}{extra_config}",
+                self.dir.path().join("logs").display(),
+                self.dir.path().join("manifests").display()
+            ),
+        )
+        .unwrap();
     }
 
     /// Starts ferro-control-plane (again, on the same data dir) and waits until it serves.
@@ -225,6 +245,7 @@ impl Lab {
             .arg("--config")
             .arg(self.dir.path().join("agent.yaml"))
             .args(["--cgroup-root", &self.cgroup_root])
+            .args(&self.agent_args)
             .env("RUST_LOG", "info,ferro_agent=debug")
             .stdout(Stdio::null())
             .stderr(log)

@@ -125,8 +125,9 @@ pub fn build_images(work: &Path, pause_bin: &Path) -> Result<ImageTars> {
 }
 
 /// One image: OCI layout `<work>/<name>-oci:<name>` with `rootfs` as its only layer and
-/// `entrypoint`, then `skopeo copy` to `<work>/<name>.tar` named `reference`.
-fn image(
+/// `entrypoint`, then `skopeo copy` to `<work>/<name>.tar` named `reference`. Public so that a
+/// test can make an image of its own (e.g. one that no container uses).
+pub fn image(
     work: &Path,
     name: &str,
     rootfs: &Path,

@@ -1,0 +1,117 @@
+//! Image garbage collection in the lab: real ferro-control-plane, containerd 1.6 with
+//! ferro-cni, ferro-agent. Needs root and the lab's Debian packages; fails, never skips,
+//! without them.
+#![allow(clippy::unwrap_used)]
+
+mod lab;
+
+use std::time::Duration;
+
+use lab::{Lab, BUSYBOX};
+use serde_json::Value;
+
+const MIN: Duration = Duration::from_secs(60);
+const UNUSED: &str = "registry.ferro.test/unused:1";
+const PAUSE: &str = ferro_lab::images::PAUSE_IMAGE;
+
+fn pod_yaml(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    imagePullPolicy: Never\n    command: [\"sleep\", \"3600\"]\n"
+    )
+}
+
+fn running(p: &Value) -> bool {
+    p["status"]["phase"] == "Running" && p["status"]["containerStatuses"][0]["state"]["running"].is_object()
+}
+
+/// `ctr images ls` of the CRI namespace: (name, manifest digest) of each image.
+fn images(lab: &Lab) -> Vec<(String, String)> {
+    let out = lab.ctrd.ctr(&["images", "ls"]).unwrap();
+    out.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let name = f.next()?;
+            let _type = f.next()?;
+            Some((name.to_string(), f.next()?.to_string()))
+        })
+        .collect()
+}
+
+fn has(lab: &Lab, name: &str) -> bool {
+    images(lab).iter().any(|(n, _)| n == name)
+}
+
+/// Number of completed GC rounds the agent logged.
+fn rounds(lab: &Lab) -> usize {
+    lab.agent_log().matches("image gc round").count()
+}
+
+/// An image nobody uses is removed once usage is over the high threshold; the busybox image
+/// (used by a running container) and the pause image (the runtime's sandbox image, used by no
+/// container) stay, the pod keeps running, and a new pod still starts offline afterwards.
+#[test]
+fn unused_image_is_collected_busybox_and_pause_stay() {
+    // Phase 1: GC disabled (high = 100), whatever the disk usage of this host.
+    let mut lab = Lab::start_with("imagegc", lab::NO_IMAGE_GC);
+    assert!(
+        lab.agent_log().contains("image garbage collection disabled"),
+        "high=100 should disable GC\n{}",
+        lab.logs()
+    );
+    lab.apply(&pod_yaml("keep"));
+    let pod = lab.wait_pod("keep", "Running", MIN, running);
+    let container = pod["status"]["containerStatuses"][0]["containerID"].as_str().unwrap().to_string();
+
+    // A distinct image (its own layer, so its own id) that no container uses.
+    let work = lab.dir.path().join("images/unused");
+    let rootfs = work.join("rootfs");
+    std::fs::create_dir_all(&rootfs).unwrap();
+    std::fs::write(rootfs.join("unused.txt"), "nobody runs this image\n").unwrap();
+    let tar = ferro_lab::images::image(&work, "unused", &rootfs, &["/nothing"], UNUSED).unwrap();
+    lab.ctrd.import(&tar).unwrap();
+    let before = images(&lab);
+    let digest = |name: &str| before.iter().find(|(n, _)| n == name).map(|(_, d)| d.clone());
+    let (unused, busybox, pause) = (digest(UNUSED), digest(BUSYBOX), digest(PAUSE));
+    assert!(unused.is_some() && busybox.is_some() && pause.is_some(), "images before GC: {before:?}");
+    assert_ne!(unused, busybox, "the unused image must not share busybox's content");
+    assert_ne!(unused, pause, "the unused image must not share pause's content");
+
+    // Phase 2: the agent restarted with thresholds any real disk is over (high 1%, low 0%: free
+    // everything that may be freed), no minimum age and a 1 s period.
+    lab.write_agent_config("imageGCHighThresholdPercent: 1\nimageGCLowThresholdPercent: 0\nimageMinimumGCAge: 0s\n");
+    lab.agent_args = vec!["--image-gc-period".into(), "1s".into()];
+    lab.agent.kill();
+    lab.start_agent();
+
+    lab.wait("the unused image to be removed", MIN, |l| (!has(l, UNUSED)).then_some(()));
+    let log = lab.agent_log();
+    assert!(
+        log.lines().any(|l| l.contains("removed unused image") && l.contains(UNUSED)),
+        "the agent should log the removal\n{}",
+        lab.logs()
+    );
+    assert!(log.contains("over the high threshold"), "{}", lab.logs());
+    // Two more complete rounds after the removal: neither of the protected images goes.
+    let seen = rounds(&lab);
+    lab.wait("two more GC rounds", MIN, |l| (rounds(l) >= seen + 2).then_some(()));
+    let after = images(&lab);
+    assert!(has(&lab, BUSYBOX), "busybox is in use by a container and must stay: {after:?}");
+    assert!(has(&lab, PAUSE), "pause is the sandbox image and must stay: {after:?}");
+    assert!(!has(&lab, UNUSED), "{after:?}");
+    assert!(
+        !lab.agent_log().lines().any(|l| l.contains("removed unused image") && (l.contains(BUSYBOX) || l.contains(PAUSE))),
+        "{}",
+        lab.logs()
+    );
+
+    // The pod kept running (same container, no restart) and a new pod starts with the images
+    // that are left (no registry: imagePullPolicy Never, and the sandbox image is local).
+    let pod = lab.pod("keep").unwrap();
+    assert!(running(&pod), "{}", pod["status"]);
+    assert_eq!(pod["status"]["containerStatuses"][0]["containerID"], container.as_str());
+    assert_eq!(pod["status"]["containerStatuses"][0]["restartCount"], 0);
+    lab.apply(&pod_yaml("later"));
+    lab.wait_pod("later", "Running after GC", MIN, running);
+    assert!(has(&lab, BUSYBOX) && has(&lab, PAUSE), "{:?}", images(&lab));
+}
