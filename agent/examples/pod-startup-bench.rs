@@ -123,6 +123,8 @@ fn main() {
     std::thread::sleep(Duration::from_secs(5));
     let (rss0, cpu0) = footprint(pid, idle);
 
+    let ctrd_pid = lab.ctrd.pid().unwrap();
+    let (agent_t0, ctrd_t0, wall0) = (cpu_ticks(pid), cpu_ticks(ctrd_pid), Instant::now());
     // The client lives in the lab namespace: a thread that entered it runs the runtime.
     let ns_path = lab.ns.path();
     let kubeconfig = lab.admin_kubeconfig();
@@ -138,6 +140,9 @@ fn main() {
     })
     .join()
     .unwrap();
+    let burst_wall = wall0.elapsed().as_secs_f64();
+    let agent_cpu = (cpu_ticks(pid) - agent_t0) as f64 / 100.0;
+    let ctrd_cpu = (cpu_ticks(ctrd_pid) - ctrd_t0) as f64 / 100.0;
     std::thread::sleep(Duration::from_secs(5));
     let (rss_n, cpu_n) = footprint(pid, idle);
 
@@ -149,8 +154,14 @@ fn main() {
         pct(&latencies, 99.0),
         latencies.last().copied().unwrap_or(f64::NAN)
     );
+    println!(
+        "CPU during the burst ({burst_wall:.2} s wall): ferro-agent {agent_cpu:.2} s, containerd {ctrd_cpu:.2} s (shims, runc and the CNI plugin not counted)"
+    );
     println!("ferro-agent footprint (idle window of {} s):", idle.as_secs());
     println!("  0 pods:  RSS {:.1} MiB   CPU {:.2} % of a core", rss0 as f64 / 1024.0, cpu0);
     println!("  {n} pods: RSS {:.1} MiB   CPU {:.2} % of a core", rss_n as f64 / 1024.0, cpu_n);
+    if let Ok(path) = std::env::var("FERRO_BENCH_AGENT_LOG") {
+        std::fs::write(path, lab.agent_log()).unwrap();
+    }
     lab.kubectl_ok(&["delete", "pods", "--all", "--wait=true", "--timeout=120s"]);
 }

@@ -106,8 +106,10 @@ async fn start_pods(
     let wcfg = WorkerConfig {
         root_dir: cfg.root_dir.clone(),
         node: ctx,
-        resync: std::time::Duration::from_secs(10),
-        workers: 8,
+        // Upstream's syncFrequency; changes, the runtime relist and probes trigger syncs sooner.
+        resync: std::time::Duration::from_secs(60),
+        // In effect a worker per pod, as upstream's pod workers.
+        workers: usize::try_from(cfg.max_pods).unwrap_or(110).max(1),
         max_pods: usize::try_from(cfg.max_pods).unwrap_or(110),
         allocatable_cpu_milli: i64::from(facts.cpus) * 1000,
         allocatable_memory: memory,

@@ -221,7 +221,8 @@ fn volumes_graceful_deletion_and_admission() {
     ));
     lab.wait("the container to see color=blue", MIN, |_| (read(&host.join("color")).as_deref() == Some("blue")).then_some(()));
     lab.apply("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\ndata:\n  color: green\n");
-    lab.wait("the updated ConfigMap inside the running container", MIN, |_| {
+    // Refreshed at the pod's next periodic sync (60 s, upstream's syncFrequency).
+    lab.wait("the updated ConfigMap inside the running container", Duration::from_secs(150), |_| {
         (read(&host.join("color")).as_deref() == Some("green")).then_some(())
     });
     let p = lab.pod("cmpod").unwrap();

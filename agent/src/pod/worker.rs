@@ -476,7 +476,7 @@ impl PodWorkers {
     }
 
     /// Fetches the ConfigMaps and Secrets the pod refers to (absent ones are left out).
-    async fn objects(&self, pod: &Pod) -> Objects {
+    async fn objects(&self, pod: &Pod, with_services: bool) -> Objects {
         let mut out = Objects::default();
         let Some(client) = self.inner.kube.clone() else {
             return out;
@@ -498,6 +498,9 @@ impl PodWorkers {
         // Service links: the namespace's Services unless enableServiceLinks is false, and the
         // API server's `kubernetes` Service always.
         use k8s_openapi::api::core::v1::Service;
+        if !with_services {
+            return out;
+        }
         if pod.spec.as_ref().and_then(|s| s.enable_service_links) != Some(false) {
             let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), &ns);
             if let Ok(list) = svcs.list(&Default::default()).await {
@@ -580,17 +583,23 @@ impl PodWorkers {
         let probes = self.inner.probes.results(uid);
         let actions = plan::plan(&PlanInput { pod: &pod, runtime: &observed, probes: &probes, terminating });
         let mut next = self.inner.cfg.resync.min(deadline_in.unwrap_or(Duration::MAX));
-        if actions != Actions::default() {
+        if actions.kill_pod || actions.create_sandbox || !actions.kill.is_empty() || !actions.start.is_empty() {
             tracing::debug!(pod = %pod_label(&pod), ?actions, "actions");
         }
-        let objects = self.objects(&pod).await;
+        // Services only matter for the environment of containers being started.
+        let objects = self.objects(&pod, !actions.start.is_empty()).await;
         if let Some(n) = self.execute(uid, &pod, &observed, &actions, &objects).await? {
             next = next.min(n);
         }
         self.gc_containers(&observed).await;
 
-        // Observe again, probes, status.
-        let observed = self.observe(uid).await.map_err(|e| e.to_string())?;
+        // Observe again (unless nothing was done), probes, status.
+        let did_nothing = !actions.kill_pod && !actions.create_sandbox && actions.kill.is_empty() && actions.start.is_empty();
+        let observed = if did_nothing {
+            observed
+        } else {
+            self.observe(uid).await.map_err(|e| e.to_string())?
+        };
         let pod_ip = observed.sandbox().and_then(|s| s.ip.clone());
         let running: Vec<(String, String, i64)> = observed
             .containers
