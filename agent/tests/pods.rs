@@ -253,6 +253,19 @@ fn volumes_graceful_deletion_and_admission() {
     assert_eq!(p["status"]["reason"], "OutOfcpu", "{}", p["status"]);
     assert!(p["status"]["message"].as_str().unwrap().contains("cpu"), "{}", p["status"]);
 
+    // A volume of an unknown type: kubectl's strict field validation against the API server
+    // names the field, nothing is created (a volume with no source at all is defaulted to an
+    // emptyDir by the API, as upstream).
+    let unknown = format!(
+        "{{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{{\"name\":\"unknownvol\"}},\"spec\":{{\"nodeName\":\"{NODE}\",\"volumes\":[{{\"name\":\"x\",\"fooVolume\":{{}}}}],\"containers\":[{{\"name\":\"c\",\"image\":\"{BUSYBOX}\"}}]}}}}"
+    );
+    let path = lab.dir.path().join("unknownvol.json");
+    std::fs::write(&path, unknown).unwrap();
+    let out = lab.kubectl(&["apply", "-f", path.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("fooVolume"), "{err}");
+    assert!(lab.pod("unknownvol").is_none());
+
     // A volume of a type the agent does not support: rejected, nothing started.
     lab.apply(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: pvc\nspec:\n  nodeName: {NODE}\n  volumes:\n  - name: data\n    persistentVolumeClaim: {{claimName: nothing}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n"

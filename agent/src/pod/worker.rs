@@ -545,6 +545,10 @@ impl PodWorkers {
         if let Err((reason, message)) = admission {
             let st = status::rejected(&pod, &reason, &message, now_ns());
             self.write_status(uid, &pod, source, st).await?;
+            // Nothing ever ran: a deletion is final at once.
+            if pod.metadata.deletion_timestamp.is_some() && source == Source::Api {
+                self.finalize_deletion(uid, &pod).await?;
+            }
             return Ok(Next::Done);
         }
 
