@@ -148,6 +148,14 @@ fn probes_readiness_and_liveness() {
     let last = &cs["lastState"]["terminated"];
     assert!(last["finishedAt"].is_string(), "{cs}");
     assert!(lab.agent_log().contains("failed liveness probe"), "{}", lab.logs());
+    let events = lab.kubectl_ok(&["get", "events", "-o", "json"]);
+    let events: Value = serde_json::from_str(&events).unwrap();
+    let unhealthy = events["items"].as_array().unwrap().iter().any(|e| {
+        e["involvedObject"]["name"] == "live"
+            && e["reason"] == "Unhealthy"
+            && e["message"].as_str().unwrap_or("").starts_with("Liveness probe failed:")
+    });
+    assert!(unhealthy, "no Unhealthy event for the liveness failures: {events}");
     // The second restart waited for the backoff (10 s) after the first restart's container died.
     // (restartCount 2: the container of the second restart started >= 10 s after the first
     // restarted one was killed; timestamps have a resolution of one second.)

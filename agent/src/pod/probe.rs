@@ -580,6 +580,28 @@ pub struct ProbeManager {
     exec: Arc<dyn Exec>,
     notify: mpsc::UnboundedSender<String>,
     pods: Mutex<HashMap<String, PodProbes>>,
+    failures: Option<mpsc::UnboundedSender<ProbeFailure>>,
+}
+
+/// One failed probe run (for upstream's `Unhealthy` events).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeFailure {
+    pub pod_uid: String,
+    pub container: String,
+    pub kind: ProbeKind,
+    pub message: String,
+}
+
+impl ProbeFailure {
+    /// The event message as upstream writes it: "Liveness probe failed: <output>".
+    pub fn event_message(&self) -> String {
+        let kind = match self.kind {
+            ProbeKind::Liveness => "Liveness",
+            ProbeKind::Readiness => "Readiness",
+            ProbeKind::Startup => "Startup",
+        };
+        format!("{kind} probe failed: {}", self.message)
+    }
 }
 
 /// A pod's containers that may carry probes: app containers and restartable (sidecar) init
@@ -596,7 +618,13 @@ const KINDS: [ProbeKind; 3] = [ProbeKind::Startup, ProbeKind::Liveness, ProbeKin
 
 impl ProbeManager {
     pub fn new(exec: Arc<dyn Exec>, notify: mpsc::UnboundedSender<String>) -> Self {
-        ProbeManager { exec, notify, pods: Mutex::new(HashMap::new()) }
+        ProbeManager { exec, notify, pods: Mutex::new(HashMap::new()), failures: None }
+    }
+
+    /// Also reports every failed probe run on `failures`.
+    pub fn with_failures(mut self, failures: mpsc::UnboundedSender<ProbeFailure>) -> Self {
+        self.failures = Some(failures);
+        self
     }
 
     /// Starts a worker for each (running container, probe kind) the pod's spec defines and stops
@@ -670,6 +698,7 @@ impl ProbeManager {
                 exec: self.exec.clone(),
                 shared: pod_probes.shared.clone(),
                 notify: self.notify.clone(),
+                failures: self.failures.clone(),
             };
             let span = tracing::debug_span!("probe", pod = %uid, container = %name, kind = kind.as_str());
             let task = tokio::spawn(run.run().instrument(span));
@@ -704,6 +733,7 @@ struct WorkerRun {
     exec: Arc<dyn Exec>,
     shared: Arc<Mutex<Shared>>,
     notify: mpsc::UnboundedSender<String>,
+    failures: Option<mpsc::UnboundedSender<ProbeFailure>>,
 }
 
 impl WorkerRun {
@@ -725,6 +755,14 @@ impl WorkerRun {
             let outcome = run_probe(&self.probe, &self.target, self.exec.as_ref()).await;
             if let Outcome::Failure(msg) = &outcome {
                 tracing::debug!(message = %msg, "probe failed");
+                if let Some(f) = self.failures.as_ref() {
+                    let _ = f.send(ProbeFailure {
+                        pod_uid: self.uid.clone(),
+                        container: self.name.clone(),
+                        kind: self.kind,
+                        message: msg.clone(),
+                    });
+                }
             }
             let flipped = state.record(&outcome);
             let Some(stop) = self.publish(&state) else {

@@ -191,6 +191,7 @@ impl PodWorkers {
             .as_ref()
             .map(|c| ferro_runtime::events::Recorder::new(c.clone(), "kubelet").with_host(&cfg.node.node_name));
         let (notify_tx, mut notify_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let (failure_tx, mut failure_rx) = tokio::sync::mpsc::unbounded_channel::<probe::ProbeFailure>();
         let exec: Arc<dyn probe::Exec> = Arc::new(CriExec { rt: rt.clone() });
         let queue = WorkQueue::new();
         let inner = Arc::new(Inner {
@@ -203,13 +204,24 @@ impl PodWorkers {
             observed: RwLock::new(BTreeMap::new()),
             crash_backoff: Mutex::new(Backoff::new(backoff::INITIAL, backoff::MAX)),
             pull_backoff: Mutex::new(Backoff::new(backoff::INITIAL, backoff::MAX)),
-            probes: ProbeManager::new(exec, notify_tx),
+            probes: ProbeManager::new(exec, notify_tx).with_failures(failure_tx),
             queue: queue.clone(),
             events,
         });
         tokio::spawn(async move {
             while let Some(uid) = notify_rx.recv().await {
                 queue.add(uid);
+            }
+        });
+        // Upstream's Unhealthy events, one per failed probe run (repeats are counted).
+        let weak = Arc::downgrade(&inner);
+        tokio::spawn(async move {
+            while let Some(f) = failure_rx.recv().await {
+                let Some(inner) = weak.upgrade() else { break };
+                let pod = inner.desired.read().unwrap_or_else(|p| p.into_inner()).get(&f.pod_uid).map(|(p, _)| p.clone());
+                if let (Some(pod), Some(r)) = (pod, inner.events.as_ref()) {
+                    r.record(pod.as_ref(), "Warning", "Unhealthy", f.event_message());
+                }
             }
         });
         PodWorkers { inner }
