@@ -60,15 +60,33 @@ impl RuntimeVersion {
     }
 }
 
-/// A connected channel to the CRI socket at `socket` (within [`CALL_TIMEOUT`]).
-pub async fn channel(socket: &Path) -> Result<Channel, CriError> {
+/// The endpoint of every channel. The URI is required by tonic but unused: every connection
+/// goes to the socket.
+fn endpoint() -> Endpoint {
+    Endpoint::from_static("http://[::]:50051").connect_timeout(CALL_TIMEOUT)
+}
+
+/// A tonic connector that dials the unix socket at `socket`.
+fn unix_connector(
+    socket: &Path,
+) -> impl tower::Service<
+    Uri,
+    Response = TokioIo<UnixStream>,
+    Error = std::io::Error,
+    Future = impl std::future::Future<Output = Result<TokioIo<UnixStream>, std::io::Error>> + Send,
+> + Clone
+       + Send {
     let path: PathBuf = socket.to_path_buf();
-    // The URI is required by tonic but unused: every connection goes to the socket.
-    let endpoint = Endpoint::from_static("http://[::]:50051").connect_timeout(CALL_TIMEOUT);
-    let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
+    tower::service_fn(move |_: Uri| {
         let path = path.clone();
         async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-    }));
+    })
+}
+
+/// A connected channel to the CRI socket at `socket` (within [`CALL_TIMEOUT`]).
+pub async fn channel(socket: &Path) -> Result<Channel, CriError> {
+    let endpoint = endpoint();
+    let connect = endpoint.connect_with_connector(unix_connector(socket));
     match tokio::time::timeout(CALL_TIMEOUT, connect).await {
         Ok(Ok(ch)) => Ok(ch),
         Ok(Err(e)) => Err(CriError::Connect(socket.to_path_buf(), format!("{e:?}"))),
@@ -108,6 +126,14 @@ impl CriError {
         self.code() == Some(tonic::Code::NotFound)
     }
 
+    /// A stop or remove of something already gone is success (as upstream treats NotFound).
+    pub fn gone_ok(r: Result<(), CriError>) -> Result<(), String> {
+        match r {
+            Err(e) if !e.is_not_found() => Err(e.to_string()),
+            _ => Ok(()),
+        }
+    }
+
     /// The runtime's own message for a failed call.
     pub fn message(&self) -> String {
         match self {
@@ -120,13 +146,7 @@ impl CriError {
 /// Clients whose channel connects on first use and again after the runtime went away (the
 /// pod workers keep one for the agent's lifetime).
 pub fn connect_lazy(socket: &Path) -> Runtime {
-    let path: PathBuf = socket.to_path_buf();
-    let ch = Endpoint::from_static("http://[::]:50051")
-        .connect_timeout(CALL_TIMEOUT)
-        .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }));
+    let ch = endpoint().connect_with_connector_lazy(unix_connector(socket));
     Runtime { runtime: RuntimeServiceClient::new(ch.clone()), image: ImageServiceClient::new(ch) }
 }
 

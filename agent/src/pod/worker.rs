@@ -652,17 +652,17 @@ impl PodWorkers {
             self.finalize_deletion(uid, &pod).await?;
             return Ok(Next::After(Duration::from_secs(5)));
         }
-        if !terminating {
-            // ConfigMap/Secret/downward API contents are refreshed on every sync.
-            if !observed.sandboxes.is_empty() {
-                let _ = volumes::setup(
-                    &self.inner.cfg.root_dir,
-                    &pod,
-                    &objects,
-                    self.inner.cfg.allocatable_cpu_milli,
-                    self.inner.cfg.allocatable_memory,
-                );
-            }
+        // ConfigMap/Secret/downward API contents are refreshed on every sync (execute already
+        // set the volumes up when it started something in this one).
+        let volumes_done = actions.create_sandbox || !actions.start.is_empty();
+        if !terminating && !volumes_done && !observed.sandboxes.is_empty() {
+            let _ = volumes::setup(
+                &self.inner.cfg.root_dir,
+                &pod,
+                &objects,
+                self.inner.cfg.allocatable_cpu_milli,
+                self.inner.cfg.allocatable_memory,
+            );
         }
         Ok(Next::After(next))
     }
@@ -685,11 +685,7 @@ impl PodWorkers {
         for k in &actions.kill {
             tracing::info!(pod = %pod_label(pod), container = %k.name, message = %k.message, "killing container");
             self.event(pod, "Normal", "Killing", k.message.clone());
-            if let Err(e) = rt.stop_container(&k.id, grace_seconds(pod)).await {
-                if !e.is_not_found() {
-                    return Err(e.to_string());
-                }
-            }
+            CriError::gone_ok(rt.stop_container(&k.id, grace_seconds(pod)).await)?;
         }
         if actions.kill_pod && !actions.create_sandbox {
             return Ok(None);
@@ -1014,10 +1010,7 @@ impl PodWorkers {
                 let left = (remaining - used).max(if remaining == 0 { 0 } else { 2 });
                 tracing::info!(pod = %pod_label(pod), container = %c.name, grace = left, "stopping container");
                 self.event(pod, "Normal", "Killing", format!("Stopping container {}", c.name));
-                match rt.stop_container(&c.id, left).await {
-                    Err(e) if !e.is_not_found() => Err(e.to_string()),
-                    _ => Ok(()),
-                }
+                CriError::gone_ok(rt.stop_container(&c.id, left).await)
             }
         });
         for r in futures::future::join_all(tasks).await {
@@ -1026,10 +1019,7 @@ impl PodWorkers {
         let mut rt = self.inner.rt.clone();
         for s in observed.sandboxes.iter().filter(|s| s.state == SandboxState::Ready) {
             tracing::info!(pod = %pod_label(pod), sandbox = %s.id, "stopping pod sandbox");
-            match rt.stop_sandbox(&s.id).await {
-                Err(e) if !e.is_not_found() => return Err(e.to_string()),
-                _ => {}
-            }
+            CriError::gone_ok(rt.stop_sandbox(&s.id).await)?;
         }
         Ok(())
     }
@@ -1070,25 +1060,13 @@ impl PodWorkers {
         }
         for c in &observed.containers {
             if c.state == ContainerState::Running {
-                match rt.stop_container(&c.id, 2).await {
-                    Err(e) if !e.is_not_found() => return Err(e.to_string()),
-                    _ => {}
-                }
+                CriError::gone_ok(rt.stop_container(&c.id, 2).await)?;
             }
-            match rt.remove_container(&c.id).await {
-                Err(e) if !e.is_not_found() => return Err(e.to_string()),
-                _ => {}
-            }
+            CriError::gone_ok(rt.remove_container(&c.id).await)?;
         }
         for s in &observed.sandboxes {
-            match rt.stop_sandbox(&s.id).await {
-                Err(e) if !e.is_not_found() => return Err(e.to_string()),
-                _ => {}
-            }
-            match rt.remove_sandbox(&s.id).await {
-                Err(e) if !e.is_not_found() => return Err(e.to_string()),
-                _ => {}
-            }
+            CriError::gone_ok(rt.stop_sandbox(&s.id).await)?;
+            CriError::gone_ok(rt.remove_sandbox(&s.id).await)?;
         }
         volumes::teardown(&self.inner.cfg.root_dir, uid).map_err(|e| e.to_string())?;
         if !observed.name.is_empty() {
