@@ -19,6 +19,7 @@
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
@@ -313,7 +314,7 @@ impl Store {
             if r.allocatable(v) {
                 let ip = from_u128(v, r.is_ipv4());
                 if self.try_reserve(ip, &content)? {
-                    write_atomic(&last_path, ip.to_string().as_bytes())?;
+                    overwrite(&last_path, ip.to_string().as_bytes())?;
                     return Ok((ip, r));
                 }
             }
@@ -409,8 +410,11 @@ fn write_tmp(dir: &Path, content: &[u8]) -> Result<PathBuf, CniError> {
         let path = dir.join(format!("{TMP_PREFIX}{}-{n}", std::process::id()));
         match OpenOptions::new().write(true).create_new(true).open(&path) {
             Ok(mut f) => {
+                // No fsync: a reservation names a network namespace, and the events that
+                // lose unsynced page cache (kernel crash, power loss) also destroy every
+                // namespace, so durability would protect nothing; host-local does not sync
+                // either. It cost ~9 ms per ADD on this machine's disk.
                 f.write_all(content)
-                    .and_then(|()| f.sync_all())
                     .map_err(|e| CniError::io(format!("write {}", path.display()), e))?;
                 return Ok(path);
             }
@@ -420,12 +424,25 @@ fn write_tmp(dir: &Path, content: &[u8]) -> Result<PathBuf, CniError> {
     }
 }
 
-/// Writes `path` atomically (temp file in the same directory, then rename).
-fn write_atomic(path: &Path, content: &[u8]) -> Result<(), CniError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = write_tmp(dir, content)?;
-    fs::rename(&tmp, path).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        CniError::io(format!("rename {} to {}", tmp.display(), path.display()), e)
-    })
+/// Overwrites the hint file `path` in place: write at offset 0, then cut what is left of a
+/// longer earlier value. Not atomic, and need not be: it is read and written only under the
+/// lock, and a value torn by a crash fails to parse, which only restarts the scan at the
+/// start of the range. Replacing the file instead (rename over it, or truncating it to zero)
+/// makes ext4 flush the new data at once (`auto_da_alloc`): 1.3-5 ms per ADD here.
+fn overwrite(path: &Path, content: &[u8]) -> Result<(), CniError> {
+    let ctx = || format!("write {}", path.display());
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| CniError::io(ctx(), e))?;
+    f.write_all_at(content, 0)
+        .and_then(|()| {
+            if f.metadata()?.len() > content.len() as u64 {
+                f.set_len(content.len() as u64)?;
+            }
+            Ok(())
+        })
+        .map_err(|e| CniError::io(ctx(), e))
 }

@@ -95,6 +95,14 @@ fn round_robin_after_last_reserved_and_wraps_around() {
     std::fs::write(dir.path().join("net1/last_reserved_ip.0"), "192.168.9.9").unwrap();
     s.release("b", "eth0").unwrap();
     assert_eq!(alloc1(&s, "e"), ip("10.1.0.11"));
+    // the hint is overwritten in place: a longer earlier value leaves no tail behind
+    let last = dir.path().join("net1/last_reserved_ip.0");
+    assert_eq!(std::fs::read_to_string(&last).unwrap(), "10.1.0.11");
+    // a torn or garbage hint only restarts the scan at rangeStart
+    std::fs::write(&last, "10.1.0.1garbage-from-a-crash").unwrap();
+    s.release("e", "eth0").unwrap();
+    assert_eq!(alloc1(&s, "f"), ip("10.1.0.11"));
+    assert_eq!(std::fs::read_to_string(&last).unwrap(), "10.1.0.11");
 }
 
 #[test]
