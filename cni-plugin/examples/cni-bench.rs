@@ -18,7 +18,9 @@
 //! - One untimed warm-up ADD + DEL per plugin first, so the bridge exists and the binaries
 //!   are in the page cache; then N sequential ADDs (each timed from spawn to exit, config
 //!   written on stdin), N sequential DELs, then P parallel ADDs (wall time from the first
-//!   spawn to the last exit) and P parallel DELs.
+//!   spawn to the last exit) and P parallel DELs, also timed until the last veth of the node
+//!   namespace is gone ("par DEL gone": ferro-cni's DEL leaves the deletion of the pair to a
+//!   detached child, so its DEL exits before the kernel has finished).
 //! - Every ADD must exit 0 and return an IP; every DEL must exit 0. At the end: no veth left
 //!   in the node namespace, no interface but `lo` in the container namespaces, and no
 //!   reservation file in the IPAM data dir.
@@ -239,6 +241,8 @@ struct Figures {
     del: Vec<f64>,
     par_add: f64,
     par_del: f64,
+    /// From the first parallel DEL's spawn until no veth is left in the node namespace.
+    par_del_gone: f64,
 }
 
 fn outer(args: &[String]) -> Res<()> {
@@ -278,7 +282,7 @@ fn outer(args: &[String]) -> Res<()> {
         "{pods} sequential pods, {parallel} parallel; times in ms (spawn to exit of the plugin binary)"
     );
     println!(
-        "{:<28} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}",
+        "{:<28} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>12}",
         "plugin",
         "ADD p50",
         "ADD p99",
@@ -287,11 +291,12 @@ fn outer(args: &[String]) -> Res<()> {
         "DEL p99",
         "DEL mean",
         "par ADD",
-        "par DEL"
+        "par DEL",
+        "par DEL gone"
     );
     let row = |label: &str, f: &Figures| {
         println!(
-            "{:<28} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1} {:>10.1}",
+            "{:<28} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1} {:>10.1} {:>12.1}",
             label,
             pct(&f.add, 50.0),
             pct(&f.add, 99.0),
@@ -300,7 +305,8 @@ fn outer(args: &[String]) -> Res<()> {
             pct(&f.del, 99.0),
             mean(&f.del),
             f.par_add,
-            f.par_del
+            f.par_del,
+            f.par_del_gone
         );
     };
     for (p, f) in plugins.iter().zip(&results) {
@@ -308,7 +314,7 @@ fn outer(args: &[String]) -> Res<()> {
     }
     let (fe, re) = (&results[0], &results[1]);
     println!(
-        "{:<28} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>10.3} {:>10.3}",
+        "{:<28} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>10.3} {:>10.3} {:>12.3}",
         "ratio ferro/reference",
         pct(&fe.add, 50.0) / pct(&re.add, 50.0),
         pct(&fe.add, 99.0) / pct(&re.add, 99.0),
@@ -317,7 +323,8 @@ fn outer(args: &[String]) -> Res<()> {
         pct(&fe.del, 99.0) / pct(&re.del, 99.0),
         mean(&fe.del) / mean(&re.del),
         fe.par_add / re.par_add,
-        fe.par_del / re.par_del
+        fe.par_del / re.par_del,
+        fe.par_del_gone / re.par_del_gone
     );
     let goal = |name: &str, r: f64| {
         println!(
@@ -379,6 +386,7 @@ fn bench_plugin(p: &Plugin, pods: usize, parallel: usize) -> Res<Figures> {
         del: list("del_ms"),
         par_add: v["par_add_ms"].as_f64().unwrap_or(f64::NAN),
         par_del: v["par_del_ms"].as_f64().unwrap_or(f64::NAN),
+        par_del_gone: v["par_del_gone_ms"].as_f64().unwrap_or(f64::NAN),
     };
     if figures.add.len() != pods || figures.del.len() != pods {
         return Err(format!("{}: inner output incomplete", p.label));
@@ -536,14 +544,41 @@ fn inner(args: &[String]) -> Res<()> {
     // Untimed: the bridge is created, binaries are in the page cache.
     b.add(warmup)?;
     b.del(warmup)?;
+    wait_veths_gone()?;
 
     let add = (0..pods).map(|i| b.add(i)).collect::<Res<Vec<f64>>>()?;
     let del = (0..pods).map(|i| b.del(i)).collect::<Res<Vec<f64>>>()?;
+    wait_veths_gone()?;
     let par_add = b.parallel(parallel, Inner::add)?;
+    let start = Instant::now();
     let par_del = b.parallel(parallel, Inner::del)?;
+    wait_veths_gone()?;
+    let par_del_gone = ms(start.elapsed());
     println!(
         "{}",
-        json!({"add_ms": add, "del_ms": del, "par_add_ms": par_add, "par_del_ms": par_del})
+        json!({"add_ms": add, "del_ms": del, "par_add_ms": par_add, "par_del_ms": par_del,
+               "par_del_gone_ms": par_del_gone})
     );
     Ok(())
+}
+
+/// Waits until the node namespace has no veth left (`ip netns exec` mounted a sysfs of that
+/// namespace for this process). A plugin may finish deleting the pairs after its DEL exited
+/// (ferro-cni does it in a detached child).
+fn wait_veths_gone() -> Res<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = std::fs::read_dir("/sys/class/net")
+            .map_err(|e| format!("/sys/class/net: {e}"))?
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("veth"))
+            .count();
+        if left == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{left} veths still there a minute after DEL"));
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
 }

@@ -165,6 +165,9 @@ impl Dataplane for NoDataplane {
     fn delete_container_link(&mut self, _: &str, _: &str) -> Result<(), CniError> {
         match *self {}
     }
+    fn release_links(&mut self, _: Option<&str>, _: &str, _: &str) -> Result<(), CniError> {
+        match *self {}
+    }
     fn container_link(&mut self, _: &str, _: &str) -> Result<Option<ContainerLink>, CniError> {
         match *self {}
     }
@@ -315,11 +318,15 @@ fn apply_add<D: Dataplane>(dp: &mut D, plan: plan::AddPlan) -> Result<CniResult,
     for m in &plan.masq {
         dp.ensure_masq(m)?;
     }
-    // A bridge without a MAC of its own takes its ports' lowest: read it again.
-    let bridge_mac = dp
-        .host_link(&plan.bridge.name)?
-        .and_then(|l| l.mac)
-        .or(bridge.mac);
+    // A bridge without a MAC of its own (one ferro-cni did not create) takes its ports'
+    // lowest: read it again when the new port's is lower.
+    let bridge_mac = match (&bridge.mac, &host.mac) {
+        (Some(b), Some(h)) if h.as_str() >= b.as_str() => bridge.mac.clone(),
+        _ => dp
+            .host_link(&plan.bridge.name)?
+            .and_then(|l| l.mac)
+            .or(bridge.mac),
+    };
     let mut result = plan.result;
     for (iface, mac) in result
         .interfaces
@@ -425,10 +432,11 @@ pub fn del<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<(),
             dp.remove_masq(&chain, v6)?;
         }
     }
-    if let Some(netns) = &env.netns {
-        dp.delete_container_link(netns, ifname)?;
-    }
-    dp.delete_host_link(&plan::host_veth_name(id, ifname))?;
+    dp.release_links(
+        env.netns.as_deref(),
+        ifname,
+        &plan::host_veth_name(id, ifname),
+    )?;
     match delegated {
         Some(plugin) => delegate::exec(&plugin, "DEL", env, &conf.raw_bytes()).map(drop),
         None => Store::new(conf.data_dir(), &conf.name, Vec::new())

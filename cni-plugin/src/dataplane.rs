@@ -5,7 +5,7 @@
 //! namespace with `setns` (a socket stays bound to the namespace it was created in), so the
 //! thread is back in the node namespace before any request is sent.
 
-use crate::netlink::{errno, route_parts, RouteParts, EEXIST, ENODEV, ENOENT};
+use crate::netlink::{errno, route_parts, RouteParts, EADDRNOTAVAIL, EEXIST, ENODEV, ENOENT};
 use std::fs::File;
 use std::io;
 use std::net::IpAddr;
@@ -66,6 +66,19 @@ pub trait Dataplane {
     fn delete_host_link(&mut self, name: &str) -> Result<bool, CniError>;
     /// Deletes `ifname` inside `netns`; success when the namespace or link is gone.
     fn delete_container_link(&mut self, netns: &str, ifname: &str) -> Result<(), CniError>;
+    /// DEL's part of the links. Makes the attachment inert before it returns: the addresses
+    /// of `ifname` in `netns` are removed, so an address released afterwards is live nowhere.
+    /// The veth pair itself (found by its host end `host`) is deleted after this process has
+    /// exited, by a detached child: the kernel's unregister of a pair waits for RCU grace
+    /// periods (~15-20 ms here), time the runtime would otherwise wait for. When the host
+    /// end is missing, what is left in the container is deleted before returning. Success
+    /// when the namespace or links are gone.
+    fn release_links(
+        &mut self,
+        netns: Option<&str>,
+        ifname: &str,
+        host: &str,
+    ) -> Result<(), CniError>;
     /// Reads `ifname` inside `netns`; `None` when the link is missing.
     fn container_link(
         &mut self,
@@ -95,6 +108,10 @@ pub trait Dataplane {
     fn gc_host_veths(&mut self, bridge: &str, keep: &[String]) -> Result<Vec<String>, CniError>;
 }
 
+/// The first argument that makes ferro-cni a link reaper (`ferro-cni --reap-link <index>
+/// <name>`), started by DEL; see [`Dataplane::release_links`].
+pub const REAP_ARG: &str = "--reap-link";
+
 /// Whether `name` has the form of [`crate::plan::host_veth_name`].
 pub fn is_ferro_host_veth(name: &str) -> bool {
     name.strip_prefix("veth").is_some_and(|h| {
@@ -114,12 +131,7 @@ fn nl(context: impl Into<String>, e: rtnetlink::Error) -> CniError {
 
 fn mac_of(msg: &LinkMessage) -> Option<String> {
     msg.attributes.iter().find_map(|a| match a {
-        LinkAttribute::Address(b) if b.len() == 6 => Some(
-            b.iter()
-                .map(|x| format!("{x:02x}"))
-                .collect::<Vec<_>>()
-                .join(":"),
-        ),
+        LinkAttribute::Address(b) if b.len() == 6 => Some(mac_string(b)),
         _ => None,
     })
 }
@@ -228,6 +240,93 @@ impl Netlink {
         Ok(handle)
     }
 
+    /// The container end of DEL: removes every address of `ifname` in `netns`. Returns
+    /// whether the link exists (a missing namespace or link has nothing to remove).
+    fn strip_container_link(&self, netns: &str, ifname: &str) -> Result<bool, CniError> {
+        let ns = match File::open(netns) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(ENOENT) => return Ok(false),
+            Err(e) => return Err(CniError::io(format!("open network namespace {netns}"), e)),
+        };
+        let cont = match self.handle_in(&ns, netns) {
+            Ok(h) => h,
+            // Not (or no longer) a network namespace: nothing of ours can be inside.
+            Err(CniError::InvalidEnv { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        self.rt.block_on(async {
+            let Some(link) = get_link(&cont, ifname)
+                .await
+                .map_err(|e| nl(format!("get {ifname} in container"), e))?
+            else {
+                return Ok(false);
+            };
+            let mut dump = cont
+                .address()
+                .get()
+                .set_link_index_filter(link.header.index)
+                .execute();
+            let mut addrs = Vec::new();
+            while let Some(a) = dump
+                .try_next()
+                .await
+                .map_err(|e| nl(format!("list addresses of {ifname} in container"), e))?
+            {
+                addrs.push(a);
+            }
+            for a in addrs {
+                match cont.address().del(a).execute().await {
+                    Err(e) if !matches!(errno(&e), Some(EADDRNOTAVAIL | ENODEV)) => {
+                        return Err(nl(format!("remove an address of {ifname} in container"), e))
+                    }
+                    _ => {}
+                }
+            }
+            Ok(true)
+        })
+    }
+
+    /// Deletes the node-namespace link `index` if it is still named `name` (so a reused
+    /// index is never touched); success when it is gone.
+    pub fn reap_link(&self, index: u32, name: &str) -> Result<(), CniError> {
+        let h = self.host.clone();
+        self.rt.block_on(async {
+            let link = match h.link().get().match_index(index).execute().try_next().await {
+                Ok(Some(l)) => l,
+                Ok(None) => return Ok(()),
+                Err(e) if errno(&e) == Some(ENODEV) => return Ok(()),
+                Err(e) => return Err(nl(format!("get link {index}"), e)),
+            };
+            let named = link
+                .attributes
+                .iter()
+                .any(|a| matches!(a, LinkAttribute::IfName(n) if n == name));
+            if !named {
+                return Ok(());
+            }
+            match h.link().del(index).execute().await {
+                Err(e) if errno(&e) != Some(ENODEV) => Err(nl(format!("delete link {name}"), e)),
+                _ => Ok(()),
+            }
+        })
+    }
+
+    /// Starts the detached child that runs [`Netlink::reap_link`] (this binary with
+    /// [`REAP_ARG`]); deletes the link itself when the child cannot be started.
+    fn delete_later(&self, index: u32, name: &str) -> Result<(), CniError> {
+        let spawned = std::process::Command::new("/proc/self/exe")
+            .args([REAP_ARG, &index.to_string(), name])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        match spawned {
+            // Not waited for: the child outlives this process and is reaped by init.
+            Ok(_child) => Ok(()),
+            Err(_) => self.reap_link(index, name),
+        }
+    }
+
     async fn configure_veth(
         &self,
         spec: &VethSpec,
@@ -237,55 +336,50 @@ impl Netlink {
     ) -> Result<(LinkInfo, LinkInfo), CniError> {
         let h = &self.host;
         let ctx = |what: &str| format!("{what} {}", spec.host_name);
-        // The peer is created directly inside the container namespace under its final name:
-        // moving a link between namespaces afterwards costs the kernel a network-wide
-        // synchronisation (~20 ms here), creating it there does not.
-        use std::os::fd::AsRawFd;
-        let mut veth = LinkVeth::new(&spec.host_name, &spec.ifname);
-        if let Some(mtu) = spec.mtu {
-            veth = veth.mtu(mtu);
-        }
-        let mut msg = veth.build();
-        for attr in msg.attributes.iter_mut() {
-            if let LinkAttribute::LinkInfo(infos) = attr {
-                for info in infos.iter_mut() {
-                    if let NlLinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))) = info {
-                        peer.attributes.push(LinkAttribute::NetNsFd(ns.as_raw_fd()));
-                        if let Some(mtu) = spec.mtu {
-                            peer.attributes.push(LinkAttribute::Mtu(mtu));
-                        }
-                    }
-                }
+        // One message creates the pair: the peer directly inside the container namespace
+        // under its final name (moving a link between namespaces afterwards costs the kernel
+        // a network-wide synchronisation, ~20 ms here), the host end up and on the bridge,
+        // both MACs chosen here so the host end needs no read-back.
+        let host_mac = random_mac();
+        let peer_mac = random_mac();
+        let msg = veth_message(spec, bridge, ns, &host_mac, &peer_mac);
+        if let Err(e) = h.link().add(msg).execute().await {
+            // A stale pair of the same attachment (a repeated ADD) is replaced; any other
+            // failure (the container name is taken, ...) is the answer.
+            let stale = match errno(&e) {
+                Some(EEXIST) => get_link(h, &spec.host_name)
+                    .await
+                    .map_err(|e| nl(ctx("get stale veth"), e))?,
+                _ => None,
+            };
+            let Some(old) = stale else {
+                return Err(nl(ctx("create veth"), e));
+            };
+            match h.link().del(old.header.index).execute().await {
+                Err(e) if errno(&e) != Some(ENODEV) => return Err(nl(ctx("delete stale veth"), e)),
+                _ => {}
             }
-        }
-        h.link()
-            .add(msg)
-            .execute()
-            .await
-            .map_err(|e| nl(ctx("create veth"), e))?;
-        let host = get_link(h, &spec.host_name)
-            .await
-            .map_err(|e| nl(ctx("get veth"), e))?
-            .ok_or_else(|| CniError::io(ctx("get veth"), io::Error::from_raw_os_error(ENODEV)))?;
-        let hidx = host.header.index;
-        h.link()
-            .set(
-                LinkUnspec::new_with_index(hidx)
-                    .controller(bridge)
-                    .up()
-                    .build(),
-            )
-            .execute()
-            .await
-            .map_err(|e| nl(ctx("attach to bridge and bring up"), e))?;
-        if spec.hairpin {
             h.link()
-                .set_port(LinkBridgePort::new(hidx).hairpin(true).build())
+                .add(veth_message(spec, bridge, ns, &host_mac, &peer_mac))
+                .execute()
+                .await
+                .map_err(|e| nl(ctx("create veth"), e))?;
+        }
+        let mut host_index = 0;
+        if spec.hairpin {
+            host_index = get_link(h, &spec.host_name)
+                .await
+                .map_err(|e| nl(ctx("get veth"), e))?
+                .ok_or_else(|| CniError::io(ctx("get veth"), io::Error::from_raw_os_error(ENODEV)))?
+                .header
+                .index;
+            h.link()
+                .set_port(LinkBridgePort::new(host_index).hairpin(true).build())
                 .execute()
                 .await
                 .map_err(|e| nl(ctx("set hairpin on"), e))?;
         }
-        // Inside the container.
+        // Inside the container: the peer's index, for its address and routes.
         let cpeer = get_link(cont, &spec.ifname)
             .await
             .map_err(|e| nl("find veth peer in container", e))?
@@ -301,16 +395,12 @@ impl Netlink {
             .execute()
             .await
             .map_err(|e| nl(format!("bring up {} in container", spec.ifname), e))?;
-        if let Some(lo) = get_link(cont, "lo")
+        // lo has index 1 in every network namespace.
+        cont.link()
+            .set(LinkUnspec::new_with_index(LOOPBACK_INDEX).up().build())
+            .execute()
             .await
-            .map_err(|e| nl("find lo in container", e))?
-        {
-            cont.link()
-                .set(LinkUnspec::new_with_index(lo.header.index).up().build())
-                .execute()
-                .await
-                .map_err(|e| nl("bring up lo in container", e))?;
-        }
+            .map_err(|e| nl("bring up lo in container", e))?;
         for a in &spec.addresses {
             add_addr(cont, cidx, a)
                 .await
@@ -321,15 +411,69 @@ impl Netlink {
         }
         Ok((
             LinkInfo {
-                index: hidx,
-                mac: mac_of(&host),
+                index: host_index,
+                mac: Some(mac_string(&host_mac)),
             },
             LinkInfo {
                 index: cidx,
-                mac: mac_of(&cpeer),
+                mac: mac_of(&cpeer).or(Some(mac_string(&peer_mac))),
             },
         ))
     }
+}
+
+/// The index of `lo` in every network namespace (the kernel's `LOOPBACK_IFINDEX`).
+const LOOPBACK_INDEX: u32 = 1;
+
+/// A random unicast, locally administered MAC, as the kernel picks for a veth.
+fn random_mac() -> [u8; 6] {
+    let mut mac: [u8; 6] = rand::random();
+    mac[0] = (mac[0] & 0xfe) | 0x02;
+    mac
+}
+
+fn mac_string(mac: &[u8]) -> String {
+    mac.iter()
+        .map(|x| format!("{x:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// RTM_NEWLINK for the pair of `spec`: host end up, on `bridge`, with `host_mac`; the peer
+/// created inside `ns`, up, with `peer_mac`.
+fn veth_message(
+    spec: &VethSpec,
+    bridge: u32,
+    ns: &File,
+    host_mac: &[u8; 6],
+    peer_mac: &[u8; 6],
+) -> LinkMessage {
+    use std::os::fd::AsRawFd;
+    let mut veth = LinkVeth::new(&spec.host_name, &spec.ifname)
+        .up()
+        .controller(bridge)
+        .address(host_mac.to_vec());
+    if let Some(mtu) = spec.mtu {
+        veth = veth.mtu(mtu);
+    }
+    let mut msg = veth.build();
+    for attr in msg.attributes.iter_mut() {
+        if let LinkAttribute::LinkInfo(infos) = attr {
+            for info in infos.iter_mut() {
+                if let NlLinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))) = info {
+                    // Not up here: the kernel opens the peer before the pair is joined and
+                    // refuses (ENOTCONN).
+                    peer.attributes.push(LinkAttribute::NetNsFd(ns.as_raw_fd()));
+                    peer.attributes
+                        .push(LinkAttribute::Address(peer_mac.to_vec()));
+                    if let Some(mtu) = spec.mtu {
+                        peer.attributes.push(LinkAttribute::Mtu(mtu));
+                    }
+                }
+            }
+        }
+    }
+    msg
 }
 
 impl Dataplane for Netlink {
@@ -348,7 +492,12 @@ impl Dataplane for Netlink {
             if link.is_none() {
                 match h
                     .link()
-                    .add(LinkBridge::new(&spec.name).build())
+                    // A MAC of its own, so it does not follow its ports' lowest.
+                    .add(
+                        LinkBridge::new(&spec.name)
+                            .address(random_mac().to_vec())
+                            .build(),
+                    )
                     .execute()
                     .await
                 {
@@ -362,18 +511,28 @@ impl Dataplane for Netlink {
             let link = link
                 .ok_or_else(|| CniError::io(ctx("find"), io::Error::from_raw_os_error(ENODEV)))?;
             let idx = link.header.index;
-            let mut set = LinkUnspec::new_with_index(idx).up();
-            if let Some(mtu) = spec.mtu {
-                set = set.mtu(mtu);
+            // Set up only what differs (after the first ADD, nothing does).
+            let flags = link.header.flags;
+            let mtu_ok = spec.mtu.is_none_or(|m| {
+                link.attributes
+                    .iter()
+                    .any(|a| matches!(a, LinkAttribute::Mtu(x) if *x == m))
+            });
+            let promisc_ok = !spec.promisc || flags.contains(LinkFlags::Promisc);
+            if !(flags.contains(LinkFlags::Up) && mtu_ok && promisc_ok) {
+                let mut set = LinkUnspec::new_with_index(idx).up();
+                if let Some(mtu) = spec.mtu {
+                    set = set.mtu(mtu);
+                }
+                if spec.promisc {
+                    set = set.promiscuous(true);
+                }
+                h.link()
+                    .set(set.build())
+                    .execute()
+                    .await
+                    .map_err(|e| nl(ctx("bring up"), e))?;
             }
-            if spec.promisc {
-                set = set.promiscuous(true);
-            }
-            h.link()
-                .set(set.build())
-                .execute()
-                .await
-                .map_err(|e| nl(ctx("bring up"), e))?;
             for a in &spec.addresses {
                 add_addr(&h, idx, a)
                     .await
@@ -411,8 +570,6 @@ impl Dataplane for Netlink {
     ) -> Result<(LinkInfo, LinkInfo), CniError> {
         let ns = open_netns(&spec.netns)?;
         let cont = self.handle_in(&ns, &spec.netns)?;
-        // A repeated ADD for the same attachment replaces the old pair.
-        self.delete_host_link(&spec.host_name)?;
         self.rt
             .block_on(async { self.configure_veth(spec, bridge, &ns, &cont).await })
     }
@@ -512,6 +669,28 @@ impl Dataplane for Netlink {
             }
             Ok(Some(out))
         })
+    }
+
+    fn release_links(
+        &mut self,
+        netns: Option<&str>,
+        ifname: &str,
+        host: &str,
+    ) -> Result<(), CniError> {
+        let in_container = match netns {
+            Some(ns) => self.strip_container_link(ns, ifname)?,
+            None => false,
+        };
+        let h = self.host.clone();
+        let host_link = self
+            .rt
+            .block_on(get_link(&h, host))
+            .map_err(|e| nl(format!("get link {host}"), e))?;
+        match (host_link, netns) {
+            (Some(l), _) => self.delete_later(l.header.index, host),
+            (None, Some(ns)) if in_container => self.delete_container_link(ns, ifname),
+            _ => Ok(()),
+        }
     }
 
     fn delete_container_link(&mut self, netns: &str, ifname: &str) -> Result<(), CniError> {
@@ -624,6 +803,14 @@ impl<T: Dataplane + ?Sized> Dataplane for &mut T {
     }
     fn delete_container_link(&mut self, netns: &str, ifname: &str) -> Result<(), CniError> {
         (**self).delete_container_link(netns, ifname)
+    }
+    fn release_links(
+        &mut self,
+        netns: Option<&str>,
+        ifname: &str,
+        host: &str,
+    ) -> Result<(), CniError> {
+        (**self).release_links(netns, ifname, host)
     }
     fn container_link(
         &mut self,

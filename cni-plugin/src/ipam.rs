@@ -19,8 +19,8 @@
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use ipnet::IpNet;

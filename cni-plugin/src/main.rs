@@ -9,6 +9,12 @@ use ferro_cni::config::{NetConf, CURRENT_VERSION};
 use ferro_cni::CniError;
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [flag, index, name] = args.as_slice() {
+        if flag == ferro_cni::dataplane::REAP_ARG {
+            return reap(index, name);
+        }
+    }
     let mut version = CURRENT_VERSION.to_string();
     let outcome = invoke(&mut version);
     let (out, code) = match outcome {
@@ -54,4 +60,22 @@ fn invoke(version: &mut String) -> Result<Option<serde_json::Value>, CniError> {
     commands::run_with(&env, &conf, || {
         ferro_cni::dataplane::Netlink::new(std::path::PathBuf::from("/proc/sys"))
     })
+}
+
+/// The detached child of a DEL: deletes the veth pair whose host end is `index`/`name`.
+fn reap(index: &str, name: &str) -> ExitCode {
+    let outcome = index
+        .parse::<u32>()
+        .map_err(|e| CniError::InvalidConfig(format!("link index {index:?}: {e}")))
+        .and_then(|i| {
+            ferro_cni::dataplane::Netlink::new(std::path::PathBuf::from("/proc/sys"))?
+                .reap_link(i, name)
+        });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferro-cni: {}", e.details());
+            ExitCode::FAILURE
+        }
+    }
 }

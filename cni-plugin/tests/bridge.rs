@@ -17,6 +17,12 @@ struct Fake {
     bad_netns: bool,
     fail_masq: bool,
     fail_masq_v6: bool,
+    /// The IPAM dir whose reservations `release_links` counts (DEL's order).
+    ipam: Option<std::path::PathBuf>,
+    /// The host veth's MAC (default 02:00:00:00:00:02).
+    host_mac: Option<String>,
+    /// The bridge as `host_link` reads it (default: missing).
+    bridge_after: Option<String>,
 }
 
 impl Dataplane for Fake {
@@ -57,7 +63,11 @@ impl Dataplane for Fake {
         Ok((
             LinkInfo {
                 index: 8,
-                mac: Some("02:00:00:00:00:02".into()),
+                mac: Some(
+                    self.host_mac
+                        .clone()
+                        .unwrap_or_else(|| "02:00:00:00:00:02".into()),
+                ),
             },
             LinkInfo {
                 index: 2,
@@ -67,7 +77,10 @@ impl Dataplane for Fake {
     }
     fn host_link(&mut self, name: &str) -> Result<Option<LinkInfo>, CniError> {
         self.calls.push(format!("get {name}"));
-        Ok(None)
+        Ok(self.bridge_after.clone().map(|mac| LinkInfo {
+            index: 7,
+            mac: Some(mac),
+        }))
     }
     fn delete_host_link(&mut self, name: &str) -> Result<bool, CniError> {
         self.calls.push(format!("delete {name}"));
@@ -75,6 +88,18 @@ impl Dataplane for Fake {
     }
     fn delete_container_link(&mut self, netns: &str, ifname: &str) -> Result<(), CniError> {
         self.calls.push(format!("delete {ifname} in {netns}"));
+        Ok(())
+    }
+    fn release_links(
+        &mut self,
+        netns: Option<&str>,
+        ifname: &str,
+        host: &str,
+    ) -> Result<(), CniError> {
+        let held = self.ipam.as_deref().map(ip_files);
+        self.calls.push(format!(
+            "release {ifname} in {netns:?} host {host} (reserved: {held:?})"
+        ));
         Ok(())
     }
     fn container_link(
@@ -212,10 +237,26 @@ fn add_applies_the_plan_and_renders_the_result() {
             "bridge ferro0 [10.9.0.1/24]".into(),
             "forward true false".into(),
             format!("veth {veth} eth0 on 7"),
-            "get ferro0".into(),
         ]
     );
     assert_eq!(ip_files(dir.path()), 1);
+}
+
+#[test]
+fn a_bridge_following_its_ports_lowest_mac_is_read_again() {
+    // The new port's MAC is lower than the bridge's: a bridge without a MAC of its own
+    // takes it, so the result reports the bridge as read after the port joined.
+    let dir = tempfile::tempdir().unwrap();
+    let mut fake = Fake {
+        host_mac: Some("02:00:00:00:00:00".into()),
+        bridge_after: Some("02:00:00:00:00:00".into()),
+        ..Fake::default()
+    };
+    let v = commands::run_with(&env("ADD"), &conf(dir.path(), json!({})), || Ok(&mut fake))
+        .unwrap()
+        .unwrap();
+    assert_eq!(fake.calls.last().unwrap(), "get ferro0");
+    assert_eq!(v["interfaces"][0]["mac"], "02:00:00:00:00:00");
 }
 
 #[test]
@@ -267,7 +308,6 @@ fn ip_masq_add_installs_the_chain_after_the_veth() {
             "forward true false".into(),
             format!("veth {veth} eth0 on 7"),
             format!("masq {chain} 10.9.0.2 10.9.0.0/24 name: n id: abc"),
-            "get ferro0".into(),
         ]
     );
 }
@@ -307,8 +347,10 @@ fn ip_masq_del_removes_the_chain_every_time() {
             fake.calls,
             vec![
                 format!("unmasq {chain} v6=false"),
-                "delete eth0 in /run/netns/x".to_string(),
-                format!("delete {}", plan::host_veth_name("abc", "eth0")),
+                format!(
+                    "release eth0 in Some(\"/run/netns/x\") host {} (reserved: None)",
+                    plan::host_veth_name("abc", "eth0")
+                ),
             ]
         );
         assert_eq!(ip_files(dir.path()), 0);
@@ -376,24 +418,28 @@ fn ip_masq_dual_stack_has_a_chain_per_family_and_rolls_back_both() {
 }
 
 #[test]
-fn del_deletes_links_then_releases_and_repeats_cleanly() {
+fn del_releases_links_then_addresses_and_repeats_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let c = conf(dir.path(), json!({}));
     let mut fake = Fake::default();
     commands::run_with(&env("ADD"), &c, || Ok(&mut fake)).unwrap();
     assert_eq!(ip_files(dir.path()), 1);
-    for _ in 0..2 {
-        let mut fake = Fake::default();
+    // The links are released while the address is still reserved, then it is released.
+    for held in [1, 0] {
+        let mut fake = Fake {
+            ipam: Some(dir.path().to_path_buf()),
+            ..Fake::default()
+        };
         assert_eq!(
             commands::run_with(&env("DEL"), &c, || Ok(&mut fake)).unwrap(),
             None
         );
         assert_eq!(
             fake.calls,
-            vec![
-                "delete eth0 in /run/netns/x".to_string(),
-                format!("delete {}", plan::host_veth_name("abc", "eth0")),
-            ]
+            vec![format!(
+                "release eth0 in Some(\"/run/netns/x\") host {} (reserved: Some({held}))",
+                plan::host_veth_name("abc", "eth0")
+            )]
         );
         assert_eq!(ip_files(dir.path()), 0);
     }

@@ -170,14 +170,42 @@ fn containerd_cri_pod_sandbox_gets_and_releases_an_address_from_ferro_cni() {
             .unwrap()
             .into_inner();
         assert!(left.items.is_empty(), "{left:?}");
-        let ports = std::process::Command::new("ip")
-            .args(["-n", node.name(), "-o", "link", "show", "master", BRIDGE])
-            .output()
-            .unwrap();
-        assert!(
-            String::from_utf8_lossy(&ports.stdout).trim().is_empty(),
-            "veth left on the bridge"
-        );
+        // DEL leaves the deletion of the pair to a detached child and containerd deletes
+        // the namespace: the pair goes soon after, not necessarily before RemovePodSandbox
+        // returns.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let ports = std::process::Command::new("ip")
+                .args(["-n", node.name(), "-o", "link", "show", "master", BRIDGE])
+                .output()
+                .unwrap();
+            let ports = String::from_utf8_lossy(&ports.stdout).trim().to_string();
+            if ports.is_empty() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "veth left on the bridge: {ports}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // That child is not left as a zombie of containerd (it would be if containerd were a
+        // subreaper that never waits for it).
+        let ctrd_pid = ctrd.pid().unwrap().to_string();
+        let zombies: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+            .filter(|st| {
+                let fields: Vec<&str> = st
+                    .rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .collect();
+                fields.first() == Some(&"Z") && fields.get(1) == Some(&ctrd_pid.as_str())
+            })
+            .collect();
+        assert!(zombies.is_empty(), "zombies of containerd: {zombies:?}");
     });
     drop(ctrd);
 }

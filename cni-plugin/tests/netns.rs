@@ -196,6 +196,19 @@ impl Node {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(out.stdout.is_empty(), "DEL prints nothing on success");
+        // DEL returns with the attachment inert: the container interface (the pair itself is
+        // deleted by a detached child, maybe not yet) has no address left.
+        if let Some(ns) = netns.strip_prefix("/run/netns/") {
+            let out = Command::new("ip")
+                .args(["-n", ns, "-j", "addr", "show", "dev", "eth0"])
+                .output()
+                .unwrap();
+            if out.status.success() && !out.stdout.iter().all(u8::is_ascii_whitespace) {
+                let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+                let addrs = v[0]["addr_info"].as_array().cloned().unwrap_or_default();
+                assert!(addrs.is_empty(), "DEL {id}: eth0 in {ns} keeps {addrs:?}");
+            }
+        }
     }
 
     /// Reserved addresses (files named after an IP) in the IPAM dir.
@@ -250,6 +263,13 @@ impl Node {
             .collect()
     }
 
+    /// The veth links in the node namespace once every DEL's detached link reaper has
+    /// finished.
+    fn settled_veths(&self) -> Vec<String> {
+        wait_for_reapers();
+        self.veths()
+    }
+
     /// All veth links in the node namespace.
     fn veths(&self) -> Vec<String> {
         self.ns
@@ -259,6 +279,37 @@ impl Node {
             .iter()
             .map(|l| l["ifname"].as_str().unwrap().to_string())
             .collect()
+    }
+}
+
+/// Pids of running `ferro-cni --reap-link` children (DEL deletes the veth pair in one).
+fn reapers() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                c.split(|b| *b == 0)
+                    .nth(1)
+                    .is_some_and(|a| a == ferro_cni::dataplane::REAP_ARG.as_bytes())
+            })
+        })
+        .collect()
+}
+
+/// Waits until no link reaper runs (they take milliseconds; a minute means one is stuck).
+fn wait_for_reapers() {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let left = reapers();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "link reapers still running: {left:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 
@@ -406,7 +457,8 @@ fn del_releases_ip_removes_veth_and_is_idempotent() {
     assert_eq!(node.ip_files().len(), 1);
     node.del("ctr-del", &c.path());
     assert!(node.ip_files().is_empty());
-    assert!(node.veths().is_empty(), "veth left: {:?}", node.veths());
+    let left = node.settled_veths();
+    assert!(left.is_empty(), "veth left: {left:?}");
     assert!(c
         .ip_json(&["link", "show", "type", "veth"])
         .as_array()
@@ -420,6 +472,77 @@ fn del_releases_ip_removes_veth_and_is_idempotent() {
 }
 
 #[test]
+fn add_right_after_del_keeps_its_new_pair_from_the_old_pairs_reaper() {
+    let node = Node::new();
+    let c = NsGuard::new();
+    node.add("ctr-readd", &c);
+    node.del("ctr-readd", &c.path());
+    // At once, while the detached child of that DEL may still be deleting the old pair.
+    let r = node.add("ctr-readd", &c);
+    wait_for_reapers();
+    let host = node.veths();
+    assert_eq!(host.len(), 1, "{host:?}");
+    assert_eq!(r["interfaces"][1]["name"], host[0]);
+    let addrs = c.ip_json(&["-4", "addr", "show", "dev", "eth0"]);
+    assert_eq!(addrs[0]["addr_info"][0]["local"], result_ip(&r));
+    assert!(
+        ping(&c, GATEWAY),
+        "the re-added pod cannot reach its gateway"
+    );
+    node.del("ctr-readd", &c.path());
+    let left = node.settled_veths();
+    assert!(left.is_empty(), "veth left: {left:?}");
+}
+
+#[test]
+fn the_link_reaper_deletes_only_the_link_it_was_given() {
+    let node = Node::new();
+    let c = NsGuard::new();
+    node.add("ctr-reap", &c);
+    let links = node.ns.ip_json(&["link", "show", "type", "veth"]);
+    let name = links[0]["ifname"].as_str().unwrap().to_string();
+    let index = links[0]["ifindex"].as_u64().unwrap().to_string();
+    let reap = |args: &[&str]| {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &node.ns.name,
+                env!("CARGO_BIN_EXE_ferro-cni"),
+            ])
+            .arg(ferro_cni::dataplane::REAP_ARG)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // Same index, another name (the index was reused): left alone.
+    let out = reap(&[&index, "veth00000000"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(node.veths(), vec![name.clone()]);
+    // Not an index: an error, nothing touched.
+    let out = reap(&["not-a-number", &name]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("link index"),
+        "{out:?}"
+    );
+    assert_eq!(node.veths(), vec![name.clone()]);
+    // The right pair: gone, both ends.
+    let out = reap(&[&index, &name]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(node.veths().is_empty());
+    assert!(c
+        .ip_json(&["link", "show", "type", "veth"])
+        .as_array()
+        .unwrap()
+        .is_empty());
+    // Gone already: still success.
+    assert!(reap(&[&index, &name]).status.success());
+    node.del("ctr-reap", &c.path());
+    assert!(node.ip_files().is_empty());
+}
+
+#[test]
 fn del_after_the_container_netns_is_gone_succeeds() {
     let node = Node::new();
     let mut c = NsGuard::new();
@@ -428,7 +551,8 @@ fn del_after_the_container_netns_is_gone_succeeds() {
     c.delete();
     node.del("ctr-gone", &path);
     assert!(node.ip_files().is_empty());
-    assert!(node.veths().is_empty(), "veth left: {:?}", node.veths());
+    let left = node.settled_veths();
+    assert!(left.is_empty(), "veth left: {left:?}");
 }
 
 #[test]
@@ -504,7 +628,7 @@ fn ip_masq_add_installs_chain_and_jump_and_del_removes_them() {
     node.del_with(id, &c.path(), &conf);
     assert!(node.masq_rules().is_empty());
     assert!(node.ip_files().is_empty());
-    assert!(node.veths().is_empty());
+    assert!(node.settled_veths().is_empty());
 }
 
 #[test]
@@ -594,7 +718,8 @@ fn parallel_adds_then_dels(ip_masq: bool) {
         );
     }
     assert!(node.ip_files().is_empty(), "leaked: {:?}", node.ip_files());
-    assert!(node.veths().is_empty(), "leaked: {:?}", node.veths());
+    let left = node.settled_veths();
+    assert!(left.is_empty(), "leaked: {left:?}");
     assert!(node.bridge_ports().is_empty());
     for c in &ctrs {
         let links: Vec<String> = c
@@ -881,7 +1006,7 @@ fn delegated_host_local_ipam_add_check_del() {
 
     node.del_with("ctr-hl", &c1.path(), &with_prev(&conf, &r));
     assert!(node.ip_files().is_empty(), "{:?}", node.ip_files());
-    assert!(node.veths().is_empty());
+    assert!(node.settled_veths().is_empty());
     assert!(node.masq_rules().is_empty(), "{:#?}", node.masq_rules());
     node.del_with("ctr-hl", &c1.path(), &conf);
 
@@ -974,5 +1099,5 @@ fn dual_stack_pod_gets_both_families_and_pings_both_gateways() {
     node.del_with("ctr-ds", &c1.path(), &conf);
     node.del_with("ctr-ds-2", &c2.path(), &conf);
     assert!(node.ip_files().is_empty(), "{:?}", node.ip_files());
-    assert!(node.veths().is_empty());
+    assert!(node.settled_veths().is_empty());
 }

@@ -4,7 +4,9 @@
 //! It makes no decisions beyond "is this link/address as asked": what to add and remove is
 //! decided by [`crate::netd::plan`].
 
-use crate::netlink::{errno, route_parts, RouteParts, EADDRNOTAVAIL, EEXIST, ENODEV, ENOENT, ESRCH};
+use crate::netlink::{
+    errno, route_parts, RouteParts, EADDRNOTAVAIL, EEXIST, ENODEV, ENOENT, ESRCH,
+};
 use std::io;
 use std::net::IpAddr;
 
@@ -84,8 +86,6 @@ pub trait Kernel {
     /// Makes the masquerade chain hold exactly `rules`; returns whether it changed anything.
     fn ensure_masq(&self, v6: bool, rules: &[String]) -> Result<bool, KernelError>;
 }
-
-
 
 fn nl(context: impl Into<String>, e: rtnetlink::Error) -> KernelError {
     let source = match &e {
