@@ -262,8 +262,7 @@ pub fn add<D: Dataplane>(env: &CniEnv, conf: &NetConf, dp: &mut D) -> Result<Cni
         .range_sets()?
         .ok_or_else(|| CniError::InvalidConfig("no ipam ranges".into()))?;
     let store = Store::new(conf.data_dir(), &conf.name, sets);
-    let held_before = !store.find(id, ifname)?.is_empty();
-    let allocs = store.allocate(id, ifname)?;
+    let (allocs, held_before) = store.allocate_noting_held(id, ifname)?;
     let outcome =
         plan::plan_add(conf, id, netns, ifname, &allocs).and_then(|plan| apply_add(dp, plan));
     match outcome {

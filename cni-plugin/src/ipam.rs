@@ -18,7 +18,7 @@
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -230,9 +230,9 @@ impl Store {
                 continue;
             };
             let path = entry.path();
-            let text = fs::read_to_string(&path)
+            let text = read_small(&path)
                 .map_err(|e| CniError::io(format!("read {}", path.display()), e))?;
-            out.push((ip, Owner::parse(&text)));
+            out.push((ip, Owner::parse(&String::from_utf8_lossy(&text))));
         }
         out.sort_by_key(|(ip, _)| (ip.is_ipv6(), to_u128(*ip)));
         Ok(out)
@@ -242,6 +242,17 @@ impl Store {
     /// holds are returned again (idempotent ADD). If a later range set is exhausted, the
     /// addresses reserved by this call are released again.
     pub fn allocate(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, CniError> {
+        self.allocate_noting_held(container_id, ifname)
+            .map(|(allocs, _)| allocs)
+    }
+
+    /// [`Store::allocate`], also telling whether the attachment held an address before
+    /// (one scan of the directory for both).
+    pub fn allocate_noting_held(
+        &self,
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<(Vec<Allocation>, bool), CniError> {
         let _lock = self.lock()?;
         let existing: Vec<IpAddr> = self
             .reservations()?
@@ -277,7 +288,7 @@ impl Store {
                 }
             }
         }
-        Ok(out)
+        Ok((out, !existing.is_empty()))
     }
 
     fn reserve_next<'a>(
@@ -392,6 +403,19 @@ impl Store {
             }
         }
         Ok(removed)
+    }
+}
+
+/// Reads a reservation file (a few dozen bytes) with plain reads: no size probe first.
+fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut f = File::open(path)?;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 256];
+    loop {
+        match f.read(&mut buf)? {
+            0 => return Ok(out),
+            n => out.extend_from_slice(&buf[..n]),
+        }
     }
 }
 
