@@ -14,6 +14,7 @@
 //!   request to it, splicing both connections after the runtime answers 101 ([`stream`]).
 
 pub mod logs;
+pub mod spdy;
 pub mod stream;
 pub mod tls;
 
