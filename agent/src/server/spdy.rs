@@ -595,11 +595,6 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
         id
     }
 
-    /// The highest stream id opened so far (for GOAWAY's last-good id).
-    pub fn last_opened(&self) -> u32 {
-        self.next_stream.saturating_sub(2)
-    }
-
     pub async fn send(&mut self, frame: &Frame) -> Result<(), SpdyError> {
         self.buf.clear();
         frame.encode(&mut self.zlib, &mut self.buf)?;
@@ -608,10 +603,10 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
         Ok(())
     }
 
-    /// Sends GOAWAY and closes the write side.
+    /// Sends GOAWAY and closes the write side. The last good stream is 0: a client accepts no
+    /// stream from the server.
     pub async fn close(&mut self) {
-        let last = 0;
-        let _ = self.send(&Frame::GoAway { last_good: last, status: GOAWAY_OK }).await;
+        let _ = self.send(&Frame::GoAway { last_good: 0, status: GOAWAY_OK }).await;
         let _ = self.io.shutdown().await;
     }
 }
