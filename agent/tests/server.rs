@@ -513,6 +513,24 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
     assert_eq!(out.stdout.len(), big.len());
     assert!(out.stdout == big, "the echoed bytes differ");
     assert_eq!(out.status()["status"], "Success");
+    // A client offering only v4: the agent forwards it to the runtime's own WebSocket server
+    // and splices (the runtime ends the session by closing the connection, no close frame).
+    let (mut ws, chosen) = ws_exec(&cp_dir, cp_port, "command=echo&command=v4&stdout=true", "v4.channel.k8s.io").await;
+    assert_eq!(chosen, "v4.channel.k8s.io");
+    let mut out = Outcome::default();
+    let read = async {
+        while let Some(Ok(m)) = ws.next().await {
+            if let Message::Binary(b) = m {
+                match b.first() {
+                    Some(1) => out.stdout.extend_from_slice(&b[1..]),
+                    Some(3) => out.error.extend_from_slice(&b[1..]),
+                    _ => {}
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "v4\n", "{out:?}");
     // A terminal, resized: `busybox stty size` answers each line the shell reads, until it sees the
     // size the client sent (the resize and stdin are separate streams, so the first answer
     // may still be the old size); `q` ends it.
@@ -645,8 +663,10 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
         "ferro_agent_server_requests_total{path=\"healthz\",code=\"401\"} 1\n",
         "ferro_agent_server_requests_total{path=\"portForward\",code=\"101\"}",
         // kubectl's WebSocket requests (v5.channel.k8s.io, SPDY/3.1+portforward.k8s.io) were
-        // served by the agent: 7 kubectl execs (one of them over SPDY) and 4 of the test's own.
-        "ferro_agent_server_requests_total{path=\"exec\",code=\"101\"} 11\n",
+        // served by the agent: 7 kubectl execs (one of them over SPDY) and 5 of the test's own
+        // (one of them v4, spliced with the runtime's WebSocket server).
+        "ferro_agent_server_requests_total{path=\"exec\",code=\"101\"} 12\n",
+        "ferro_agent_stream_requests_total{path=\"exec\",protocol=\"websocket\"} 1\n",
         "ferro_agent_stream_requests_total{path=\"exec\",protocol=\"v5.channel.k8s.io\"} 10\n",
         "ferro_agent_stream_requests_total{path=\"exec\",protocol=\"spdy\"} 1\n",
         "ferro_agent_server_requests_total{path=\"attach\",code=\"101\"} 1\n",
