@@ -26,10 +26,14 @@ use ferro_lab::containerd::{Containerd, Options};
 use ferro_lab::cri::api;
 use ferro_lab::images;
 use ferro_lab::netns::NetNs;
+use futures::{SinkExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
 
 /// The fake pod workers: one pod, one container.
 #[derive(Default)]
@@ -111,11 +115,101 @@ where
     }
 }
 
+type Tls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// A WebSocket exec through the control plane's pod proxy (the admin's token, the cluster CA),
+/// offering `protocols`; the handshake's answer.
+async fn ws_exec(cp_dir: &Path, cp_port: u16, query: &str, protocols: &str) -> (WebSocketStream<Tls>, String) {
+    use rustls::pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_file_iter(cp_dir.join("ca.crt")).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", cp_port)).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await.unwrap();
+    let tokens = std::fs::read_to_string(cp_dir.join("tokens.csv")).unwrap();
+    let token = tokens.lines().find(|l| l.split(',').nth(1) == Some("admin")).unwrap().split(',').next().unwrap();
+    let url = format!("wss://127.0.0.1:{cp_port}/api/v1/namespaces/default/pods/srv/exec?{query}");
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    req.headers_mut().insert("sec-websocket-protocol", protocols.parse().unwrap());
+    let (ws, resp) = tokio_tungstenite::client_async(req, tls).await.unwrap();
+    assert_eq!(resp.status(), 101);
+    let chosen = resp.headers().get("sec-websocket-protocol").unwrap().to_str().unwrap().to_string();
+    (ws, chosen)
+}
+
+/// What a v5 session delivered: stdout, stderr, the Status of channel 3, the close code.
+#[derive(Debug, Default)]
+struct Outcome {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    error: Vec<u8>,
+    close: Option<u16>,
+}
+
+impl Outcome {
+    fn status(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.error)
+            .unwrap_or_else(|e| panic!("{e}: {:?}", String::from_utf8_lossy(&self.error)))
+    }
+}
+
+/// Reads a session's messages until the server closes it (30 s at most).
+async fn collect<S>(ws: &mut S, out: &mut Outcome, until: impl Fn(&Outcome) -> bool)
+where
+    S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    let read = async {
+        while let Some(m) = ws.next().await {
+            match m.unwrap() {
+                Message::Binary(b) => match b.first() {
+                    Some(1) => out.stdout.extend_from_slice(&b[1..]),
+                    Some(2) => out.stderr.extend_from_slice(&b[1..]),
+                    Some(3) => out.error.extend_from_slice(&b[1..]),
+                    other => panic!("a message on channel {other:?}"),
+                },
+                Message::Close(f) => {
+                    out.close = Some(f.map(|f| u16::from(f.code)).unwrap_or(1005));
+                }
+                _ => {}
+            }
+            if until(out) {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .unwrap_or_else(|_| panic!("the session did not end in 30s: {out:?}"));
+}
+
+fn stdin(data: &[u8]) -> Message {
+    let mut m = vec![0u8];
+    m.extend_from_slice(data);
+    Message::Binary(m.into())
+}
+
+/// v5's "stdin closed".
+fn close_stdin() -> Message {
+    Message::Binary(vec![255u8, 0].into())
+}
+
 /// A line long enough (32 KiB) for containerd to split it into partial records.
 const LONG: usize = 32768;
 
 #[test]
 fn kubectl_logs_exec_and_port_forward_through_the_agent_server() {
+    // The server's debug log, shown with a failure.
+    let _ = tracing_subscriber::fmt().with_env_filter("ferro_agent=debug").with_test_writer().try_init();
     ferro_lab::require_root().unwrap();
     ferro_lab::require_bin("kubectl", "kubectl").unwrap();
     ferro_lab::require_bin("curl", "curl").unwrap();
@@ -345,12 +439,133 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
     // (upstream's API server wraps the agent's text into a Status).
     assert!(err.contains("(BadRequest)"), "{err}");
 
-    // Exec: kubectl tries WebSocket v5 first; containerd refuses it and kubectl falls back to
-    // SPDY.
+    // Exec: kubectl asks for WebSocket v5 first, which the agent serves (bridged to the
+    // runtime's SPDY); the counters at the end show that no request fell back.
     assert_eq!(kubectl.run(&["exec", "srv", "--", "echo", "hi"], None).await, "hi\n");
     assert_eq!(kubectl.run(&["exec", "-i", "srv", "--", "cat"], Some("hello\nworld\n")).await, "hello\nworld\n");
     let hostname = kubectl.run(&["exec", "srv", "-c", "c", "--", "sh", "-c", "hostname; echo err >&2"], None).await;
     assert_eq!(hostname, "srv\n");
+    // A failing command: kubectl reads the exit code from the Status on channel 3.
+    let failing =
+        kubectl.command(&["exec", "srv", "--", "sh", "-c", "echo out; echo err >&2; exit 3"]).output().await.unwrap();
+    assert_eq!(failing.status.code(), Some(3), "{}", String::from_utf8_lossy(&failing.stderr));
+    assert_eq!(String::from_utf8_lossy(&failing.stdout), "out\n");
+    assert!(
+        String::from_utf8_lossy(&failing.stderr).starts_with("err\n"),
+        "{}",
+        String::from_utf8_lossy(&failing.stderr)
+    );
+    // SPDY clients (kubectl with WebSockets turned off, upstream's API server) are spliced
+    // with the runtime as before.
+    let mut spdy = kubectl.command(&["exec", "-i", "srv", "--", "cat"]);
+    spdy.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut spdy = spdy.spawn().unwrap();
+    spdy.stdin.take().unwrap().write_all(b"over spdy\n").await.unwrap();
+    let spdy = spdy.wait_with_output().await.unwrap();
+    assert!(spdy.status.success(), "{}", String::from_utf8_lossy(&spdy.stderr));
+    assert_eq!(String::from_utf8_lossy(&spdy.stdout), "over spdy\n");
+
+    // A WebSocket client of its own, offering v5 only.
+    let (mut ws, chosen) =
+        ws_exec(&cp_dir, cp_port, "command=cat&stdin=true&stdout=true&stderr=true", "v5.channel.k8s.io").await;
+    assert_eq!(chosen, "v5.channel.k8s.io");
+    ws.send(stdin(b"hello\n")).await.unwrap();
+    ws.send(close_stdin()).await.unwrap();
+    let mut out = Outcome::default();
+    collect(&mut ws, &mut out, |_| false).await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n", "{out:?}");
+    assert_eq!(out.status()["status"], "Success", "{out:?}");
+    assert_eq!(out.close, Some(1000));
+    // The exit code in a Failure Status.
+    let (mut ws, _) = ws_exec(
+        &cp_dir,
+        cp_port,
+        "command=sh&command=-c&command=echo%20oops%20%3E%262%3B%20exit%203&stdout=true&stderr=true",
+        "v5.channel.k8s.io",
+    )
+    .await;
+    let mut out = Outcome::default();
+    collect(&mut ws, &mut out, |_| false).await;
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "oops\n", "{out:?}");
+    let status = out.status();
+    assert_eq!(status["status"], "Failure", "{status}");
+    assert_eq!(status["reason"], "NonZeroExitCode", "{status}");
+    assert_eq!(status["details"]["causes"][0]["reason"], "ExitCode", "{status}");
+    assert_eq!(status["details"]["causes"][0]["message"], "3", "{status}");
+    // More than the 64 KiB SPDY windows, both ways at once: stdin written while stdout is read.
+    let (ws, _) = ws_exec(&cp_dir, cp_port, "command=cat&stdin=true&stdout=true", "v5.channel.k8s.io").await;
+    let (mut tx, mut rx) = ws.split();
+    let big: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let input = big.clone();
+    let writer = tokio::spawn(async move {
+        for chunk in input.chunks(10_000) {
+            tx.send(stdin(chunk)).await.unwrap();
+        }
+        tx.send(close_stdin()).await.unwrap();
+        tx
+    });
+    let mut out = Outcome::default();
+    collect(&mut rx, &mut out, |_| false).await;
+    let _tx = writer.await.unwrap();
+    assert_eq!(out.stdout.len(), big.len());
+    assert!(out.stdout == big, "the echoed bytes differ");
+    assert_eq!(out.status()["status"], "Success");
+    // A client offering only v4: the agent forwards it to the runtime's own WebSocket server
+    // and splices (the runtime ends the session by closing the connection, no close frame).
+    let (mut ws, chosen) = ws_exec(&cp_dir, cp_port, "command=echo&command=v4&stdout=true", "v4.channel.k8s.io").await;
+    assert_eq!(chosen, "v4.channel.k8s.io");
+    let mut out = Outcome::default();
+    let read = async {
+        while let Some(Ok(m)) = ws.next().await {
+            if let Message::Binary(b) = m {
+                match b.first() {
+                    Some(1) => out.stdout.extend_from_slice(&b[1..]),
+                    Some(3) => out.error.extend_from_slice(&b[1..]),
+                    _ => {}
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "v4\n", "{out:?}");
+    // A terminal, resized: `busybox stty size` answers each line the shell reads, until it sees the
+    // size the client sent (the resize and stdin are separate streams, so the first answer
+    // may still be the old size); `q` ends it.
+    let (mut ws, _) = ws_exec(
+        &cp_dir,
+        cp_port,
+        "command=sh&command=-c&command=while%20read%20x%3B%20do%20%5B%20%22%24x%22%20%3D%20q%20%5D%20%26%26%20exit%200%3B%20busybox%20stty%20size%3B%20done&stdin=true&stdout=true&tty=true",
+        "v5.channel.k8s.io",
+    )
+    .await;
+    ws.send(Message::Binary([&[4u8][..], br#"{"Width":100,"Height":30}"#].concat().into())).await.unwrap();
+    let mut out = Outcome::default();
+    let sizes = |o: &Outcome| {
+        String::from_utf8_lossy(&o.stdout)
+            .split("\r\n")
+            .filter(|l| {
+                l.split(' ').count() == 2
+                    && l.split(' ').all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let mut resized = false;
+    for i in 0..50 {
+        ws.send(stdin(b"\n")).await.unwrap();
+        collect(&mut ws, &mut out, |o| sizes(o).len() > i).await;
+        if sizes(&out).last().map(String::as_str) == Some("30 100") {
+            resized = true;
+            break;
+        }
+    }
+    assert!(resized, "{:?}", String::from_utf8_lossy(&out.stdout));
+    ws.send(stdin(b"q\n")).await.unwrap();
+    collect(&mut ws, &mut out, |_| false).await;
+    assert_eq!(out.status()["status"], "Success", "{out:?}");
 
     // Straight to the server (below, and to watch the request counters).
     let curl = |path: &str, cert: bool| {
@@ -447,17 +662,22 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
         "ferro_agent_running_containers 1\n",
         "ferro_agent_server_requests_total{path=\"healthz\",code=\"401\"} 1\n",
         "ferro_agent_server_requests_total{path=\"portForward\",code=\"101\"}",
-        // kubectl's WebSocket attempts (v5.channel.k8s.io, SPDY/3.1+portforward.k8s.io)
-        // were refused by containerd (403, passed through) and it fell back to SPDY.
-        "ferro_agent_server_requests_total{path=\"exec\",code=\"403\"} 5\n",
-        "ferro_agent_server_requests_total{path=\"exec\",code=\"101\"} 5\n",
-        "ferro_agent_server_requests_total{path=\"attach\",code=\"403\"} 1\n",
+        // kubectl's WebSocket requests (v5.channel.k8s.io, SPDY/3.1+portforward.k8s.io) were
+        // served by the agent: 7 kubectl execs (one of them over SPDY) and 5 of the test's own
+        // (one of them v4, spliced with the runtime's WebSocket server).
+        "ferro_agent_server_requests_total{path=\"exec\",code=\"101\"} 12\n",
+        "ferro_agent_stream_requests_total{path=\"exec\",protocol=\"websocket\"} 1\n",
+        "ferro_agent_stream_requests_total{path=\"exec\",protocol=\"v5.channel.k8s.io\"} 10\n",
+        "ferro_agent_stream_requests_total{path=\"exec\",protocol=\"spdy\"} 1\n",
         "ferro_agent_server_requests_total{path=\"attach\",code=\"101\"} 1\n",
-        "ferro_agent_server_requests_total{path=\"portForward\",code=\"403\"} 1\n",
+        "ferro_agent_stream_requests_total{path=\"attach\",protocol=\"v5.channel.k8s.io\"} 1\n",
+        "ferro_agent_stream_requests_total{path=\"portForward\",protocol=\"SPDY/3.1+portforward.k8s.io\"} 1\n",
         "process_resident_memory_bytes ",
     ] {
         assert!(metrics.contains(want), "{want} missing:\n{metrics}");
     }
+    // No request was refused and retried.
+    assert!(!metrics.contains("code=\"403\""), "{metrics}");
 
     let _ = stop_tx.send(());
     server.await.unwrap().unwrap();

@@ -10,12 +10,16 @@
 //!   are always 401 and only certificates work. There is no authorization step (upstream's
 //!   SubjectAccessReview): any authenticated client may use every endpoint.
 //! - Logs are read from the CRI log files ([`logs`]); exec, attach and port-forward ask the
-//!   runtime for a streaming URL (CRI Exec/Attach/PortForward) and proxy the client's upgrade
-//!   request to it, splicing both connections after the runtime answers 101 ([`stream`]).
+//!   runtime for a streaming URL (CRI Exec/Attach/PortForward) and either proxy the client's
+//!   upgrade request to it, splicing both connections after the runtime answers 101, or, for
+//!   WebSocket `v5.channel.k8s.io` and `SPDY/3.1+portforward.k8s.io`, terminate the WebSocket
+//!   and talk SPDY/3.1 to the runtime themselves ([`stream`], [`wsbridge`], [`spdy`]).
 
 pub mod logs;
+pub mod spdy;
 pub mod stream;
 pub mod tls;
+pub mod wsbridge;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -163,18 +167,24 @@ pub enum Identity {
     Token(String),
 }
 
-/// Request counts by route and status code.
-#[derive(Debug, Default)]
-struct Counters(Mutex<BTreeMap<(&'static str, u16), u64>>);
+/// Request counts by two labels (route and status code; route and stream protocol).
+#[derive(Debug)]
+pub(crate) struct Counters<L>(Mutex<BTreeMap<(&'static str, L), u64>>);
 
-impl Counters {
-    fn add(&self, route: &'static str, code: u16) {
+impl<L> Default for Counters<L> {
+    fn default() -> Self {
+        Counters(Mutex::new(BTreeMap::new()))
+    }
+}
+
+impl<L: Ord + Clone> Counters<L> {
+    fn add(&self, route: &'static str, label: L) {
         if let Ok(mut m) = self.0.lock() {
-            *m.entry((route, code)).or_default() += 1;
+            *m.entry((route, label)).or_default() += 1;
         }
     }
 
-    fn snapshot(&self) -> BTreeMap<(&'static str, u16), u64> {
+    fn snapshot(&self) -> BTreeMap<(&'static str, L), u64> {
         self.0.lock().map(|m| m.clone()).unwrap_or_default()
     }
 }
@@ -183,7 +193,9 @@ pub(crate) struct State {
     pub(crate) lookup: Arc<dyn Lookup>,
     pub(crate) runtime_socket: PathBuf,
     kube: Option<kube::Client>,
-    counters: Counters,
+    counters: Counters<u16>,
+    /// Upgraded exec/attach/port-forward sessions by route and protocol (see [`stream`]).
+    pub(crate) streams: Counters<&'static str>,
     /// `/proc` (tests point it elsewhere).
     proc_root: PathBuf,
 }
@@ -245,6 +257,7 @@ pub async fn serve_on(
         runtime_socket: cfg.runtime_socket.clone(),
         kube: cfg.kube.clone(),
         counters: Counters::default(),
+        streams: Counters::default(),
         proc_root: PathBuf::from("/proc"),
     });
     if let Ok(a) = listener.local_addr() {
@@ -433,6 +446,14 @@ fn metrics_text(state: &State) -> String {
     let _ = writeln!(s, "# TYPE ferro_agent_server_requests_total counter");
     for ((route, code), n) in state.counters.snapshot() {
         let _ = writeln!(s, "ferro_agent_server_requests_total{{path=\"{route}\",code=\"{code}\"}} {n}");
+    }
+    let _ = writeln!(
+        s,
+        "# HELP ferro_agent_stream_requests_total Upgraded exec, attach and port-forward sessions, by route and protocol."
+    );
+    let _ = writeln!(s, "# TYPE ferro_agent_stream_requests_total counter");
+    for ((route, protocol), n) in state.streams.snapshot() {
+        let _ = writeln!(s, "ferro_agent_stream_requests_total{{path=\"{route}\",protocol=\"{protocol}\"}} {n}");
     }
     if let Some(rss) = rss_bytes(&state.proc_root) {
         let _ = writeln!(s, "# HELP process_resident_memory_bytes Resident memory size in bytes.");
@@ -843,6 +864,7 @@ mod tests {
             runtime_socket: PathBuf::from("/nonexistent"),
             kube: None,
             counters: Counters::default(),
+        streams: Counters::default(),
             proc_root: PathBuf::from("/proc"),
         })
     }
