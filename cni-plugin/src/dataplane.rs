@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use futures::TryStreamExt;
 use ipnet::IpNet;
-use netlink_packet_route::address::AddressAttribute;
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
 use netlink_packet_route::link::{
     InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkInfo as NlLinkInfo, LinkMessage,
 };
@@ -152,12 +152,17 @@ async fn get_link(h: &Handle, name: &str) -> Result<Option<LinkMessage>, rtnetli
 }
 
 async fn add_addr(h: &Handle, index: u32, a: &IpNet) -> Result<(), rtnetlink::Error> {
-    match h
-        .address()
-        .add(index, a.addr(), a.prefix_len())
-        .execute()
-        .await
-    {
+    let mut req = h.address().add(index, a.addr(), a.prefix_len());
+    if a.addr().is_ipv6() {
+        // No duplicate address detection: the IPAM hands each address to one interface on
+        // this bridge, and DAD would keep it tentative (unusable) for about a second after
+        // ADD returns. Also set in the IFA_FLAGS attribute, which the kernel prefers.
+        req.message_mut().header.flags |= AddressHeaderFlags::Nodad;
+        req.message_mut()
+            .attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+    }
+    match req.execute().await {
         Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
         r => r,
     }
