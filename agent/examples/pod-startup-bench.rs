@@ -2,7 +2,10 @@
 //! as agent/tests/pods.rs: ferro-control-plane, containerd 1.6 + runc, ferro-cni, ferro-agent).
 //!
 //!   cargo build --release --workspace --all-targets
-//!   ./target/release/examples/pod-startup-bench [--pods 30] [--idle-seconds 20]
+//!   ./target/release/examples/pod-startup-bench [--pods 30] [--idle-seconds 20] [--oci-runtime /usr/bin/crun]
+//!
+//! `--oci-runtime` makes containerd's runc shim run another OCI runtime binary (its
+//! `BinaryName` option) instead of runc.
 //!
 //! Latency follows the upstream SLI: from the pod's creation to the watch observing all its
 //! containers started (image already present). creationTimestamp has a resolution of one
@@ -118,7 +121,13 @@ async fn burst(client: kube::Client, n: usize) -> Vec<f64> {
 fn main() {
     let n = usize::try_from(arg("--pods", 30)).unwrap();
     let idle = Duration::from_secs(arg("--idle-seconds", 20));
-    let lab = lab::Lab::start("bench");
+    let args: Vec<String> = std::env::args().collect();
+    let runtime = args
+        .iter()
+        .position(|a| a == "--oci-runtime")
+        .map(|i| std::path::PathBuf::from(args.get(i + 1).expect("--oci-runtime takes a path")));
+    println!("OCI runtime: {}", runtime.as_ref().map_or("runc".into(), |p| p.display().to_string()));
+    let lab = lab::Lab::start_full("bench", lab::NO_IMAGE_GC, runtime);
     let pid = lab.agent.pid().unwrap();
     std::thread::sleep(Duration::from_secs(5));
     let (rss0, cpu0) = footprint(pid, idle);

@@ -304,6 +304,7 @@ async fn containerd_runtime_status_drives_ready() {
             ("loopback".into(), "/usr/lib/cni/loopback".into()),
         ],
         cni_configs: Vec::new(),
+        runtime_binary: None,
     };
     let ctrd = Containerd::start(&ns, &opts).unwrap();
 

@@ -232,6 +232,7 @@ fn kubectl_logs_exec_and_port_forward_through_the_agent_server() {
             .map(|p| (p.to_string(), Path::new("/usr/lib/cni").join(p)))
             .collect(),
         cni_configs: vec![("10-bridge.conflist".into(), conflist.to_string())],
+        runtime_binary: None,
     };
     let ctrd = Containerd::start(&ns, &opts).unwrap();
     ctrd.import(&tars.pause).unwrap();

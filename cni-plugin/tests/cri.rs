@@ -53,6 +53,7 @@ fn containerd_cri_pod_sandbox_gets_and_releases_an_address_from_ferro_cni() {
             ("loopback".into(), "/usr/lib/cni/loopback".into()),
         ],
         cni_configs: vec![("10-ferro.conflist".into(), conflist.to_string())],
+        runtime_binary: None,
     };
     let ctrd = Containerd::start(&node, &opts).unwrap();
     ctrd.import(&tars.pause).unwrap();

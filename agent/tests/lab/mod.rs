@@ -112,6 +112,12 @@ impl Lab {
     /// As [`Lab::start`], with `extra_config` (YAML lines) appended to the agent's
     /// KubeletConfiguration.
     pub fn start_with(tag: &str, extra_config: &str) -> Lab {
+        Self::start_full(tag, extra_config, None)
+    }
+
+    /// As [`Lab::start_with`], with containerd's runc shim running `runtime_binary` (e.g.
+    /// crun) instead of runc.
+    pub fn start_full(tag: &str, extra_config: &str, runtime_binary: Option<PathBuf>) -> Lab {
         ferro_lab::require_root().unwrap();
         ferro_lab::require_bin("nsenter", "util-linux").unwrap();
         ferro_lab::require_bin("kubectl", "kubernetes-client").unwrap();
@@ -141,6 +147,7 @@ impl Lab {
                 ("loopback".into(), "/usr/lib/cni/loopback".into()),
             ],
             cni_configs: vec![("10-ferro.conflist".into(), conflist.to_string())],
+            runtime_binary,
         };
         let ctrd = Containerd::start(&ns, &opts).unwrap();
         ctrd.import(&tars.pause).unwrap();

@@ -38,6 +38,9 @@ pub struct Options {
     pub cni_plugins: Vec<(String, PathBuf)>,
     /// Files of `conf_dir`: (file name, content).
     pub cni_configs: Vec<(String, String)>,
+    /// The OCI runtime binary the runc shim runs (its `BinaryName` option, e.g. crun);
+    /// `None` is runc from `PATH`.
+    pub runtime_binary: Option<PathBuf>,
 }
 
 /// Where a containerd keeps its things. The fixture puts everything under one temp dir
@@ -152,6 +155,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         runc = layout.runc_root.display(),
         image = opts.sandbox_image,
     );
+    if let Some(bin) = &opts.runtime_binary {
+        let _ = writeln!(s, "        BinaryName = \"{}\"", bin.display());
+    }
     if let Some(path) = &layout.registry_config_path {
         let _ = write!(
             s,
@@ -453,11 +459,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_runtime_binary_goes_into_the_runc_options() {
+        let mut opts = Options {
+            sandbox_image: "registry.ferro.test/pause:1".into(),
+            cni_plugins: Vec::new(),
+            cni_configs: Vec::new(),
+            runtime_binary: None,
+        };
+        let layout = Layout::under(Path::new("/tmp/x"));
+        assert!(!render_config(&layout, &opts).contains("BinaryName"));
+        opts.runtime_binary = Some("/usr/bin/crun".into());
+        let text = render_config(&layout, &opts);
+        let table = text
+            .split("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]")
+            .nth(1)
+            .unwrap();
+        let table = table.split("\n  [").next().unwrap();
+        assert!(table.contains("Root = \"/tmp/x/runc\""), "{table}");
+        assert!(table.contains("BinaryName = \"/usr/bin/crun\""), "{table}");
+    }
+
+    #[test]
     fn config_points_everything_into_the_temp_dir() {
         let opts = Options {
             sandbox_image: "registry.ferro.test/pause:1".into(),
             cni_plugins: Vec::new(),
             cni_configs: Vec::new(),
+            runtime_binary: None,
         };
         let text = render_config(&Layout::under(Path::new("/tmp/x")), &opts);
         for want in [
@@ -483,6 +511,7 @@ mod tests {
             sandbox_image: "127.0.0.1:5000/ferro/pause:1".into(),
             cni_plugins: Vec::new(),
             cni_configs: Vec::new(),
+            runtime_binary: None,
         };
         let layout = Layout::split(
             Path::new("/var/lib/l/containerd"),

@@ -202,6 +202,7 @@ fn main() -> anyhow::Result<()> {
                 sandbox_image,
                 cni_plugins: Vec::new(),
                 cni_configs: Vec::new(),
+                runtime_binary: None,
             };
             print!("{}", containerd::render_config(&layout, &opts));
         }
