@@ -245,19 +245,26 @@ impl Netlink {
         Ok(handle)
     }
 
+    /// A netlink handle inside `netns`; `None` when the namespace is gone or is not (or no
+    /// longer) a network namespace: nothing of ours can be inside then.
+    fn container_handle(&self, netns: &str) -> Result<Option<Handle>, CniError> {
+        let ns = match File::open(netns) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(ENOENT) => return Ok(None),
+            Err(e) => return Err(CniError::io(format!("open network namespace {netns}"), e)),
+        };
+        match self.handle_in(&ns, netns) {
+            Ok(h) => Ok(Some(h)),
+            Err(CniError::InvalidEnv { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The container end of DEL: removes every address of `ifname` in `netns`. Returns
     /// whether the link exists (a missing namespace or link has nothing to remove).
     fn strip_container_link(&self, netns: &str, ifname: &str) -> Result<bool, CniError> {
-        let ns = match File::open(netns) {
-            Ok(f) => f,
-            Err(e) if e.raw_os_error() == Some(ENOENT) => return Ok(false),
-            Err(e) => return Err(CniError::io(format!("open network namespace {netns}"), e)),
-        };
-        let cont = match self.handle_in(&ns, netns) {
-            Ok(h) => h,
-            // Not (or no longer) a network namespace: nothing of ours can be inside.
-            Err(CniError::InvalidEnv { .. }) => return Ok(false),
-            Err(e) => return Err(e),
+        let Some(cont) = self.container_handle(netns)? else {
+            return Ok(false);
         };
         self.rt.block_on(async {
             let Some(link) = get_link(&cont, ifname)
@@ -699,16 +706,8 @@ impl Dataplane for Netlink {
     }
 
     fn delete_container_link(&mut self, netns: &str, ifname: &str) -> Result<(), CniError> {
-        let ns = match File::open(netns) {
-            Ok(f) => f,
-            Err(e) if e.raw_os_error() == Some(ENOENT) => return Ok(()),
-            Err(e) => return Err(CniError::io(format!("open network namespace {netns}"), e)),
-        };
-        let cont = match self.handle_in(&ns, netns) {
-            Ok(h) => h,
-            // Not (or no longer) a network namespace: nothing of ours can be inside.
-            Err(CniError::InvalidEnv { .. }) => return Ok(()),
-            Err(e) => return Err(e),
+        let Some(cont) = self.container_handle(netns)? else {
+            return Ok(());
         };
         self.rt.block_on(async {
             let Some(link) = get_link(&cont, ifname)
