@@ -106,6 +106,8 @@ pub struct KubeletConfiguration {
     pub image_gc_low_threshold_percent: Option<i32>,
     #[serde(rename = "imageMinimumGCAge")]
     pub image_minimum_gc_age: Option<String>,
+    #[serde(rename = "imageMaximumGCAge")]
+    pub image_maximum_gc_age: Option<String>,
 }
 
 /// `authentication` of KubeletConfiguration: the x509 client CA.
@@ -181,6 +183,9 @@ pub struct AgentConfig {
     pub image_gc_high_threshold_percent: u8,
     pub image_gc_low_threshold_percent: u8,
     pub image_minimum_gc_age: Duration,
+    /// imageMaximumGCAge: unused longer than this, an image is removed whatever the disk
+    /// usage (0, the default, turns it off).
+    pub image_maximum_gc_age: Duration,
     /// `--image-gc-period` (ferro-specific).
     pub image_gc_period: Duration,
 }
@@ -229,10 +234,21 @@ impl AgentConfig {
                 reason: "must be positive".into(),
             });
         }
+        let image_minimum_gc_age = dur("imageMinimumGCAge", &file.image_minimum_gc_age, "2m")?;
+        let image_maximum_gc_age = dur("imageMaximumGCAge", &file.image_maximum_gc_age, "0s")?;
+        if !image_maximum_gc_age.is_zero() && image_maximum_gc_age <= image_minimum_gc_age {
+            // Upstream's validation.
+            return Err(ConfigError::Value {
+                field: "imageMaximumGCAge",
+                value: file.image_maximum_gc_age.clone().unwrap_or_default(),
+                reason: format!("must be greater than imageMinimumGCAge ({image_minimum_gc_age:?})"),
+            });
+        }
         Ok(AgentConfig {
             image_gc_high_threshold_percent,
             image_gc_low_threshold_percent,
-            image_minimum_gc_age: dur("imageMinimumGCAge", &file.image_minimum_gc_age, "2m")?,
+            image_minimum_gc_age,
+            image_maximum_gc_age,
             image_gc_period,
             kubeconfig: flags.kubeconfig.clone(),
             hostname_override: flags.hostname_override.clone(),
@@ -290,6 +306,7 @@ impl AgentConfig {
             high_threshold_percent: self.image_gc_high_threshold_percent,
             low_threshold_percent: self.image_gc_low_threshold_percent,
             min_age: self.image_minimum_gc_age,
+            max_age: self.image_maximum_gc_age,
             period: self.image_gc_period,
         }
     }
@@ -480,6 +497,30 @@ mod tests {
         assert_eq!(c.image_minimum_gc_age, Duration::from_secs(5400));
         let c = AgentConfig::resolve(&flags(&["--image-gc-period", "2s"]), None).unwrap();
         assert_eq!(c.image_gc().period, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn image_maximum_gc_age() {
+        assert_eq!(AgentConfig::resolve(&flags(&[]), None).unwrap().image_gc().max_age, Duration::ZERO);
+        let c = gc_file("imageMaximumGCAge: 168h
+").unwrap();
+        assert_eq!(c.image_gc().max_age, Duration::from_secs(168 * 3600));
+        let c = gc_file("imageMinimumGCAge: 0s
+imageMaximumGCAge: 3s
+").unwrap();
+        assert_eq!(c.image_gc().max_age, Duration::from_secs(3));
+        // It must exceed the minimum age (2m by default), as upstream validates.
+        for lines in ["imageMaximumGCAge: 1m
+", "imageMaximumGCAge: 2m
+", "imageMinimumGCAge: 1h
+imageMaximumGCAge: 30m
+"] {
+            let err = gc_file(lines).unwrap_err().to_string();
+            assert!(err.contains("imageMaximumGCAge") && err.contains("must be greater than imageMinimumGCAge"), "{err}");
+        }
+        let err = gc_file("imageMaximumGCAge: soon
+").unwrap_err().to_string();
+        assert!(err.contains("imageMaximumGCAge"), "{err}");
     }
 
     #[test]

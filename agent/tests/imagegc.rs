@@ -12,6 +12,7 @@ use serde_json::Value;
 
 const MIN: Duration = Duration::from_secs(60);
 const UNUSED: &str = "registry.ferro.test/unused:1";
+const AGED: &str = "registry.ferro.test/aged:1";
 const PAUSE: &str = ferro_lab::images::PAUSE_IMAGE;
 
 fn pod_yaml(name: &str) -> String {
@@ -50,6 +51,7 @@ fn rounds(lab: &Lab) -> usize {
 /// An image nobody uses is removed once usage is over the high threshold; the busybox image
 /// (used by a running container) and the pause image (the runtime's sandbox image, used by no
 /// container) stay, the pod keeps running, and a new pod still starts offline afterwards.
+/// Then an image unused for longer than imageMaximumGCAge is removed below the thresholds.
 #[test]
 fn unused_image_is_collected_busybox_and_pause_stay() {
     // Phase 1: GC disabled (high = 100), whatever the disk usage of this host.
@@ -114,4 +116,31 @@ fn unused_image_is_collected_busybox_and_pause_stay() {
     lab.apply(&pod_yaml("later"));
     lab.wait_pod("later", "Running after GC", MIN, running);
     assert!(has(&lab, BUSYBOX) && has(&lab, PAUSE), "{:?}", images(&lab));
+
+    // Phase 3: imageMaximumGCAge. Thresholds no disk reaches in practice (99/98 %), a maximum
+    // age of 3 s: another unused image goes for its age alone; busybox and pause stay.
+    let work = lab.dir.path().join("images/aged");
+    let rootfs = work.join("rootfs");
+    std::fs::create_dir_all(&rootfs).unwrap();
+    std::fs::write(rootfs.join("aged.txt"), "left unused for too long\n").unwrap();
+    let tar = ferro_lab::images::image(&work, "aged", &rootfs, &["/nothing"], AGED).unwrap();
+    lab.ctrd.import(&tar).unwrap();
+    assert!(has(&lab, AGED), "{:?}", images(&lab));
+    lab.write_agent_config(
+        "imageGCHighThresholdPercent: 99\nimageGCLowThresholdPercent: 98\nimageMinimumGCAge: 0s\nimageMaximumGCAge: 3s\n",
+    );
+    lab.agent.kill();
+    lab.start_agent();
+    lab.wait("the aged image to be removed", MIN, |l| (!has(l, AGED)).then_some(()));
+    let log = lab.agent_log();
+    assert!(
+        log.lines().any(|l| l.contains("removed image unused for longer than imageMaximumGCAge") && l.contains(AGED)),
+        "the agent should log the removal by age\n{}",
+        lab.logs()
+    );
+    let seen = rounds(&lab);
+    lab.wait("two more GC rounds", MIN, |l| (rounds(l) >= seen + 2).then_some(()));
+    assert!(has(&lab, BUSYBOX) && has(&lab, PAUSE), "{:?}", images(&lab));
+    let pod = lab.pod("keep").unwrap();
+    assert_eq!(pod["status"]["containerStatuses"][0]["containerID"], container.as_str());
 }

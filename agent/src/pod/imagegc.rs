@@ -16,6 +16,10 @@
 //!   before everything else), ties broken by first detection; stop once the sizes removed
 //!   reach the amount.
 //! - high = 100 disables GC (upstream stubs the manager out).
+//! - imageMaximumGCAge (`max_age`, 0 = off), before the disk check and whatever the usage: an
+//!   image not in use, not pinned and unused for longer than `max_age` is removed (never used
+//!   since the agent started counts as unused since then); nothing goes before the agent has
+//!   run `max_age` itself, so a restart does not take images whose use it could not see.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -32,6 +36,8 @@ pub struct ImageGcConfig {
     pub low_threshold_percent: u8,
     /// imageMinimumGCAge: an image detected more recently is never removed.
     pub min_age: Duration,
+    /// imageMaximumGCAge: unused for longer, an image is removed (zero: off).
+    pub max_age: Duration,
     /// How often a round runs (upstream's ImageGCPeriod is 5 minutes).
     pub period: Duration,
 }
@@ -262,10 +268,12 @@ pub async fn image_gc_loop(rt: cri::Runtime, cfg: ImageGcConfig) {
         high = cfg.high_threshold_percent,
         low = cfg.low_threshold_percent,
         min_age = ?cfg.min_age,
+        max_age = ?cfg.max_age,
         period = ?cfg.period,
         "image garbage collection"
     );
-    let mut gc = ImageGc { rt, cfg, records: Records::default() };
+    let began = tokio::time::Instant::now().into_std();
+    let mut gc = ImageGc { rt, cfg, records: Records::default(), began };
     let mut tick = tokio::time::interval(gc.cfg.period.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -277,10 +285,27 @@ pub async fn image_gc_loop(rt: cri::Runtime, cfg: ImageGcConfig) {
 }
 
 /// The executor's state: the runtime and the records kept across rounds.
+/// The images unused for longer than `max_age`, for removal whatever the disk usage; none
+/// before the agent (`began`) has itself run for `max_age`, and none when `max_age` is zero.
+/// Pure.
+pub fn aged_out(images: &[ImageInfo], max_age: Duration, began: Instant, now: Instant) -> Vec<String> {
+    if max_age.is_zero() || now.saturating_duration_since(began) <= max_age {
+        return Vec::new();
+    }
+    images
+        .iter()
+        .filter(|i| !i.in_use && !i.pinned)
+        .filter(|i| now.saturating_duration_since(i.last_used.unwrap_or(began)) > max_age)
+        .map(|i| i.id.clone())
+        .collect()
+}
+
 struct ImageGc {
     rt: cri::Runtime,
     cfg: ImageGcConfig,
     records: Records,
+    /// When the loop started (imageMaximumGCAge waits that long before removing anything).
+    began: Instant,
 }
 
 impl ImageGc {
@@ -310,7 +335,24 @@ impl ImageGc {
         in_use.extend(sandbox_id.clone());
 
         let now = tokio::time::Instant::now().into_std();
-        let images = self.records.observe(&listed, &in_use, now);
+        let mut images = self.records.observe(&listed, &in_use, now);
+        for id in aged_out(&images, self.cfg.max_age, self.began, now) {
+            let Some(img) = images.iter().find(|i| i.id == id) else { continue };
+            match self.rt.remove_image(&id).await {
+                Ok(()) => {
+                    tracing::info!(
+                        image = %id,
+                        tags = ?img.repo_tags,
+                        size = img.size,
+                        max_age = ?self.cfg.max_age,
+                        "removed image unused for longer than imageMaximumGCAge"
+                    );
+                    images.retain(|i| i.id != id);
+                }
+                Err(e) if e.is_not_found() => images.retain(|i| i.id != id),
+                Err(e) => tracing::warn!(image = %id, error = %e, "removing image failed"),
+            }
+        }
         let decision = plan(fs, self.cfg.high_threshold_percent, self.cfg.low_threshold_percent, self.cfg.min_age, &images, now);
         tracing::debug!(
             mountpoint = %mountpoint.display(),
@@ -505,6 +547,32 @@ mod tests {
     }
 
     #[test]
+    fn max_age_removes_only_long_unused_images_after_the_agent_ran_that_long() {
+        let t = T::new();
+        let max = Duration::from_secs(100);
+        let images = vec![
+            t.img("old-used", 1, 0, Some(10)),
+            t.img("recent", 1, 0, Some(150)),
+            t.img("never-used", 1, 0, None),
+            ImageInfo { in_use: true, ..t.img("in-use", 1, 0, Some(0)) },
+            ImageInfo { pinned: true, ..t.img("pinned", 1, 0, None) },
+        ];
+        // Off.
+        assert!(aged_out(&images, Duration::ZERO, t.at(0), t.at(1000)).is_empty());
+        // The agent has not run for max_age yet (exactly max_age is not longer).
+        assert!(aged_out(&images, max, t.at(0), t.at(100)).is_empty());
+        // At 200 s: unused since 10 s (190 > 100) and never used since the start (200 > 100);
+        // used at 150 s (50) stays; in use and pinned stay.
+        assert_eq!(aged_out(&images, max, t.at(0), t.at(200)), vec!["old-used", "never-used"]);
+        // Unused for exactly max_age is not longer than it.
+        assert_eq!(aged_out(&images, max, t.at(0), t.at(250)), vec!["old-used", "never-used"]);
+        assert_eq!(aged_out(&images, max, t.at(0), t.at(251)), vec!["old-used", "recent", "never-used"]);
+        // Never used counts from the agent's start, not from time zero.
+        assert!(aged_out(&[t.img("never-used", 1, 0, None)], max, t.at(50), t.at(151)).len() == 1);
+        assert!(aged_out(&[t.img("never-used", 1, 0, None)], max, t.at(50), t.at(150)).is_empty());
+    }
+
+    #[test]
     fn younger_than_min_age_is_kept() {
         let t = T::new();
         let images = vec![
@@ -642,7 +710,7 @@ mod tests {
 
     #[test]
     fn high_100_disables() {
-        let c = |high| ImageGcConfig { high_threshold_percent: high, low_threshold_percent: 80, min_age: MIN2, period: MIN2 };
+        let c = |high| ImageGcConfig { high_threshold_percent: high, low_threshold_percent: 80, min_age: MIN2, max_age: Duration::ZERO, period: MIN2 };
         assert!(c(100).disabled());
         assert!(!c(85).disabled());
     }
