@@ -266,6 +266,115 @@ pub fn authorize(user: &User, a: &Attributes<'_>, graph: &dyn NodeGraph, body: O
     }
 }
 
+/// The review APIs served without storage, as upstream's: `authentication.k8s.io/v1`
+/// TokenReview and `authorization.k8s.io/v1` SubjectAccessReview (create only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Review {
+    Token,
+    SubjectAccess,
+}
+
+impl Review {
+    /// The review a request path names, if any.
+    pub fn of_path(path: &str) -> Option<Review> {
+        match path.trim_end_matches('/') {
+            "/apis/authentication.k8s.io/v1/tokenreviews" => Some(Review::Token),
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews" => Some(Review::SubjectAccess),
+            _ => None,
+        }
+    }
+
+    /// (group, version, kind, plural)
+    pub fn names(self) -> (&'static str, &'static str, &'static str, &'static str) {
+        match self {
+            Review::Token => ("authentication.k8s.io", "v1", "TokenReview", "tokenreviews"),
+            Review::SubjectAccess => ("authorization.k8s.io", "v1", "SubjectAccessReview", "subjectaccessreviews"),
+        }
+    }
+
+    /// Who may create reviews: the admin and nodes (upstream's system:node role has `create`
+    /// on both, for the kubelet's delegated authentication and authorization).
+    pub fn allowed(user: &User) -> bool {
+        user.is_admin() || user.node_name().is_some()
+    }
+}
+
+/// Answers a TokenReview: `spec.token` checked against the static tokens. The request's
+/// object comes back with `status` filled (upstream: authenticated, user, audiences).
+pub fn token_review(tokens: &Tokens, review: &Value) -> Result<Value, String> {
+    let token = review.pointer("/spec/token").and_then(Value::as_str).unwrap_or("");
+    if token.is_empty() {
+        return Err("spec.token: Required value: token must be provided".into());
+    }
+    let mut out = review.clone();
+    let status = match tokens.authenticate(&format!("Bearer {token}")) {
+        Some(u) => serde_json::json!({
+            "authenticated": true,
+            "user": {"username": u.name, "groups": u.groups},
+            "audiences": review.pointer("/spec/audiences").cloned().unwrap_or(Value::Array(Vec::new())),
+        }),
+        None => serde_json::json!({"user": {}}),
+    };
+    out["status"] = status;
+    Ok(out)
+}
+
+/// Answers a SubjectAccessReview with this server's own authorizer: the admin may do
+/// everything, nodes what the node rules allow, anyone else nothing. Non-resource requests
+/// (`nonResourceAttributes`) are allowed to the admin only.
+pub fn subject_access_review(review: &Value, graph: &dyn NodeGraph) -> Result<Value, String> {
+    let spec = review.get("spec").ok_or("spec: Required value")?;
+    let name = spec.get("user").and_then(Value::as_str).unwrap_or("");
+    let mut groups: Vec<String> = spec
+        .get("groups")
+        .and_then(Value::as_array)
+        .map(|g| g.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    if name.is_empty() && groups.is_empty() {
+        return Err("spec.user: Invalid value: \"\": at least one of user or group must be specified".into());
+    }
+    if !groups.iter().any(|g| g == "system:authenticated") && !name.is_empty() {
+        groups.push("system:authenticated".into());
+    }
+    let user = User { name: name.to_string(), groups };
+    let ra = spec.get("resourceAttributes");
+    let nra = spec.get("nonResourceAttributes");
+    let decision = match (ra, nra) {
+        (Some(_), Some(_)) => {
+            return Err("spec: Invalid value: resourceAttributes and nonResourceAttributes are mutually exclusive".into())
+        }
+        (None, None) => {
+            return Err("spec: Invalid value: exactly one of nonResourceAttributes or resourceAttributes must be specified".into())
+        }
+        (Some(ra), None) => {
+            let f = |k: &str| ra.get(k).and_then(Value::as_str).unwrap_or("");
+            let attrs = Attributes {
+                verb: f("verb"),
+                group: f("group"),
+                resource: f("resource"),
+                subresource: f("subresource"),
+                namespace: f("namespace"),
+                name: f("name"),
+            };
+            authorize(&user, &attrs, graph, None)
+        }
+        (None, Some(nra)) => {
+            let f = |k: &str| nra.get(k).and_then(Value::as_str).unwrap_or("");
+            if user.is_admin() {
+                Ok(())
+            } else {
+                Err(format!("User \"{}\" cannot {} path \"{}\"", user.name, f("verb"), f("path")))
+            }
+        }
+    };
+    let mut out = review.clone();
+    out["status"] = match decision {
+        Ok(()) => serde_json::json!({"allowed": true, "reason": "allowed by ferro-control-plane's authorizer"}),
+        Err(why) => serde_json::json!({"allowed": false, "reason": why}),
+    };
+    Ok(out)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -346,4 +455,67 @@ mod tests {
         let fake = User { name: "system:node:n1".into(), groups: vec![] };
         assert!(authorize(&fake, &attrs("get", "", "pods", "", "", ""), &Graph, None).is_err());
     }
+
+    #[test]
+    fn review_paths_and_who_may_create() {
+        assert_eq!(Review::of_path("/apis/authentication.k8s.io/v1/tokenreviews"), Some(Review::Token));
+        assert_eq!(Review::of_path("/apis/authorization.k8s.io/v1/subjectaccessreviews/"), Some(Review::SubjectAccess));
+        assert_eq!(Review::of_path("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"), None);
+        assert!(Review::allowed(&User { name: "admin".into(), groups: vec!["system:masters".into()] }));
+        assert!(Review::allowed(&node()));
+        assert!(!Review::allowed(&User { name: "jane".into(), groups: vec!["system:authenticated".into()] }));
+    }
+
+    #[test]
+    fn token_review_answers_from_the_static_tokens() {
+        let tokens = Tokens::parse("secret,admin,1,\"system:masters\"\n", "t").unwrap();
+        let review = serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "spec": {"token": "secret", "audiences": ["https://ferro"]}});
+        let out = token_review(&tokens, &review).unwrap();
+        assert_eq!(out["status"]["authenticated"], true);
+        assert_eq!(out["status"]["user"]["username"], "admin");
+        assert_eq!(out["status"]["user"]["groups"], serde_json::json!(["system:masters", "system:authenticated"]));
+        assert_eq!(out["status"]["audiences"], serde_json::json!(["https://ferro"]));
+        assert_eq!(out["spec"], review["spec"]);
+        let out = token_review(&tokens, &serde_json::json!({"spec": {"token": "wrong"}})).unwrap();
+        assert!(out["status"].get("authenticated").is_none(), "{out}");
+        assert!(token_review(&tokens, &serde_json::json!({"spec": {}})).unwrap_err().contains("spec.token"));
+    }
+
+    #[test]
+    fn subject_access_review_uses_the_authorizer() {
+        let sar = |spec: Value| subject_access_review(&serde_json::json!({"spec": spec}), &Graph);
+        let nodes_proxy = |user: &str, groups: Value| {
+            sar(serde_json::json!({"user": user, "groups": groups,
+                "resourceAttributes": {"verb": "get", "resource": "nodes", "subresource": "proxy", "name": "n1"}}))
+            .unwrap()
+        };
+        let out = nodes_proxy("admin", serde_json::json!(["system:masters"]));
+        assert_eq!(out["status"]["allowed"], true, "{out}");
+        let out = nodes_proxy("jane", serde_json::json!([]));
+        assert_eq!(out["status"]["allowed"], false, "{out}");
+        assert!(out["status"]["reason"].as_str().unwrap().contains("cannot get resource \"nodes/proxy\""), "{out}");
+        // A node may read its own Node object but not use another node's proxy.
+        let out = sar(serde_json::json!({"user": "system:node:n1", "groups": ["system:nodes"],
+            "resourceAttributes": {"verb": "get", "resource": "nodes", "name": "n1"}}))
+        .unwrap();
+        assert_eq!(out["status"]["allowed"], true, "{out}");
+        let out = nodes_proxy("system:node:n1", serde_json::json!(["system:nodes"]));
+        assert_eq!(out["status"]["allowed"], false, "{out}");
+        // Non-resource paths: the admin only.
+        let out = sar(serde_json::json!({"user": "admin", "groups": ["system:masters"],
+            "nonResourceAttributes": {"verb": "get", "path": "/metrics"}}))
+        .unwrap();
+        assert_eq!(out["status"]["allowed"], true);
+        let out = sar(serde_json::json!({"user": "jane", "nonResourceAttributes": {"verb": "get", "path": "/metrics"}})).unwrap();
+        assert_eq!(out["status"]["allowed"], false);
+        // Bad input.
+        assert!(sar(serde_json::json!({"resourceAttributes": {"verb": "get"}})).unwrap_err().contains("user or group"));
+        assert!(sar(serde_json::json!({"user": "a"})).unwrap_err().contains("exactly one"));
+        assert!(sar(serde_json::json!({"user": "a", "resourceAttributes": {}, "nonResourceAttributes": {}}))
+            .unwrap_err()
+            .contains("mutually exclusive"));
+        assert!(subject_access_review(&serde_json::json!({}), &Graph).unwrap_err().contains("spec"));
+    }
+
 }

@@ -357,6 +357,36 @@ fn verb_of(method: &Method, info: &RequestInfo, q: &HashMap<String, String>) -> 
     }
 }
 
+/// TokenReview and SubjectAccessReview: POST only, answered at once, nothing stored.
+async fn serve_review(
+    state: &Arc<ServerState>,
+    user: &User,
+    review: auth::Review,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let (group, version, kind, plural) = review.names();
+    let resource = format!("{plural}.{group}");
+    if req.method() != Method::POST {
+        return Err(ApiError::method_not_allowed(req.method().as_str()));
+    }
+    if !auth::Review::allowed(user) {
+        return Err(ApiError::forbidden(
+            &resource,
+            "",
+            format!("User \"{}\" cannot create resource \"{plural}\" in API group \"{group}\" at the cluster scope", user.name),
+        ));
+    }
+    let (parts, body) = read_body(req).await?;
+    let obj = decode_body(&content_type(&parts), &body)?;
+    Api::check_type(&obj, kind, &format!("{group}/{version}"))?;
+    let answer = match review {
+        auth::Review::Token => auth::token_review(&state.tokens, &obj),
+        auth::Review::SubjectAccess => auth::subject_access_review(&obj, &Graph(&state.api)),
+    }
+    .map_err(|why| ApiError::new(422, "Invalid", format!("{kind}.{group} \"\" is invalid: {why}")))?;
+    Ok(json_response(201, &answer))
+}
+
 /// Entry point for one request.
 pub async fn handle(state: Arc<ServerState>, cert_user: Option<User>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
@@ -388,6 +418,9 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
             state.tokens.authenticate(authz).ok_or_else(ApiError::unauthorized)?
         }
     };
+    if let Some(review) = auth::Review::of_path(&path) {
+        return serve_review(state, &user, review, req).await;
+    }
     let q = query(&req);
     // Discovery and OpenAPI: any authenticated user (upstream's system:discovery).
     if let Some(resp) = discovery::serve(&path)? {

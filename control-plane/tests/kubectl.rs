@@ -330,3 +330,74 @@ spec:
     assert!(!s.kubectl(&["get", "pod", "p1"]).status.success());
     assert!(s.ok(&["get", "nodes"]).contains("SchedulingDisabled"));
 }
+
+/// `kubectl create --raw` of a review as `kubeconfig`'s user: (success, stdout or stderr).
+fn review(kubeconfig: &std::path::Path, path: &str, body: &Value) -> (bool, String) {
+    let mut cmd = std::process::Command::new("kubectl");
+    cmd.arg("--kubeconfig").arg(kubeconfig).args(["create", "--raw", path, "-f", "-"]);
+    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    use std::io::Write as _;
+    child.stdin.take().unwrap().write_all(body.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    if out.status.success() {
+        (true, String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        (false, String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[test]
+fn token_and_subject_access_reviews() {
+    let s = Server::start();
+    let admin = s.kubeconfig();
+    let token = std::fs::read_to_string(&admin)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token:").map(|t| t.trim().trim_matches('"').to_string()))
+        .expect("the admin kubeconfig carries a token");
+    const TR: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
+    const SAR: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+    let tr = |t: &str| serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": t}});
+
+    // TokenReview, by the admin and by a node (the kubelet's delegated authentication).
+    let node = s.cert_kubeconfig("system:node:n1", &["system:nodes"]);
+    for who in [&admin, &node] {
+        let (ok, out) = review(who, TR, &tr(&token));
+        assert!(ok, "{out}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["kind"], "TokenReview");
+        assert_eq!(v["status"]["authenticated"], true, "{v}");
+        assert!(v["status"]["user"]["groups"].as_array().unwrap().contains(&"system:masters".into()), "{v}");
+    }
+    let (ok, out) = review(&admin, TR, &tr("not-a-token"));
+    assert!(ok, "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(v["status"]["authenticated"].is_null(), "{v}");
+
+    // SubjectAccessReview: the admin may use a node's proxy, a node may not.
+    let sar = |user: &str, groups: &[&str]| {
+        serde_json::json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": user, "groups": groups,
+                     "resourceAttributes": {"verb": "get", "resource": "nodes", "subresource": "proxy", "name": "n1"}}})
+    };
+    let (ok, out) = review(&node, SAR, &sar("admin", &["system:masters"]));
+    assert!(ok, "{out}");
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["status"]["allowed"], true, "{out}");
+    let (ok, out) = review(&node, SAR, &sar("system:node:n2", &["system:nodes"]));
+    assert!(ok, "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["status"]["allowed"], false, "{v}");
+    assert!(v["status"]["reason"].as_str().unwrap().contains("nodes/proxy"), "{v}");
+
+    // Bad input and callers that may not review.
+    let (ok, out) = review(&admin, SAR, &serde_json::json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": {"user": "a"}}));
+    assert!(!ok && out.contains("exactly one of nonResourceAttributes or resourceAttributes"), "{out}");
+    let (ok, out) = review(&admin, TR, &serde_json::json!({"apiVersion": "v1", "kind": "TokenReview", "spec": {"token": "x"}}));
+    assert!(!ok && out.contains("does not match the expected API version"), "{out}");
+    let jane = s.cert_kubeconfig("jane", &[]);
+    let (ok, out) = review(&jane, TR, &tr(&token));
+    assert!(!ok && out.contains("forbidden") && out.contains("tokenreviews"), "{out}");
+    let out = s.kubectl(&["get", "--raw", TR]);
+    assert!(!out.status.success(), "GET of a review is not allowed");
+}
