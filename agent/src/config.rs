@@ -90,6 +90,7 @@ pub struct KubeletConfiguration {
     pub tls_cert_file: Option<PathBuf>,
     pub tls_private_key_file: Option<PathBuf>,
     pub authentication: Option<Authentication>,
+    pub authorization: Option<Authorization>,
     pub eviction_hard: Option<std::collections::BTreeMap<String, String>>,
     pub static_pod_path: Option<PathBuf>,
     #[serde(rename = "podCIDR")]
@@ -115,6 +116,23 @@ pub struct KubeletConfiguration {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Authentication {
     pub x509: Option<X509Authentication>,
+}
+
+/// `authorization` of KubeletConfiguration: the mode and the webhook's cache.
+#[derive(Deserialize, Debug, Default, Clone, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Authorization {
+    pub mode: Option<String>,
+    pub webhook: Option<AuthorizationWebhook>,
+}
+
+#[derive(Deserialize, Debug, Default, Clone, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AuthorizationWebhook {
+    #[serde(rename = "cacheAuthorizedTTL")]
+    pub cache_authorized_ttl: Option<String>,
+    #[serde(rename = "cacheUnauthorizedTTL")]
+    pub cache_unauthorized_ttl: Option<String>,
 }
 
 #[derive(Deserialize, Debug, Default, Clone, PartialEq)]
@@ -188,6 +206,8 @@ pub struct AgentConfig {
     pub image_maximum_gc_age: Duration,
     /// `--image-gc-period` (ferro-specific).
     pub image_gc_period: Duration,
+    /// How requests to the :10250 server are authorized.
+    pub authorization: crate::server::authz::AuthzConfig,
 }
 
 impl AgentConfig {
@@ -244,7 +264,9 @@ impl AgentConfig {
                 reason: format!("must be greater than imageMinimumGCAge ({image_minimum_gc_age:?})"),
             });
         }
+        let authorization = authorization(file.authorization.as_ref(), flags.kubeconfig.is_some())?;
         Ok(AgentConfig {
+            authorization,
             image_gc_high_threshold_percent,
             image_gc_low_threshold_percent,
             image_minimum_gc_age,
@@ -376,6 +398,54 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(total))
 }
 
+/// `authorization`: upstream's v1beta1 default mode is Webhook (a SubjectAccessReview per
+/// request, cached 5m when allowed and 30s when denied); without an API server (standalone)
+/// the default is AlwaysAllow, and Webhook is an error.
+fn authorization(
+    a: Option<&Authorization>,
+    has_api: bool,
+) -> Result<crate::server::authz::AuthzConfig, ConfigError> {
+    use crate::server::authz::{AuthzConfig, Mode};
+    let mode = match a.and_then(|a| a.mode.as_deref()) {
+        None if has_api => Mode::Webhook,
+        None => Mode::AlwaysAllow,
+        Some("AlwaysAllow") => Mode::AlwaysAllow,
+        Some("Webhook") if has_api => Mode::Webhook,
+        Some("Webhook") => {
+            return Err(ConfigError::Value {
+                field: "authorization.mode",
+                value: "Webhook".into(),
+                reason: "needs an API server (--kubeconfig)".into(),
+            })
+        }
+        Some(other) => {
+            return Err(ConfigError::Value {
+                field: "authorization.mode",
+                value: other.into(),
+                reason: "must be AlwaysAllow or Webhook".into(),
+            })
+        }
+    };
+    let webhook = a.and_then(|a| a.webhook.as_ref());
+    let ttl = |field: &'static str, v: Option<&String>, default: &str| {
+        let value = v.cloned().unwrap_or_else(|| default.to_string());
+        parse_duration(&value).map_err(|reason| ConfigError::Duration { field, value, reason })
+    };
+    Ok(AuthzConfig {
+        mode,
+        authorized_ttl: ttl(
+            "authorization.webhook.cacheAuthorizedTTL",
+            webhook.and_then(|w| w.cache_authorized_ttl.as_ref()),
+            "5m",
+        )?,
+        unauthorized_ttl: ttl(
+            "authorization.webhook.cacheUnauthorizedTTL",
+            webhook.and_then(|w| w.cache_unauthorized_ttl.as_ref()),
+            "30s",
+        )?,
+    })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -497,6 +567,41 @@ mod tests {
         assert_eq!(c.image_minimum_gc_age, Duration::from_secs(5400));
         let c = AgentConfig::resolve(&flags(&["--image-gc-period", "2s"]), None).unwrap();
         assert_eq!(c.image_gc().period, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn authorization_modes() {
+        use crate::server::authz::Mode;
+        let c = AgentConfig::resolve(&flags(&[]), None).unwrap();
+        assert_eq!(c.authorization.mode, Mode::AlwaysAllow, "standalone");
+        let c = AgentConfig::resolve(&flags(&["--kubeconfig", "/k"]), None).unwrap();
+        assert_eq!(c.authorization.mode, Mode::Webhook, "upstream's default with an API server");
+        assert_eq!(c.authorization.authorized_ttl, Duration::from_secs(300));
+        assert_eq!(c.authorization.unauthorized_ttl, Duration::from_secs(30));
+        let file = |lines: &str| {
+            let text = format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{lines}");
+            KubeletConfiguration::parse(&text, Path::new("c.yaml")).unwrap()
+        };
+        let c = AgentConfig::resolve(
+            &flags(&["--kubeconfig", "/k"]),
+            Some(file("authorization:\n  mode: AlwaysAllow\n")),
+        )
+        .unwrap();
+        assert_eq!(c.authorization.mode, Mode::AlwaysAllow);
+        let c = AgentConfig::resolve(
+            &flags(&["--kubeconfig", "/k"]),
+            Some(file("authorization:\n  mode: Webhook\n  webhook:\n    cacheAuthorizedTTL: 1m\n    cacheUnauthorizedTTL: 0s\n")),
+        )
+        .unwrap();
+        assert_eq!(c.authorization.authorized_ttl, Duration::from_secs(60));
+        assert_eq!(c.authorization.unauthorized_ttl, Duration::ZERO);
+        let err = AgentConfig::resolve(&flags(&[]), Some(file("authorization:\n  mode: Webhook\n"))).unwrap_err();
+        assert!(err.to_string().contains("needs an API server"), "{err}");
+        let err = AgentConfig::resolve(&flags(&["--kubeconfig", "/k"]), Some(file("authorization:\n  mode: RBAC\n")))
+            .unwrap_err();
+        assert!(err.to_string().contains("must be AlwaysAllow or Webhook"), "{err}");
+        let text = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nauthorization:\n  modes: [Webhook]\n";
+        assert!(KubeletConfiguration::parse(text, Path::new("c.yaml")).is_err(), "unknown fields are rejected");
     }
 
     #[test]

@@ -71,6 +71,7 @@ fn start_server(
         node_ips,
         runtime_socket: cfg.runtime_socket.clone(),
         kube: client,
+        authorization: cfg.authorization.clone(),
     };
     let lookup: std::sync::Arc<dyn server::Lookup> = std::sync::Arc::new(workers);
     Ok(tokio::spawn(async move {

@@ -6,15 +6,17 @@
 //! - Authentication: a client certificate signed by the client CA (what the API server's
 //!   kubelet-client certificate is), or `Authorization: Bearer` checked with a TokenReview
 //!   against the API server when a client is configured. Anything else is 401, every path
-//!   included. ferro-control-plane does not serve TokenReview yet, so against it bearer tokens
-//!   are always 401 and only certificates work. There is no authorization step (upstream's
-//!   SubjectAccessReview): any authenticated client may use every endpoint.
+//!   included.
+//! - Authorization ([`authz`]): in Webhook mode (the default with an API server) a
+//!   SubjectAccessReview on `nodes/<subresource>` of this node decides each request (403
+//!   otherwise), cached as upstream; AlwaysAllow serves every authenticated client.
 //! - Logs are read from the CRI log files ([`logs`]); exec, attach and port-forward ask the
 //!   runtime for a streaming URL (CRI Exec/Attach/PortForward) and either proxy the client's
 //!   upgrade request to it, splicing both connections after the runtime answers 101, or, for
 //!   WebSocket `v5.channel.k8s.io` and `SPDY/3.1+portforward.k8s.io`, terminate the WebSocket
 //!   and talk SPDY/3.1 to the runtime themselves ([`stream`], [`wsbridge`], [`spdy`]).
 
+pub mod authz;
 pub mod logs;
 pub mod spdy;
 pub mod stream;
@@ -100,7 +102,9 @@ pub struct ServerConfig {
     /// The CRI socket (exec, attach, port-forward).
     pub runtime_socket: PathBuf,
     /// For bearer tokens: TokenReview against the API server. `None`: tokens are refused.
+    /// Also the SubjectAccessReviews of Webhook authorization.
     pub kube: Option<kube::Client>,
+    pub authorization: authz::AuthzConfig,
 }
 
 /// Where a request goes. Pure function of method and path: [`route`].
@@ -160,11 +164,19 @@ pub fn route(method: &Method, path: &str) -> Route {
     }
 }
 
-/// Who made a request, once authenticated.
+/// Who made a request, once authenticated, and how.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Identity {
-    Certificate(String),
-    Token(String),
+    Certificate(authz::Subject),
+    Token(authz::Subject),
+}
+
+impl Identity {
+    fn subject(&self) -> &authz::Subject {
+        match self {
+            Identity::Certificate(s) | Identity::Token(s) => s,
+        }
+    }
 }
 
 /// Request counts by two labels (route and status code; route and stream protocol).
@@ -193,6 +205,7 @@ pub(crate) struct State {
     pub(crate) lookup: Arc<dyn Lookup>,
     pub(crate) runtime_socket: PathBuf,
     kube: Option<kube::Client>,
+    authz: authz::Authorizer,
     counters: Counters<u16>,
     /// Upgraded exec/attach/port-forward sessions by route and protocol (see [`stream`]).
     pub(crate) streams: Counters<&'static str>,
@@ -256,6 +269,7 @@ pub async fn serve_on(
         lookup,
         runtime_socket: cfg.runtime_socket.clone(),
         kube: cfg.kube.clone(),
+        authz: authz::Authorizer::new(cfg.authorization.clone(), &cfg.node_name, cfg.kube.clone()),
         counters: Counters::default(),
         streams: Counters::default(),
         proc_root: PathBuf::from("/proc"),
@@ -297,7 +311,7 @@ pub async fn serve_on(
                 .1
                 .peer_certificates()
                 .and_then(|c| c.first())
-                .map(|c| tls::cert_user(c).unwrap_or_default());
+                .map(|c| tls::cert_user(c).unwrap_or(authz::Subject { name: String::new(), groups: Vec::new() }));
             let cert_user = Arc::new(cert_user);
             let svc = hyper::service::service_fn(move |req| {
                 let state = state.clone();
@@ -315,13 +329,17 @@ pub async fn serve_on(
     Ok(())
 }
 
-async fn handle(state: Arc<State>, cert_user: Option<String>, req: Request<Incoming>) -> Response<Body> {
+async fn handle(state: Arc<State>, cert_user: Option<authz::Subject>, req: Request<Incoming>) -> Response<Body> {
     let r = route(req.method(), req.uri().path());
     let resp = match authenticate(&state, cert_user, req.headers()).await {
         None => text(StatusCode::UNAUTHORIZED, "Unauthorized"),
         Some(who) => {
             tracing::debug!(user = ?who, method = %req.method(), path = %req.uri().path(), "request");
-            dispatch(&state, r.clone(), req).await
+            match state.authz.authorize(who.subject(), req.method(), req.uri().path()).await {
+                Ok(()) => dispatch(&state, r.clone(), req).await,
+                Err(authz::Denial::Forbidden(msg)) => text(StatusCode::FORBIDDEN, msg),
+                Err(authz::Denial::Error(msg)) => text(StatusCode::INTERNAL_SERVER_ERROR, msg),
+            }
         }
     };
     state.counters.add(r.name(), resp.status().as_u16());
@@ -329,7 +347,7 @@ async fn handle(state: Arc<State>, cert_user: Option<String>, req: Request<Incom
 }
 
 /// The client's identity: its verified certificate, or a bearer token the API server accepts.
-async fn authenticate(state: &State, cert_user: Option<String>, headers: &http::HeaderMap) -> Option<Identity> {
+async fn authenticate(state: &State, cert_user: Option<authz::Subject>, headers: &http::HeaderMap) -> Option<Identity> {
     if let Some(u) = cert_user {
         return Some(Identity::Certificate(u));
     }
@@ -343,9 +361,9 @@ async fn authenticate(state: &State, cert_user: Option<String>, headers: &http::
     token_review(client, token).await.map(Identity::Token)
 }
 
-/// TokenReview (authentication.k8s.io/v1): the user name when the API server authenticates
-/// the token.
-async fn token_review(client: &kube::Client, token: &str) -> Option<String> {
+/// TokenReview (authentication.k8s.io/v1): the user and groups when the API server
+/// authenticates the token.
+async fn token_review(client: &kube::Client, token: &str) -> Option<authz::Subject> {
     use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
     let api: kube::Api<TokenReview> = kube::Api::all(client.clone());
     let review = TokenReview {
@@ -357,7 +375,10 @@ async fn token_review(client: &kube::Client, token: &str) -> Option<String> {
     match created.await {
         Ok(Ok(r)) => {
             let st = r.status?;
-            (st.authenticated == Some(true)).then(|| st.user.and_then(|u| u.username).unwrap_or_default())
+            (st.authenticated == Some(true)).then(|| {
+                let user = st.user.unwrap_or_default();
+                authz::Subject { name: user.username.unwrap_or_default(), groups: user.groups.unwrap_or_default() }
+            })
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "TokenReview failed");
@@ -770,6 +791,7 @@ mod tests {
             node_ips: vec![],
             runtime_socket: dir.path().join("none.sock"),
             kube: Some(token_reviewer()),
+            authorization: authz::AuthzConfig::default(),
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve_on(listener, cfg, Arc::new(NoPods), async move {
@@ -818,6 +840,7 @@ mod tests {
             node_ips: vec![],
             runtime_socket: dir.path().join("none.sock"),
             kube: None,
+            authorization: authz::AuthzConfig::default(),
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve_on(listener, cfg, Arc::new(NoPods), async move {
@@ -863,6 +886,7 @@ mod tests {
             lookup,
             runtime_socket: PathBuf::from("/nonexistent"),
             kube: None,
+            authz: authz::Authorizer::new(authz::AuthzConfig::default(), "node-a", None),
             counters: Counters::default(),
         streams: Counters::default(),
             proc_root: PathBuf::from("/proc"),

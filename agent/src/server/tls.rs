@@ -138,11 +138,14 @@ pub fn serving_pair(
     }
 }
 
-/// The user a verified client certificate names (its subject CN).
-pub fn cert_user(der: &CertificateDer<'_>) -> Option<String> {
+/// The user a verified client certificate names: its subject CN, and each O a group (upstream's
+/// x509 authenticator).
+pub fn cert_user(der: &CertificateDer<'_>) -> Option<super::authz::Subject> {
     let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
-    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?.to_string();
-    Some(cn)
+    let subject = cert.subject();
+    let name = subject.iter_common_name().next()?.as_str().ok()?.to_string();
+    let groups = subject.iter_organization().filter_map(|o| o.as_str().ok().map(str::to_string)).collect();
+    Some(super::authz::Subject { name, groups })
 }
 
 #[cfg(test)]
@@ -161,6 +164,6 @@ mod tests {
         assert_ne!(c1, c2);
         server_config(&c2, &std::fs::read_to_string(dir.path().join(KEY_FILE)).unwrap(), None).unwrap();
         let der = CertificateDer::from_pem_slice(c2.as_bytes()).unwrap();
-        assert_eq!(cert_user(&der).as_deref(), Some("node-a@ferro-agent"));
+        assert_eq!(cert_user(&der).map(|s| s.name).as_deref(), Some("node-a@ferro-agent"));
     }
 }
