@@ -9,7 +9,7 @@
 //! pod cgroups under the lab's own cgroup root, the namespace and the temp dirs.
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -56,6 +56,18 @@ pub fn free_port() -> u16 {
 /// ferro-control-plane, built next to ferro-agent.
 pub fn control_plane_bin() -> PathBuf {
     sibling_bin("ferro-control-plane")
+}
+
+/// Deletes the network namespaces named `<prefix><pid>` whose process is gone.
+fn remove_dead_leftovers(prefix: &str) {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(prefix).and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        }
+    }
 }
 
 /// A child process killed (by its pid) when dropped.
@@ -127,7 +139,10 @@ impl Lab {
             std::fs::create_dir_all(d.join(sub)).unwrap();
         }
         let tars = images(&d.join("images"));
-        let ns = NetNs::new(&format!("ferro-al-{tag}")).unwrap();
+        // The pid keeps concurrent runs (two checkouts testing at once) out of each other's
+        // namespace; leftovers of runs that died are removed by their dead pid.
+        remove_dead_leftovers(&format!("ferro-al-{tag}-"));
+        let ns = NetNs::new(&format!("ferro-al-{tag}-{}", std::process::id())).unwrap();
 
         let cp = Proc(None);
 
