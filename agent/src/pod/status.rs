@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::model::{
-    qos_class, ContainerKind, ContainerObs, ContainerState, PodRuntime, ProbeResults, SandboxState, Waiting,
+    is_sidecar, qos_class, ContainerKind, ContainerObs, ContainerState, PodRuntime, ProbeResults, SandboxState, Waiting,
 };
 
 pub const PHASE_PENDING: &str = "Pending";
@@ -227,7 +227,7 @@ fn time_opt(ns: i64) -> Option<Time> {
 
 /// An init container with restartPolicy Always (a sidecar).
 fn restartable(c: &Container, kind: ContainerKind) -> bool {
-    kind == ContainerKind::Init && c.restart_policy.as_deref() == Some("Always")
+    kind == ContainerKind::Init && is_sidecar(c)
 }
 
 fn waiting_state(reason: &str, message: &str) -> ApiState {
