@@ -167,22 +167,31 @@ fn millis_of(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>
     q.and_then(|q| model::parse_quantity(&q.0)).map(|v| (v * scale).round() as i64).unwrap_or(0)
 }
 
-/// The pod's effective requests (cpu milli, memory bytes): the larger of the sum over app
-/// containers and the largest init container, as upstream.
+/// The pod's effective requests (cpu milli, memory bytes), as upstream's PodRequests with
+/// sidecars: the larger of the app containers plus every sidecar (they run together), and of
+/// each init container plus the sidecars declared before it (already running when it runs).
 pub fn pod_requests(pod: &Pod) -> (i64, i64) {
     let Some(spec) = pod.spec.as_ref() else {
         return (0, 0);
     };
-    let req = |c: &Container, name: &str, scale: f64| {
-        millis_of(c.resources.as_ref().and_then(|r| r.requests.as_ref().and_then(|m| m.get(name)).or_else(|| r.limits.as_ref().and_then(|m| m.get(name)))), scale)
+    let req = |c: &Container| {
+        let one = |name: &str, scale: f64| {
+            millis_of(c.resources.as_ref().and_then(|r| r.requests.as_ref().and_then(|m| m.get(name)).or_else(|| r.limits.as_ref().and_then(|m| m.get(name)))), scale)
+        };
+        (one("cpu", 1000.0), one("memory", 1.0))
     };
-    let app = spec.containers.iter().fold((0, 0), |(c, m), x| (c + req(x, "cpu", 1000.0), m + req(x, "memory", 1.0)));
-    let init = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .fold((0, 0), |(c, m), x| (c.max(req(x, "cpu", 1000.0)), m.max(req(x, "memory", 1.0))));
-    (app.0.max(init.0), app.1.max(init.1))
+    let app = spec.containers.iter().map(req).fold((0, 0), |(c, m), (x, y)| (c + x, m + y));
+    let mut sidecars = (0, 0);
+    let mut init = (0, 0);
+    for c in spec.init_containers.iter().flatten() {
+        let (x, y) = req(c);
+        let during = (sidecars.0 + x, sidecars.1 + y);
+        if model::is_sidecar(c) {
+            sidecars = during;
+        }
+        init = (init.0.max(during.0), init.1.max(during.1));
+    }
+    ((app.0 + sidecars.0).max(init.0), (app.1 + sidecars.1).max(init.1))
 }
 
 impl PodWorkers {
@@ -1260,6 +1269,19 @@ mod tests {
                           {"name":"b","resources":{"limits":{"cpu":"1"}}}]}}))
         .unwrap();
         assert_eq!(pod_requests(&pod), (2000, 2 * 1024 * 1024 * 1024));
+    }
+
+    #[test]
+    fn requests_count_sidecars_next_to_the_app_containers_and_later_init_containers() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({"spec":{
+            "initContainers":[
+                {"name":"i1","resources":{"requests":{"cpu":"1","memory":"100"}}},
+                {"name":"s","restartPolicy":"Always","resources":{"requests":{"cpu":"300m","memory":"50"}}},
+                {"name":"i2","resources":{"requests":{"cpu":"900m","memory":"10"}}}],
+            "containers":[{"name":"a","resources":{"requests":{"cpu":"500m","memory":"20"}}}]}}))
+        .unwrap();
+        // cpu: max(500 + 300, 1000, 300 + 900) = 1200; memory: max(20 + 50, 100, 50 + 10) = 100.
+        assert_eq!(pod_requests(&pod), (1200, 100));
     }
 
     #[test]
