@@ -140,11 +140,16 @@ fn sidecar_containers() {
             "  volumes:\n  - name: shared\n    emptyDir: {{}}\n  initContainers:\n{sidecar}  - name: check\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"wget -q -O - http://127.0.0.1:8081/s | grep -q up\"]\n  containers:\n  - name: app\n    image: {BUSYBOX}\n{app}"
         ),
     ));
-    let p = lab.wait_pod("sc", "Running and Ready", MIN, |p| phase(p) == "Running" && condition(p, "Ready") == Some("True"));
+    let p = lab
+        .wait_pod("sc", "Running and Ready", MIN, |p| phase(p) == "Running" && condition(p, "Ready") == Some("True"));
     assert_eq!(condition(&p, "Initialized"), Some("True"), "{}", p["status"]);
     let side = init_status(&p, "side").unwrap();
     assert!(side["state"]["running"]["startedAt"].is_string(), "{side}");
-    assert_eq!((&side["started"], &side["ready"], &side["restartCount"]), (&Value::Bool(true), &Value::Bool(true), &Value::from(0)), "{side}");
+    assert_eq!(
+        (&side["started"], &side["ready"], &side["restartCount"]),
+        (&Value::Bool(true), &Value::Bool(true), &Value::from(0)),
+        "{side}"
+    );
     // The regular init container found the sidecar serving at its first attempt.
     let check = init_status(&p, "check").unwrap();
     assert_eq!(check["state"]["terminated"]["reason"], "Completed", "{check}");
@@ -160,7 +165,11 @@ fn sidecar_containers() {
     assert!(side["state"]["running"].is_object(), "{side}");
     assert_eq!(side["lastState"]["terminated"]["exitCode"], 0, "{side}");
     let app = container_status(&p, "app").unwrap();
-    assert_eq!((app["containerID"].as_str().unwrap(), &app["restartCount"]), (app_id.as_str(), &Value::from(0)), "{app}");
+    assert_eq!(
+        (app["containerID"].as_str().unwrap(), &app["restartCount"]),
+        (app_id.as_str(), &Value::from(0)),
+        "{app}"
+    );
     assert_eq!(phase(&p), "Running");
     assert_eq!(condition(&p, "Initialized"), Some("True"));
     let p = lab.wait_pod("sc", "Ready again", MIN, |p| condition(p, "Ready") == Some("True"));

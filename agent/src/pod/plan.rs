@@ -348,9 +348,9 @@ fn init_actions(spec: &PodSpec, rt: &PodRuntime, probes: &ProbeResults, policy: 
 /// Whether an app container was ever created in the runtime (upstream
 /// `hasAnyRegularContainerCreated`): then the init containers completed once.
 fn any_app_container_created(spec: &PodSpec, rt: &PodRuntime) -> bool {
-    spec.containers.iter().any(|c| {
-        rt.latest(ContainerKind::App, &c.name).is_some_and(|o| o.state != ContainerState::Unknown)
-    })
+    spec.containers
+        .iter()
+        .any(|c| rt.latest(ContainerKind::App, &c.name).is_some_and(|o| o.state != ContainerState::Unknown))
 }
 
 /// Some(attempt of the new sandbox) when the pod needs a new sandbox (upstream
@@ -1098,7 +1098,8 @@ mod tests {
                 c.restart_policy = Some("Always".into());
             }
             if startup.contains(&c.name.as_str()) {
-                c.startup_probe = Some(serde_json::from_value(serde_json::json!({"exec": {"command": ["true"]}})).unwrap());
+                c.startup_probe =
+                    Some(serde_json::from_value(serde_json::json!({"exec": {"command": ["true"]}})).unwrap());
             }
         }
         pod
@@ -1279,7 +1280,9 @@ mod tests {
 
     #[test]
     fn pod_is_done_when_its_app_containers_are_and_sidecars_are_stopped() {
-        for (policy, code, done) in [("Never", 0, true), ("Never", 1, true), ("OnFailure", 0, true), ("OnFailure", 1, false)] {
+        for (policy, code, done) in
+            [("Never", 0, true), ("Never", 1, true), ("OnFailure", 0, true), ("OnFailure", 1, false)]
+        {
             let p = sidecars(pod(policy, &["s", "i2"], &["a"]), &["s"], &[]);
             let app = obs(&p, App, "a", 0, Exited, code);
             let i2_ok = obs(&p, Init, "i2", 0, Exited, 0);
@@ -1287,7 +1290,12 @@ mod tests {
             for s in [obs(&p, Init, "s", 0, Running, 0), obs(&p, Init, "s", 0, Exited, 1)] {
                 let a = run(&p, &rt(vec![app.clone(), i2_ok.clone(), s.clone()]));
                 if done {
-                    assert_eq!(a, Actions { kill_pod: true, pod_done: true, ..steady() }, "{policy} {code} {:?}", s.state);
+                    assert_eq!(
+                        a,
+                        Actions { kill_pod: true, pod_done: true, ..steady() },
+                        "{policy} {code} {:?}",
+                        s.state
+                    );
                 } else {
                     assert!(a.start.iter().any(|st| st.name == "a"), "{policy} {code}");
                     assert!(!a.kill_pod && !a.pod_done);
@@ -1307,8 +1315,7 @@ mod tests {
     fn new_sandbox_starts_again_from_the_first_sidecar() {
         let p = sidecars(pod("Always", &["s", "i2"], &["a"]), &["s"], &[]);
         let s_old = obs(&p, Init, "s", 0, Exited, 137);
-        let runtime =
-            rt_with(vec![sandbox("sb", 0, false)], vec![obs(&p, App, "a", 0, Exited, 137), s_old.clone()]);
+        let runtime = rt_with(vec![sandbox("sb", 0, false)], vec![obs(&p, App, "a", 0, Exited, 137), s_old.clone()]);
         let a = run(&p, &runtime);
         assert!(a.kill_pod && a.create_sandbox);
         assert_eq!(a.start, vec![restarted(&s_old)]);

@@ -1472,7 +1472,13 @@ mod tests {
         check(&s, "Initialized", "True", None, None);
         // Started but its readiness probe has not succeeded: the pod is not ready.
         assert_eq!((ics(&s, "side").started, ics(&s, "side").ready), (Some(true), false));
-        check(&s, "ContainersReady", "False", Some("ContainersNotReady"), Some("containers with unready status: [side]"));
+        check(
+            &s,
+            "ContainersReady",
+            "False",
+            Some("ContainersNotReady"),
+            Some("containers with unready status: [side]"),
+        );
         check(&s, "Ready", "False", Some("ContainersNotReady"), Some("containers with unready status: [side]"));
         input.probes.readiness.insert("side".into(), true);
         let s = input.run(&p, &r);

@@ -176,7 +176,15 @@ pub fn pod_requests(pod: &Pod) -> (i64, i64) {
     };
     let req = |c: &Container| {
         let one = |name: &str, scale: f64| {
-            millis_of(c.resources.as_ref().and_then(|r| r.requests.as_ref().and_then(|m| m.get(name)).or_else(|| r.limits.as_ref().and_then(|m| m.get(name)))), scale)
+            millis_of(
+                c.resources.as_ref().and_then(|r| {
+                    r.requests
+                        .as_ref()
+                        .and_then(|m| m.get(name))
+                        .or_else(|| r.limits.as_ref().and_then(|m| m.get(name)))
+                }),
+                scale,
+            )
         };
         (one("cpu", 1000.0), one("memory", 1.0))
     };
@@ -1019,8 +1027,9 @@ impl PodWorkers {
                 self.stop_in_pod(pod, c, left()).await
             }
         }));
-        let sidecar_hooks =
-            futures::future::join_all(sidecars.iter().map(|c| self.pre_stop(pod, c, pod_ip.clone(), remaining, deleting)));
+        let sidecar_hooks = futures::future::join_all(
+            sidecars.iter().map(|c| self.pre_stop(pod, c, pod_ip.clone(), remaining, deleting)),
+        );
         let (results, _) = futures::future::join(apps, sidecar_hooks).await;
         for r in results {
             r?;
