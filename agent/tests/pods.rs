@@ -24,6 +24,10 @@ fn container_status<'a>(p: &'a Value, name: &str) -> Option<&'a Value> {
     p["status"]["containerStatuses"].as_array()?.iter().find(|c| c["name"] == name)
 }
 
+fn init_status<'a>(p: &'a Value, name: &str) -> Option<&'a Value> {
+    p["status"]["initContainerStatuses"].as_array()?.iter().find(|c| c["name"] == name)
+}
+
 fn waiting_reason<'a>(p: &'a Value, name: &str) -> Option<&'a str> {
     container_status(p, name)?["state"]["waiting"]["reason"].as_str()
 }
@@ -104,6 +108,97 @@ fn pods_run_network_init_and_status() {
 
     // Deleting: containers stop, the pod object goes away, the sandbox and IP are released.
     lab.kubectl_ok(&["delete", "pod", "web", "client", "init", "--wait=true", "--timeout=60s"]);
+    lab.wait("the sandboxes to be removed", MIN, |l| {
+        let out = l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap();
+        out.trim().is_empty().then_some(())
+    });
+    let ipam = std::fs::read_dir(lab.dir.path().join("ipam/ferro-lab")).unwrap();
+    let leaked: Vec<String> = ipam
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("10."))
+        .collect();
+    assert!(leaked.is_empty(), "addresses still allocated: {leaked:?}");
+}
+
+/// Sidecar containers (init containers with restartPolicy Always): a sidecar serving on the pod's
+/// loopback, started (startup probe) before the next init container, which needs it; Running and
+/// Ready with the sidecar running next to the app container; a sidecar that exits is restarted
+/// while the app container keeps running; deletion stops the app container before the sidecar.
+/// A restartPolicy Never pod whose app container completes: the sidecar is stopped, Succeeded.
+#[test]
+fn sidecar_containers() {
+    let lab = Lab::start("side");
+    // The sidecar serves /shared over http on 8081 and writes /shared/s once it answers.
+    let sidecar = format!(
+        "  - name: side\n    image: {BUSYBOX}\n    restartPolicy: Always\n    command: [\"sh\", \"-c\", \"trap 'exit 0' TERM; echo idx > /shared/index.html; httpd -f -p 8081 -h /shared & until wget -q -O /dev/null http://127.0.0.1:8081/; do sleep 0.2; done; echo up > /shared/s; wait\"]\n    startupProbe:\n      exec: {{command: [cat, /shared/s]}}\n      periodSeconds: 1\n      failureThreshold: 30\n    volumeMounts: [{{name: shared, mountPath: /shared}}]\n"
+    );
+    let app = "    command: [\"sh\", \"-c\", \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n";
+    lab.apply(&pod_yaml(
+        "sc",
+        &format!(
+            "  volumes:\n  - name: shared\n    emptyDir: {{}}\n  initContainers:\n{sidecar}  - name: check\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"wget -q -O - http://127.0.0.1:8081/s | grep -q up\"]\n  containers:\n  - name: app\n    image: {BUSYBOX}\n{app}"
+        ),
+    ));
+    let p = lab
+        .wait_pod("sc", "Running and Ready", MIN, |p| phase(p) == "Running" && condition(p, "Ready") == Some("True"));
+    assert_eq!(condition(&p, "Initialized"), Some("True"), "{}", p["status"]);
+    let side = init_status(&p, "side").unwrap();
+    assert!(side["state"]["running"]["startedAt"].is_string(), "{side}");
+    assert_eq!(
+        (&side["started"], &side["ready"], &side["restartCount"]),
+        (&Value::Bool(true), &Value::Bool(true), &Value::from(0)),
+        "{side}"
+    );
+    // The regular init container found the sidecar serving at its first attempt.
+    let check = init_status(&p, "check").unwrap();
+    assert_eq!(check["state"]["terminated"]["reason"], "Completed", "{check}");
+    assert_eq!(check["restartCount"], 0, "{check}");
+    let app_id = container_status(&p, "app").unwrap()["containerID"].as_str().unwrap().to_string();
+
+    // The sidecar exits: restarted (no backoff on a first restart), the app container untouched.
+    lab.kubectl_ok(&["exec", "sc", "-c", "side", "--", "sh", "-c", "kill 1"]);
+    let p = lab.wait_pod("sc", "sidecar restarted", MIN, |p| {
+        init_status(p, "side").is_some_and(|s| s["restartCount"] == 1 && s["started"] == true)
+    });
+    let side = init_status(&p, "side").unwrap();
+    assert!(side["state"]["running"].is_object(), "{side}");
+    assert_eq!(side["lastState"]["terminated"]["exitCode"], 0, "{side}");
+    let app = container_status(&p, "app").unwrap();
+    assert_eq!(
+        (app["containerID"].as_str().unwrap(), &app["restartCount"]),
+        (app_id.as_str(), &Value::from(0)),
+        "{app}"
+    );
+    assert_eq!(phase(&p), "Running");
+    assert_eq!(condition(&p, "Initialized"), Some("True"));
+    let p = lab.wait_pod("sc", "Ready again", MIN, |p| condition(p, "Ready") == Some("True"));
+    assert_eq!(init_status(&p, "check").unwrap()["restartCount"], 0, "init container ran again: {}", p["status"]);
+
+    // A Job-like pod: the app container completes, the sidecar is stopped, the pod Succeeded.
+    lab.apply(&pod_yaml(
+        "job",
+        &format!(
+            "  restartPolicy: Never\n  volumes:\n  - name: shared\n    emptyDir: {{}}\n  initContainers:\n{sidecar}  containers:\n  - name: work\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"wget -q -O - http://127.0.0.1:8081/s | grep -q up && sleep 1\"]\n"
+        ),
+    ));
+    let job = lab.wait_pod("job", "finished", MIN, |p| matches!(phase(p), "Succeeded" | "Failed"));
+    assert_eq!(phase(&job), "Succeeded", "{}", job["status"]);
+    let work = container_status(&job, "work").unwrap();
+    assert_eq!(work["state"]["terminated"]["exitCode"], 0, "{work}");
+    let side = init_status(&job, "side").unwrap();
+    assert!(side["state"]["terminated"].is_object(), "sidecar not stopped: {side}");
+    assert_eq!(side["restartCount"], 0, "{side}");
+
+    // Deletion: the app container is stopped before the sidecar; nothing is left behind.
+    lab.kubectl_ok(&["delete", "pod", "sc", "job", "--wait=true", "--timeout=60s"]);
+    let log = lab.agent_log();
+    let stops: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("stopping container") && l.contains("default/sc"))
+        .map(|l| if l.contains("side") { "side" } else { "app" })
+        .collect();
+    assert_eq!(stops, ["app", "side"], "{log}");
     lab.wait("the sandboxes to be removed", MIN, |l| {
         let out = l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap();
         out.trim().is_empty().then_some(())

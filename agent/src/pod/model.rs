@@ -132,6 +132,13 @@ impl PodRuntime {
     }
 }
 
+/// Whether init container `c` is a sidecar (KEP-753: an init container with `restartPolicy:
+/// Always`): it is started in order with the other init containers, counts as done once it has
+/// started, keeps running next to the app containers and is restarted whenever it exits.
+pub fn is_sidecar(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
+}
+
 /// Why a container is waiting, as the last sync left it (image pull failure, config error,
 /// crash-loop backoff...). Keyed by container name in the maps the status computation takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,8 +150,8 @@ pub struct Waiting {
     pub message: String,
 }
 
-/// Probe results for the pod's current containers (the newest attempt of each app container),
-/// by container name, as the probe workers last reported them.
+/// Probe results for the pod's current containers (the newest attempt of each app container
+/// and sidecar init container), by container name, as the probe workers last reported them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProbeResults {
     /// Readiness: an entry only for containers with a readiness probe that has a result; true

@@ -11,16 +11,23 @@
 //!    Not for a restartPolicy Never pod whose containers were already created (upstream: it
 //!    must not run twice) nor when every container is done: then the pod is done.
 //! 3. Init containers, in spec order, one at a time: a failure is terminal under Never and is
-//!    retried otherwise; app containers wait until all of them exited 0.
+//!    retried otherwise; app containers wait until all of them exited 0. A sidecar (an init
+//!    container with `restartPolicy: Always`, KEP-753) counts as done once it has started
+//!    (running, and its startup probe, if any, succeeded): the next one starts while it keeps
+//!    running. Sidecars are restarted whenever they exit, whatever the pod's restartPolicy,
+//!    also after initialization; a failed startup/liveness probe or a changed spec kills them.
 //! 4. App containers: start the missing ones; restart the dead ones per restartPolicy; kill
 //!    running ones whose spec hash changed or whose liveness/startup probe failed.
-//! 5. Nothing running and nothing to start: the pod is done and its sandbox is stopped.
+//! 5. No app container running and none to start: the pod is done and stopped, sidecars
+//!    included (they are not restarted then).
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
-use crate::pod::model::{ContainerKind, ContainerObs, ContainerState, PodRuntime, ProbeResults, SandboxState};
+use crate::pod::model::{
+    is_sidecar, ContainerKind, ContainerObs, ContainerState, PodRuntime, ProbeResults, SandboxState,
+};
 
 /// FNV-1a 64 over `bytes`.
 fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -93,8 +100,8 @@ pub struct Actions {
     /// Containers to stop without stopping the pod (failed liveness/startup, spec hash changed,
     /// a created-but-never-started or unknown-state container about to be replaced...).
     pub kill: Vec<Kill>,
-    /// Containers to start in this sync, in order: at most one init container, or app
-    /// containers.
+    /// Containers to start in this sync, in order: init containers (the next one in line and
+    /// sidecars to restart) in spec order, then app containers.
     pub start: Vec<Start>,
     /// An init container failed and restartPolicy is Never: the pod is Failed (executor kills
     /// the pod). `pod_done` stays false: this flag is the terminal signal for that case.
@@ -208,60 +215,142 @@ fn should_restart(policy: RestartPolicy, obs: Option<&ContainerObs>) -> bool {
     }
 }
 
-/// Where the init containers stand (upstream `findNextInitContainerToRun`).
-#[derive(Debug)]
-enum InitStep<'a> {
-    /// All init containers succeeded (or there are none): on to the app containers.
-    Done,
-    /// One is running: nothing to do until it exits.
-    Wait,
-    /// This one (newest attempt given) failed.
-    Failed(&'a Container, &'a ContainerObs),
-    /// This one runs next (its newest attempt, if any, is Created: a start that did not happen).
-    Next(&'a Container, Option<&'a ContainerObs>),
+/// What the init containers need (upstream `computeInitContainerActions`, SidecarContainers on).
+#[derive(Debug, Default)]
+struct InitActions {
+    /// Every regular init container exited 0 and every sidecar has started (or an app container
+    /// was created or runs): the app containers may run.
+    initialized: bool,
+    /// A regular init container failed and restartPolicy is Never: the pod is Failed.
+    failed: bool,
+    kill: Vec<Kill>,
+    /// Init containers to start, in spec order: the next one in line and sidecars to restart.
+    start: Vec<Start>,
 }
 
-fn init_step<'a>(spec: &'a PodSpec, rt: &'a PodRuntime) -> InitStep<'a> {
-    // Sidecar init containers (restartPolicy Always, KEP-753) are not supported: they are run
-    // like regular init containers, so one that never exits holds the pod in initialization.
+/// A sidecar's kill message from the probe manager's ("Container s failed liveness probe, will
+/// be restarted"), as upstream words it for init containers ("Init container s failed liveness
+/// probe").
+fn sidecar_probe_message(m: &str) -> String {
+    let m = m.strip_suffix(WILL_RESTART).unwrap_or(m);
+    match m.strip_prefix("Container ") {
+        Some(rest) => format!("Init container {rest}"),
+        None => m.to_string(),
+    }
+}
+
+/// Walks the init containers from the last one back (completed ones may have been removed from
+/// the runtime; the furthest one with a record tells where initialization stands), as upstream:
+/// - the furthest regular init container that exited 0 (or a sidecar that has started) lets the
+///   next one start; the last one doing so completes initialization;
+/// - a regular init container that failed is restarted, or fails the pod under Never;
+/// - once a container further on has a record (or an app container was created), the regular
+///   init containers before it are done with, while sidecars are kept running: restarted
+///   whenever they exited (whatever the pod's restartPolicy, through the crash-loop backoff),
+///   replaced when their spec changed, killed when their startup or liveness probe failed (and
+///   started again by a later sync, through the backoff, as app containers are).
+fn init_actions(spec: &PodSpec, rt: &PodRuntime, probes: &ProbeResults, policy: RestartPolicy) -> InitActions {
+    let mut out = InitActions::default();
     let inits = spec.init_containers.as_deref().unwrap_or_default();
-    let Some(first) = inits.first() else {
-        return InitStep::Done;
+    if inits.is_empty() {
+        out.initialized = true;
+        return out;
+    }
+    // A created or running app container means initialization completed once; the init
+    // containers' own records may have been garbage-collected since, and only sidecars run
+    // again. (Exited ones do not count: after a reboot every container has exited and the new
+    // sandbox is not initialized.)
+    out.initialized = spec.containers.iter().any(|c| {
+        rt.latest(ContainerKind::App, &c.name)
+            .is_some_and(|o| matches!(o.state, ContainerState::Created | ContainerState::Running))
+    });
+    let mut previously = out.initialized;
+    let last = inits.len() - 1;
+    // Collected from the end, reversed at the end.
+    let mut starts: Vec<Start> = Vec::new();
+    let next_start = |i: usize| {
+        inits.get(i + 1).map(|n| start(&n.name, ContainerKind::Init, rt.latest(ContainerKind::Init, &n.name)))
     };
-    // A running app container means initialization completed once; the init containers' own
-    // records may have been garbage-collected since, and must not run again.
-    if spec
-        .containers
-        .iter()
-        .any(|c| rt.latest(ContainerKind::App, &c.name).is_some_and(|o| o.state == ContainerState::Running))
-    {
-        return InitStep::Done;
-    }
-    // The last failed one, if any.
-    for c in inits.iter().rev() {
-        if let Some(o) = rt.latest(ContainerKind::Init, &c.name).filter(|o| init_failed(o)) {
-            return InitStep::Failed(c, o);
-        }
-    }
-    // Otherwise, from the end: the last one that exited (successfully: failures were handled
-    // above) tells which runs next. A Created attempt is skipped like a missing one (as
-    // upstream), so the container is started anew.
     for (i, c) in inits.iter().enumerate().rev() {
+        let sidecar = is_sidecar(c);
         let Some(o) = rt.latest(ContainerKind::Init, &c.name) else {
+            // A sidecar without any record after initialization: its records were removed.
+            if previously && sidecar {
+                starts.push(start(&c.name, ContainerKind::Init, None));
+            }
             continue;
         };
-        match o.state {
-            ContainerState::Running => return InitStep::Wait,
-            ContainerState::Exited => {
-                return match inits.get(i + 1) {
-                    None => InitStep::Done,
-                    Some(next) => InitStep::Next(next, rt.latest(ContainerKind::Init, &next.name)),
-                };
-            }
-            ContainerState::Created | ContainerState::Unknown => {}
+        if previously && !sidecar {
+            continue;
         }
+        match o.state {
+            // Its start did not happen: a new attempt replaces it.
+            ContainerState::Created => {
+                out.kill.extend(kill_before_replace(o));
+                starts.push(start(&c.name, ContainerKind::Init, Some(o)));
+            }
+            ContainerState::Running if sidecar => {
+                let started = c.startup_probe.is_none() || probes.startup.get(&c.name) == Some(&true);
+                let failed_probe = probes.failed.get(&c.name);
+                if !started {
+                    // Wait for its startup probe; a failed one kills it.
+                    if let Some(m) = failed_probe {
+                        out.kill.push(kill(o, sidecar_probe_message(m)));
+                    }
+                } else {
+                    if i == last {
+                        out.initialized = true;
+                    } else if !previously {
+                        starts.extend(next_start(i));
+                    }
+                    if o.hash != container_hash(c) {
+                        out.kill.push(kill(o, format!("Init container {} definition changed", c.name)));
+                        starts.push(start(&c.name, ContainerKind::Init, Some(o)));
+                    } else if let Some(m) = failed_probe {
+                        out.kill.push(kill(o, sidecar_probe_message(m)));
+                    }
+                }
+            }
+            // A regular init container at work: wait for it.
+            ContainerState::Running => {}
+            ContainerState::Exited if sidecar => starts.push(start(&c.name, ContainerKind::Init, Some(o))),
+            ContainerState::Exited | ContainerState::Unknown if !sidecar && init_failed(o) => {
+                if !policy.restarts_on_failure() {
+                    return InitActions { failed: true, ..InitActions::default() };
+                }
+                out.kill.extend(kill_before_replace(o));
+                starts.push(start(&c.name, ContainerKind::Init, Some(o)));
+            }
+            ContainerState::Exited => {
+                if i == last {
+                    out.initialized = true;
+                } else {
+                    starts.extend(next_start(i));
+                }
+            }
+            // A sidecar in an unknown state (a regular one counts as failed, above).
+            ContainerState::Unknown => {
+                out.kill.extend(kill_before_replace(o));
+                starts.push(start(&c.name, ContainerKind::Init, Some(o)));
+            }
+        }
+        previously = true;
     }
-    InitStep::Next(first, rt.latest(ContainerKind::Init, &first.name))
+    // Nothing ran yet: the first one.
+    if !previously {
+        starts.push(start(&inits[0].name, ContainerKind::Init, rt.latest(ContainerKind::Init, &inits[0].name)));
+    }
+    starts.reverse();
+    out.start = starts;
+    out
+}
+
+/// Whether an app container was ever created in the runtime (upstream
+/// `hasAnyRegularContainerCreated`): then the init containers completed once.
+fn any_app_container_created(spec: &PodSpec, rt: &PodRuntime) -> bool {
+    spec.containers
+        .iter()
+        .any(|c| rt.latest(ContainerKind::App, &c.name).is_some_and(|o| o.state != ContainerState::Unknown))
 }
 
 /// Some(attempt of the new sandbox) when the pod needs a new sandbox (upstream
@@ -304,34 +393,28 @@ pub fn plan(input: &PlanInput) -> Actions {
     }
     a.sandbox_id = newest_sandbox;
 
-    match init_step(spec, rt) {
-        InitStep::Done => {}
-        InitStep::Wait => return a,
-        InitStep::Failed(c, obs) => {
-            if policy.restarts_on_failure() {
-                a.kill.extend(kill_before_replace(obs));
-                a.start.push(start(&c.name, ContainerKind::Init, Some(obs)));
-            } else {
-                a.init_failed = true;
-                a.kill_pod = true;
-            }
-            return a;
-        }
-        InitStep::Next(c, obs) => {
-            a.kill.extend(obs.and_then(kill_before_replace));
-            a.start.push(start(&c.name, ContainerKind::Init, obs));
-            return a;
-        }
+    let init = init_actions(spec, rt, input.probes, policy);
+    if init.failed {
+        a.init_failed = true;
+        a.kill_pod = true;
+        return a;
+    }
+    if !init.initialized {
+        a.kill = init.kill;
+        a.start = init.start;
+        return a;
     }
 
-    // Running containers that stay.
+    // Running app containers that stay; the app containers' kills and starts.
     let mut keep = 0usize;
+    let mut kills = Vec::new();
+    let mut starts = Vec::new();
     for c in &spec.containers {
         let obs = rt.latest(ContainerKind::App, &c.name);
         let Some(o) = obs.filter(|o| o.state == ContainerState::Running) else {
             if should_restart(policy, obs) {
-                a.kill.extend(obs.and_then(kill_before_replace));
-                a.start.push(start(&c.name, ContainerKind::App, obs));
+                kills.extend(obs.and_then(kill_before_replace));
+                starts.push(start(&c.name, ContainerKind::App, obs));
             }
             continue;
         };
@@ -349,22 +432,50 @@ pub fn plan(input: &PlanInput) -> Actions {
             continue;
         };
         if restart {
-            a.kill.push(kill(o, format!("{message}{WILL_RESTART}")));
+            kills.push(kill(o, format!("{message}{WILL_RESTART}")));
             if now {
-                a.start.push(start(&c.name, ContainerKind::App, obs));
+                starts.push(start(&c.name, ContainerKind::App, obs));
             } else {
                 keep += 1;
             }
         } else {
-            a.kill.push(kill(o, message));
+            kills.push(kill(o, message));
         }
     }
 
-    if keep == 0 && a.start.is_empty() {
+    if keep == 0 && starts.is_empty() {
+        // No app container runs or will run: the pod is done, and its sidecars are stopped
+        // with it rather than restarted (they do not keep a pod alive).
+        a.kill = kills;
         a.kill_pod = true;
         a.pod_done = true;
+        return a;
     }
+    // Sidecars (init containers) first, as upstream starts them before the app containers.
+    a.kill = init.kill;
+    a.kill.extend(kills);
+    a.start = init.start;
+    a.start.extend(starts);
     a
+}
+
+/// The order in which a pod's running containers are stopped (upstream's termination ordering
+/// with sidecars): first every container that is not a sidecar, all at once; then the sidecars
+/// one at a time, in reverse order of their declaration, so that a sidecar outlives the app
+/// containers and the sidecars declared after it.
+pub fn termination_order<'a>(
+    spec: Option<&PodSpec>,
+    running: &[&'a ContainerObs],
+) -> (Vec<&'a ContainerObs>, Vec<&'a ContainerObs>) {
+    let inits = spec.and_then(|s| s.init_containers.as_deref()).unwrap_or_default();
+    // Spec index of a running container that is a sidecar.
+    let sidecar_index = |o: &ContainerObs| {
+        (o.kind == ContainerKind::Init).then(|| inits.iter().position(|c| c.name == o.name && is_sidecar(c))).flatten()
+    };
+    let (mut sidecars, first): (Vec<&ContainerObs>, Vec<&ContainerObs>) =
+        running.iter().copied().partition(|o| sidecar_index(o).is_some());
+    sidecars.sort_by_key(|o| std::cmp::Reverse(sidecar_index(o)));
+    (first, sidecars)
 }
 
 /// The sandbox must be (re)created with `attempt`.
@@ -392,7 +503,8 @@ fn plan_new_sandbox(spec: &PodSpec, rt: &PodRuntime, policy: RestartPolicy, atte
         .filter(|c| !(policy == RestartPolicy::OnFailure && succeeded(rt.latest(ContainerKind::App, &c.name))))
         .map(|c| start(&c.name, ContainerKind::App, rt.latest(ContainerKind::App, &c.name)))
         .collect();
-    if apps.is_empty() && matches!(init_step(spec, rt), InitStep::Done) {
+    // Nothing to start and initialization completed once: no new sandbox for nothing.
+    if apps.is_empty() && any_app_container_created(spec, rt) {
         return done(a);
     }
 
@@ -976,5 +1088,258 @@ mod tests {
         p.spec.as_mut().unwrap().restart_policy = None;
         let a = run(&p, &rt(vec![obs(&p, App, "a", 0, Exited, 0)]));
         assert_eq!(names(&a.start), [("a", App)]);
+    }
+
+    /// `pod` with init containers `names` made sidecars (restartPolicy Always); those in
+    /// `startup` get an exec startup probe.
+    fn sidecars(mut pod: Pod, names: &[&str], startup: &[&str]) -> Pod {
+        for c in pod.spec.as_mut().unwrap().init_containers.iter_mut().flatten() {
+            if names.contains(&c.name.as_str()) {
+                c.restart_policy = Some("Always".into());
+            }
+            if startup.contains(&c.name.as_str()) {
+                c.startup_probe =
+                    Some(serde_json::from_value(serde_json::json!({"exec": {"command": ["true"]}})).unwrap());
+            }
+        }
+        pod
+    }
+
+    fn restarted(o: &ContainerObs) -> Start {
+        start(&o.name, o.kind, Some(o))
+    }
+
+    #[test]
+    fn started_sidecar_lets_the_next_init_container_start() {
+        for policy in ["Always", "OnFailure", "Never"] {
+            let p = sidecars(pod(policy, &["s", "i2"], &["a"]), &["s"], &[]);
+            let s_up = obs(&p, Init, "s", 0, Running, 0);
+            let i2_ok = obs(&p, Init, "i2", 0, Exited, 0);
+            // First sync: the sidecar first.
+            let a = run(&p, &PodRuntime::default());
+            assert_eq!(a.start, vec![first("s", Init)], "{policy}");
+            // Running (no startup probe: started): i2 next, while it keeps running.
+            assert_eq!(run(&p, &rt(vec![s_up.clone()])), Actions { start: vec![first("i2", Init)], ..steady() });
+            // i2 at work: wait.
+            let a = run(&p, &rt(vec![obs(&p, Init, "i2", 0, Running, 0), s_up.clone()]));
+            assert_eq!(a, steady(), "{policy}");
+            // i2 done: the app containers, the sidecar untouched.
+            let a = run(&p, &rt(vec![i2_ok.clone(), s_up.clone()]));
+            assert_eq!(a, Actions { start: vec![first("a", App)], ..steady() }, "{policy}");
+            // Everything runs: nothing to do.
+            let a = run(&p, &rt(vec![obs(&p, App, "a", 0, Running, 0), i2_ok, s_up]));
+            assert_eq!(a, steady(), "{policy}");
+        }
+    }
+
+    #[test]
+    fn sidecar_as_last_init_container_completes_initialization_once_started() {
+        let p = sidecars(pod("Always", &["i1", "s"], &["a", "b"]), &["s"], &["s"]);
+        let i1_ok = obs(&p, Init, "i1", 0, Exited, 0);
+        let s_up = obs(&p, Init, "s", 0, Running, 0);
+        assert_eq!(run(&p, &rt(vec![i1_ok.clone()])), Actions { start: vec![first("s", Init)], ..steady() });
+        // Not started yet (startup probe without a verdict): wait.
+        assert_eq!(run(&p, &rt(vec![s_up.clone(), i1_ok.clone()])), steady());
+        let mut probes = ProbeResults::default();
+        probes.startup.insert("s".into(), true);
+        let a = run_probes(&p, &rt(vec![s_up, i1_ok]), &probes);
+        assert_eq!(a, Actions { start: vec![first("a", App), first("b", App)], ..steady() });
+    }
+
+    #[test]
+    fn sidecar_waits_for_its_startup_probe() {
+        let p = sidecars(pod("Always", &["s", "i2"], &["a"]), &["s"], &["s"]);
+        let runtime = rt(vec![obs(&p, Init, "s", 0, Running, 0)]);
+        // No verdict yet: nothing starts.
+        assert_eq!(run(&p, &runtime), steady());
+        // Succeeded: i2.
+        let mut probes = ProbeResults::default();
+        probes.startup.insert("s".into(), true);
+        assert_eq!(run_probes(&p, &runtime, &probes), Actions { start: vec![first("i2", Init)], ..steady() });
+        // Failed: killed (upstream's message), started again by a later sync through the backoff.
+        let mut probes = ProbeResults::default();
+        probes.failed.insert("s".into(), "Container s failed startup probe, will be restarted".into());
+        let k = Kill { id: "s-0".into(), name: "s".into(), message: "Init container s failed startup probe".into() };
+        assert_eq!(run_probes(&p, &runtime, &probes), Actions { kill: vec![k], ..steady() });
+        let dead = obs(&p, Init, "s", 0, Exited, 137);
+        let a = run(&p, &rt(vec![dead.clone()]));
+        assert_eq!(a, Actions { start: vec![restarted(&dead)], ..steady() });
+        assert_eq!(a.start[0].previous_finished_at, 100 * S);
+        assert!(!a.init_failed && !a.kill_pod);
+    }
+
+    #[test]
+    fn exited_sidecar_is_restarted_with_backoff_whatever_the_policy() {
+        for policy in ["Always", "OnFailure", "Never"] {
+            for code in [0, 1] {
+                let p = sidecars(pod(policy, &["s", "i2"], &["a"]), &["s"], &[]);
+                let dead = obs(&p, Init, "s", 2, Exited, code);
+                let want = Start {
+                    name: "s".into(),
+                    kind: Init,
+                    restart_count: 3,
+                    attempt: 3,
+                    previous_finished_at: 102 * S,
+                    previous_ran_for: Duration::from_secs(5),
+                };
+                // During initialization (i2 at work): restarted, i2 left alone, no pod failure.
+                let a = run(&p, &rt(vec![obs(&p, Init, "i2", 0, Running, 0), dead.clone()]));
+                assert_eq!(a, Actions { start: vec![want.clone()], ..steady() }, "{policy} {code}");
+                // Before i2 ever ran: restarted, i2 waits for it to have started.
+                let a = run(&p, &rt(vec![dead.clone()]));
+                assert_eq!(a, Actions { start: vec![want.clone()], ..steady() }, "{policy} {code}");
+                // After initialization: restarted, the app container untouched.
+                let runtime =
+                    rt(vec![obs(&p, App, "a", 0, Running, 0), obs(&p, Init, "i2", 0, Exited, 0), dead.clone()]);
+                let a = run(&p, &runtime);
+                assert_eq!(a, Actions { start: vec![want], ..steady() }, "{policy} {code}");
+            }
+        }
+    }
+
+    #[test]
+    fn sidecar_in_created_or_unknown_state_is_replaced() {
+        for state in [Created, Unknown] {
+            let p = sidecars(pod("Never", &["s"], &["a"]), &["s"], &[]);
+            let o = obs(&p, Init, "s", 0, state, 0);
+            let a = run(&p, &rt(vec![obs(&p, App, "a", 0, Running, 0), o.clone()]));
+            assert_eq!(kill_ids(&a), ["s-0"], "{state:?}");
+            assert_eq!(a.start, vec![restarted(&o)], "{state:?}");
+            assert!(!a.init_failed && !a.kill_pod && !a.pod_done, "{state:?}");
+        }
+    }
+
+    #[test]
+    fn sidecar_liveness_failure_kills_it_and_a_later_sync_restarts_it() {
+        let p = sidecars(pod("Never", &["s"], &["a"]), &["s"], &[]);
+        let app = obs(&p, App, "a", 0, Running, 0);
+        let mut probes = ProbeResults::default();
+        probes.failed.insert("s".into(), "Container s failed liveness probe, will be restarted".into());
+        let a = run_probes(&p, &rt(vec![app.clone(), obs(&p, Init, "s", 1, Running, 0)]), &probes);
+        let k = Kill { id: "s-1".into(), name: "s".into(), message: "Init container s failed liveness probe".into() };
+        assert_eq!(a, Actions { kill: vec![k], ..steady() });
+        let dead = obs(&p, Init, "s", 1, Exited, 137);
+        let a = run(&p, &rt(vec![app, dead.clone()]));
+        assert_eq!(a, Actions { start: vec![restarted(&dead)], ..steady() });
+        assert_eq!(a.start[0].previous_finished_at, dead.finished_at);
+    }
+
+    #[test]
+    fn sidecar_spec_change_replaces_it_at_once() {
+        let old = sidecars(pod("Always", &["s"], &["a"]), &["s"], &[]);
+        let mut new = old.clone();
+        new.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].image = Some("img-s:v2".into());
+        let running = obs(&old, Init, "s", 0, Running, 0);
+        let a = run(&new, &rt(vec![obs(&old, App, "a", 0, Running, 0), running.clone()]));
+        let k = Kill { id: "s-0".into(), name: "s".into(), message: "Init container s definition changed".into() };
+        assert_eq!(a, Actions { kill: vec![k], start: vec![restarted(&running)], ..steady() });
+    }
+
+    #[test]
+    fn sidecar_restarts_before_the_app_containers_when_everything_exited() {
+        // As upstream: exited app containers do not show that the pod was initialized (after a
+        // reboot everything has exited), so the sidecar must have started again first.
+        let p = sidecars(pod("Always", &["s"], &["a"]), &["s"], &[]);
+        let s_dead = obs(&p, Init, "s", 0, Exited, 1);
+        let a_dead = obs(&p, App, "a", 0, Exited, 1);
+        let a = run(&p, &rt(vec![a_dead.clone(), s_dead.clone()]));
+        assert_eq!(a, Actions { start: vec![restarted(&s_dead)], ..steady() });
+        let a = run(&p, &rt(vec![obs(&p, Init, "s", 1, Running, 0), a_dead.clone(), s_dead]));
+        assert_eq!(a, Actions { start: vec![restarted(&a_dead)], ..steady() });
+    }
+
+    #[test]
+    fn sidecar_without_records_after_initialization_is_started_again() {
+        // Container GC (or a lost runtime state) removed the init containers' records while the
+        // app container runs: the sidecar runs again, the regular init container does not.
+        let p = sidecars(pod("Always", &["s", "i2"], &["a"]), &["s"], &[]);
+        let a = run(&p, &rt(vec![obs(&p, App, "a", 0, Running, 0)]));
+        assert_eq!(a, Actions { start: vec![first("s", Init)], ..steady() });
+    }
+
+    #[test]
+    fn agent_restart_with_sidecar_and_app_running_changes_nothing() {
+        // After a restart the probe results are empty: the sidecar's startup probe has no verdict
+        // yet, which must not hold or restart anything once the app container runs.
+        let p = sidecars(pod("Never", &["s1", "i2", "s3"], &["a"]), &["s1", "s3"], &["s1", "s3"]);
+        let full = rt(vec![
+            obs(&p, App, "a", 0, Running, 0),
+            obs(&p, Init, "s3", 0, Running, 0),
+            obs(&p, Init, "i2", 0, Exited, 0),
+            obs(&p, Init, "s1", 0, Running, 0),
+        ]);
+        assert_eq!(run(&p, &full), steady());
+        // i2's record garbage-collected: still nothing.
+        let gc = rt(vec![
+            obs(&p, App, "a", 0, Running, 0),
+            obs(&p, Init, "s3", 0, Running, 0),
+            obs(&p, Init, "s1", 0, Running, 0),
+        ]);
+        assert_eq!(run(&p, &gc), steady());
+    }
+
+    #[test]
+    fn pod_is_done_when_its_app_containers_are_and_sidecars_are_stopped() {
+        for (policy, code, done) in
+            [("Never", 0, true), ("Never", 1, true), ("OnFailure", 0, true), ("OnFailure", 1, false)]
+        {
+            let p = sidecars(pod(policy, &["s", "i2"], &["a"]), &["s"], &[]);
+            let app = obs(&p, App, "a", 0, Exited, code);
+            let i2_ok = obs(&p, Init, "i2", 0, Exited, 0);
+            // The sidecar still runs, or has exited (it is not restarted then).
+            for s in [obs(&p, Init, "s", 0, Running, 0), obs(&p, Init, "s", 0, Exited, 1)] {
+                let a = run(&p, &rt(vec![app.clone(), i2_ok.clone(), s.clone()]));
+                if done {
+                    assert_eq!(
+                        a,
+                        Actions { kill_pod: true, pod_done: true, ..steady() },
+                        "{policy} {code} {:?}",
+                        s.state
+                    );
+                } else {
+                    assert!(a.start.iter().any(|st| st.name == "a"), "{policy} {code}");
+                    assert!(!a.kill_pod && !a.pod_done);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn regular_init_failure_under_never_fails_the_pod_with_sidecars_running() {
+        let p = sidecars(pod("Never", &["s", "i2"], &["a"]), &["s"], &[]);
+        let runtime = rt(vec![obs(&p, Init, "i2", 0, Exited, 3), obs(&p, Init, "s", 0, Running, 0)]);
+        assert_eq!(run(&p, &runtime), Actions { init_failed: true, kill_pod: true, ..steady() });
+    }
+
+    #[test]
+    fn new_sandbox_starts_again_from_the_first_sidecar() {
+        let p = sidecars(pod("Always", &["s", "i2"], &["a"]), &["s"], &[]);
+        let s_old = obs(&p, Init, "s", 0, Exited, 137);
+        let runtime = rt_with(vec![sandbox("sb", 0, false)], vec![obs(&p, App, "a", 0, Exited, 137), s_old.clone()]);
+        let a = run(&p, &runtime);
+        assert!(a.kill_pod && a.create_sandbox);
+        assert_eq!(a.start, vec![restarted(&s_old)]);
+    }
+
+    #[test]
+    fn termination_stops_app_containers_first_then_sidecars_in_reverse_order() {
+        let p = sidecars(pod("Always", &["s1", "i2", "s3", "s4"], &["a", "b"]), &["s1", "s3", "s4"], &[]);
+        let all = [
+            obs(&p, Init, "s3", 0, Running, 0),
+            obs(&p, App, "a", 0, Running, 0),
+            obs(&p, Init, "s1", 0, Running, 0),
+            obs(&p, Init, "i2", 0, Running, 0),
+            obs(&p, Init, "s4", 0, Running, 0),
+            obs(&p, App, "b", 0, Running, 0),
+        ];
+        let running: Vec<&ContainerObs> = all.iter().collect();
+        let (first, sidecars) = termination_order(p.spec.as_ref(), &running);
+        let ids = |v: &[&ContainerObs]| v.iter().map(|o| o.name.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&first), ["a", "i2", "b"]);
+        assert_eq!(ids(&sidecars), ["s4", "s3", "s1"]);
+        // Without a spec (or without sidecars) everything goes at once.
+        let (first, sidecars) = termination_order(None, &running);
+        assert_eq!(first.len(), 6);
+        assert!(sidecars.is_empty());
     }
 }

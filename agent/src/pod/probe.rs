@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use super::model::ProbeResults;
+use super::model::{is_sidecar, ProbeResults};
 
 /// The User-Agent of httpGet probes (and the gRPC probe's), as upstream kubelet 1.33 sends it.
 pub const PROBE_USER_AGENT: &str = "kube-probe/1.33";
@@ -610,7 +610,7 @@ fn probed_containers(pod: &Pod) -> Vec<&Container> {
     let Some(spec) = pod.spec.as_ref() else {
         return Vec::new();
     };
-    let sidecars = spec.init_containers.iter().flatten().filter(|c| c.restart_policy.as_deref() == Some("Always"));
+    let sidecars = spec.init_containers.iter().flatten().filter(|c| is_sidecar(c));
     spec.containers.iter().chain(sidecars).collect()
 }
 

@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::model::{
-    qos_class, ContainerKind, ContainerObs, ContainerState, PodRuntime, ProbeResults, SandboxState, Waiting,
+    is_sidecar, qos_class, ContainerKind, ContainerObs, ContainerState, PodRuntime, ProbeResults, SandboxState, Waiting,
 };
 
 pub const PHASE_PENDING: &str = "Pending";
@@ -227,7 +227,7 @@ fn time_opt(ns: i64) -> Option<Time> {
 
 /// An init container with restartPolicy Always (a sidecar).
 fn restartable(c: &Container, kind: ContainerKind) -> bool {
-    kind == ContainerKind::Init && c.restart_policy.as_deref() == Some("Always")
+    kind == ContainerKind::Init && is_sidecar(c)
 }
 
 fn waiting_state(reason: &str, message: &str) -> ApiState {
@@ -1415,6 +1415,126 @@ mod tests {
         let s = run(&p, &r);
         assert_eq!(s.phase.as_deref(), Some("Running"));
         check(&s, "Ready", "True", None, None);
+    }
+
+    /// A pod with sidecar "side" (startup and readiness probes), regular init container "init"
+    /// and app container "app".
+    fn with_sidecar(policy: &str) -> Pod {
+        pod(json!({"metadata":{"name":"p","namespace":"ns","uid":"u"},"spec":{"restartPolicy":policy,
+            "initContainers":[
+                {"name":"side","image":"busybox","restartPolicy":"Always",
+                 "startupProbe":{"exec":{"command":["true"]}},"readinessProbe":{"exec":{"command":["true"]}}},
+                {"name":"init","image":"busybox"}],
+            "containers":[{"name":"app","image":"busybox"}]}}))
+    }
+
+    #[test]
+    fn sidecar_not_started_holds_initialization() {
+        let p = with_sidecar("Always");
+        let r = rt(vec![sandbox(Some("10.0.0.5"), &[])], vec![init("side", 0, ContainerState::Running, 0)]);
+        let s = run(&p, &r);
+        assert_eq!(s.phase.as_deref(), Some("Pending"));
+        assert!(ics(&s, "side").state.as_ref().unwrap().running.is_some());
+        assert_eq!((ics(&s, "side").started, ics(&s, "side").ready), (Some(false), false));
+        assert_eq!(waiting_reason(ics(&s, "init")), Some("PodInitializing"));
+        assert_eq!(waiting_reason(cs(&s, "app")), Some("PodInitializing"));
+        check(
+            &s,
+            "Initialized",
+            "False",
+            Some("ContainersNotInitialized"),
+            Some("containers with incomplete status: [side init]"),
+        );
+        check(
+            &s,
+            "ContainersReady",
+            "False",
+            Some("ContainersNotReady"),
+            Some("containers with unready status: [side app]"),
+        );
+    }
+
+    #[test]
+    fn started_sidecar_and_completed_init_make_the_pod_initialized_and_its_readiness_counts() {
+        let p = with_sidecar("Always");
+        let r = rt(
+            vec![sandbox(Some("10.0.0.5"), &[])],
+            vec![
+                app("app", 0, ContainerState::Running, 0),
+                init("init", 0, ContainerState::Exited, 0),
+                init("side", 0, ContainerState::Running, 0),
+            ],
+        );
+        let mut input = In::new();
+        input.probes.startup.insert("side".into(), true);
+        let s = input.run(&p, &r);
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        check(&s, "Initialized", "True", None, None);
+        // Started but its readiness probe has not succeeded: the pod is not ready.
+        assert_eq!((ics(&s, "side").started, ics(&s, "side").ready), (Some(true), false));
+        check(
+            &s,
+            "ContainersReady",
+            "False",
+            Some("ContainersNotReady"),
+            Some("containers with unready status: [side]"),
+        );
+        check(&s, "Ready", "False", Some("ContainersNotReady"), Some("containers with unready status: [side]"));
+        input.probes.readiness.insert("side".into(), true);
+        let s = input.run(&p, &r);
+        assert!(ics(&s, "side").ready);
+        check(&s, "Ready", "True", None, None);
+    }
+
+    #[test]
+    fn sidecar_restarting_after_initialization_keeps_the_pod_running_and_initialized() {
+        let p = with_sidecar("Never");
+        let mut dead = init("side", 1, ContainerState::Exited, 137);
+        dead.reason = "Error".into();
+        let r = rt(
+            vec![sandbox(Some("10.0.0.5"), &[])],
+            vec![app("app", 0, ContainerState::Running, 0), init("init", 0, ContainerState::Exited, 0), dead],
+        );
+        let mut input = In::new().wait("side", "CrashLoopBackOff", "back-off 10s restarting failed container=side");
+        input.probes.readiness.insert("side".into(), true);
+        let s = input.run(&p, &r);
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        check(&s, "Initialized", "True", None, None);
+        let side = ics(&s, "side");
+        assert_eq!(waiting_reason(side), Some("CrashLoopBackOff"));
+        assert_eq!((side.restart_count, term(&side.last_state).exit_code), (1, 137));
+        assert_eq!((side.started, side.ready), (Some(false), false));
+        check(&s, "Ready", "False", Some("ContainersNotReady"), Some("containers with unready status: [side]"));
+    }
+
+    #[test]
+    fn sidecar_exit_codes_do_not_decide_the_phase() {
+        // (app exit code, sidecar exit code, phase): the sidecar is stopped once the app is done.
+        for (app_code, side_code, phase) in [(0, 137, "Succeeded"), (0, 1, "Succeeded"), (1, 0, "Failed")] {
+            let p = with_sidecar("Never");
+            let r = rt(
+                vec![sandbox(Some("10.0.0.5"), &[])],
+                vec![
+                    app("app", 0, ContainerState::Exited, app_code),
+                    init("init", 0, ContainerState::Exited, 0),
+                    init("side", 0, ContainerState::Exited, side_code),
+                ],
+            );
+            let s = run(&p, &r);
+            assert_eq!(s.phase.as_deref(), Some(phase), "{app_code} {side_code}");
+            assert_eq!(term(&ics(&s, "side").state).exit_code, side_code);
+            if phase == "Succeeded" {
+                check(&s, "Initialized", "True", Some("PodCompleted"), None);
+            }
+            check(&s, "ContainersReady", "False", Some("PodCompleted"), None);
+        }
+        // While the app container runs on, a stopped sidecar does not end the pod.
+        let p = with_sidecar("Never");
+        let r = rt(
+            vec![sandbox(Some("10.0.0.5"), &[])],
+            vec![app("app", 0, ContainerState::Running, 0), init("side", 0, ContainerState::Exited, 0)],
+        );
+        assert_eq!(run(&p, &r).phase.as_deref(), Some("Running"));
     }
 
     #[test]

@@ -167,22 +167,39 @@ fn millis_of(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>
     q.and_then(|q| model::parse_quantity(&q.0)).map(|v| (v * scale).round() as i64).unwrap_or(0)
 }
 
-/// The pod's effective requests (cpu milli, memory bytes): the larger of the sum over app
-/// containers and the largest init container, as upstream.
+/// The pod's effective requests (cpu milli, memory bytes), as upstream's PodRequests with
+/// sidecars: the larger of the app containers plus every sidecar (they run together), and of
+/// each init container plus the sidecars declared before it (already running when it runs).
 pub fn pod_requests(pod: &Pod) -> (i64, i64) {
     let Some(spec) = pod.spec.as_ref() else {
         return (0, 0);
     };
-    let req = |c: &Container, name: &str, scale: f64| {
-        millis_of(c.resources.as_ref().and_then(|r| r.requests.as_ref().and_then(|m| m.get(name)).or_else(|| r.limits.as_ref().and_then(|m| m.get(name)))), scale)
+    let req = |c: &Container| {
+        let one = |name: &str, scale: f64| {
+            millis_of(
+                c.resources.as_ref().and_then(|r| {
+                    r.requests
+                        .as_ref()
+                        .and_then(|m| m.get(name))
+                        .or_else(|| r.limits.as_ref().and_then(|m| m.get(name)))
+                }),
+                scale,
+            )
+        };
+        (one("cpu", 1000.0), one("memory", 1.0))
     };
-    let app = spec.containers.iter().fold((0, 0), |(c, m), x| (c + req(x, "cpu", 1000.0), m + req(x, "memory", 1.0)));
-    let init = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .fold((0, 0), |(c, m), x| (c.max(req(x, "cpu", 1000.0)), m.max(req(x, "memory", 1.0))));
-    (app.0.max(init.0), app.1.max(init.1))
+    let app = spec.containers.iter().map(req).fold((0, 0), |(c, m), (x, y)| (c + x, m + y));
+    let mut sidecars = (0, 0);
+    let mut init = (0, 0);
+    for c in spec.init_containers.iter().flatten() {
+        let (x, y) = req(c);
+        let during = (sidecars.0 + x, sidecars.1 + y);
+        if model::is_sidecar(c) {
+            sidecars = during;
+        }
+        init = (init.0.max(during.0), init.1.max(during.1));
+    }
+    ((app.0 + sidecars.0).max(init.0), (app.1 + sidecars.1).max(init.1))
 }
 
 impl PodWorkers {
@@ -617,11 +634,13 @@ impl PodWorkers {
             self.observe(uid).await.map_err(|e| e.to_string())?
         };
         let pod_ip = observed.sandbox().and_then(|s| s.ip.clone());
+        // The newest attempts of running app containers and init containers (the probe manager
+        // probes the sidecars among them).
         let running: Vec<(String, String, i64)> = observed
             .containers
             .iter()
-            .filter(|c| c.kind == ContainerKind::App && c.state == ContainerState::Running)
-            .filter(|c| observed.latest(ContainerKind::App, &c.name).map(|l| l.id == c.id).unwrap_or(false))
+            .filter(|c| c.state == ContainerState::Running)
+            .filter(|c| observed.latest(c.kind, &c.name).map(|l| l.id == c.id).unwrap_or(false))
             .map(|c| (c.name.clone(), c.id.clone(), c.started_at))
             .collect();
         if terminating {
@@ -984,37 +1003,39 @@ impl PodWorkers {
     }
 
     /// Stops every running container (preStop hooks first when the pod is being deleted) and
-    /// every ready sandbox.
+    /// every ready sandbox. The app containers (and any other container that is not a sidecar)
+    /// are stopped first, all at once; then the sidecars one at a time in reverse order of their
+    /// declaration, each with what is left of the grace period (at least 2 s). The sidecars'
+    /// preStop hooks run at the start, next to the app containers' ones (as upstream).
     async fn kill_pod(&self, uid: &str, pod: &Pod, observed: &PodRuntime, deleting: bool) -> Result<(), String> {
         let grace = grace_seconds(pod);
         let elapsed = self.with_state(uid, |s| s.deletion_seen.map(|t| t.elapsed().as_secs())).unwrap_or(0);
         let remaining = (grace - i64::try_from(elapsed).unwrap_or(0)).max(if grace == 0 { 0 } else { 2 });
-        let running: Vec<ContainerObs> = observed.running().cloned().collect();
-        let tasks = running.into_iter().map(|c| {
-            let mut rt = self.inner.rt.clone();
-            let pod_ip = observed.sandbox().and_then(|s| s.ip.clone());
+        let running: Vec<&ContainerObs> = observed.running().collect();
+        let (first, sidecars) = plan::termination_order(pod.spec.as_ref(), &running);
+        let pod_ip = observed.sandbox().and_then(|s| s.ip.clone());
+        let t0 = Instant::now();
+        // What is left of the grace period when a container's turn comes.
+        let left = || {
+            let used = i64::try_from(t0.elapsed().as_secs()).unwrap_or(0);
+            (remaining - used).max(if remaining == 0 { 0 } else { 2 })
+        };
+        let apps = futures::future::join_all(first.iter().map(|c| {
+            let pod_ip = pod_ip.clone();
             async move {
-                let started = Instant::now();
-                if deleting {
-                    if let Some(h) = spec_container(pod, c.kind, &c.name).and_then(|s| s.lifecycle.as_ref()).and_then(|l| l.pre_stop.as_ref()) {
-                        let ports = spec_container(pod, c.kind, &c.name).and_then(|s| s.ports.clone()).unwrap_or_default();
-                        let target = Target { pod_ip, container_id: c.id.clone(), ports };
-                        let exec = CriExec { rt: rt.clone() };
-                        tracing::info!(pod = %pod_label(pod), container = %c.name, "running preStop hook");
-                        if let Err(e) = hooks::run_handler(h, &target, &exec, Duration::from_secs(remaining.unsigned_abs())).await {
-                            tracing::warn!(pod = %pod_label(pod), container = %c.name, error = %e, "preStop hook failed");
-                        }
-                    }
-                }
-                let used = i64::try_from(started.elapsed().as_secs()).unwrap_or(0);
-                let left = (remaining - used).max(if remaining == 0 { 0 } else { 2 });
-                tracing::info!(pod = %pod_label(pod), container = %c.name, grace = left, "stopping container");
-                self.event(pod, "Normal", "Killing", format!("Stopping container {}", c.name));
-                CriError::gone_ok(rt.stop_container(&c.id, left).await)
+                self.pre_stop(pod, c, pod_ip, remaining, deleting).await;
+                self.stop_in_pod(pod, c, left()).await
             }
-        });
-        for r in futures::future::join_all(tasks).await {
+        }));
+        let sidecar_hooks = futures::future::join_all(
+            sidecars.iter().map(|c| self.pre_stop(pod, c, pod_ip.clone(), remaining, deleting)),
+        );
+        let (results, _) = futures::future::join(apps, sidecar_hooks).await;
+        for r in results {
             r?;
+        }
+        for c in &sidecars {
+            self.stop_in_pod(pod, c, left()).await?;
         }
         let mut rt = self.inner.rt.clone();
         for s in observed.sandboxes.iter().filter(|s| s.state == SandboxState::Ready) {
@@ -1022,6 +1043,34 @@ impl PodWorkers {
             CriError::gone_ok(rt.stop_sandbox(&s.id).await)?;
         }
         Ok(())
+    }
+
+    /// Runs container `c`'s preStop hook, if it has one and the pod is being deleted, for at
+    /// most `remaining` seconds.
+    async fn pre_stop(&self, pod: &Pod, c: &ContainerObs, pod_ip: Option<String>, remaining: i64, deleting: bool) {
+        if !deleting {
+            return;
+        }
+        let Some(spec) = spec_container(pod, c.kind, &c.name) else {
+            return;
+        };
+        let Some(h) = spec.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) else {
+            return;
+        };
+        let target = Target { pod_ip, container_id: c.id.clone(), ports: spec.ports.clone().unwrap_or_default() };
+        let exec = CriExec { rt: self.inner.rt.clone() };
+        tracing::info!(pod = %pod_label(pod), container = %c.name, "running preStop hook");
+        if let Err(e) = hooks::run_handler(h, &target, &exec, Duration::from_secs(remaining.unsigned_abs())).await {
+            tracing::warn!(pod = %pod_label(pod), container = %c.name, error = %e, "preStop hook failed");
+        }
+    }
+
+    /// StopContainer for container `c` of `pod` with `grace` seconds.
+    async fn stop_in_pod(&self, pod: &Pod, c: &ContainerObs, grace: i64) -> Result<(), String> {
+        let mut rt = self.inner.rt.clone();
+        tracing::info!(pod = %pod_label(pod), container = %c.name, grace, "stopping container");
+        self.event(pod, "Normal", "Killing", format!("Stopping container {}", c.name));
+        CriError::gone_ok(rt.stop_container(&c.id, grace).await)
     }
 
     /// The pod is deleted in the API and stopped here: write the final status and delete the
@@ -1229,6 +1278,19 @@ mod tests {
                           {"name":"b","resources":{"limits":{"cpu":"1"}}}]}}))
         .unwrap();
         assert_eq!(pod_requests(&pod), (2000, 2 * 1024 * 1024 * 1024));
+    }
+
+    #[test]
+    fn requests_count_sidecars_next_to_the_app_containers_and_later_init_containers() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({"spec":{
+            "initContainers":[
+                {"name":"i1","resources":{"requests":{"cpu":"1","memory":"100"}}},
+                {"name":"s","restartPolicy":"Always","resources":{"requests":{"cpu":"300m","memory":"50"}}},
+                {"name":"i2","resources":{"requests":{"cpu":"900m","memory":"10"}}}],
+            "containers":[{"name":"a","resources":{"requests":{"cpu":"500m","memory":"20"}}}]}}))
+        .unwrap();
+        // cpu: max(500 + 300, 1000, 300 + 900) = 1200; memory: max(20 + 50, 100, 50 + 10) = 100.
+        assert_eq!(pod_requests(&pod), (1200, 100));
     }
 
     #[test]
