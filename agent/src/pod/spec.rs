@@ -2135,7 +2135,8 @@ mod tests {
         let uid = |u: i64| ImageUser::Uid(u);
         let name = |n: &str| ImageUser::Name(n.into());
         // (pod securityContext, container securityContext, image user, Err(message) or Ok(run_as_user, run_as_username))
-        let cases: Vec<(serde_json::Value, serde_json::Value, ImageUser, Result<(Option<i64>, &str), String>)> = vec![
+        type Case = (serde_json::Value, serde_json::Value, ImageUser, Result<(Option<i64>, &'static str), String>);
+        let cases: Vec<Case> = vec![
             // runAsUser decides when set, whatever the image.
             (json!({"runAsNonRoot": true}), json!({"runAsUser": 0}), uid(1000), Err(breaks.clone())),
             (json!({"runAsNonRoot": true, "runAsUser": 5}), json!({}), uid(0), Ok((Some(5), ""))),
