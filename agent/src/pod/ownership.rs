@@ -70,7 +70,12 @@ pub fn root_is_set(root_gid: u32, root_mode: u32, is_dir: bool, fs_group: u32, r
 /// Gives `dir` and everything under it the group `fs_group` and the group permissions (see the
 /// module). An entry that cannot be chowned or chmodded is logged and skipped, as upstream; an
 /// entry that cannot be read (lstat, readdir) ends the walk with an error.
-pub fn set_volume_ownership(dir: &Path, fs_group: u32, policy: ChangePolicy, read_only: bool) -> Result<(), VolumeError> {
+pub fn set_volume_ownership(
+    dir: &Path,
+    fs_group: u32,
+    policy: ChangePolicy,
+    read_only: bool,
+) -> Result<(), VolumeError> {
     if policy == ChangePolicy::OnRootMismatch {
         if let Ok(m) = fs::metadata(dir) {
             if root_is_set(m.gid(), m.mode(), m.is_dir(), fs_group, read_only) {
