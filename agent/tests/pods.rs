@@ -300,7 +300,8 @@ fn ls_n(lab: &Lab, pod: &str, flags: &str, path: &str) -> (String, String, Strin
 
 /// Security context and volumes: fsGroup gives an emptyDir and a configMap volume to the group
 /// of a container running as uid 1000 (runAsNonRoot satisfied by runAsUser); subPathExpr from
-/// the downward API; runAsNonRoot refused for an image that runs as root.
+/// the downward API; runAsNonRoot refused for an image that runs as root and satisfied by one
+/// whose USER is 1000.
 #[test]
 fn fs_group_sub_path_expr_and_run_as_non_root() {
     let lab = Lab::start("sec");
@@ -347,6 +348,23 @@ fn fs_group_sub_path_expr_and_run_as_non_root() {
     assert_eq!(phase(&p), "Pending");
     // Two sandboxes and the one container of "owned".
     assert_eq!(lab.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().lines().count(), 3);
+
+    // An image whose config says USER 1000: runAsNonRoot holds without runAsUser, and a
+    // container's runAsGroup alone applies to the image's user (the agent passes the image's uid
+    // on). (A pod-level runAsGroup alone would also go to the sandbox, which containerd 1.6
+    // refuses: "user group ... is specified without user", with upstream's kubelet too.)
+    let work = lab.dir.path().join("images");
+    let image = "registry.ferro.test/busybox-user:1";
+    let rootfs = work.join("busybox-rootfs");
+    let tar = ferro_lab::images::image_as(&work, "busybox-user", &rootfs, &["/bin/sh"], image, Some("1000")).unwrap();
+    lab.ctrd.import(&tar).unwrap();
+    lab.apply(&pod_yaml(
+        "imageuser",
+        &format!("  securityContext: {{runAsNonRoot: true}}\n  containers:\n  - name: app\n    image: {image}\n    command: [sleep, \"3600\"]\n    securityContext: {{runAsGroup: 3000}}\n"),
+    ));
+    lab.wait_pod("imageuser", "Running", MIN, |p| phase(p) == "Running");
+    let ids = lab.kubectl_ok(&["exec", "imageuser", "--", "sh", "-c", "echo $(id -u) $(id -g)"]);
+    assert_eq!(ids.trim(), "1000 3000");
 }
 
 /// kill -9 of the agent while 20 pods run: after the restart none is restarted or duplicated.
