@@ -875,8 +875,8 @@ pub struct VolumePath {
     pub read_only: bool,
 }
 
-/// The subPath's host directory in the volume, and checked to resolve inside the volume (a
-/// symlink in the volume may not lead out of it). Missing directories are created as upstream's
+/// The subPath's host path in the volume, checked to resolve inside the volume (a symlink in
+/// the volume may not lead out of it). Missing directories are created as upstream's
 /// SafeMakeDir does: one at a time, each with the volume root's mode (setgid and sticky
 /// included, whatever the umask), so that a subPath of a group-writable fsGroup volume is
 /// group-writable too; an existing component that resolves outside the volume stops it.
