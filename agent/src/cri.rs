@@ -271,11 +271,17 @@ impl Runtime {
 
     /// The image's id when present on the node.
     pub async fn image_present(&mut self, image: &str) -> Result<Option<String>, CriError> {
+        Ok(self.image_status(image).await?.map(|i| i.id))
+    }
+
+    /// ImageService.ImageStatus: the image when present on the node (id, names, size, and the
+    /// user it runs as: `uid` or `username`).
+    pub async fn image_status(&mut self, image: &str) -> Result<Option<api::Image>, CriError> {
         let req = api::ImageStatusRequest {
             image: Some(api::ImageSpec { image: image.into(), ..Default::default() }),
             verbose: false,
         };
-        Ok(call_within("ImageStatus", CALL_TIMEOUT * 5, self.image.image_status(req)).await?.image.map(|i| i.id))
+        Ok(call_within("ImageStatus", CALL_TIMEOUT * 5, self.image.image_status(req)).await?.image)
     }
 
     /// ImageService.ImageFsInfo: the filesystems holding images (mountpoint, bytes used).

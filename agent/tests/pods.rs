@@ -385,6 +385,83 @@ fn volumes_graceful_deletion_and_admission() {
     assert_eq!(left.iter().sum::<usize>(), 0, "pod dirs left behind");
 }
 
+/// `ls -lnd PATH` (or `-lnL`) inside the container: (mode string, uid, gid).
+fn ls_n(lab: &Lab, pod: &str, flags: &str, path: &str) -> (String, String, String) {
+    let out = lab.kubectl_ok(&["exec", pod, "--", "ls", flags, path]);
+    let f: Vec<&str> = out.split_whitespace().collect();
+    assert!(f.len() >= 4, "ls {flags} {path}: {out:?}");
+    (f[0].to_string(), f[2].to_string(), f[3].to_string())
+}
+
+/// Security context and volumes: fsGroup gives an emptyDir and a configMap volume to the group
+/// of a container running as uid 1000 (runAsNonRoot satisfied by runAsUser); subPathExpr from
+/// the downward API; runAsNonRoot refused for an image that runs as root and satisfied by one
+/// whose USER is 1000.
+#[test]
+fn fs_group_sub_path_expr_and_run_as_non_root() {
+    let lab = Lab::start("sec");
+    lab.apply("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\ndata:\n  color: blue\n");
+    lab.apply(&pod_yaml(
+        "owned",
+        &format!(
+            "  securityContext: {{runAsUser: 1000, runAsNonRoot: true, fsGroup: 2000}}\n  volumes:\n  - name: scratch\n    emptyDir: {{}}\n  - name: cfg\n    configMap: {{name: cfg, defaultMode: 0400}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"echo from-$POD_NAME > /mine/f && exec sleep 3600\"]\n    env:\n    - name: POD_NAME\n      valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}\n    volumeMounts:\n    - {{name: scratch, mountPath: /scratch}}\n    - {{name: scratch, mountPath: /mine, subPathExpr: $(POD_NAME)}}\n    - {{name: cfg, mountPath: /cfg}}\n"
+        ),
+    ));
+    lab.wait_pod("owned", "Running", MIN, |p| phase(p) == "Running");
+    assert_eq!(lab.kubectl_ok(&["exec", "owned", "--", "id", "-u"]).trim(), "1000");
+    let groups = lab.kubectl_ok(&["exec", "owned", "--", "id", "-G"]);
+    assert!(groups.split_whitespace().any(|g| g == "2000"), "fsGroup not among the groups: {groups:?}");
+    // The emptyDir: group 2000, group-writable with setgid.
+    let (mode, _, gid) = ls_n(&lab, "owned", "-lnd", "/scratch");
+    assert_eq!((mode.as_str(), gid.as_str()), ("drwxrwsrwx", "2000"));
+    // The configMap volume and its file (0400 + group read).
+    assert_eq!(ls_n(&lab, "owned", "-lnd", "/cfg").2, "2000");
+    let (mode, _, gid) = ls_n(&lab, "owned", "-lnL", "/cfg/color");
+    assert_eq!((mode.as_str(), gid.as_str()), ("-r--r-----", "2000"));
+    assert_eq!(lab.kubectl_ok(&["exec", "owned", "--", "cat", "/cfg/color"]).trim(), "blue");
+    // uid 1000 writes into the emptyDir; the new file belongs to the group (setgid).
+    lab.kubectl_ok(&["exec", "owned", "--", "sh", "-c", "echo w > /scratch/w"]);
+    let (_, uid, gid) = ls_n(&lab, "owned", "-ln", "/scratch/w");
+    assert_eq!((uid.as_str(), gid.as_str()), ("1000", "2000"));
+    // The subPathExpr directory (named after the pod) seen through the whole volume.
+    assert_eq!(lab.kubectl_ok(&["exec", "owned", "--", "cat", "/scratch/owned/f"]).trim(), "from-owned");
+
+    // runAsNonRoot without runAsUser: busybox runs as root, so the container is not created.
+    lab.apply(&pod_yaml(
+        "rooted",
+        &format!("  securityContext: {{runAsNonRoot: true}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n"),
+    ));
+    let p = lab.wait_pod("rooted", "CreateContainerConfigError", MIN, |p| {
+        waiting_reason(p, "app") == Some("CreateContainerConfigError")
+    });
+    let uid = p["metadata"]["uid"].as_str().unwrap();
+    let msg = container_status(&p, "app").unwrap()["state"]["waiting"]["message"].as_str().unwrap_or("");
+    assert_eq!(
+        msg,
+        format!("container has runAsNonRoot and image will run as root (pod: \"rooted_default({uid})\", container: app)")
+    );
+    assert_eq!(phase(&p), "Pending");
+    // Two sandboxes and the one container of "owned".
+    assert_eq!(lab.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().lines().count(), 3);
+
+    // An image whose config says USER 1000: runAsNonRoot holds without runAsUser, and a
+    // container's runAsGroup alone applies to the image's user (the agent passes the image's uid
+    // on). (A pod-level runAsGroup alone would also go to the sandbox, which containerd 1.6
+    // refuses: "user group ... is specified without user", with upstream's kubelet too.)
+    let work = lab.dir.path().join("images");
+    let image = "registry.ferro.test/busybox-user:1";
+    let rootfs = work.join("busybox-rootfs");
+    let tar = ferro_lab::images::image_as(&work, "busybox-user", &rootfs, &["/bin/sh"], image, Some("1000")).unwrap();
+    lab.ctrd.import(&tar).unwrap();
+    lab.apply(&pod_yaml(
+        "imageuser",
+        &format!("  securityContext: {{runAsNonRoot: true}}\n  containers:\n  - name: app\n    image: {image}\n    command: [sleep, \"3600\"]\n    securityContext: {{runAsGroup: 3000}}\n"),
+    ));
+    lab.wait_pod("imageuser", "Running", MIN, |p| phase(p) == "Running");
+    let ids = lab.kubectl_ok(&["exec", "imageuser", "--", "sh", "-c", "echo $(id -u) $(id -g)"]);
+    assert_eq!(ids.trim(), "1000 3000");
+}
+
 /// kill -9 of the agent while 20 pods run: after the restart none is restarted or duplicated.
 /// Then static pods: one runs with the control plane down, and appears as a mirror pod when it
 /// is back; an invalid manifest is only a log line.

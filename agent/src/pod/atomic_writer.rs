@@ -8,16 +8,19 @@
 //! <dir>/<name> -> ..data/<name>              one per first path component of the payload
 //! ```
 //!
-//! An update writes a new timestamped directory, renames a temporary symlink over `..data` (the
-//! one atomic step), adds and removes the user-visible symlinks, then removes the old directory.
-//! When the payload (contents and modes) equals what `..data` holds nothing is rewritten.
+//! An update writes a new timestamped directory, gives the whole volume to the pod's fsGroup
+//! when it has one (see [`super::ownership`]; upstream's setPerms step), renames a temporary
+//! symlink over `..data` (the one atomic step), adds and removes the user-visible symlinks, then
+//! removes the old directory. When the payload (contents, modes and, with an fsGroup, the group)
+//! equals what `..data` holds nothing is rewritten.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::ErrorKind;
-use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{symlink, DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use super::ownership::{self, ChangePolicy};
 use super::volumes::VolumeError;
 
 /// The symlink to the current payload directory.
@@ -95,8 +98,14 @@ fn first_component(path: &str) -> &str {
     path.split('/').next().unwrap_or(path)
 }
 
-/// Writes `payload` into `dir` (created when missing). Returns whether anything changed.
-pub fn write_payload(dir: &Path, payload: &BTreeMap<String, FileProjection>) -> Result<bool, VolumeError> {
+/// Writes `payload` into `dir` (created when missing). With `fs_group`, a new payload gives the
+/// whole volume to that group before the swap (read-only group bits, as upstream for these
+/// volumes), so the files keep their mode plus group read. Returns whether anything changed.
+pub fn write_payload(
+    dir: &Path,
+    payload: &BTreeMap<String, FileProjection>,
+    fs_group: Option<u32>,
+) -> Result<bool, VolumeError> {
     validate_payload(payload)?;
     fs::create_dir_all(dir).map_err(io("create directory", dir))?;
 
@@ -112,7 +121,7 @@ pub fn write_payload(dir: &Path, payload: &BTreeMap<String, FileProjection>) -> 
         None => BTreeMap::new(),
     };
 
-    if old_ts.is_some() && same_payload(&old_files, payload)? {
+    if old_ts.is_some() && same_payload(&old_files, payload, fs_group)? {
         ensure_user_visible(dir, payload)?;
         remove_stale(dir, old_ts.as_deref())?;
         return Ok(false);
@@ -127,6 +136,11 @@ pub fn write_payload(dir: &Path, payload: &BTreeMap<String, FileProjection>) -> 
         fs::write(&full, &file.data).map_err(io("write", &full))?;
         // Set explicitly: the umask must not change the mode the pod asked for.
         fs::set_permissions(&full, fs::Permissions::from_mode(file.mode & 0o7777)).map_err(io("chmod", &full))?;
+    }
+    // Over the whole volume, not only the new payload: the first write also makes the root
+    // (and the links created below inherit the group from the setgid root).
+    if let Some(gid) = fs_group {
+        ownership::set_volume_ownership(dir, gid, ChangePolicy::Always, true)?;
     }
 
     let tmp = dir.join(DATA_TMP);
@@ -178,7 +192,11 @@ fn files_under(root: &Path) -> Result<BTreeMap<String, PathBuf>, VolumeError> {
     Ok(out)
 }
 
-fn same_payload(old: &BTreeMap<String, PathBuf>, payload: &BTreeMap<String, FileProjection>) -> Result<bool, VolumeError> {
+fn same_payload(
+    old: &BTreeMap<String, PathBuf>,
+    payload: &BTreeMap<String, FileProjection>,
+    fs_group: Option<u32>,
+) -> Result<bool, VolumeError> {
     if !old.keys().eq(payload.keys()) {
         return Ok(false);
     }
@@ -187,7 +205,11 @@ fn same_payload(old: &BTreeMap<String, PathBuf>, payload: &BTreeMap<String, File
             return Ok(false);
         };
         let meta = fs::metadata(path).map_err(io("stat", path))?;
-        if meta.permissions().mode() & 0o7777 != file.mode & 0o7777 {
+        let want = match fs_group {
+            Some(_) => ownership::wanted_mode(file.mode, false, true),
+            None => file.mode & 0o7777,
+        };
+        if meta.permissions().mode() & 0o7777 != want || fs_group.is_some_and(|g| meta.gid() != g) {
             return Ok(false);
         }
         if meta.len() != file.data.len() as u64 || fs::read(path).map_err(io("read", path))? != file.data {
@@ -283,7 +305,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("vol");
         let p = payload(&[("a", "1", 0o644), ("sub/dir/b", "2", 0o400), ("sub/c", "3", 0o755)]);
-        assert!(write_payload(&dir, &p).unwrap());
+        assert!(write_payload(&dir, &p, None).unwrap());
 
         let ts = fs::read_link(dir.join(DATA_DIR)).unwrap();
         let ts = ts.to_str().unwrap();
@@ -308,16 +330,16 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let p1 = payload(&[("a", "1", 0o644), ("b", "2", 0o644)]);
-        assert!(write_payload(dir, &p1).unwrap());
+        assert!(write_payload(dir, &p1, None).unwrap());
         let ts1 = fs::read_link(dir.join(DATA_DIR)).unwrap();
 
         // Unchanged: nothing rewritten.
-        assert!(!write_payload(dir, &p1).unwrap());
+        assert!(!write_payload(dir, &p1, None).unwrap());
         assert_eq!(fs::read_link(dir.join(DATA_DIR)).unwrap(), ts1);
 
         // Changed content, "b" gone, "c" new.
         let p2 = payload(&[("a", "one", 0o644), ("c", "3", 0o644)]);
-        assert!(write_payload(dir, &p2).unwrap());
+        assert!(write_payload(dir, &p2, None).unwrap());
         let ts2 = fs::read_link(dir.join(DATA_DIR)).unwrap();
         assert_ne!(ts1, ts2);
         assert!(!dir.join(&ts1).exists(), "old payload directory removed");
@@ -329,26 +351,64 @@ mod tests {
 
         // A mode change alone is a change.
         let p3 = payload(&[("a", "one", 0o600), ("c", "3", 0o644)]);
-        assert!(write_payload(dir, &p3).unwrap());
+        assert!(write_payload(dir, &p3, None).unwrap());
         assert_eq!(mode(&dir.join("a")), 0o600);
-        assert!(!write_payload(dir, &p3).unwrap());
+        assert!(!write_payload(dir, &p3, None).unwrap());
+    }
+
+    #[test]
+    fn fs_group_ownership_kept_across_swaps() {
+        assert!(nix::unistd::geteuid().is_root(), "the fsGroup test chowns: run it as root");
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("vol");
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        // The entry itself (links included), and what a path resolves to.
+        let gid = |p: &Path| fs::symlink_metadata(p).unwrap().gid();
+        let fgid = |p: &Path| fs::metadata(p).unwrap().gid();
+        let p1 = payload(&[("a", "1", 0o644), ("sub/b", "2", 0o400), ("c", "3", 0o600)]);
+        assert!(write_payload(&dir, &p1, Some(2000)).unwrap());
+        // Group read added to each file's mode, setgid and group search on directories.
+        assert_eq!((fgid(&dir.join("a")), mode(&dir.join("a"))), (2000, 0o644));
+        assert_eq!((fgid(&dir.join("sub/b")), mode(&dir.join("sub/b"))), (2000, 0o440));
+        assert_eq!(mode(&dir.join("c")), 0o640);
+        assert_eq!((gid(&dir), mode(&dir)), (2000, 0o2777));
+        let ts1 = fs::read_link(dir.join(DATA_DIR)).unwrap();
+        assert_eq!((gid(&dir.join(&ts1)), mode(&dir.join(&ts1))), (2000, 0o2755));
+        for link in [DATA_DIR, "a", "sub"] {
+            assert_eq!(gid(&dir.join(link)), 2000, "{link}");
+        }
+        // Unchanged with the fsGroup's bits applied: not rewritten.
+        assert!(!write_payload(&dir, &p1, Some(2000)).unwrap());
+        assert_eq!(fs::read_link(dir.join(DATA_DIR)).unwrap(), ts1);
+        // A file whose group was changed since is a change.
+        std::os::unix::fs::chown(dir.join("a"), None, Some(0)).unwrap();
+        assert!(write_payload(&dir, &p1, Some(2000)).unwrap());
+        assert_eq!(fgid(&dir.join("a")), 2000);
+        // An update keeps the ownership, new files and links included.
+        let p2 = payload(&[("a", "one", 0o644), ("d", "4", 0o600)]);
+        assert!(write_payload(&dir, &p2, Some(2000)).unwrap());
+        assert_eq!((fgid(&dir.join("d")), mode(&dir.join("d"))), (2000, 0o640));
+        assert_eq!(gid(&dir.join("d")), 2000, "the new user-visible link");
+        assert_eq!(gid(&dir.join(fs::read_link(dir.join(DATA_DIR)).unwrap())), 2000);
+        assert_eq!(fs::read_to_string(dir.join("a")).unwrap(), "one");
     }
 
     #[test]
     fn empty_payload_and_repairs() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        assert!(write_payload(dir, &BTreeMap::new()).unwrap());
+        assert!(write_payload(dir, &BTreeMap::new(), None).unwrap());
         assert!(dir.join(DATA_DIR).exists());
-        assert!(!write_payload(dir, &BTreeMap::new()).unwrap());
+        assert!(!write_payload(dir, &BTreeMap::new(), None).unwrap());
 
         let p = payload(&[("a", "1", 0o644)]);
-        assert!(write_payload(dir, &p).unwrap());
+        assert!(write_payload(dir, &p, None).unwrap());
         // A removed user-visible link comes back without a rewrite; a leftover payload
         // directory from a crash is cleaned up.
         fs::remove_file(dir.join("a")).unwrap();
         fs::create_dir(dir.join("..2020_01_01_00_00_00.000000000")).unwrap();
-        assert!(!write_payload(dir, &p).unwrap());
+        assert!(!write_payload(dir, &p, None).unwrap());
         assert_eq!(fs::read_to_string(dir.join("a")).unwrap(), "1");
         assert_eq!(ts_dirs(dir).len(), 1);
 
@@ -358,14 +418,14 @@ mod tests {
         fs::set_permissions(outside.path().join("a"), fs::Permissions::from_mode(0o644)).unwrap();
         fs::remove_file(dir.join(DATA_DIR)).unwrap();
         symlink(outside.path(), dir.join(DATA_DIR)).unwrap();
-        assert!(write_payload(dir, &p).unwrap());
+        assert!(write_payload(dir, &p, None).unwrap());
         assert!(fs::read_link(dir.join(DATA_DIR)).unwrap().to_str().unwrap().starts_with(".."));
         assert_eq!(fs::read_to_string(outside.path().join("a")).unwrap(), "1", "left alone");
 
         // A real file where a link belongs is an error, not silently replaced.
         let p2 = payload(&[("a", "1", 0o644), ("x", "2", 0o644)]);
         fs::write(dir.join("x"), "mine").unwrap();
-        assert!(matches!(write_payload(dir, &p2), Err(VolumeError::NotSymlink(_))));
+        assert!(matches!(write_payload(dir, &p2, None), Err(VolumeError::NotSymlink(_))));
     }
 
     #[test]
@@ -373,11 +433,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         for bad in ["", "/abs", "a/../b", "..", "../x", "a//b", "a/", "./a", "..data", "..x/y", "a/./b"] {
             let p = payload(&[(bad, "x", 0o644)]);
-            let err = write_payload(tmp.path(), &p).unwrap_err();
+            let err = write_payload(tmp.path(), &p, None).unwrap_err();
             assert!(matches!(err, VolumeError::BadPath { .. }), "{bad:?}: {err}");
         }
         let conflict = payload(&[("a", "x", 0o644), ("a/b", "y", 0o644)]);
-        let err = write_payload(tmp.path(), &conflict).unwrap_err();
+        let err = write_payload(tmp.path(), &conflict, None).unwrap_err();
         assert_eq!(err.to_string(), "invalid path \"a/b\": conflicts with another file of the payload");
         assert_eq!(
             validate_path("a/../b").unwrap_err().to_string(),

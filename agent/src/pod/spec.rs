@@ -1,7 +1,8 @@
 //! The CRI configs the agent creates for a pod: the PodSandboxConfig, and for each container its
 //! environment, mounts, the managed /etc/hosts and the ContainerConfig. Pure, with one named
-//! exception: [`container_mounts`] creates a missing subPath directory inside its volume (as
-//! upstream does before handing the mount to the runtime).
+//! exception: [`container_mounts`] creates a missing subPath (or expanded subPathExpr) directory
+//! inside its volume (as upstream does before handing the mount to the runtime). What the image
+//! says about its user comes in from the caller's ImageStatus ([`ImageUser`]).
 //!
 //! The rules follow the upstream kubelet (kuberuntime's generatePodSandboxConfig and
 //! generateContainerConfig, makeEnvironmentVariables, the dns configurer, makeMounts and the
@@ -12,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_cri::v1::security_profile::ProfileType;
 use k8s_cri::v1::{
-    Capability, ContainerConfig, ContainerMetadata, DnsConfig, ImageSpec, Int64Value, KeyValue,
+    Capability, ContainerConfig, ContainerMetadata, DnsConfig, Image, ImageSpec, Int64Value, KeyValue,
     LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
     LinuxSandboxSecurityContext, Mount, MountPropagation, NamespaceMode, NamespaceOption, PodSandboxConfig,
     PodSandboxMetadata, PortMapping, Protocol, SecurityProfile,
@@ -80,6 +81,14 @@ pub enum SpecError {
     VolumeNotFound { volume: String, container: String },
     #[error("invalid subPath `{sub_path}`: {reason}")]
     InvalidSubPath { sub_path: String, reason: &'static str },
+    #[error("error SubPath `{0}` must not be an absolute path")]
+    SubPathAbsolute(String),
+    #[error("unable to provision SubPath `{0}`: must not contain '..'")]
+    SubPathBacksteps(String),
+    /// subPathExpr references variables the container's environment lacks or has empty
+    /// (sorted, comma-separated).
+    #[error("missing value for {0}")]
+    SubPathExprMissing(String),
     #[error("unable to provision subPath `{sub_path}` in {volume_path}")]
     SubPathProvision {
         sub_path: String,
@@ -87,12 +96,16 @@ pub enum SpecError {
         #[source]
         source: std::io::Error,
     },
-    #[error("subPathExpr is not supported (volume mount {0:?})")]
-    SubPathExprUnsupported(String),
     #[error("invalid mountPropagation {0:?}")]
     InvalidPropagation(String),
     #[error("container's runAsUser breaks non-root policy (pod: \"{pod}\", container: {container})")]
     RunAsNonRoot { pod: String, container: String },
+    #[error("container has runAsNonRoot and image will run as root (pod: \"{pod}\", container: {container})")]
+    ImageRunsAsRoot { pod: String, container: String },
+    #[error(
+        "container has runAsNonRoot and image has non-numeric user ({user}), cannot verify user is non-root (pod: \"{pod}\", container: {container})"
+    )]
+    ImageUserNotNumeric { user: String, pod: String, container: String },
     #[error("localhost seccomp profiles are not supported (container {0})")]
     LocalhostSeccomp(String),
     #[error(
@@ -862,46 +875,84 @@ pub struct VolumePath {
     pub read_only: bool,
 }
 
-/// The subPath's host directory in the volume, created when missing, and checked to resolve
-/// inside the volume (a symlink in the volume may not lead out of it).
+/// The subPath's host path in the volume, checked to resolve inside the volume (a symlink in
+/// the volume may not lead out of it). Missing directories are created as upstream's
+/// SafeMakeDir does: one at a time, each with the volume root's mode (setgid and sticky
+/// included, whatever the umask), so that a subPath of a group-writable fsGroup volume is
+/// group-writable too; an existing component that resolves outside the volume stops it.
 ///
 /// Deviation: upstream bind-mounts an opened file descriptor of the subPath so that the check
 /// and the mount see the same inode; ferro checks the resolved path, which a container racing
 /// a symlink swap could outrun.
 fn sub_path_dir(volume: &Path, sub_path: &str) -> Result<PathBuf, SpecError> {
+    use std::os::unix::fs::PermissionsExt;
     let invalid = |reason| SpecError::InvalidSubPath { sub_path: sub_path.into(), reason };
     if Path::new(sub_path).is_absolute() {
-        return Err(invalid("must not be an absolute path"));
+        return Err(SpecError::SubPathAbsolute(sub_path.into()));
     }
     if sub_path.split('/').any(|c| c == "..") {
-        return Err(invalid("must not contain '..'"));
+        return Err(SpecError::SubPathBacksteps(sub_path.into()));
     }
     let provision = |source| SpecError::SubPathProvision {
         sub_path: sub_path.into(),
         volume_path: volume.to_path_buf(),
         source,
     };
-    let host = volume.join(sub_path);
-    if std::fs::symlink_metadata(&host).is_err() {
-        std::fs::create_dir_all(&host).map_err(provision)?;
-    }
     let root = volume.canonicalize().map_err(provision)?;
-    let resolved = host.canonicalize().map_err(provision)?;
-    if !resolved.starts_with(&root) {
-        return Err(invalid("resolves outside of the volume"));
+    let perm = std::fs::metadata(&root).map_err(provision)?.permissions().mode() & 0o7777;
+    let mut host = volume.to_path_buf();
+    for component in sub_path.split('/').filter(|c| !c.is_empty() && *c != ".") {
+        host.push(component);
+        match std::fs::symlink_metadata(&host) {
+            Ok(_) => {
+                if !host.canonicalize().map_err(provision)?.starts_with(&root) {
+                    return Err(invalid("resolves outside of the volume"));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir(&host).map_err(provision)?;
+                std::fs::set_permissions(&host, std::fs::Permissions::from_mode(perm)).map_err(provision)?;
+            }
+            Err(e) => return Err(provision(e)),
+        }
     }
-    Ok(host)
+    Ok(volume.join(sub_path))
+}
+
+/// Upstream's ExpandContainerVolumeMounts: a subPathExpr with its `$(VAR)` references taken from
+/// the container's environment `env` ([`resolve_env`]'s result), `$$` an escaped `$`. Unlike in
+/// command and args, a reference to a variable that is unset or empty is an error naming every
+/// such variable.
+pub fn expand_sub_path_expr(expr: &str, env: &[KeyValue]) -> Result<String, SpecError> {
+    let missing = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    let expanded = expand(expr, |n| {
+        // The last definition wins, as in the runtime's environment.
+        match env.iter().rev().find(|kv| kv.key == n).filter(|kv| !kv.value.is_empty()) {
+            Some(kv) => Some(kv.value.clone()),
+            None => {
+                missing.borrow_mut().insert(n.to_string());
+                None
+            }
+        }
+    });
+    let missing = missing.into_inner();
+    if !missing.is_empty() {
+        return Err(SpecError::SubPathExprMissing(missing.into_iter().collect::<Vec<_>>().join(", ")));
+    }
+    Ok(expanded)
 }
 
 /// The container's CRI mounts: its volumeMounts (by volume name from `volumes`), then the
 /// managed /etc/hosts (`hosts_file`, unless the container mounts /etc/hosts itself) and the
 /// termination message file (`termination_log`, at terminationMessagePath). As upstream, the
-/// caller passes a hosts file only when the sandbox has IPs (or is on the host network).
+/// caller passes a hosts file only when the sandbox has IPs (or is on the host network). A
+/// subPathExpr is expanded against `env` (see [`expand_sub_path_expr`]) and then is a subPath.
 ///
 /// Side effect: a subPath missing in its volume is created as a directory.
 pub fn container_mounts(
     container: &Container,
     volumes: &BTreeMap<String, VolumePath>,
+    env: &[KeyValue],
     hosts_file: Option<&Path>,
     termination_log: Option<&Path>,
 ) -> Result<Vec<Mount>, SpecError> {
@@ -912,12 +963,13 @@ pub fn container_mounts(
             volume: vm.name.clone(),
             container: container.name.clone(),
         })?;
-        if vm.sub_path_expr.as_deref().is_some_and(|e| !e.is_empty()) {
-            return Err(SpecError::SubPathExprUnsupported(vm.mount_path.clone()));
-        }
-        let host = match vm.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            Some(sub) => sub_path_dir(&vol.host_path, sub)?,
-            None => vol.host_path.clone(),
+        let sub_path = match vm.sub_path_expr.as_deref().filter(|e| !e.is_empty()) {
+            Some(expr) => expand_sub_path_expr(expr, env)?,
+            None => vm.sub_path.clone().unwrap_or_default(),
+        };
+        let host = match sub_path.as_str() {
+            "" => vol.host_path.clone(),
+            sub => sub_path_dir(&vol.host_path, sub)?,
         };
         mounts_etc_hosts |= vm.mount_path == ETC_HOSTS;
         mounts.push(Mount {
@@ -1062,21 +1114,72 @@ fn seccomp(profile: Option<&SeccompProfile>, container: &str) -> Result<Option<S
     Ok(Some(SecurityProfile { profile_type: t as i32, localhost_ref: String::new() }))
 }
 
+/// The user an image runs as, from the runtime's ImageStatus, read as upstream's getImageUser
+/// does: the uid when the runtime reports one, else the user name; an image that names neither
+/// (or that the runtime does not report) runs as root, uid 0. The runtime parses the image's
+/// `User` (containerd: a numeric user, also `1000:1000`, is a uid), so a name is taken as given
+/// even when it looks numeric, as upstream does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageUser {
+    Uid(i64),
+    Name(String),
+}
+
+impl ImageUser {
+    pub fn of(image: Option<&Image>) -> ImageUser {
+        match image {
+            Some(Image { uid: Some(uid), .. }) => ImageUser::Uid(uid.value),
+            Some(i) if !i.username.is_empty() => ImageUser::Name(i.username.clone()),
+            _ => ImageUser::Uid(0),
+        }
+    }
+}
+
+/// Upstream's verifyRunAsNonRoot: with runAsNonRoot, the effective runAsUser must not be 0; without
+/// a runAsUser, the image's user must be a uid other than 0 (a user name cannot be verified).
+fn verify_run_as_non_root(
+    pod: &Pod,
+    container: &Container,
+    non_root: Option<bool>,
+    run_as_user: Option<i64>,
+    image: &ImageUser,
+) -> Result<(), SpecError> {
+    if non_root != Some(true) {
+        return Ok(());
+    }
+    let (pod, container) = (pod_desc(pod), container.name.clone());
+    match (run_as_user, image) {
+        (Some(0), _) => Err(SpecError::RunAsNonRoot { pod, container }),
+        (Some(_), _) => Ok(()),
+        (None, ImageUser::Uid(0)) => Err(SpecError::ImageRunsAsRoot { pod, container }),
+        (None, ImageUser::Name(user)) => Err(SpecError::ImageUserNotNumeric { user: user.clone(), pod, container }),
+        (None, ImageUser::Uid(_)) => Ok(()),
+    }
+}
+
 /// The pod's and the container's securityContext merged as upstream's
 /// DetermineEffectiveSecurityContext (the container's user, group, runAsNonRoot and seccomp
-/// profile win over the pod's), plus the namespaces and supplemental groups.
-///
-/// Deviation: runAsNonRoot is checked against runAsUser only; upstream also refuses an image
-/// whose configured user is root or not numeric, which needs the image's config.
-fn security_context(pod: &Pod, spec: &PodSpec, container: &Container) -> Result<LinuxContainerSecurityContext, SpecError> {
+/// profile win over the pod's), plus the namespaces and supplemental groups. runAsNonRoot is
+/// verified against the effective runAsUser or else the image's user (`image`). As upstream's
+/// determineEffectiveSecurityContext, a container without runAsUser gets the image's uid as
+/// run_as_user, or its name as run_as_username, so that a runAsGroup applies to the image's user.
+fn security_context(
+    pod: &Pod,
+    spec: &PodSpec,
+    container: &Container,
+    image: &ImageUser,
+) -> Result<LinuxContainerSecurityContext, SpecError> {
     let psc = spec.security_context.as_ref();
     let csc = container.security_context.as_ref();
     let run_as_user = csc.and_then(|s| s.run_as_user).or(psc.and_then(|s| s.run_as_user));
     let run_as_group = csc.and_then(|s| s.run_as_group).or(psc.and_then(|s| s.run_as_group));
     let non_root = csc.and_then(|s| s.run_as_non_root).or(psc.and_then(|s| s.run_as_non_root));
-    if non_root == Some(true) && run_as_user == Some(0) {
-        return Err(SpecError::RunAsNonRoot { pod: pod_desc(pod), container: container.name.clone() });
-    }
+    verify_run_as_non_root(pod, container, non_root, run_as_user, image)?;
+    let (run_as_user, run_as_username) = match (run_as_user, image) {
+        (Some(uid), _) => (Some(uid), String::new()),
+        (None, ImageUser::Uid(uid)) => (Some(*uid), String::new()),
+        (None, ImageUser::Name(name)) => (None, name.clone()),
+    };
     let profile = csc
         .and_then(|s| s.seccomp_profile.as_ref())
         .or(psc.and_then(|s| s.seccomp_profile.as_ref()));
@@ -1089,6 +1192,7 @@ fn security_context(pod: &Pod, spec: &PodSpec, container: &Container) -> Result<
         privileged: csc.and_then(|s| s.privileged) == Some(true),
         namespace_options: Some(namespace_options(spec)),
         run_as_user: run_as_user.map(|value| Int64Value { value }),
+        run_as_username,
         run_as_group: run_as_group.map(|value| Int64Value { value }),
         readonly_rootfs: csc.and_then(|s| s.read_only_root_filesystem) == Some(true),
         supplemental_groups: supplemental_groups(spec),
@@ -1099,8 +1203,9 @@ fn security_context(pod: &Pod, spec: &PodSpec, container: &Container) -> Result<
 }
 
 /// The container's ContainerConfig. `env` is [`resolve_env`]'s result (command and args are
-/// expanded against it), `mounts` [`container_mounts`]'; `ctx` gives the node's memory for the
-/// oom_score_adj of Burstable containers.
+/// expanded against it), `mounts` [`container_mounts`]', `image_user` the user the container's
+/// image runs as (from ImageStatus); `ctx` gives the node's memory for the oom_score_adj of
+/// Burstable containers.
 #[allow(clippy::too_many_arguments)]
 pub fn container_config(
     pod: &Pod,
@@ -1111,6 +1216,7 @@ pub fn container_config(
     hash: u64,
     env: Vec<KeyValue>,
     mounts: Vec<Mount>,
+    image_user: &ImageUser,
     ctx: &NodeContext,
 ) -> Result<ContainerConfig, SpecError> {
     let spec = spec_of(pod)?;
@@ -1172,7 +1278,7 @@ pub fn container_config(
         tty: container.tty == Some(true),
         linux: Some(LinuxContainerConfig {
             resources: Some(linux_resources(pod, container, ctx.memory_capacity)?),
-            security_context: Some(security_context(pod, spec, container)?),
+            security_context: Some(security_context(pod, spec, container, image_user)?),
         }),
         ..Default::default()
     })
@@ -1698,7 +1804,7 @@ mod tests {
             {"name": "conf", "mountPath": "/conf", "mountPropagation": "Bidirectional"}]}));
         let hosts = dir.path().join("etc-hosts");
         let term = dir.path().join("term");
-        let m = container_mounts(&c, &vols(dir.path()), Some(&hosts), Some(&term)).unwrap();
+        let m = container_mounts(&c, &vols(dir.path()), &[], Some(&hosts), Some(&term)).unwrap();
         let data = dir.path().join("data").to_string_lossy().into_owned();
         assert_eq!(m.len(), 5);
         assert_eq!((m[0].container_path.as_str(), m[0].host_path.as_str(), m[0].readonly), ("/data", data.as_str(), false));
@@ -1721,11 +1827,11 @@ mod tests {
             "volumeMounts": [{"name": "data", "mountPath": "/etc/hosts"}]}));
         let hosts = dir.path().join("etc-hosts");
         let term = dir.path().join("term");
-        let m = container_mounts(&c, &vols(dir.path()), Some(&hosts), Some(&term)).unwrap();
+        let m = container_mounts(&c, &vols(dir.path()), &[], Some(&hosts), Some(&term)).unwrap();
         let paths: Vec<&str> = m.iter().map(|m| m.container_path.as_str()).collect();
         assert_eq!(paths, ["/etc/hosts", "/tmp/msg"]);
         assert_eq!(m[0].host_path, dir.path().join("data").to_string_lossy());
-        let none = container_mounts(&container(json!({"name": "c"})), &vols(dir.path()), None, None).unwrap();
+        let none = container_mounts(&container(json!({"name": "c"})), &vols(dir.path()), &[], None, None).unwrap();
         assert!(none.is_empty());
     }
 
@@ -1733,12 +1839,10 @@ mod tests {
     fn mount_errors() {
         let dir = tempfile::tempdir().unwrap();
         let c = container(json!({"name": "c", "volumeMounts": [{"name": "nope", "mountPath": "/x"}]}));
-        let err = container_mounts(&c, &vols(dir.path()), None, None).unwrap_err();
+        let err = container_mounts(&c, &vols(dir.path()), &[], None, None).unwrap_err();
         assert_eq!(err.to_string(), "cannot find volume \"nope\" to mount into container \"c\"");
         let c = container(json!({"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/x", "mountPropagation": "Sideways"}]}));
-        assert!(matches!(container_mounts(&c, &vols(dir.path()), None, None), Err(SpecError::InvalidPropagation(_))));
-        let c = container(json!({"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/x", "subPathExpr": "$(POD)"}]}));
-        assert!(matches!(container_mounts(&c, &vols(dir.path()), None, None), Err(SpecError::SubPathExprUnsupported(_))));
+        assert!(matches!(container_mounts(&c, &vols(dir.path()), &[], None, None), Err(SpecError::InvalidPropagation(_))));
     }
 
     #[test]
@@ -1746,25 +1850,78 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("data")).unwrap();
         let c = container(json!({"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/x", "subPath": "a/b"}]}));
-        let m = container_mounts(&c, &vols(dir.path()), None, None).unwrap();
+        let m = container_mounts(&c, &vols(dir.path()), &[], None, None).unwrap();
         let want = dir.path().join("data/a/b");
         assert_eq!(m[0].host_path, want.to_string_lossy());
         assert!(want.is_dir(), "a missing subPath is created");
+        // With the volume root's mode, setgid included, whatever the umask.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        std::fs::set_permissions(dir.path().join("data"), std::fs::Permissions::from_mode(0o2777)).unwrap();
+        let c2 = container(json!({"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/x", "subPath": "g/h"}]}));
+        container_mounts(&c2, &vols(dir.path()), &[], None, None).unwrap();
+        assert_eq!((mode(&dir.path().join("data/g")), mode(&dir.path().join("data/g/h"))), (0o2777, 0o2777));
         // Existing again: no error.
-        container_mounts(&c, &vols(dir.path()), None, None).unwrap();
+        container_mounts(&c, &vols(dir.path()), &[], None, None).unwrap();
 
-        for bad in ["../x", "a/../../x", "/abs", ".."] {
+        for bad in ["../x", "a/../../x", ".."] {
             let c = container(json!({"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/x", "subPath": bad}]}));
-            let err = container_mounts(&c, &vols(dir.path()), None, None).unwrap_err();
-            assert!(matches!(err, SpecError::InvalidSubPath { .. }), "{bad}: {err}");
+            let err = container_mounts(&c, &vols(dir.path()), &[], None, None).unwrap_err();
+            assert_eq!(err.to_string(), format!("unable to provision SubPath `{bad}`: must not contain '..'"));
         }
+        let c = container(json!({"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/x", "subPath": "/abs"}]}));
+        let err = container_mounts(&c, &vols(dir.path()), &[], None, None).unwrap_err();
+        assert_eq!(err.to_string(), "error SubPath `/abs` must not be an absolute path");
         assert!(!dir.path().join("x").exists());
 
         // A symlink out of the volume is refused.
         std::os::unix::fs::symlink(dir.path(), dir.path().join("data/escape")).unwrap();
         let c = container(json!({"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/x", "subPath": "escape"}]}));
-        let err = container_mounts(&c, &vols(dir.path()), None, None).unwrap_err();
+        let err = container_mounts(&c, &vols(dir.path()), &[], None, None).unwrap_err();
         assert!(err.to_string().contains("outside of the volume"), "{err}");
+    }
+
+    #[test]
+    fn sub_path_expr_expansion() {
+        let kv = |k: &str, v: &str| KeyValue { key: k.into(), value: v.into() };
+        let env = [kv("POD_NAME", "web-0"), kv("NS", "ns1"), kv("EMPTY", ""), kv("DUP", "old"), kv("DUP", "new")];
+        assert_eq!(expand_sub_path_expr("$(POD_NAME)", &env).unwrap(), "web-0");
+        assert_eq!(expand_sub_path_expr("logs/$(NS)/$(POD_NAME).d", &env).unwrap(), "logs/ns1/web-0.d");
+        assert_eq!(expand_sub_path_expr("$$(POD_NAME)", &env).unwrap(), "$(POD_NAME)", "$$ escapes");
+        assert_eq!(expand_sub_path_expr("a$b", &env).unwrap(), "a$b");
+        assert_eq!(expand_sub_path_expr("$(DUP)", &env).unwrap(), "new", "the last definition wins");
+        assert_eq!(expand_sub_path_expr("plain", &env).unwrap(), "plain");
+        // Unset or empty variables are an error naming each one, sorted.
+        let err = expand_sub_path_expr("$(ZED)/$(EMPTY)/$(POD_NAME)/$(ZED)", &env).unwrap_err();
+        assert_eq!(err.to_string(), "missing value for EMPTY, ZED");
+    }
+
+    #[test]
+    fn sub_path_expr_mounts() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        let env = [KeyValue { key: "POD_NAME".into(), value: "web-0".into() }, KeyValue { key: "UP".into(), value: "..".into() },
+            KeyValue { key: "ABS".into(), value: "/etc".into() }];
+        let mount = |expr: &str| container(json!({"name": "c", "volumeMounts": [
+            {"name": "data", "mountPath": "/x", "subPathExpr": expr}, {"name": "data", "mountPath": "/all"}]}));
+        let m = container_mounts(&mount("logs/$(POD_NAME)"), &vols(dir.path()), &env, None, None).unwrap();
+        let want = dir.path().join("data/logs/web-0");
+        assert_eq!(m[0].host_path, want.to_string_lossy());
+        assert!(want.is_dir(), "the expanded subPath is created");
+        assert_eq!(m[1].host_path, dir.path().join("data").to_string_lossy(), "the whole volume elsewhere");
+        // After expansion, the subPath rules.
+        let err = container_mounts(&mount("$(UP)/x"), &vols(dir.path()), &env, None, None).unwrap_err();
+        assert_eq!(err.to_string(), "unable to provision SubPath `../x`: must not contain '..'");
+        let err = container_mounts(&mount("$(ABS)"), &vols(dir.path()), &env, None, None).unwrap_err();
+        assert_eq!(err.to_string(), "error SubPath `/etc` must not be an absolute path");
+        let err = container_mounts(&mount("$(NOPE)"), &vols(dir.path()), &env, None, None).unwrap_err();
+        assert_eq!(err.to_string(), "missing value for NOPE");
+        assert!(!dir.path().join("data/$(NOPE)").exists());
+        // subPathExpr takes precedence over a subPath (the API allows only one of them).
+        let c = container(json!({"name": "c", "volumeMounts": [
+            {"name": "data", "mountPath": "/x", "subPath": "other", "subPathExpr": "$(POD_NAME)"}]}));
+        let m = container_mounts(&c, &vols(dir.path()), &env, None, None).unwrap();
+        assert_eq!(m[0].host_path, dir.path().join("data/web-0").to_string_lossy());
     }
 
     // --- hosts file ---
@@ -1807,7 +1964,12 @@ mod tests {
     }
 
     fn config_with(p: &Pod, env: Vec<KeyValue>, c: &NodeContext) -> Result<ContainerConfig, SpecError> {
-        container_config(p, &first(p), ContainerKind::App, 1, 3, 42, env, Vec::new(), c)
+        container_config_as(p, env, &ImageUser::Uid(0), c)
+    }
+
+    /// `image`: the image's user (busybox's, root, in most tests).
+    fn container_config_as(p: &Pod, env: Vec<KeyValue>, image: &ImageUser, c: &NodeContext) -> Result<ContainerConfig, SpecError> {
+        container_config(p, &first(p), ContainerKind::App, 1, 3, 42, env, Vec::new(), image, c)
     }
 
     fn resources(p: &Pod) -> LinuxContainerResources {
@@ -1821,7 +1983,7 @@ mod tests {
             "stdin": true, "stdinOnce": true, "tty": true, "terminationMessagePolicy": "FallbackToLogsOnError"}]}));
         let env = vec![KeyValue { key: "A".into(), value: "1".into() }];
         let mount = Mount { container_path: "/data".into(), host_path: "/h".into(), ..Default::default() };
-        let c = container_config(&p, &first(&p), ContainerKind::Init, 2, 5, 0xdead_beef, env.clone(), vec![mount.clone()], &ctx())
+        let c = container_config(&p, &first(&p), ContainerKind::Init, 2, 5, 0xdead_beef, env.clone(), vec![mount.clone()], &ImageUser::Uid(0), &ctx())
             .unwrap();
         assert_eq!(c.metadata, Some(ContainerMetadata { name: "app".into(), attempt: 2 }));
         assert_eq!(c.image.as_ref().unwrap().image, "nginx:1");
@@ -1931,7 +2093,8 @@ mod tests {
     #[test]
     fn security_context_defaults() {
         let s = sec(&pod(json!({"containers": [{"name": "c"}]})));
-        assert_eq!(s.run_as_user, None);
+        assert_eq!(s.run_as_user, Some(Int64Value { value: 0 }), "the image's user (root)");
+        assert_eq!(s.run_as_username, "");
         assert_eq!(s.capabilities, None);
         assert_eq!(s.seccomp, None);
         assert!(!s.no_new_privs && !s.privileged && !s.readonly_rootfs);
@@ -1949,16 +2112,68 @@ mod tests {
     }
 
     #[test]
+    fn image_user_from_image_status() {
+        let img = |uid: Option<i64>, name: &str| Image {
+            uid: uid.map(|value| Int64Value { value }),
+            username: name.into(),
+            ..Default::default()
+        };
+        assert_eq!(ImageUser::of(Some(&img(Some(1000), ""))), ImageUser::Uid(1000));
+        assert_eq!(ImageUser::of(Some(&img(Some(0), ""))), ImageUser::Uid(0));
+        assert_eq!(ImageUser::of(Some(&img(None, "nobody"))), ImageUser::Name("nobody".into()));
+        assert_eq!(ImageUser::of(Some(&img(Some(7), "nobody"))), ImageUser::Uid(7), "the uid wins");
+        assert_eq!(ImageUser::of(Some(&img(None, ""))), ImageUser::Uid(0), "no user: root");
+        assert_eq!(ImageUser::of(None), ImageUser::Uid(0), "unknown image: root");
+    }
+
+    #[test]
     fn run_as_non_root() {
-        let p = pod(json!({"securityContext": {"runAsNonRoot": true},
-            "containers": [{"name": "c", "securityContext": {"runAsUser": 0}}]}));
-        let err = config(&p, Vec::new()).unwrap_err();
-        assert_eq!(err.to_string(), "container's runAsUser breaks non-root policy (pod: \"web_ns1(1234-abcd)\", container: c)");
-        // The container may allow root even when the pod does not.
-        let p = pod(json!({"securityContext": {"runAsNonRoot": true, "runAsUser": 0},
-            "containers": [{"name": "c", "securityContext": {"runAsNonRoot": false}}]}));
-        assert!(config(&p, Vec::new()).is_ok());
-        let p = pod(json!({"securityContext": {"runAsNonRoot": true, "runAsUser": 5}, "containers": [{"name": "c"}]}));
-        assert!(config(&p, Vec::new()).is_ok());
+        const WHO: &str = "(pod: \"web_ns1(1234-abcd)\", container: c)";
+        let breaks = format!("container's runAsUser breaks non-root policy {WHO}");
+        let root = format!("container has runAsNonRoot and image will run as root {WHO}");
+        let named = |u: &str| format!("container has runAsNonRoot and image has non-numeric user ({u}), cannot verify user is non-root {WHO}");
+        let uid = |u: i64| ImageUser::Uid(u);
+        let name = |n: &str| ImageUser::Name(n.into());
+        // (pod securityContext, container securityContext, image user, Err(message) or Ok(run_as_user, run_as_username))
+        type Case = (serde_json::Value, serde_json::Value, ImageUser, Result<(Option<i64>, &'static str), String>);
+        let cases: Vec<Case> = vec![
+            // runAsUser decides when set, whatever the image.
+            (json!({"runAsNonRoot": true}), json!({"runAsUser": 0}), uid(1000), Err(breaks.clone())),
+            (json!({"runAsNonRoot": true, "runAsUser": 5}), json!({}), uid(0), Ok((Some(5), ""))),
+            (json!({"runAsNonRoot": true, "runAsUser": 5}), json!({}), name("nobody"), Ok((Some(5), ""))),
+            // Without runAsUser, the image's user.
+            (json!({"runAsNonRoot": true}), json!({}), uid(0), Err(root.clone())),
+            (json!({"runAsNonRoot": true}), json!({}), uid(1000), Ok((Some(1000), ""))),
+            (json!({"runAsNonRoot": true}), json!({}), name("nobody"), Err(named("nobody"))),
+            // A name is never parsed (the runtime reports numeric users as uids).
+            (json!({"runAsNonRoot": true}), json!({}), name("1000"), Err(named("1000"))),
+            (json!({"runAsNonRoot": true}), json!({}), ImageUser::of(None), Err(root.clone())),
+            // Pod and container levels: the container's fields win, each on its own.
+            (json!({"runAsNonRoot": true, "runAsUser": 0}), json!({"runAsNonRoot": false}), uid(0), Ok((Some(0), ""))),
+            (json!({"runAsNonRoot": true, "runAsUser": 0}), json!({"runAsUser": 1000}), uid(0), Ok((Some(1000), ""))),
+            (json!({"runAsUser": 1000}), json!({"runAsNonRoot": true}), uid(0), Ok((Some(1000), ""))),
+            (json!({"runAsUser": 1000}), json!({"runAsNonRoot": true, "runAsUser": 0}), uid(5), Err(breaks.clone())),
+            (json!({"runAsNonRoot": false}), json!({"runAsNonRoot": true}), uid(0), Err(root.clone())),
+            (json!({"runAsNonRoot": true}), json!({"runAsNonRoot": false}), uid(0), Ok((Some(0), ""))),
+            // Without runAsNonRoot nothing is verified; the image's user is passed on.
+            (json!({}), json!({}), name("nobody"), Ok((None, "nobody"))),
+            (json!({}), json!({}), uid(0), Ok((Some(0), ""))),
+        ];
+        for (psc, csc, image, want) in cases {
+            let p = pod(json!({"securityContext": psc, "containers": [{"name": "c", "securityContext": csc}]}));
+            let got = container_config_as(&p, Vec::new(), &image, &ctx()).map(|c| {
+                let s = c.linux.unwrap().security_context.unwrap();
+                (s.run_as_user.map(|u| u.value), s.run_as_username)
+            });
+            match (&got, &want) {
+                (Ok((u, n)), Ok((wu, wn))) => assert_eq!((u, n.as_str()), (wu, *wn), "{psc} {csc} {image:?}"),
+                (Err(e), Err(w)) => assert_eq!(&e.to_string(), w, "{psc} {csc} {image:?}"),
+                _ => panic!("{psc} {csc} {image:?}: got {got:?}, want {want:?}"),
+            }
+        }
+        // runAsGroup without runAsUser applies to the image's user.
+        let p = pod(json!({"securityContext": {"runAsGroup": 3000}, "containers": [{"name": "c"}]}));
+        let s = container_config_as(&p, Vec::new(), &uid(1000), &ctx()).unwrap().linux.unwrap().security_context.unwrap();
+        assert_eq!((s.run_as_user, s.run_as_group), (Some(Int64Value { value: 1000 }), Some(Int64Value { value: 3000 })));
     }
 }

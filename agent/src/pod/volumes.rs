@@ -9,6 +9,7 @@
 //!   volumes/kubernetes.io~secret/<name>/         tmpfs + atomic-writer payload
 //!   volumes/kubernetes.io~downward-api/<name>/   tmpfs + atomic-writer payload
 //!   volumes/kubernetes.io~projected/<name>/      tmpfs + atomic-writer payload
+//!   plugins/kubernetes.io~empty-dir/<name>/ready an emptyDir's setup is complete
 //! ```
 //!
 //! hostPath volumes have no directory here: the host path is checked (and created for the
@@ -16,6 +17,10 @@
 //! projected volumes live on tmpfs (a projection may hold secrets) sized like a memory-backed
 //! emptyDir: min(node allocatable memory, the pod's memory limit when every container has one,
 //! emptyDir.sizeLimit).
+//!
+//! With the pod's fsGroup, volumes get its group as upstream's SetVolumeOwnership gives it (see
+//! [`super::ownership`]): an emptyDir once, when it is set up (until its `ready` marker exists,
+//! or when its tmpfs had to be mounted again); the atomic-writer volumes on every new payload.
 //!
 //! [`validate`] is pure and runs at admission; [`setup`] is idempotent and runs on every sync
 //! (a changed ConfigMap or Secret is swapped in atomically, see [`super::atomic_writer`]);
@@ -34,6 +39,7 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use super::atomic_writer::{self, write_payload, FileProjection};
 use super::model::Objects;
+use super::ownership::{self, ChangePolicy};
 
 /// Where the mounts of this process are listed.
 pub const MOUNTINFO: &str = "/proc/self/mountinfo";
@@ -43,6 +49,8 @@ const CONFIG_MAP: &str = "kubernetes.io~configmap";
 const SECRET: &str = "kubernetes.io~secret";
 const DOWNWARD_API: &str = "kubernetes.io~downward-api";
 const PROJECTED: &str = "kubernetes.io~projected";
+/// The marker of a completely set up emptyDir, in its plugin directory (upstream's ready file).
+const READY: &str = "ready";
 
 /// Upstream's default file mode for configMap, secret, downwardAPI and projected volumes.
 const DEFAULT_MODE: u32 = 0o644;
@@ -351,10 +359,19 @@ pub fn setup(
     let containers = dir.join("containers");
     fs::create_dir_all(&containers).map_err(io("create directory", &containers))?;
     let dir = fs::canonicalize(&dir).map_err(io("resolve", &dir))?;
+    // API validation keeps fsGroup within 0..=2147483647.
+    let fs_group = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.as_ref())
+        .and_then(|sc| sc.fs_group)
+        .and_then(|g| u32::try_from(g).ok());
     let mut ctx = Ctx {
         pod,
         objects,
+        fs_group,
         volumes: dir.join("volumes"),
+        plugins: dir.join("plugins"),
         cpu_milli: node_allocatable_cpu_milli,
         memory: node_allocatable_memory,
         mounted: mount_points(&read_mountinfo()?).into_iter().map(|m| m.mount_point).collect(),
@@ -372,8 +389,12 @@ pub fn setup(
 struct Ctx<'a> {
     pod: &'a Pod,
     objects: &'a Objects,
+    /// The pod's fsGroup.
+    fs_group: Option<u32>,
     /// `<pod dir>/volumes`, canonical (compared with mount points).
     volumes: PathBuf,
+    /// `<pod dir>/plugins`: per-volume state of the agent (the emptyDir ready markers).
+    plugins: PathBuf,
     cpu_milli: i64,
     memory: i64,
     mounted: BTreeSet<PathBuf>,
@@ -383,9 +404,21 @@ impl Ctx<'_> {
     fn setup_one(&mut self, v: &Volume) -> Result<VolumePath, VolumeError> {
         if let Some(ed) = &v.empty_dir {
             let dir = self.volume_dir(EMPTY_DIR, &v.name)?;
+            let mut mounted_now = false;
             if ed.medium.as_deref() == Some("Memory") {
                 let limit = ed.size_limit.as_ref().and_then(|q| quantity_value(&q.0));
-                self.ensure_tmpfs(&dir, limit)?;
+                mounted_now = self.ensure_tmpfs(&dir, limit)?;
+            }
+            // As upstream: ownership once, when the volume is set up; its ready marker is
+            // written after, so a setup cut short is done again.
+            let meta = self.plugins.join(EMPTY_DIR).join(&v.name);
+            let ready = meta.join(READY);
+            if mounted_now || !ready.exists() {
+                if let Some(gid) = self.fs_group {
+                    ownership::set_volume_ownership(&dir, gid, ChangePolicy::Always, false)?;
+                }
+                fs::create_dir_all(&meta).map_err(io("create directory", &meta))?;
+                fs::write(&ready, b"").map_err(io("write", &ready))?;
             }
             return Ok(VolumePath { host_path: dir, read_only: false });
         }
@@ -415,7 +448,7 @@ impl Ctx<'_> {
         if plugin != CONFIG_MAP {
             self.ensure_tmpfs(&dir, None)?;
         }
-        write_payload(&dir, &payload)?;
+        write_payload(&dir, &payload, self.fs_group)?;
         Ok(VolumePath { host_path: dir, read_only: true })
     }
 
@@ -435,12 +468,12 @@ impl Ctx<'_> {
         Ok(dir)
     }
 
-    /// Mounts a tmpfs on `dir` unless one is mounted there already. Size: the smallest of
-    /// `size_limit`, the pod's memory limit and the node's allocatable memory (upstream's
-    /// sizing of memory-backed volumes); no size option when none is known.
-    fn ensure_tmpfs(&mut self, dir: &Path, size_limit: Option<i128>) -> Result<(), VolumeError> {
+    /// Mounts a tmpfs on `dir` unless one is mounted there already; true when it mounted one.
+    /// Size: the smallest of `size_limit`, the pod's memory limit and the node's allocatable
+    /// memory (upstream's sizing of memory-backed volumes); no size option when none is known.
+    fn ensure_tmpfs(&mut self, dir: &Path, size_limit: Option<i128>) -> Result<bool, VolumeError> {
         if self.mounted.contains(dir) {
-            return Ok(());
+            return Ok(false);
         }
         let size = [size_limit, pod_memory_limit(self.pod), (self.memory > 0).then_some(i128::from(self.memory))]
             .into_iter()
@@ -451,7 +484,7 @@ impl Ctx<'_> {
         mount(Some("tmpfs"), dir, Some("tmpfs"), MsFlags::empty(), options.as_deref())
             .map_err(|source| VolumeError::Mount { path: dir.to_path_buf(), source })?;
         self.mounted.insert(dir.to_path_buf());
-        Ok(())
+        Ok(true)
     }
 
     fn config_map_payload(
@@ -531,6 +564,9 @@ impl Ctx<'_> {
             }
             if let Some(t) = &src.service_account_token {
                 let token = self.objects.service_account_token.as_ref().ok_or(VolumeError::NoToken)?;
+                // As upstream: with an fsGroup the token is 0600, which the ownership step
+                // makes 0640 (readable by the group, not by everyone as defaultMode 0644 is).
+                let mode = if self.fs_group.is_some() { 0o600 } else { mode };
                 out.insert(t.path.clone(), FileProjection { data: token.as_bytes().to_vec(), mode });
             }
         }
@@ -1479,6 +1515,71 @@ mod tests {
         assert_eq!(check(&chr, "BlockDevice").unwrap_err(), failed(&chr, "block device"));
         teardown(root.path(), "u-1").unwrap();
         assert!(file.exists(), "teardown never touches host paths");
+    }
+
+    #[test]
+    fn fs_group_ownership() {
+        use std::os::unix::fs::MetadataExt;
+        let root = Root::new();
+        let host = root.path().join("host");
+        fs::create_dir(&host).unwrap();
+        let objects = Objects {
+            config_maps: [config_map("cm", json!({"a": "1", "b": "2"}))].into(),
+            secrets: [secret("s", &[("pw", b"x")])].into(),
+            service_account_token: Some("tok".into()),
+            services: Vec::new(),
+        };
+        let mut p = pod(json!([
+            {"name": "scratch", "emptyDir": {}},
+            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            {"name": "cm", "configMap": {"name": "cm", "items": [{"key": "a", "path": "a", "mode": 0o400}, {"key": "b", "path": "d/b"}]}},
+            {"name": "sec", "secret": {"secretName": "s", "defaultMode": 0o600}},
+            {"name": "api", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}},
+            {"name": "host", "hostPath": {"path": host.to_str().unwrap()}}
+        ]));
+        p.spec.as_mut().unwrap().security_context =
+            Some(serde_json::from_value(json!({"fsGroup": 2000, "fsGroupChangePolicy": "OnRootMismatch"})).unwrap());
+        let out = setup(root.path(), &p, &objects, 4000, 1 << 30).unwrap();
+        let gm = |p: &Path| {
+            let m = fs::metadata(p).unwrap();
+            (m.gid(), m.mode() & 0o7777)
+        };
+        let scratch = &out["scratch"].host_path;
+        assert_eq!(gm(scratch), (2000, 0o2777), "group-writable with setgid");
+        assert_eq!(gm(&out["shm"].host_path), (2000, 0o3777), "the tmpfs root keeps its sticky bit");
+        let cm = &out["cm"].host_path;
+        assert_eq!(gm(cm).0, 2000);
+        assert_eq!(gm(&cm.join("a")), (2000, 0o440), "group read added to the item's mode");
+        assert_eq!(gm(&cm.join("d/b")), (2000, 0o644));
+        assert_eq!(gm(&cm.join("d")), (2000, 0o2755));
+        assert_eq!(fs::symlink_metadata(cm.join("a")).unwrap().gid(), 2000, "the user-visible link");
+        assert_eq!(gm(&out["sec"].host_path.join("pw")), (2000, 0o640));
+        assert_eq!(gm(&out["api"].host_path.join("token")), (2000, 0o640), "the token is 0600 before the group bits");
+        assert_eq!(gm(&host).0, 0, "hostPath volumes are never touched");
+
+        // The emptyDir is done once: what was made in it later is left as it is.
+        fs::write(scratch.join("mine"), "x").unwrap();
+        std::os::unix::fs::chown(scratch.join("mine"), None, Some(0)).unwrap();
+        fs::set_permissions(scratch.join("mine"), fs::Permissions::from_mode(0o600)).unwrap();
+        setup(root.path(), &p, &objects, 4000, 1 << 30).unwrap();
+        assert_eq!(gm(&scratch.join("mine")), (0, 0o600));
+        assert!(pod_dir(root.path(), "u-1").join("plugins/kubernetes.io~empty-dir/scratch/ready").exists());
+
+        // A new ConfigMap payload keeps the ownership.
+        let v2 = Objects { config_maps: [config_map("cm", json!({"a": "3", "b": "4"}))].into(), ..objects.clone() };
+        setup(root.path(), &p, &v2, 4000, 1 << 30).unwrap();
+        assert_eq!(read(&cm.join("a")), "3");
+        assert_eq!(gm(&cm.join("a")), (2000, 0o440));
+        assert_eq!(fs::symlink_metadata(cm.join(DATA_DIR)).unwrap().gid(), 2000);
+
+        // Without an fsGroup nothing changes group.
+        teardown(root.path(), "u-1").unwrap();
+        p.spec.as_mut().unwrap().security_context = None;
+        let out = setup(root.path(), &p, &objects, 4000, 1 << 30).unwrap();
+        assert_eq!(gm(&out["scratch"].host_path), (0, 0o777));
+        assert_eq!(gm(&out["cm"].host_path.join("a")), (0, 0o400));
+        assert_eq!(gm(&out["api"].host_path.join("token")), (0, 0o644));
+        teardown(root.path(), "u-1").unwrap();
     }
 
     #[test]

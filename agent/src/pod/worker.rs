@@ -856,7 +856,9 @@ impl PodWorkers {
                 "IfNotPresent".into()
             }
         });
-        let present = rt.image_present(&image).await.map_err(|e| e.to_string())?.is_some();
+        // One ImageStatus: whether to pull, and (unless a pull follows) the image's user.
+        let mut status = rt.image_status(&image).await.map_err(|e| e.to_string())?;
+        let present = status.is_some();
         let must_pull = match policy.as_str() {
             "Always" => true,
             "Never" => {
@@ -900,6 +902,14 @@ impl PodWorkers {
                 }
             } else {
                 self.inner.pull_backoff.lock().unwrap_or_else(|p| p.into_inner()).reset(&pkey);
+                // The pulled image's user (upstream's getImageUser asks ImageStatus too).
+                status = match rt.image_status(&image).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        set_waiting("CreateContainerConfigError", e.message());
+                        return Ok(Some(Duration::from_secs(5)));
+                    }
+                };
                 self.event(
                     pod,
                     "Normal",
@@ -927,16 +937,19 @@ impl PodWorkers {
             .iter()
             .map(|(k, v)| (k.clone(), spec::VolumePath { host_path: v.host_path.clone(), read_only: v.read_only }))
             .collect();
-        let mounts = match spec::container_mounts(c, &spec_vols, hosts, Some(&term_file)) {
+        let mounts = match spec::container_mounts(c, &spec_vols, &env, hosts, Some(&term_file)) {
             Ok(m) => m,
             Err(e) => {
+                self.event(pod, "Warning", "Failed", format!("Error: {e}"));
                 set_waiting("CreateContainerConfigError", e.to_string());
                 return Ok(Some(Duration::from_secs(5)));
             }
         };
-        let config = match spec::container_config(pod, c, start.kind, start.attempt, start.restart_count, hash, env, mounts, &self.inner.cfg.node) {
+        let image_user = spec::ImageUser::of(status.as_ref());
+        let config = match spec::container_config(pod, c, start.kind, start.attempt, start.restart_count, hash, env, mounts, &image_user, &self.inner.cfg.node) {
             Ok(cfg) => cfg,
             Err(e) => {
+                self.event(pod, "Warning", "Failed", format!("Error: {e}"));
                 set_waiting("CreateContainerConfigError", e.to_string());
                 return Ok(Some(Duration::from_secs(5)));
             }

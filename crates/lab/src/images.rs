@@ -134,6 +134,18 @@ pub fn image(
     entrypoint: &[&str],
     reference: &str,
 ) -> Result<PathBuf> {
+    image_as(work, name, rootfs, entrypoint, reference, None)
+}
+
+/// As [`image`], with the image config's `User` set to `user` (e.g. `1000`) when given.
+pub fn image_as(
+    work: &Path,
+    name: &str,
+    rootfs: &Path,
+    entrypoint: &[&str],
+    reference: &str,
+    user: Option<&str>,
+) -> Result<PathBuf> {
     let layout = work.join(format!("{name}-oci"));
     let img = format!("{}:{name}", layout.display());
     run(Command::new("umoci")
@@ -148,6 +160,9 @@ pub fn image(
     config.args(["config", "--image", &img]);
     for e in entrypoint {
         config.arg(format!("--config.entrypoint={e}"));
+    }
+    if let Some(u) = user {
+        config.arg(format!("--config.user={u}"));
     }
     run(&mut config)?;
     let tar = work.join(format!("{name}.tar"));
