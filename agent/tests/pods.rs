@@ -108,17 +108,7 @@ fn pods_run_network_init_and_status() {
 
     // Deleting: containers stop, the pod object goes away, the sandbox and IP are released.
     lab.kubectl_ok(&["delete", "pod", "web", "client", "init", "--wait=true", "--timeout=60s"]);
-    lab.wait("the sandboxes to be removed", MIN, |l| {
-        let out = l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap();
-        out.trim().is_empty().then_some(())
-    });
-    let ipam = std::fs::read_dir(lab.dir.path().join("ipam/ferro-lab")).unwrap();
-    let leaked: Vec<String> = ipam
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("10."))
-        .collect();
-    assert!(leaked.is_empty(), "addresses still allocated: {leaked:?}");
+    lab.wait_nothing_left();
 }
 
 /// Sidecar containers (init containers with restartPolicy Always): a sidecar serving on the pod's
@@ -157,7 +147,11 @@ fn sidecar_containers() {
     let app_id = container_status(&p, "app").unwrap()["containerID"].as_str().unwrap().to_string();
 
     // The sidecar exits: restarted (no backoff on a first restart), the app container untouched.
-    lab.kubectl_ok(&["exec", "sc", "-c", "side", "--", "sh", "-c", "kill 1"]);
+    // The exec'd shell may itself be killed with the container (137) before kubectl hears it
+    // exit: either answer is fine, the restart below is what counts.
+    let out = lab.kubectl(&["exec", "sc", "-c", "side", "--", "sh", "-c", "kill 1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() || stderr.contains("exit code 137"), "kubectl exec kill 1: {stderr}");
     let p = lab.wait_pod("sc", "sidecar restarted", MIN, |p| {
         init_status(p, "side").is_some_and(|s| s["restartCount"] == 1 && s["started"] == true)
     });
@@ -199,17 +193,7 @@ fn sidecar_containers() {
         .map(|l| if l.contains("side") { "side" } else { "app" })
         .collect();
     assert_eq!(stops, ["app", "side"], "{log}");
-    lab.wait("the sandboxes to be removed", MIN, |l| {
-        let out = l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap();
-        out.trim().is_empty().then_some(())
-    });
-    let ipam = std::fs::read_dir(lab.dir.path().join("ipam/ferro-lab")).unwrap();
-    let leaked: Vec<String> = ipam
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("10."))
-        .collect();
-    assert!(leaked.is_empty(), "addresses still allocated: {leaked:?}");
+    lab.wait_nothing_left();
 }
 
 /// Probes: readiness flips the Ready condition both ways; a failing liveness probe restarts

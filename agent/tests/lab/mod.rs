@@ -117,6 +117,22 @@ impl Lab {
     /// Image GC is off ([`NO_IMAGE_GC`]): the lab's images are imported offline and cannot be
     /// pulled again, and on a host whose disk is over the default 85% the agent would remove
     /// busybox between pods.
+    /// Waits until containerd has no container left, then checks that no pod address is still
+    /// reserved in ferro-cni's IPAM dir.
+    pub fn wait_nothing_left(&self) {
+        self.wait("the sandboxes to be removed", Duration::from_secs(60), |l| {
+            let out = l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap();
+            out.trim().is_empty().then_some(())
+        });
+        let ipam = std::fs::read_dir(self.dir.path().join("ipam/ferro-lab")).unwrap();
+        let leaked: Vec<String> = ipam
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("10."))
+            .collect();
+        assert!(leaked.is_empty(), "addresses still allocated: {leaked:?}");
+    }
+
     pub fn start(tag: &str) -> Lab {
         Self::start_with(tag, NO_IMAGE_GC)
     }
