@@ -230,27 +230,48 @@ pub async fn run_probe(probe: &Probe, target: &Target, exec: &dyn Exec) -> Outco
     }
 }
 
-/// Runs `action` in the container; Ok(exit code, output) or Err on a timeout or exec error.
-pub(crate) async fn exec_command(action: &ExecAction, target: &Target, exec: &dyn Exec, timeout: Duration) -> Result<(i32, String), String> {
+/// Why an exec in a container gave no exit code.
+enum ExecFailure {
+    /// The command could not be run (no command, a runtime error).
+    Error(String),
+    /// It did not finish within the timeout.
+    Timeout(String),
+}
+
+async fn exec_once(action: &ExecAction, target: &Target, exec: &dyn Exec, timeout: Duration) -> Result<(i32, String), ExecFailure> {
     let cmd = action.command.clone().unwrap_or_default();
     if cmd.is_empty() {
-        return Err("exec action has no command".to_string());
+        return Err(ExecFailure::Error("exec action has no command".to_string()));
     }
     let run = exec.exec_sync(&target.container_id, cmd.clone(), timeout);
     match tokio::time::timeout(timeout, run).await {
         Ok(Ok((code, out))) => Ok((code, String::from_utf8_lossy(&out).into_owned())),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(format!("command {cmd:?} timed out")),
+        Ok(Err(e)) => Err(ExecFailure::Error(e)),
+        Err(_) => Err(ExecFailure::Timeout(format!("command {cmd:?} timed out"))),
     }
 }
 
+/// Runs `action` in the container; Ok(exit code, output) or Err on a timeout or exec error.
+pub(crate) async fn exec_command(action: &ExecAction, target: &Target, exec: &dyn Exec, timeout: Duration) -> Result<(i32, String), String> {
+    exec_once(action, target, exec, timeout).await.map_err(|(ExecFailure::Error(e) | ExecFailure::Timeout(e))| e)
+}
+
+/// How often a probe whose command could not be run at all is tried within one period
+/// (upstream's maxProbeRetries); a timeout or an exit code is an answer and is not retried.
+const PROBE_ATTEMPTS: usize = 3;
+
 async fn exec_probe(action: &ExecAction, target: &Target, exec: &dyn Exec, timeout: Duration) -> Outcome {
-    match exec_command(action, target, exec, timeout).await {
-        Ok((0, _)) => Outcome::Success,
-        Ok((code, out)) if out.trim().is_empty() => Outcome::Failure(format!("command exited with code {code}")),
-        Ok((_, out)) => Outcome::Failure(out.trim_end().to_string()),
-        Err(e) => Outcome::Failure(e),
+    let mut last = String::new();
+    for _ in 0..PROBE_ATTEMPTS {
+        match exec_once(action, target, exec, timeout).await {
+            Ok((0, _)) => return Outcome::Success,
+            Ok((code, out)) if out.trim().is_empty() => return Outcome::Failure(format!("command exited with code {code}")),
+            Ok((_, out)) => return Outcome::Failure(out.trim_end().to_string()),
+            Err(ExecFailure::Timeout(e)) => return Outcome::Failure(e),
+            Err(ExecFailure::Error(e)) => last = e,
+        }
     }
+    Outcome::Failure(last)
 }
 
 async fn tcp_probe(action: &TCPSocketAction, target: &Target, timeout: Duration) -> Outcome {
@@ -838,6 +859,8 @@ pub(crate) mod tests {
         fn exec_sync(&self, _id: &str, cmd: Vec<String>, _timeout: Duration) -> BoxFuture<'static, Result<(i32, Vec<u8>), String>> {
             lock(&self.calls).push(cmd.clone());
             match (self.exit)(&cmd) {
+                // -1: the runtime could not run the command.
+                Some(-1) => Box::pin(async move { Err(format!("exec of {} failed in the runtime", cmd.join(" "))) }),
                 Some(code) => Box::pin(async move { Ok((code, format!("output of {}\n", cmd.join(" ")).into_bytes())) }),
                 None => Box::pin(std::future::pending()),
             }
@@ -1109,6 +1132,31 @@ pub(crate) mod tests {
         assert_eq!(start.elapsed(), Duration::from_secs(3), "bounded by timeoutSeconds");
         assert!(matches!(run_probe(&probe(serde_json::json!({"exec": {}})), &t, exec.as_ref()).await, Outcome::Failure(_)));
         assert!(matches!(run_probe(&probe(serde_json::json!({})), &t, exec.as_ref()).await, Outcome::Failure(_)));
+    }
+
+    #[tokio::test]
+    async fn exec_probe_errors_are_retried_up_to_three_times() {
+        // Errors twice, then exits 0: one probe run, three attempts, success.
+        let tries = Arc::new(AtomicI32::new(0));
+        let t2 = tries.clone();
+        let exec = FakeExec::new(move |cmd| match cmd[0].as_str() {
+            "flaky" => Some(if t2.fetch_add(1, Ordering::SeqCst) < 2 { -1 } else { 0 }),
+            "broken" => Some(-1),
+            _ => Some(1),
+        });
+        let t = local(Vec::new());
+        let p = |cmd: &str| probe(serde_json::json!({"exec": {"command": [cmd]}}));
+        assert_eq!(run_probe(&p("flaky"), &t, exec.as_ref()).await, Outcome::Success);
+        assert_eq!(exec.calls("flaky"), 3);
+        // Always an error: a failure with the runtime's message after exactly three attempts.
+        assert_eq!(
+            run_probe(&p("broken"), &t, exec.as_ref()).await,
+            Outcome::Failure("exec of broken failed in the runtime".to_string())
+        );
+        assert_eq!(exec.calls("broken"), 3);
+        // An exit code is an answer: not retried.
+        assert!(matches!(run_probe(&p("exit1"), &t, exec.as_ref()).await, Outcome::Failure(_)));
+        assert_eq!(exec.calls("exit1"), 1);
     }
 
     /// A grpc.health.v1.Health server answering Check with a fixed status, or Unimplemented for
