@@ -43,6 +43,17 @@ fn has(lab: &Lab, name: &str) -> bool {
     images(lab).iter().any(|(n, _)| n == name)
 }
 
+/// Builds and imports `reference`: an image of one file with `content`, so a layer (and an
+/// id) of its own, which no container uses.
+fn import_own_image(lab: &Lab, name: &str, content: &str, reference: &str) {
+    let work = lab.dir.path().join("images").join(name);
+    let rootfs = work.join("rootfs");
+    std::fs::create_dir_all(&rootfs).unwrap();
+    std::fs::write(rootfs.join(format!("{name}.txt")), content).unwrap();
+    let tar = ferro_lab::images::image(&work, name, &rootfs, &["/nothing"], reference).unwrap();
+    lab.ctrd.import(&tar).unwrap();
+}
+
 /// Number of completed GC rounds the agent logged.
 fn rounds(lab: &Lab) -> usize {
     lab.agent_log().matches("image gc round").count()
@@ -66,12 +77,7 @@ fn unused_image_is_collected_busybox_and_pause_stay() {
     let container = pod["status"]["containerStatuses"][0]["containerID"].as_str().unwrap().to_string();
 
     // A distinct image (its own layer, so its own id) that no container uses.
-    let work = lab.dir.path().join("images/unused");
-    let rootfs = work.join("rootfs");
-    std::fs::create_dir_all(&rootfs).unwrap();
-    std::fs::write(rootfs.join("unused.txt"), "nobody runs this image\n").unwrap();
-    let tar = ferro_lab::images::image(&work, "unused", &rootfs, &["/nothing"], UNUSED).unwrap();
-    lab.ctrd.import(&tar).unwrap();
+    import_own_image(&lab, "unused", "nobody runs this image\n", UNUSED);
     let before = images(&lab);
     let digest = |name: &str| before.iter().find(|(n, _)| n == name).map(|(_, d)| d.clone());
     let (unused, busybox, pause) = (digest(UNUSED), digest(BUSYBOX), digest(PAUSE));
@@ -119,12 +125,7 @@ fn unused_image_is_collected_busybox_and_pause_stay() {
 
     // Phase 3: imageMaximumGCAge. Thresholds no disk reaches in practice (99/98 %), a maximum
     // age of 3 s: another unused image goes for its age alone; busybox and pause stay.
-    let work = lab.dir.path().join("images/aged");
-    let rootfs = work.join("rootfs");
-    std::fs::create_dir_all(&rootfs).unwrap();
-    std::fs::write(rootfs.join("aged.txt"), "left unused for too long\n").unwrap();
-    let tar = ferro_lab::images::image(&work, "aged", &rootfs, &["/nothing"], AGED).unwrap();
-    lab.ctrd.import(&tar).unwrap();
+    import_own_image(&lab, "aged", "left unused for too long\n", AGED);
     assert!(has(&lab, AGED), "{:?}", images(&lab));
     lab.write_agent_config(
         "imageGCHighThresholdPercent: 99\nimageGCLowThresholdPercent: 98\nimageMinimumGCAge: 0s\nimageMaximumGCAge: 3s\n",

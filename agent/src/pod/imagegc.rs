@@ -309,6 +309,22 @@ struct ImageGc {
 }
 
 impl ImageGc {
+    /// RemoveImage of `img`, logged with `what`: Some(true) when removed, Some(false) when the
+    /// runtime no longer had it, None when removing failed (logged).
+    async fn remove(&mut self, img: &ImageInfo, what: &str) -> Option<bool> {
+        match self.rt.remove_image(&img.id).await {
+            Ok(()) => {
+                tracing::info!(image = %img.id, tags = ?img.repo_tags, size = img.size, "{what}");
+                Some(true)
+            }
+            Err(e) if e.is_not_found() => Some(false),
+            Err(e) => {
+                tracing::warn!(image = %img.id, error = %e, "removing image failed");
+                None
+            }
+        }
+    }
+
     async fn round(&mut self) -> Result<(), ImageGcError> {
         let fs_list = self.rt.image_fs_info().await?;
         let image_fs = fs_list.first().ok_or(ImageGcError::NoImageFs)?;
@@ -338,19 +354,8 @@ impl ImageGc {
         let mut images = self.records.observe(&listed, &in_use, now);
         for id in aged_out(&images, self.cfg.max_age, self.began, now) {
             let Some(img) = images.iter().find(|i| i.id == id) else { continue };
-            match self.rt.remove_image(&id).await {
-                Ok(()) => {
-                    tracing::info!(
-                        image = %id,
-                        tags = ?img.repo_tags,
-                        size = img.size,
-                        max_age = ?self.cfg.max_age,
-                        "removed image unused for longer than imageMaximumGCAge"
-                    );
-                    images.retain(|i| i.id != id);
-                }
-                Err(e) if e.is_not_found() => images.retain(|i| i.id != id),
-                Err(e) => tracing::warn!(image = %id, error = %e, "removing image failed"),
+            if self.remove(img, "removed image unused for longer than imageMaximumGCAge").await.is_some() {
+                images.retain(|i| i.id != id);
             }
         }
         let decision = plan(fs, self.cfg.high_threshold_percent, self.cfg.low_threshold_percent, self.cfg.min_age, &images, now);
@@ -381,13 +386,8 @@ impl ImageGc {
         let mut freed = 0u64;
         for id in remove {
             let Some(img) = images.iter().find(|i| i.id == id) else { continue };
-            match self.rt.remove_image(&id).await {
-                Ok(()) => {
-                    freed = freed.saturating_add(img.size);
-                    tracing::info!(image = %id, tags = ?img.repo_tags, size = img.size, "removed unused image");
-                }
-                Err(e) if e.is_not_found() => {}
-                Err(e) => tracing::warn!(image = %id, error = %e, "removing image failed"),
+            if self.remove(img, "removed unused image").await == Some(true) {
+                freed = freed.saturating_add(img.size);
             }
         }
         if freed < to_free {
