@@ -3,24 +3,30 @@
 //! The plugin runs in the node's network namespace. Work inside the container's namespace
 //! goes through a second netlink socket opened while this thread is switched into that
 //! namespace with `setns` (a socket stays bound to the namespace it was created in), so the
-//! thread is back in the node namespace before any request is sent.
+//! thread is back in the node namespace before any request is sent. Both are blocking
+//! sockets ([`crate::nlsock`]): a CNI call is a short process with no use for a runtime.
 
-use crate::netlink::{errno, route_parts, RouteParts, EADDRNOTAVAIL, EEXIST, ENODEV, ENOENT};
+use crate::netlink::{route_parts, RouteParts, EADDRNOTAVAIL, EEXIST, ENODEV, ENOENT};
+use crate::nlsock::{NlError, NlSocket, Request};
 use std::fs::File;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
-use futures::TryStreamExt;
 use ipnet::IpNet;
-use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
+use netlink_packet_route::address::{
+    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
+};
 use netlink_packet_route::link::{
     InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkInfo as NlLinkInfo, LinkMessage,
 };
 use netlink_packet_route::route::RouteHeader;
-use netlink_packet_route::AddressFamily;
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use nix::sched::CloneFlags;
-use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL};
+use rtnetlink::{
+    AddressMessageBuilder, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteMessageBuilder,
+};
 
 use crate::error::CniError;
 use crate::masq::{Iptables, MasqSpec};
@@ -121,12 +127,8 @@ pub fn is_ferro_host_veth(name: &str) -> bool {
     })
 }
 
-fn nl(context: impl Into<String>, e: rtnetlink::Error) -> CniError {
-    let source = match &e {
-        rtnetlink::Error::NetlinkError(m) => m.to_io(),
-        other => io::Error::other(other.to_string()),
-    };
-    CniError::io(context, source)
+fn nl(context: impl Into<String>, e: NlError) -> CniError {
+    CniError::io(context, e.into_io())
 }
 
 fn mac_of(msg: &LinkMessage) -> Option<String> {
@@ -136,39 +138,39 @@ fn mac_of(msg: &LinkMessage) -> Option<String> {
     })
 }
 
-async fn get_link(h: &Handle, name: &str) -> Result<Option<LinkMessage>, rtnetlink::Error> {
-    match h
-        .link()
-        .get()
-        .match_name(name.to_string())
-        .execute()
-        .try_next()
-        .await
-    {
-        Ok(m) => Ok(m),
-        Err(e) if errno(&e) == Some(ENODEV) => Ok(None),
-        Err(e) => Err(e),
+/// Ok when the kernel answered "done" or "already exists".
+fn exist_ok<T>(r: Result<T, NlError>) -> Result<(), NlError> {
+    match r {
+        Err(e) if e.errno() != Some(EEXIST) => Err(e),
+        _ => Ok(()),
     }
 }
 
-async fn add_addr(h: &Handle, index: u32, a: &IpNet) -> Result<(), rtnetlink::Error> {
-    let mut req = h.address().add(index, a.addr(), a.prefix_len());
+/// RTM_NEWADDR of `a` on link `index`.
+fn addr_request(index: u32, a: &IpNet) -> Request {
+    let mut msg = match a.addr() {
+        IpAddr::V4(ip) => AddressMessageBuilder::<Ipv4Addr>::new()
+            .index(index)
+            .address(ip, a.prefix_len())
+            .build(),
+        IpAddr::V6(ip) => AddressMessageBuilder::<Ipv6Addr>::new()
+            .index(index)
+            .address(ip, a.prefix_len())
+            .build(),
+    };
     if a.addr().is_ipv6() {
         // No duplicate address detection: the IPAM hands each address to one interface on
         // this bridge, and DAD would keep it tentative (unusable) for about a second after
         // ADD returns. Also set in the IFA_FLAGS attribute, which the kernel prefers.
-        req.message_mut().header.flags |= AddressHeaderFlags::Nodad;
-        req.message_mut()
-            .attributes
+        msg.header.flags |= AddressHeaderFlags::Nodad;
+        msg.attributes
             .push(AddressAttribute::Flags(AddressFlags::Nodad));
     }
-    match req.execute().await {
-        Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
-        r => r,
-    }
+    Request::new(RouteNetlinkMessage::NewAddress(msg), NLM_F_CREATE | NLM_F_EXCL)
 }
 
-async fn add_route(h: &Handle, index: u32, r: &Route) -> Result<(), CniError> {
+/// RTM_NEWROUTE of `r` out of link `index`.
+fn route_request(index: u32, r: &Route) -> Result<Request, CniError> {
     let mut b = RouteMessageBuilder::<IpAddr>::new()
         .destination_prefix(r.dst.addr(), r.dst.prefix_len())
         .map_err(|e| CniError::InvalidConfig(format!("route {}: {e}", r.dst)))?
@@ -178,16 +180,33 @@ async fn add_route(h: &Handle, index: u32, r: &Route) -> Result<(), CniError> {
             .gateway(gw)
             .map_err(|e| CniError::InvalidConfig(format!("route {} via {gw}: {e}", r.dst)))?;
     }
-    match h.route().add(b.build()).execute().await {
-        Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
-        r2 => r2.map_err(|e| nl(format!("add route {} in container", r.dst), e)),
-    }
+    Ok(Request::new(
+        RouteNetlinkMessage::NewRoute(b.build()),
+        NLM_F_CREATE | NLM_F_EXCL,
+    ))
 }
 
-/// The real dataplane: rtnetlink on a current-thread tokio runtime.
+/// RTM_SETLINK bringing link `index` up.
+fn up_request(index: u32) -> Request {
+    Request::new(
+        RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).up().build()),
+        0,
+    )
+}
+
+/// RTM_DELLINK of link `index`.
+fn del_link(sock: &mut NlSocket, index: u32) -> Result<(), NlError> {
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    sock.ack(RouteNetlinkMessage::DelLink(msg), 0)
+}
+
+/// The real dataplane: blocking rtnetlink sockets ([`NlSocket`]), one in the node namespace
+/// and one in the container namespace of the call.
 pub struct Netlink {
-    rt: tokio::runtime::Runtime,
-    host: Handle,
+    host: NlSocket,
+    /// The socket inside the container namespace (its path), opened once per call.
+    container: Option<(String, NlSocket)>,
     /// `/proc/sys` (for forwarding sysctls), passed in so it is visible where it is used.
     proc_sys: PathBuf,
     /// The iptables binaries for ipMasq.
@@ -201,60 +220,54 @@ fn open_netns(path: &str) -> Result<File, CniError> {
     })
 }
 
+/// A netlink socket bound to the namespace behind `ns` (code 4 when it is not a network
+/// namespace). The thread is back in its own namespace before this returns.
+fn socket_in(ns: &File, path: &str) -> Result<NlSocket, CniError> {
+    let orig = File::open("/proc/thread-self/ns/net")
+        .map_err(|e| CniError::io("open /proc/thread-self/ns/net", e))?;
+    nix::sched::setns(ns, CloneFlags::CLONE_NEWNET).map_err(|e| CniError::InvalidEnv {
+        name: "CNI_NETNS".into(),
+        reason: format!("{path:?} is not a network namespace: {e}"),
+    })?;
+    let sock = NlSocket::open();
+    // Always return to the node namespace before anything else.
+    nix::sched::setns(&orig, CloneFlags::CLONE_NEWNET)
+        .map_err(|e| CniError::io("return to the node network namespace", io::Error::from(e)))?;
+    sock.map_err(|e| CniError::io(format!("open netlink socket in {path}"), e))
+}
+
 impl Netlink {
     /// Opens a netlink socket in the current (node) namespace.
     pub fn new(proc_sys: PathBuf) -> Result<Netlink, CniError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| CniError::io("start tokio runtime", e))?;
-        let host = {
-            let _g = rt.enter();
-            let (conn, handle, _) =
-                rtnetlink::new_connection().map_err(|e| CniError::io("open netlink socket", e))?;
-            rt.spawn(conn);
-            handle
-        };
+        let host = NlSocket::open().map_err(|e| CniError::io("open netlink socket", e))?;
         Ok(Netlink {
-            rt,
             host,
+            container: None,
             proc_sys,
             iptables: Iptables::default(),
         })
     }
 
-    /// A netlink handle bound to the namespace behind `ns`.
-    fn handle_in(&self, ns: &File, path: &str) -> Result<Handle, CniError> {
-        let orig = File::open("/proc/thread-self/ns/net")
-            .map_err(|e| CniError::io("open /proc/thread-self/ns/net", e))?;
-        nix::sched::setns(ns, CloneFlags::CLONE_NEWNET).map_err(|e| CniError::InvalidEnv {
-            name: "CNI_NETNS".into(),
-            reason: format!("{path:?} is not a network namespace: {e}"),
-        })?;
-        let conn = {
-            let _g = self.rt.enter();
-            rtnetlink::new_connection()
+    /// The socket inside the namespace behind `ns` (at `path`), opened on first use.
+    fn container_socket(&mut self, ns: &File, path: &str) -> Result<&mut NlSocket, CniError> {
+        let entry = match self.container.take() {
+            Some((p, s)) if p == path => (p, s),
+            _ => (path.to_string(), socket_in(ns, path)?),
         };
-        // Always return to the node namespace before anything else.
-        nix::sched::setns(&orig, CloneFlags::CLONE_NEWNET).map_err(|e| {
-            CniError::io("return to the node network namespace", io::Error::from(e))
-        })?;
-        let (conn, handle, _) =
-            conn.map_err(|e| CniError::io(format!("open netlink socket in {path}"), e))?;
-        self.rt.spawn(conn);
-        Ok(handle)
+        let (_, sock) = self.container.insert(entry);
+        Ok(sock)
     }
 
-    /// A netlink handle inside `netns`; `None` when the namespace is gone or is not (or no
-    /// longer) a network namespace: nothing of ours can be inside then.
-    fn container_handle(&self, netns: &str) -> Result<Option<Handle>, CniError> {
+    /// The socket inside `netns`; `None` when the namespace is gone or is not (or no longer)
+    /// a network namespace: nothing of ours can be inside then.
+    fn container_if_any(&mut self, netns: &str) -> Result<Option<&mut NlSocket>, CniError> {
         let ns = match File::open(netns) {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(ENOENT) => return Ok(None),
             Err(e) => return Err(CniError::io(format!("open network namespace {netns}"), e)),
         };
-        match self.handle_in(&ns, netns) {
-            Ok(h) => Ok(Some(h)),
+        match self.container_socket(&ns, netns) {
+            Ok(s) => Ok(Some(s)),
             Err(CniError::InvalidEnv { .. }) => Ok(None),
             Err(e) => Err(e),
         }
@@ -262,70 +275,65 @@ impl Netlink {
 
     /// The container end of DEL: removes every address of `ifname` in `netns`. Returns
     /// whether the link exists (a missing namespace or link has nothing to remove).
-    fn strip_container_link(&self, netns: &str, ifname: &str) -> Result<bool, CniError> {
-        let Some(cont) = self.container_handle(netns)? else {
+    fn strip_container_link(&mut self, netns: &str, ifname: &str) -> Result<bool, CniError> {
+        let Some(cont) = self.container_if_any(netns)? else {
             return Ok(false);
         };
-        self.rt.block_on(async {
-            let Some(link) = get_link(&cont, ifname)
-                .await
-                .map_err(|e| nl(format!("get {ifname} in container"), e))?
-            else {
-                return Ok(false);
-            };
-            let mut dump = cont
-                .address()
-                .get()
-                .set_link_index_filter(link.header.index)
-                .execute();
-            let mut addrs = Vec::new();
-            while let Some(a) = dump
-                .try_next()
-                .await
-                .map_err(|e| nl(format!("list addresses of {ifname} in container"), e))?
-            {
-                addrs.push(a);
-            }
-            for a in addrs {
-                match cont.address().del(a).execute().await {
-                    Err(e) if !matches!(errno(&e), Some(EADDRNOTAVAIL | ENODEV)) => {
-                        return Err(nl(format!("remove an address of {ifname} in container"), e))
-                    }
-                    _ => {}
+        let Some(link) = cont
+            .link_by_name(ifname)
+            .map_err(|e| nl(format!("get {ifname} in container"), e))?
+        else {
+            return Ok(false);
+        };
+        let idx = link.header.index;
+        let dels: Vec<Request> = addresses_of(cont, idx)
+            .map_err(|e| nl(format!("list addresses of {ifname} in container"), e))?
+            .into_iter()
+            .map(|a| Request::new(RouteNetlinkMessage::DelAddress(a), 0))
+            .collect();
+        if dels.is_empty() {
+            return Ok(true);
+        }
+        let answers = cont
+            .batch(dels)
+            .map_err(|e| nl(format!("remove the addresses of {ifname} in container"), e))?;
+        for answer in answers {
+            match answer {
+                Err(e) if !matches!(e.errno(), Some(EADDRNOTAVAIL | ENODEV)) => {
+                    return Err(nl(format!("remove an address of {ifname} in container"), e))
                 }
+                _ => {}
             }
-            Ok(true)
-        })
+        }
+        Ok(true)
     }
 
     /// Deletes the node-namespace link `index` if it is still named `name` (so a reused
     /// index is never touched); success when it is gone.
-    pub fn reap_link(&self, index: u32, name: &str) -> Result<(), CniError> {
-        let h = self.host.clone();
-        self.rt.block_on(async {
-            let link = match h.link().get().match_index(index).execute().try_next().await {
-                Ok(Some(l)) => l,
-                Ok(None) => return Ok(()),
-                Err(e) if errno(&e) == Some(ENODEV) => return Ok(()),
-                Err(e) => return Err(nl(format!("get link {index}"), e)),
-            };
-            let named = link
-                .attributes
-                .iter()
-                .any(|a| matches!(a, LinkAttribute::IfName(n) if n == name));
-            if !named {
-                return Ok(());
-            }
-            match h.link().del(index).execute().await {
-                Err(e) if errno(&e) != Some(ENODEV) => Err(nl(format!("delete link {name}"), e)),
-                _ => Ok(()),
-            }
-        })
+    pub fn reap_link(&mut self, index: u32, name: &str) -> Result<(), CniError> {
+        let Some(link) = self
+            .host
+            .link_by_index(index)
+            .map_err(|e| nl(format!("get link {index}"), e))?
+        else {
+            return Ok(());
+        };
+        let named = link
+            .attributes
+            .iter()
+            .any(|a| matches!(a, LinkAttribute::IfName(n) if n == name));
+        if !named {
+            return Ok(());
+        }
+        match del_link(&mut self.host, index) {
+            Err(e) if e.errno() != Some(ENODEV) => Err(nl(format!("delete link {name}"), e)),
+            _ => Ok(()),
+        }
     }
 
     /// Starts the detached child that runs [`Netlink::reap_link`] (this binary with
     /// [`REAP_ARG`]); deletes the link itself when the child cannot be started.
-    fn delete_later(&self, index: u32, name: &str) -> Result<(), CniError> {
+    fn delete_later(&mut self, index: u32, name: &str) -> Result<(), CniError> {
         let spawned = std::process::Command::new("/proc/self/exe")
             .args([REAP_ARG, &index.to_string(), name])
             .stdin(std::process::Stdio::null())
@@ -338,100 +346,21 @@ impl Netlink {
             Err(_) => self.reap_link(index, name),
         }
     }
+}
 
-    async fn configure_veth(
-        &self,
-        spec: &VethSpec,
-        bridge: u32,
-        ns: &File,
-        cont: &Handle,
-    ) -> Result<(LinkInfo, LinkInfo), CniError> {
-        let h = &self.host;
-        let ctx = |what: &str| format!("{what} {}", spec.host_name);
-        // One message creates the pair: the peer directly inside the container namespace
-        // under its final name (moving a link between namespaces afterwards costs the kernel
-        // a network-wide synchronisation, ~20 ms here), the host end up and on the bridge,
-        // both MACs chosen here so the host end needs no read-back.
-        let host_mac = random_mac();
-        let peer_mac = random_mac();
-        let msg = veth_message(spec, bridge, ns, &host_mac, &peer_mac);
-        if let Err(e) = h.link().add(msg).execute().await {
-            // A stale pair of the same attachment (a repeated ADD) is replaced; any other
-            // failure (the container name is taken, ...) is the answer.
-            let stale = match errno(&e) {
-                Some(EEXIST) => get_link(h, &spec.host_name)
-                    .await
-                    .map_err(|e| nl(ctx("get stale veth"), e))?,
-                _ => None,
-            };
-            let Some(old) = stale else {
-                return Err(nl(ctx("create veth"), e));
-            };
-            match h.link().del(old.header.index).execute().await {
-                Err(e) if errno(&e) != Some(ENODEV) => return Err(nl(ctx("delete stale veth"), e)),
-                _ => {}
-            }
-            h.link()
-                .add(veth_message(spec, bridge, ns, &host_mac, &peer_mac))
-                .execute()
-                .await
-                .map_err(|e| nl(ctx("create veth"), e))?;
-        }
-        let mut host_index = 0;
-        if spec.hairpin {
-            host_index = get_link(h, &spec.host_name)
-                .await
-                .map_err(|e| nl(ctx("get veth"), e))?
-                .ok_or_else(|| CniError::io(ctx("get veth"), io::Error::from_raw_os_error(ENODEV)))?
-                .header
-                .index;
-            h.link()
-                .set_port(LinkBridgePort::new(host_index).hairpin(true).build())
-                .execute()
-                .await
-                .map_err(|e| nl(ctx("set hairpin on"), e))?;
-        }
-        // Inside the container: the peer's index, for its address and routes.
-        let cpeer = get_link(cont, &spec.ifname)
-            .await
-            .map_err(|e| nl("find veth peer in container", e))?
-            .ok_or_else(|| {
-                CniError::io(
-                    "find veth peer in container",
-                    io::Error::from_raw_os_error(ENODEV),
-                )
-            })?;
-        let cidx = cpeer.header.index;
-        cont.link()
-            .set(LinkUnspec::new_with_index(cidx).up().build())
-            .execute()
-            .await
-            .map_err(|e| nl(format!("bring up {} in container", spec.ifname), e))?;
-        // lo has index 1 in every network namespace.
-        cont.link()
-            .set(LinkUnspec::new_with_index(LOOPBACK_INDEX).up().build())
-            .execute()
-            .await
-            .map_err(|e| nl("bring up lo in container", e))?;
-        for a in &spec.addresses {
-            add_addr(cont, cidx, a)
-                .await
-                .map_err(|e| nl(format!("add address {a} in container"), e))?;
-        }
-        for r in &spec.routes {
-            add_route(cont, cidx, r).await?;
-        }
-        Ok((
-            LinkInfo {
-                index: host_index,
-                mac: Some(mac_string(&host_mac)),
-            },
-            LinkInfo {
-                index: cidx,
-                mac: mac_of(&cpeer).or(Some(mac_string(&peer_mac))),
-            },
-        ))
-    }
+/// The addresses of link `index` (the kernel ignores the index of a dump request unless
+/// strict checking is on, so they are filtered here).
+fn addresses_of(sock: &mut NlSocket, index: u32) -> Result<Vec<AddressMessage>, NlError> {
+    let mut query = AddressMessage::default();
+    query.header.index = index;
+    Ok(sock
+        .dump(RouteNetlinkMessage::GetAddress(query))?
+        .into_iter()
+        .filter_map(|m| match m {
+            RouteNetlinkMessage::NewAddress(a) if a.header.index == index => Some(a),
+            _ => None,
+        })
+        .collect())
 }
 
 /// The index of `lo` in every network namespace (the kernel's `LOOPBACK_IFINDEX`).
@@ -452,14 +381,14 @@ fn mac_string(mac: &[u8]) -> String {
 }
 
 /// RTM_NEWLINK for the pair of `spec`: host end up, on `bridge`, with `host_mac`; the peer
-/// created inside `ns`, up, with `peer_mac`.
+/// created inside `ns`, with `peer_mac`.
 fn veth_message(
     spec: &VethSpec,
     bridge: u32,
     ns: &File,
     host_mac: &[u8; 6],
     peer_mac: &[u8; 6],
-) -> LinkMessage {
+) -> RouteNetlinkMessage {
     use std::os::fd::AsRawFd;
     let mut veth = LinkVeth::new(&spec.host_name, &spec.ifname)
         .up()
@@ -485,75 +414,109 @@ fn veth_message(
             }
         }
     }
-    msg
+    RouteNetlinkMessage::NewLink(msg)
+}
+
+/// Creates the pair of `spec` in one message: the peer directly inside the container
+/// namespace under its final name (moving a link between namespaces afterwards costs the
+/// kernel a network-wide synchronisation, ~20 ms here), the host end up and on the bridge,
+/// both MACs chosen here so nothing needs reading back. A stale pair of the same attachment
+/// (a repeated ADD) is replaced; any other failure (the container name is taken, ...) is the
+/// answer. Returns what the kernel echoed (`NLM_F_ECHO`, kernels since 6.3): the new host end.
+fn create_pair(
+    host: &mut NlSocket,
+    spec: &VethSpec,
+    bridge: u32,
+    ns: &File,
+    macs: (&[u8; 6], &[u8; 6]),
+) -> Result<Option<LinkMessage>, CniError> {
+    let ctx = |what: &str| format!("{what} {}", spec.host_name);
+    let flags = NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO;
+    let create = |host: &mut NlSocket| host.request(veth_message(spec, bridge, ns, macs.0, macs.1), flags);
+    let echoed = match create(host) {
+        Ok(r) => r,
+        Err(e) if e.errno() == Some(EEXIST) => {
+            let Some(old) = host
+                .link_by_name(&spec.host_name)
+                .map_err(|e| nl(ctx("get stale veth"), e))?
+            else {
+                return Err(nl(ctx("create veth"), e));
+            };
+            match del_link(host, old.header.index) {
+                Err(e) if e.errno() != Some(ENODEV) => return Err(nl(ctx("delete stale veth"), e)),
+                _ => {}
+            }
+            create(host).map_err(|e| nl(ctx("create veth"), e))?
+        }
+        Err(e) => return Err(nl(ctx("create veth"), e)),
+    };
+    Ok(echoed.into_iter().find_map(|m| match m {
+        RouteNetlinkMessage::NewLink(l)
+            if l.attributes
+                .iter()
+                .any(|a| matches!(a, LinkAttribute::IfName(n) if *n == spec.host_name)) =>
+        {
+            Some(l)
+        }
+        _ => None,
+    }))
 }
 
 impl Dataplane for Netlink {
     fn check_netns(&mut self, netns: &str) -> Result<(), CniError> {
         let f = open_netns(netns)?;
-        self.handle_in(&f, netns).map(drop)
+        self.container_socket(&f, netns).map(drop)
     }
 
     fn ensure_bridge(&mut self, spec: &BridgeSpec) -> Result<LinkInfo, CniError> {
-        let h = self.host.clone();
-        self.rt.block_on(async {
-            let ctx = |what: &str| format!("{what} bridge {}", spec.name);
-            let mut link = get_link(&h, &spec.name)
-                .await
-                .map_err(|e| nl(ctx("get"), e))?;
-            if link.is_none() {
-                match h
-                    .link()
-                    // A MAC of its own, so it does not follow its ports' lowest.
-                    .add(
-                        LinkBridge::new(&spec.name)
-                            .address(random_mac().to_vec())
-                            .build(),
-                    )
-                    .execute()
-                    .await
-                {
-                    Err(e) if errno(&e) != Some(EEXIST) => return Err(nl(ctx("create"), e)),
-                    _ => {}
-                }
-                link = get_link(&h, &spec.name)
-                    .await
-                    .map_err(|e| nl(ctx("get"), e))?;
+        let h = &mut self.host;
+        let ctx = |what: &str| format!("{what} bridge {}", spec.name);
+        let mut link = h.link_by_name(&spec.name).map_err(|e| nl(ctx("get"), e))?;
+        if link.is_none() {
+            // A MAC of its own, so it does not follow its ports' lowest.
+            let create = LinkBridge::new(&spec.name)
+                .address(random_mac().to_vec())
+                .build();
+            exist_ok(h.ack(
+                RouteNetlinkMessage::NewLink(create),
+                NLM_F_CREATE | NLM_F_EXCL,
+            ))
+            .map_err(|e| nl(ctx("create"), e))?;
+            link = h.link_by_name(&spec.name).map_err(|e| nl(ctx("get"), e))?;
+        }
+        let link =
+            link.ok_or_else(|| CniError::io(ctx("find"), io::Error::from_raw_os_error(ENODEV)))?;
+        let idx = link.header.index;
+        // Set up only what differs (after the first ADD, nothing does).
+        let flags = link.header.flags;
+        let mtu_ok = spec.mtu.is_none_or(|m| {
+            link.attributes
+                .iter()
+                .any(|a| matches!(a, LinkAttribute::Mtu(x) if *x == m))
+        });
+        let promisc_ok = !spec.promisc || flags.contains(LinkFlags::Promisc);
+        if !(flags.contains(LinkFlags::Up) && mtu_ok && promisc_ok) {
+            let mut set = LinkUnspec::new_with_index(idx).up();
+            if let Some(mtu) = spec.mtu {
+                set = set.mtu(mtu);
             }
-            let link = link
-                .ok_or_else(|| CniError::io(ctx("find"), io::Error::from_raw_os_error(ENODEV)))?;
-            let idx = link.header.index;
-            // Set up only what differs (after the first ADD, nothing does).
-            let flags = link.header.flags;
-            let mtu_ok = spec.mtu.is_none_or(|m| {
-                link.attributes
-                    .iter()
-                    .any(|a| matches!(a, LinkAttribute::Mtu(x) if *x == m))
-            });
-            let promisc_ok = !spec.promisc || flags.contains(LinkFlags::Promisc);
-            if !(flags.contains(LinkFlags::Up) && mtu_ok && promisc_ok) {
-                let mut set = LinkUnspec::new_with_index(idx).up();
-                if let Some(mtu) = spec.mtu {
-                    set = set.mtu(mtu);
-                }
-                if spec.promisc {
-                    set = set.promiscuous(true);
-                }
-                h.link()
-                    .set(set.build())
-                    .execute()
-                    .await
-                    .map_err(|e| nl(ctx("bring up"), e))?;
+            if spec.promisc {
+                set = set.promiscuous(true);
             }
-            for a in &spec.addresses {
-                add_addr(&h, idx, a)
-                    .await
-                    .map_err(|e| nl(ctx(&format!("add address {a} to")), e))?;
+            h.ack(RouteNetlinkMessage::SetLink(set.build()), 0)
+                .map_err(|e| nl(ctx("bring up"), e))?;
+        }
+        if !spec.addresses.is_empty() {
+            let answers = h
+                .batch(spec.addresses.iter().map(|a| addr_request(idx, a)).collect())
+                .map_err(|e| nl(ctx("add addresses to"), e))?;
+            for (a, answer) in spec.addresses.iter().zip(answers) {
+                exist_ok(answer).map_err(|e| nl(ctx(&format!("add address {a} to")), e))?;
             }
-            Ok(LinkInfo {
-                index: idx,
-                mac: mac_of(&link),
-            })
+        }
+        Ok(LinkInfo {
+            index: idx,
+            mac: mac_of(&link),
         })
     }
 
@@ -581,39 +544,113 @@ impl Dataplane for Netlink {
         bridge: u32,
     ) -> Result<(LinkInfo, LinkInfo), CniError> {
         let ns = open_netns(&spec.netns)?;
-        let cont = self.handle_in(&ns, &spec.netns)?;
-        self.rt
-            .block_on(async { self.configure_veth(spec, bridge, &ns, &cont).await })
+        // The container's socket first: a namespace that is none fails before anything exists.
+        self.container_socket(&ns, &spec.netns)?;
+        let ctx = |what: &str| format!("{what} {}", spec.host_name);
+        let host_mac = random_mac();
+        let peer_mac = random_mac();
+        let echo = create_pair(&mut self.host, spec, bridge, &ns, (&host_mac, &peer_mac))?;
+        // The echo carries the host end's index and, as IFLA_LINK, its peer's index inside
+        // the container; older kernels echo nothing and both are read back.
+        let mut host_index = echo.as_ref().map_or(0, |l| l.header.index);
+        let peer_index = echo.as_ref().and_then(|l| {
+            l.attributes.iter().find_map(|a| match a {
+                LinkAttribute::Link(i) => Some(*i),
+                _ => None,
+            })
+        });
+        if spec.hairpin {
+            if host_index == 0 {
+                host_index = self
+                    .host
+                    .link_by_name(&spec.host_name)
+                    .map_err(|e| nl(ctx("get veth"), e))?
+                    .ok_or_else(|| {
+                        CniError::io(ctx("get veth"), io::Error::from_raw_os_error(ENODEV))
+                    })?
+                    .header
+                    .index;
+            }
+            self.host
+                .ack(
+                    RouteNetlinkMessage::NewLink(
+                        LinkBridgePort::new(host_index).hairpin(true).build(),
+                    ),
+                    0,
+                )
+                .map_err(|e| nl(ctx("set hairpin on"), e))?;
+        }
+        let cont = self.container_socket(&ns, &spec.netns)?;
+        let cidx = match peer_index {
+            Some(i) => i,
+            None => {
+                cont.link_by_name(&spec.ifname)
+                    .map_err(|e| nl("find veth peer in container", e))?
+                    .ok_or_else(|| {
+                        CniError::io(
+                            "find veth peer in container",
+                            io::Error::from_raw_os_error(ENODEV),
+                        )
+                    })?
+                    .header
+                    .index
+            }
+        };
+        // Inside the container, in one datagram: the peer up, lo up (index 1 in every
+        // namespace), the addresses, then the routes (which need the addresses).
+        let mut reqs = vec![
+            (up_request(cidx), format!("bring up {} in container", spec.ifname)),
+            (up_request(LOOPBACK_INDEX), "bring up lo in container".to_string()),
+        ];
+        for a in &spec.addresses {
+            reqs.push((addr_request(cidx, a), format!("add address {a} in container")));
+        }
+        for r in &spec.routes {
+            reqs.push((route_request(cidx, r)?, format!("add route {} in container", r.dst)));
+        }
+        let (reqs, what): (Vec<Request>, Vec<String>) = reqs.into_iter().unzip();
+        let answers = cont
+            .batch(reqs)
+            .map_err(|e| nl(format!("configure {} in container", spec.ifname), e))?;
+        for (answer, what) in answers.into_iter().zip(what) {
+            exist_ok(answer).map_err(|e| nl(what, e))?;
+        }
+        Ok((
+            LinkInfo {
+                index: host_index,
+                mac: Some(mac_string(&host_mac)),
+            },
+            LinkInfo {
+                index: cidx,
+                mac: Some(mac_string(&peer_mac)),
+            },
+        ))
     }
 
     fn host_link(&mut self, name: &str) -> Result<Option<LinkInfo>, CniError> {
-        let h = self.host.clone();
-        self.rt.block_on(async {
-            Ok(get_link(&h, name)
-                .await
-                .map_err(|e| nl(format!("get link {name}"), e))?
-                .map(|l| LinkInfo {
-                    index: l.header.index,
-                    mac: mac_of(&l),
-                }))
-        })
+        Ok(self
+            .host
+            .link_by_name(name)
+            .map_err(|e| nl(format!("get link {name}"), e))?
+            .map(|l| LinkInfo {
+                index: l.header.index,
+                mac: mac_of(&l),
+            }))
     }
 
     fn delete_host_link(&mut self, name: &str) -> Result<bool, CniError> {
-        let h = self.host.clone();
-        self.rt.block_on(async {
-            let Some(link) = get_link(&h, name)
-                .await
-                .map_err(|e| nl(format!("get link {name}"), e))?
-            else {
-                return Ok(false);
-            };
-            match h.link().del(link.header.index).execute().await {
-                Ok(()) => Ok(true),
-                Err(e) if errno(&e) == Some(ENODEV) => Ok(false),
-                Err(e) => Err(nl(format!("delete link {name}"), e)),
-            }
-        })
+        let Some(link) = self
+            .host
+            .link_by_name(name)
+            .map_err(|e| nl(format!("get link {name}"), e))?
+        else {
+            return Ok(false);
+        };
+        match del_link(&mut self.host, link.header.index) {
+            Ok(()) => Ok(true),
+            Err(e) if e.errno() == Some(ENODEV) => Ok(false),
+            Err(e) => Err(nl(format!("delete link {name}"), e)),
+        }
     }
 
     fn container_link(
@@ -622,65 +659,56 @@ impl Dataplane for Netlink {
         ifname: &str,
     ) -> Result<Option<ContainerLink>, CniError> {
         let ns = open_netns(netns)?;
-        let cont = self.handle_in(&ns, netns)?;
-        self.rt.block_on(async {
-            let Some(link) = get_link(&cont, ifname)
-                .await
-                .map_err(|e| nl(format!("get {ifname} in container"), e))?
-            else {
-                return Ok(None);
-            };
-            let idx = link.header.index;
-            let mut out = ContainerLink {
-                mac: mac_of(&link),
-                up: link.header.flags.contains(LinkFlags::Up),
-                ..ContainerLink::default()
-            };
-            let mut addrs = cont.address().get().set_link_index_filter(idx).execute();
-            while let Some(a) = addrs
-                .try_next()
-                .await
-                .map_err(|e| nl(format!("list addresses of {ifname}"), e))?
-            {
-                if a.header.index != idx {
+        let cont = self.container_socket(&ns, netns)?;
+        let Some(link) = cont
+            .link_by_name(ifname)
+            .map_err(|e| nl(format!("get {ifname} in container"), e))?
+        else {
+            return Ok(None);
+        };
+        let idx = link.header.index;
+        let mut out = ContainerLink {
+            mac: mac_of(&link),
+            up: link.header.flags.contains(LinkFlags::Up),
+            ..ContainerLink::default()
+        };
+        for a in addresses_of(cont, idx).map_err(|e| nl(format!("list addresses of {ifname}"), e))? {
+            let ip = a.attributes.iter().find_map(|x| match x {
+                AddressAttribute::Address(ip) => Some(*ip),
+                _ => None,
+            });
+            if let Some(net) = ip.and_then(|ip| IpNet::new(ip, a.header.prefix_len).ok()) {
+                out.addresses.push(net);
+            }
+        }
+        for query in [
+            RouteMessageBuilder::<Ipv4Addr>::new().build(),
+            RouteMessageBuilder::<Ipv6Addr>::new().build(),
+        ] {
+            let routes = cont
+                .dump(RouteNetlinkMessage::GetRoute(query))
+                .map_err(|e| nl(format!("list routes of {ifname}"), e))?;
+            for r in routes {
+                let RouteNetlinkMessage::NewRoute(r) = r else {
+                    continue;
+                };
+                if r.header.table != RouteHeader::RT_TABLE_MAIN {
                     continue;
                 }
-                let ip = a.attributes.iter().find_map(|x| match x {
-                    AddressAttribute::Address(ip) => Some(*ip),
-                    _ => None,
+                let RouteParts { oif, dst, gw } = route_parts(&r);
+                if oif != Some(idx) {
+                    continue;
+                }
+                let dst = dst.unwrap_or(match r.header.address_family {
+                    AddressFamily::Inet6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                    _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
                 });
-                if let Some(net) = ip.and_then(|ip| IpNet::new(ip, a.header.prefix_len).ok()) {
-                    out.addresses.push(net);
+                if let Ok(net) = IpNet::new(dst, r.header.destination_prefix_length) {
+                    out.routes.push((net, gw));
                 }
             }
-            for query in [
-                RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
-                RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
-            ] {
-                let mut routes = cont.route().get(query).execute();
-                while let Some(r) = routes
-                    .try_next()
-                    .await
-                    .map_err(|e| nl(format!("list routes of {ifname}"), e))?
-                {
-                    if r.header.table != RouteHeader::RT_TABLE_MAIN {
-                        continue;
-                    }
-                    let RouteParts { oif, dst, gw } = route_parts(&r);
-                    if oif != Some(idx) {
-                        continue;
-                    }
-                    let dst = dst.unwrap_or(match r.header.address_family {
-                        AddressFamily::Inet6 => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
-                        _ => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-                    });
-                    if let Ok(net) = IpNet::new(dst, r.header.destination_prefix_length) {
-                        out.routes.push((net, gw));
-                    }
-                }
-            }
-            Ok(Some(out))
-        })
+        }
+        Ok(Some(out))
     }
 
     fn release_links(
@@ -693,10 +721,9 @@ impl Dataplane for Netlink {
             Some(ns) => self.strip_container_link(ns, ifname)?,
             None => false,
         };
-        let h = self.host.clone();
         let host_link = self
-            .rt
-            .block_on(get_link(&h, host))
+            .host
+            .link_by_name(host)
             .map_err(|e| nl(format!("get link {host}"), e))?;
         match (host_link, netns) {
             (Some(l), _) => self.delete_later(l.header.index, host),
@@ -706,22 +733,20 @@ impl Dataplane for Netlink {
     }
 
     fn delete_container_link(&mut self, netns: &str, ifname: &str) -> Result<(), CniError> {
-        let Some(cont) = self.container_handle(netns)? else {
+        let Some(cont) = self.container_if_any(netns)? else {
             return Ok(());
         };
-        self.rt.block_on(async {
-            let Some(link) = get_link(&cont, ifname)
-                .await
-                .map_err(|e| nl(format!("get {ifname} in container"), e))?
-            else {
-                return Ok(());
-            };
-            match cont.link().del(link.header.index).execute().await {
-                Ok(()) => Ok(()),
-                Err(e) if errno(&e) == Some(ENODEV) => Ok(()),
-                Err(e) => Err(nl(format!("delete {ifname} in container"), e)),
-            }
-        })
+        let Some(link) = cont
+            .link_by_name(ifname)
+            .map_err(|e| nl(format!("get {ifname} in container"), e))?
+        else {
+            return Ok(());
+        };
+        match del_link(cont, link.header.index) {
+            Ok(()) => Ok(()),
+            Err(e) if e.errno() == Some(ENODEV) => Ok(()),
+            Err(e) => Err(nl(format!("delete {ifname} in container"), e)),
+        }
     }
     fn ensure_masq(&mut self, spec: &MasqSpec) -> Result<(), CniError> {
         self.iptables.ensure(spec)
@@ -741,42 +766,45 @@ impl Dataplane for Netlink {
         self.iptables.gc(network, keep, v6)
     }
     fn gc_host_veths(&mut self, bridge: &str, keep: &[String]) -> Result<Vec<String>, CniError> {
-        let h = self.host.clone();
-        self.rt.block_on(async {
-            let Some(br) = get_link(&h, bridge)
-                .await
-                .map_err(|e| nl(format!("get bridge {bridge}"), e))?
-            else {
-                return Ok(Vec::new());
+        let h = &mut self.host;
+        let Some(br) = h
+            .link_by_name(bridge)
+            .map_err(|e| nl(format!("get bridge {bridge}"), e))?
+        else {
+            return Ok(Vec::new());
+        };
+        let bidx = br.header.index;
+        let mut stale = Vec::new();
+        let links = h
+            .dump(RouteNetlinkMessage::GetLink(LinkMessage::default()))
+            .map_err(|e| nl("list links", e))?;
+        for l in links {
+            let RouteNetlinkMessage::NewLink(l) = l else {
+                continue;
             };
-            let bidx = br.header.index;
-            let mut stale = Vec::new();
-            let mut links = h.link().get().execute();
-            while let Some(l) = links.try_next().await.map_err(|e| nl("list links", e))? {
-                let on_bridge = l
-                    .attributes
-                    .iter()
-                    .any(|a| matches!(a, LinkAttribute::Controller(i) if *i == bidx));
-                let name = l.attributes.iter().find_map(|a| match a {
-                    LinkAttribute::IfName(n) => Some(n.clone()),
-                    _ => None,
-                });
-                if let Some(name) = name {
-                    if on_bridge && is_ferro_host_veth(&name) && !keep.contains(&name) {
-                        stale.push((l.header.index, name));
-                    }
+            let on_bridge = l
+                .attributes
+                .iter()
+                .any(|a| matches!(a, LinkAttribute::Controller(i) if *i == bidx));
+            let name = l.attributes.iter().find_map(|a| match a {
+                LinkAttribute::IfName(n) => Some(n.clone()),
+                _ => None,
+            });
+            if let Some(name) = name {
+                if on_bridge && is_ferro_host_veth(&name) && !keep.contains(&name) {
+                    stale.push((l.header.index, name));
                 }
             }
-            let mut removed = Vec::new();
-            for (idx, name) in stale {
-                match h.link().del(idx).execute().await {
-                    Ok(()) => removed.push(name),
-                    Err(e) if errno(&e) == Some(ENODEV) => {}
-                    Err(e) => return Err(nl(format!("delete link {name}"), e)),
-                }
+        }
+        let mut removed = Vec::new();
+        for (idx, name) in stale {
+            match del_link(h, idx) {
+                Ok(()) => removed.push(name),
+                Err(e) if e.errno() == Some(ENODEV) => {}
+                Err(e) => return Err(nl(format!("delete link {name}"), e)),
             }
-            Ok(removed)
-        })
+        }
+        Ok(removed)
     }
 }
 

@@ -14,6 +14,7 @@ pub mod ipam;
 pub mod masq;
 pub mod netd;
 pub mod netlink;
+pub mod nlsock;
 pub mod plan;
 pub mod result;
 
