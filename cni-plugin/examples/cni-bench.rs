@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! cargo run --release -p ferro-cni --example cni-bench            # as root
-//! cargo run --release -p ferro-cni --example cni-bench -- --pods 100 --parallel 50
+//! cargo run --release -p ferro-cni --example cni-bench -- --pods 100 --parallel 50 --rounds 3
 //! ```
 //!
 //! Method (see docs/performance.md, section ferro-cni):
@@ -21,6 +21,12 @@
 //!   spawn to the last exit) and P parallel DELs, also timed until the last veth of the node
 //!   namespace is gone ("par DEL gone": ferro-cni's DEL leaves the deletion of the pair to a
 //!   detached child, so its DEL exits before the kernel has finished).
+//! - CPU time per call (user + system, mean over the sequential calls) from the rusage of the
+//!   waited-for children; the inner process is a child subreaper, so ferro-cni's detached link
+//!   reapers become its children and their CPU counts in DEL's.
+//! - `--rounds` (default 3) repeats everything, alternating which plugin goes first; the table
+//!   gives each figure's median over the rounds (ratios: the median of the rounds' ratios), as
+//!   this VM's speed drifts by tens of percent between runs.
 //! - Every ADD must exit 0 and return an IP; every DEL must exit 0. At the end: no veth left
 //!   in the node namespace, no interface but `lo` in the container namespaces, and no
 //!   reservation file in the IPAM data dir.
@@ -243,6 +249,9 @@ struct Figures {
     par_del: f64,
     /// From the first parallel DEL's spawn until no veth is left in the node namespace.
     par_del_gone: f64,
+    /// CPU (user + system) per sequential call, ms.
+    add_cpu: f64,
+    del_cpu: f64,
 }
 
 fn outer(args: &[String]) -> Res<()> {
@@ -270,34 +279,88 @@ fn outer(args: &[String]) -> Res<()> {
             bin: ref_bridge,
         },
     ];
+    let rounds = opt_num(args, "--rounds", 3)?;
     clean_leftovers()?;
-    let mut results = Vec::new();
-    for p in &plugins {
-        eprintln!("cni-bench: {} ({})", p.label, p.bin.display());
-        results.push(bench_plugin(p, pods, parallel)?);
+    // Rounds alternate which plugin goes first, so a slow stretch of the machine does not
+    // land on one plugin only; every figure below is the median over the rounds.
+    let mut runs: Vec<[Summary; 2]> = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        let mut got: [Option<Summary>; 2] = [None, None];
+        for i in order {
+            let p = &plugins[i];
+            eprintln!("cni-bench: round {} of {rounds}: {} ({})", round + 1, p.label, p.bin.display());
+            got[i] = Some(Summary::of(&bench_plugin(p, pods, parallel)?));
+        }
+        let [Some(fe), Some(re)] = got else {
+            return Err("a plugin was not run".into());
+        };
+        println!(
+            "round {}: ADD p50 {:.2} / {:.2} ms = {:.3}, DEL p50 {:.2} / {:.2} ms = {:.3}, \
+             CPU per ADD {:.2} / {:.2} ms = {:.3}",
+            round + 1,
+            fe.0[0],
+            re.0[0],
+            fe.0[0] / re.0[0],
+            fe.0[3],
+            re.0[3],
+            fe.0[3] / re.0[3],
+            fe.0[9],
+            re.0[9],
+            fe.0[9] / re.0[9]
+        );
+        runs.push([fe, re]);
     }
 
     println!();
     println!(
-        "{pods} sequential pods, {parallel} parallel; times in ms (spawn to exit of the plugin binary)"
+        "{pods} sequential pods, {parallel} parallel, median of {rounds} rounds; times in ms \
+         (spawn to exit of the plugin binary); CPU = user + system per sequential call, DEL's \
+         with its detached reaper"
     );
-    println!(
-        "{:<28} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>12}",
-        "plugin",
-        "ADD p50",
-        "ADD p99",
-        "ADD mean",
-        "DEL p50",
-        "DEL p99",
-        "DEL mean",
-        "par ADD",
-        "par DEL",
-        "par DEL gone"
-    );
-    let row = |label: &str, f: &Figures| {
+    let cols = [
+        "ADD p50", "ADD p99", "ADD mean", "DEL p50", "DEL p99", "DEL mean", "par ADD", "par DEL",
+        "par DEL gone", "CPU ADD", "CPU DEL",
+    ];
+    let mut header = format!("{:<28}", "plugin");
+    for c in cols {
+        header.push_str(&format!(" {c:>9}"));
+    }
+    println!("{header}");
+    let row = |label: &str, values: [f64; 11], prec: usize| {
+        let mut line = format!("{label:<28}");
+        for v in values {
+            line.push_str(&format!(" {v:>9.prec$}"));
+        }
+        println!("{line}");
+    };
+    let median_of = |f: &dyn Fn(&[Summary; 2]) -> f64| -> f64 {
+        pct(&runs.iter().map(f).collect::<Vec<f64>>(), 50.0)
+    };
+    for (i, p) in plugins.iter().enumerate() {
+        row(p.label, std::array::from_fn(|c| median_of(&|r| r[i].0[c])), 2);
+    }
+    let ratios: [f64; 11] = std::array::from_fn(|c| median_of(&|r| r[0].0[c] / r[1].0[c]));
+    row("ratio ferro/reference", ratios, 3);
+    let goal = |name: &str, r: f64| {
         println!(
-            "{:<28} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1} {:>10.1} {:>12.1}",
-            label,
+            "goal {name} <= 0.25 of reference (median of the rounds' p50 ratios): {:.3} -> {}",
+            r,
+            if r <= 0.25 { "met" } else { "NOT met" }
+        );
+    };
+    goal("ADD", ratios[0]);
+    goal("DEL", ratios[3]);
+    println!("leak check (every round): no veth left, container namespaces empty, IPAM dirs empty: ok");
+    Ok(())
+}
+
+/// One plugin's figures in one round, in the table's column order.
+struct Summary([f64; 11]);
+
+impl Summary {
+    fn of(f: &Figures) -> Summary {
+        Summary([
             pct(&f.add, 50.0),
             pct(&f.add, 99.0),
             mean(&f.add),
@@ -306,37 +369,11 @@ fn outer(args: &[String]) -> Res<()> {
             mean(&f.del),
             f.par_add,
             f.par_del,
-            f.par_del_gone
-        );
-    };
-    for (p, f) in plugins.iter().zip(&results) {
-        row(p.label, f);
+            f.par_del_gone,
+            f.add_cpu,
+            f.del_cpu,
+        ])
     }
-    let (fe, re) = (&results[0], &results[1]);
-    println!(
-        "{:<28} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>10.3} {:>10.3} {:>12.3}",
-        "ratio ferro/reference",
-        pct(&fe.add, 50.0) / pct(&re.add, 50.0),
-        pct(&fe.add, 99.0) / pct(&re.add, 99.0),
-        mean(&fe.add) / mean(&re.add),
-        pct(&fe.del, 50.0) / pct(&re.del, 50.0),
-        pct(&fe.del, 99.0) / pct(&re.del, 99.0),
-        mean(&fe.del) / mean(&re.del),
-        fe.par_add / re.par_add,
-        fe.par_del / re.par_del,
-        fe.par_del_gone / re.par_del_gone
-    );
-    let goal = |name: &str, r: f64| {
-        println!(
-            "goal {name} <= 0.25 of reference (p50): {:.3} -> {}",
-            r,
-            if r <= 0.25 { "met" } else { "NOT met" }
-        );
-    };
-    goal("ADD", pct(&fe.add, 50.0) / pct(&re.add, 50.0));
-    goal("DEL", pct(&fe.del, 50.0) / pct(&re.del, 50.0));
-    println!("leak check: no veth left, container namespaces empty, IPAM dirs empty: ok");
-    Ok(())
 }
 
 fn bench_plugin(p: &Plugin, pods: usize, parallel: usize) -> Res<Figures> {
@@ -387,6 +424,8 @@ fn bench_plugin(p: &Plugin, pods: usize, parallel: usize) -> Res<Figures> {
         par_add: v["par_add_ms"].as_f64().unwrap_or(f64::NAN),
         par_del: v["par_del_ms"].as_f64().unwrap_or(f64::NAN),
         par_del_gone: v["par_del_gone_ms"].as_f64().unwrap_or(f64::NAN),
+        add_cpu: v["add_cpu_ms"].as_f64().unwrap_or(f64::NAN),
+        del_cpu: v["del_cpu_ms"].as_f64().unwrap_or(f64::NAN),
     };
     if figures.add.len() != pods || figures.del.len() != pods {
         return Err(format!("{}: inner output incomplete", p.label));
@@ -541,25 +580,56 @@ fn inner(args: &[String]) -> Res<()> {
         ns_prefix,
     };
 
+    // Orphans (ferro-cni's link reapers) become this process's children, for their CPU time.
+    nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("PR_SET_CHILD_SUBREAPER: {e}"))?;
     // Untimed: the bridge is created, binaries are in the page cache.
     b.add(warmup)?;
     b.del(warmup)?;
     wait_veths_gone()?;
+    reap_orphans()?;
 
+    let cpu0 = children_cpu_ms()?;
     let add = (0..pods).map(|i| b.add(i)).collect::<Res<Vec<f64>>>()?;
+    let cpu1 = children_cpu_ms()?;
     let del = (0..pods).map(|i| b.del(i)).collect::<Res<Vec<f64>>>()?;
     wait_veths_gone()?;
+    reap_orphans()?;
+    let cpu2 = children_cpu_ms()?;
     let par_add = b.parallel(parallel, Inner::add)?;
     let start = Instant::now();
     let par_del = b.parallel(parallel, Inner::del)?;
     wait_veths_gone()?;
     let par_del_gone = ms(start.elapsed());
+    reap_orphans()?;
+    let n = pods as f64;
     println!(
         "{}",
         json!({"add_ms": add, "del_ms": del, "par_add_ms": par_add, "par_del_ms": par_del,
-               "par_del_gone_ms": par_del_gone})
+               "par_del_gone_ms": par_del_gone,
+               "add_cpu_ms": (cpu1 - cpu0) / n, "del_cpu_ms": (cpu2 - cpu1) / n})
     );
     Ok(())
+}
+
+/// User + system time of all waited-for descendants so far, ms.
+fn children_cpu_ms() -> Res<f64> {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let u = getrusage(UsageWho::RUSAGE_CHILDREN).map_err(|e| format!("getrusage: {e}"))?;
+    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1000.0 + t.tv_usec() as f64 / 1000.0;
+    Ok(tv(u.user_time()) + tv(u.system_time()))
+}
+
+/// Waits for every child left (orphaned link reapers reparented to this subreaper); the
+/// plugin calls themselves were waited for already.
+fn reap_orphans() -> Res<()> {
+    use nix::errno::Errno;
+    loop {
+        match nix::sys::wait::waitpid(None, None) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(Errno::ECHILD) => return Ok(()),
+            Err(e) => return Err(format!("waitpid: {e}")),
+        }
+    }
 }
 
 /// Waits until the node namespace has no veth left (`ip netns exec` mounted a sysfs of that

@@ -26,6 +26,22 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+fn ino(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).unwrap().ino()
+}
+
+/// The names in the network's directory with `prefix`.
+fn names_with(dir: &Path, prefix: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir.join("net1"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    v.sort();
+    v
+}
+
 fn alloc1(s: &Store, id: &str) -> IpAddr {
     let a = s.allocate(id, "eth0").unwrap();
     assert_eq!(a.len(), 1);
@@ -64,10 +80,16 @@ fn host_local_disk_format() {
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    let want: HashSet<String> = ["10.1.0.2", "last_reserved_ip.0", "lock"]
-        .map(String::from)
-        .into();
+    let want: HashSet<String> = [
+        "10.1.0.2",
+        ".ref:abc123:eth0:10.1.0.2",
+        "last_reserved_ip.0",
+        "lock",
+    ]
+    .map(String::from)
+    .into();
     assert_eq!(names, want, "no temp files left behind");
+    assert_eq!(ino(&net.join("10.1.0.2")), ino(&net.join(".ref:abc123:eth0:10.1.0.2")));
     // a reservation written by host-local (or with "\n") is recognised
     std::fs::write(net.join("10.1.0.9"), "other\neth1\n").unwrap();
     assert_eq!(s.find("other", "eth1").unwrap(), vec![ip("10.1.0.9")]);
@@ -289,4 +311,119 @@ fn concurrent_handles_never_share_an_address() {
     let v4: HashSet<IpAddr> = all.iter().copied().filter(IpAddr::is_ipv4).collect();
     let want: HashSet<IpAddr> = (2..52).map(|i| ip(&format!("10.5.0.{i}"))).collect();
     assert_eq!(v4, want, "50 allocations fill .2-.51 with no gaps");
+}
+
+#[test]
+fn a_released_reservation_file_is_reused_by_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), vec![vec![range("10.1.0.0/24", None, None)]]);
+    let net = dir.path().join("net1");
+    let a = alloc1(&s, "a");
+    let a_ino = ino(&net.join(a.to_string()));
+    assert_eq!(s.release("a", "eth0").unwrap(), vec![a]);
+    assert!(!net.join(a.to_string()).exists());
+    assert_eq!(names_with(dir.path(), ".ref:"), Vec::<String>::new());
+    assert_eq!(names_with(dir.path(), ".free:"), vec![format!(".free:{a_ino}")]);
+    // the released file is not a reservation of anyone
+    assert!(s.find("a", "eth0").unwrap().is_empty());
+
+    let b = alloc1(&s, "a-much-longer-container-id-than-before");
+    assert_ne!(a, b);
+    assert_eq!(ino(&net.join(b.to_string())), a_ino, "same file, renamed");
+    assert_eq!(
+        std::fs::read_to_string(net.join(b.to_string())).unwrap(),
+        "a-much-longer-container-id-than-before\r\neth0"
+    );
+    let c = alloc1(&s, "c");
+    assert_eq!(
+        std::fs::read_to_string(net.join(c.to_string())).unwrap(),
+        "c\r\neth0",
+        "a new file when none is free"
+    );
+    assert!(names_with(dir.path(), ".free:").is_empty());
+    // shorter content over a longer one leaves nothing of the old
+    s.release("a-much-longer-container-id-than-before", "eth0")
+        .unwrap();
+    let d = alloc1(&s, "d");
+    assert_eq!(std::fs::read_to_string(net.join(d.to_string())).unwrap(), "d\r\neth0");
+}
+
+#[test]
+fn released_files_are_kept_up_to_a_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), vec![vec![range("10.1.0.0/16", None, None)]]);
+    let n = ferro_cni::ipam::FREE_MAX + 5;
+    for i in 0..n {
+        alloc1(&s, &format!("c{i}"));
+    }
+    for i in 0..n {
+        assert_eq!(s.release(&format!("c{i}"), "eth0").unwrap().len(), 1);
+    }
+    assert_eq!(names_with(dir.path(), ".free:").len(), ferro_cni::ipam::FREE_MAX);
+    assert!(names_with(dir.path(), ".ref:").is_empty());
+    assert!(names_with(dir.path(), "10.").is_empty());
+}
+
+#[test]
+fn reservations_without_a_valid_reference_are_read_from_their_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), vec![vec![range("10.1.0.0/24", None, None)]]);
+    let net = dir.path().join("net1");
+    alloc1(&s, "first"); // creates the directory
+    // host-local's file: no reference
+    std::fs::write(net.join("10.1.0.20"), "hl\r\neth0").unwrap();
+    // a reference left by a crash before its address was linked
+    std::fs::write(net.join(".ref:ghost:eth0:10.1.0.21"), "ghost\r\neth0").unwrap();
+    // a stale reference whose address now is another owner's file
+    std::fs::write(net.join(".ref:old:eth0:10.1.0.22"), "old\r\neth0").unwrap();
+    std::fs::write(net.join("10.1.0.22"), "new\r\neth0").unwrap();
+    // a temp file a crash left
+    std::fs::write(net.join(".tmp-1-0"), "x").unwrap();
+
+    assert_eq!(s.find("hl", "eth0").unwrap(), vec![ip("10.1.0.20")]);
+    assert!(s.find("ghost", "eth0").unwrap().is_empty());
+    assert!(s.find("old", "eth0").unwrap().is_empty());
+    assert_eq!(s.find("new", "eth0").unwrap(), vec![ip("10.1.0.22")]);
+    // an ADD of "old" gets a fresh address, not the one its stale reference names
+    let old = alloc1(&s, "old");
+    assert_ne!(old, ip("10.1.0.22"));
+    assert_eq!(s.find("old", "eth0").unwrap(), vec![old]);
+
+    assert_eq!(s.release("hl", "eth0").unwrap(), vec![ip("10.1.0.20")]);
+    assert_eq!(s.release("new", "eth0").unwrap(), vec![ip("10.1.0.22")]);
+    assert_eq!(
+        std::fs::read_to_string(net.join("10.1.0.21")).ok(),
+        None,
+        "a stale reference reserves nothing"
+    );
+    // the stale and temp files were reused by the next reservations, none is left
+    for id in ["r1", "r2", "r3"] {
+        alloc1(&s, id);
+    }
+    assert!(names_with(dir.path(), ".tmp-").is_empty());
+    assert_eq!(
+        names_with(dir.path(), ".ref:"),
+        [
+            ".ref:first:eth0:10.1.0.2",
+            ".ref:old:eth0:10.1.0.3",
+            ".ref:r1:eth0:10.1.0.4",
+            ".ref:r2:eth0:10.1.0.5",
+            ".ref:r3:eth0:10.1.0.6",
+        ]
+    );
+}
+
+#[test]
+fn owners_whose_names_cannot_be_a_reference_get_a_plain_reservation() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), vec![vec![range("10.1.0.0/24", None, None)]]);
+    let long = "x".repeat(250);
+    let a = alloc1(&s, &long);
+    let b = s.allocate("with:colon", "eth0").unwrap()[0].ip;
+    assert!(names_with(dir.path(), ".ref:").is_empty());
+    assert_eq!(s.find(&long, "eth0").unwrap(), vec![a]);
+    assert_eq!(s.find("with:colon", "eth0").unwrap(), vec![b]);
+    assert_eq!(s.release(&long, "eth0").unwrap(), vec![a]);
+    assert_eq!(s.release("with:colon", "eth0").unwrap(), vec![b]);
+    assert!(names_with(dir.path(), ".").is_empty(), "no temp file left");
 }
