@@ -9,8 +9,9 @@
 //! Method (see docs/performance.md, section ferro-cni):
 //! - Nothing happens in the machine's root network namespace. For each plugin the program
 //!   creates a "node" namespace and the container namespaces (untimed), all named
-//!   `fcbench-*`; a guard deletes them on drop (also on panic), and leftovers of a crashed run
-//!   are deleted at start, by exact name.
+//!   `fcbench-*`, once for all rounds (deleting namespaces starts kernel clean-up work that
+//!   would slow down the next plugin's run); a guard deletes them on drop (also on panic), and
+//!   leftovers of a crashed run are deleted at start, by exact name.
 //! - The timed loop runs *inside* the node namespace: the program re-executes itself once per
 //!   plugin as `ip netns exec <node> <self> --inner ...`, so each plugin call is a plain
 //!   spawn + wait from a process already in the node namespace, as a runtime does it (the
@@ -283,6 +284,10 @@ fn outer(args: &[String]) -> Res<()> {
     clean_leftovers()?;
     // Rounds alternate which plugin goes first, so a slow stretch of the machine does not
     // land on one plugin only; every figure below is the median over the rounds.
+    let worlds = [
+        World::new(&plugins[0], pods, parallel)?,
+        World::new(&plugins[1], pods, parallel)?,
+    ];
     let mut runs: Vec<[Summary; 2]> = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
@@ -290,7 +295,7 @@ fn outer(args: &[String]) -> Res<()> {
         for i in order {
             let p = &plugins[i];
             eprintln!("cni-bench: round {} of {rounds}: {} ({})", round + 1, p.label, p.bin.display());
-            got[i] = Some(Summary::of(&bench_plugin(p, pods, parallel)?));
+            got[i] = Some(Summary::of(&bench_plugin(p, &worlds[i], pods, parallel)?));
         }
         let [Some(fe), Some(re)] = got else {
             return Err("a plugin was not run".into());
@@ -376,14 +381,32 @@ impl Summary {
     }
 }
 
-fn bench_plugin(p: &Plugin, pods: usize, parallel: usize) -> Res<Figures> {
-    let node = Ns::new(format!("{PREFIX}{}-node", p.key))?;
-    let count = pods.max(parallel);
-    let mut ctrs = Vec::with_capacity(count + 1);
-    for i in 0..=count {
-        // the last one is the warm-up's
-        ctrs.push(Ns::new(format!("{PREFIX}{}-c{i}", p.key))?);
+/// A plugin's node namespace and container namespaces, kept for all rounds: deleting
+/// namespaces sets the kernel's cleanup work going (under the rtnl lock), which would slow
+/// down whichever plugin runs next.
+struct World {
+    node: Ns,
+    ctrs: Vec<Ns>,
+}
+
+impl World {
+    fn new(p: &Plugin, pods: usize, parallel: usize) -> Res<World> {
+        let node = Ns::new(format!("{PREFIX}{}-node", p.key))?;
+        let count = pods.max(parallel);
+        let mut ctrs = Vec::with_capacity(count + 1);
+        for i in 0..=count {
+            // the last one is the warm-up's
+            ctrs.push(Ns::new(format!("{PREFIX}{}-c{i}", p.key))?);
+        }
+        Ok(World { node, ctrs })
     }
+}
+
+/// One round of one plugin, with a fresh IPAM data dir; the world's namespaces must be as
+/// the previous round left them (checked empty by it).
+fn bench_plugin(p: &Plugin, w: &World, pods: usize, parallel: usize) -> Res<Figures> {
+    let (node, ctrs) = (&w.node, &w.ctrs);
+    let count = pods.max(parallel);
     let data = tempfile::Builder::new()
         .prefix("fcbench-ipam-")
         .tempdir()
@@ -436,7 +459,7 @@ fn bench_plugin(p: &Plugin, pods: usize, parallel: usize) -> Res<Figures> {
     if !veths.is_empty() {
         return Err(format!("{}: veths left in the node: {veths:?}", p.label));
     }
-    for c in &ctrs {
+    for c in ctrs {
         let links: Vec<String> = c.links(&[])?.into_iter().filter(|l| l != "lo").collect();
         if !links.is_empty() {
             return Err(format!("{}: links left in {}: {links:?}", p.label, c.name));
