@@ -539,7 +539,8 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "v4\n", "{out:?}");
     // A terminal, resized: `busybox stty size` answers each line the shell reads, until it sees the
     // size the client sent (the resize and stdin are separate streams, so the first answer
-    // may still be the old size); `q` ends it.
+    // may still be the old size, or, before any size was set, busybox's complaint about the
+    // terminal's 0x0 size: "stty: standard input"); `q` ends it.
     let (mut ws, _) = ws_exec(
         &cp_dir,
         cp_port,
@@ -559,10 +560,17 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
             .map(str::to_string)
             .collect::<Vec<_>>()
     };
+    let answers = |o: &Outcome| {
+        sizes(o).len()
+            + String::from_utf8_lossy(&o.stdout)
+                .split("\r\n")
+                .filter(|l| l.starts_with("stty: standard input"))
+                .count()
+    };
     let mut resized = false;
     for i in 0..50 {
         ws.send(stdin(b"\n")).await.unwrap();
-        collect(&mut ws, &mut out, |o| sizes(o).len() > i).await;
+        collect(&mut ws, &mut out, |o| answers(o) > i).await;
         if sizes(&out).last().map(String::as_str) == Some("30 100") {
             resized = true;
             break;
