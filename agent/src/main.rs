@@ -128,7 +128,10 @@ async fn start_pods(
         }
     };
     let workers = PodWorkers::new(wcfg, runtime_name, rt, client.clone());
-    tokio::spawn(imagegc::image_gc_loop(cri::connect_lazy(&cfg.runtime_socket), cfg.image_gc()));
+    let node_events = client
+        .clone()
+        .map(|c| imagegc::NodeEvents::new(ferro_runtime::events::Recorder::new(c, "kubelet").with_host(name), name));
+    tokio::spawn(imagegc::image_gc_loop(cri::connect_lazy(&cfg.runtime_socket), cfg.image_gc(), node_events));
     if let Some(dir) = cfg.static_pod_path.clone() {
         // The first read happens before anything is cleaned up, so running static pods are
         // recognised after a restart.

@@ -54,6 +54,17 @@ fn import_own_image(lab: &Lab, name: &str, content: &str, reference: &str) {
     lab.ctrd.import(&tar).unwrap();
 }
 
+/// The first event about the Node (namespace default) with `reason`.
+fn node_event(lab: &Lab, reason: &str) -> Option<Value> {
+    let out = lab.kubectl_ok(&["get", "events", "-n", "default", "-o", "json"]);
+    let list: Value = serde_json::from_str(&out).ok()?;
+    list["items"]
+        .as_array()?
+        .iter()
+        .find(|e| e["involvedObject"]["kind"] == "Node" && e["reason"] == reason)
+        .cloned()
+}
+
 /// Number of completed GC rounds the agent logged.
 fn rounds(lab: &Lab) -> usize {
     lab.agent_log().matches("image gc round").count()
@@ -112,6 +123,21 @@ fn unused_image_is_collected_busybox_and_pause_stay() {
         "{}",
         lab.logs()
     );
+    // Usage stays over 1 % whatever is removed, so every round falls short: a
+    // FreeDiskSpaceFailed event on the Node each round, and from the second failed round in a
+    // row an ImageGCFailed one, in upstream's words.
+    for reason in ["FreeDiskSpaceFailed", "ImageGCFailed"] {
+        let event = lab.wait(&format!("a {reason} event on the node"), MIN, |l| node_event(l, reason));
+        assert_eq!(event["type"], "Warning", "{event}");
+        assert_eq!(event["involvedObject"]["name"], lab::NODE, "{event}");
+        assert_eq!(event["source"]["component"], "kubelet", "{event}");
+        let message = event["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("Failed to garbage collect required amount of images. Attempted to free ")
+                && message.ends_with(" bytes eligible to free."),
+            "{event}"
+        );
+    }
 
     // The pod kept running (same container, no restart) and a new pod starts with the images
     // that are left (no registry: imagePullPolicy Never, and the sandbox image is local).

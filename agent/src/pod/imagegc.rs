@@ -244,7 +244,38 @@ pub enum ImageGcError {
     NoSandboxImage,
     #[error("invalid capacity 0 on image filesystem")]
     InvalidCapacity,
+    /// Upstream's words (they are the FreeDiskSpaceFailed and ImageGCFailed events' message).
+    #[error(
+        "Failed to garbage collect required amount of images. Attempted to free {to_free} bytes, but only found {freed} bytes eligible to free."
+    )]
+    NotEnoughFreed { to_free: u64, freed: u64 },
 }
+
+/// Warning events about the node, as upstream's image manager and kubelet write them
+/// (namespace `default`, involved object the Node with its name as uid).
+pub struct NodeEvents {
+    recorder: ferro_runtime::events::Recorder,
+    node: k8s_openapi::api::core::v1::Node,
+}
+
+impl NodeEvents {
+    pub fn new(recorder: ferro_runtime::events::Recorder, node_name: &str) -> NodeEvents {
+        let node = k8s_openapi::api::core::v1::Node {
+            metadata: kube::api::ObjectMeta {
+                name: Some(node_name.to_string()),
+                uid: Some(node_name.to_string()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        NodeEvents { recorder, node }
+    }
+
+    fn warn(&self, reason: &str, message: String) {
+        self.recorder.record(&self.node, "Warning", reason, message);
+    }
+}
+
 
 /// statvfs of `path`: capacity and bytes available to unprivileged users.
 pub fn fs_usage(path: &Path) -> Result<FsUsage, ImageGcError> {
@@ -258,8 +289,9 @@ pub fn fs_usage(path: &Path) -> Result<FsUsage, ImageGcError> {
 }
 
 /// Runs a GC round every `cfg.period` (the first one at once) until the task is dropped.
-/// Errors are logged and the next round tries again.
-pub async fn image_gc_loop(rt: cri::Runtime, cfg: ImageGcConfig) {
+/// Errors are logged (repeated ones also as ImageGCFailed events) and the next round tries
+/// again.
+pub async fn image_gc_loop(rt: cri::Runtime, cfg: ImageGcConfig, events: Option<NodeEvents>) {
     if cfg.disabled() {
         tracing::info!("imageGCHighThresholdPercent is 100: image garbage collection disabled");
         return;
@@ -273,13 +305,27 @@ pub async fn image_gc_loop(rt: cri::Runtime, cfg: ImageGcConfig) {
         "image garbage collection"
     );
     let began = tokio::time::Instant::now().into_std();
-    let mut gc = ImageGc { rt, cfg, records: Records::default(), began };
+    let mut gc = ImageGc { rt, cfg, records: Records::default(), began, events };
     let mut tick = tokio::time::interval(gc.cfg.period.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failed_before = false;
     loop {
         tick.tick().await;
-        if let Err(e) = gc.round().await {
-            tracing::warn!(error = %e, "image garbage collection failed");
+        match gc.round().await {
+            Ok(()) => failed_before = false,
+            Err(e) => {
+                // As upstream's kubelet: the first failure in a row is only logged (stats may
+                // not be ready yet); each further one is also an ImageGCFailed event.
+                if failed_before {
+                    tracing::warn!(error = %e, "image garbage collection failed multiple times in a row");
+                    if let Some(ev) = &gc.events {
+                        ev.warn("ImageGCFailed", e.to_string());
+                    }
+                } else {
+                    tracing::warn!(error = %e, "image garbage collection failed");
+                }
+                failed_before = true;
+            }
         }
     }
 }
@@ -306,6 +352,8 @@ struct ImageGc {
     records: Records,
     /// When the loop started (imageMaximumGCAge waits that long before removing anything).
     began: Instant,
+    /// Events about the node (none without an API server).
+    events: Option<NodeEvents>,
 }
 
 impl ImageGc {
@@ -391,12 +439,13 @@ impl ImageGc {
             }
         }
         if freed < to_free {
-            tracing::warn!(
-                "failed to garbage collect required amount of images: attempted to free {to_free} bytes, but only found {freed} bytes eligible to free"
-            );
-        } else {
-            tracing::info!(freed, "image garbage collection freed enough space");
+            let e = ImageGcError::NotEnoughFreed { to_free, freed };
+            if let Some(ev) = &self.events {
+                ev.warn("FreeDiskSpaceFailed", e.to_string());
+            }
+            return Err(e);
         }
+        tracing::info!(freed, "image garbage collection freed enough space");
         Ok(())
     }
 }
@@ -706,6 +755,15 @@ mod tests {
         assert_eq!(sandbox_image_from_info(&info).as_deref(), Some("registry.k8s.io/pause:3.6"));
         info.insert("config".to_string(), r#"{"sandboxImage":""}"#.to_string());
         assert_eq!(sandbox_image_from_info(&info), None);
+    }
+
+    #[test]
+    fn shortfall_in_upstreams_words() {
+        let e = ImageGcError::NotEnoughFreed { to_free: 10, freed: 3 };
+        assert_eq!(
+            e.to_string(),
+            "Failed to garbage collect required amount of images. Attempted to free 10 bytes, but only found 3 bytes eligible to free."
+        );
     }
 
     #[test]
