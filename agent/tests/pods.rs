@@ -115,7 +115,8 @@ fn pods_run_network_init_and_status() {
 /// loopback, started (startup probe) before the next init container, which needs it; Running and
 /// Ready with the sidecar running next to the app container; a sidecar that exits is restarted
 /// while the app container keeps running; deletion stops the app container before the sidecar.
-/// A restartPolicy Never pod whose app container completes: the sidecar is stopped, Succeeded.
+/// A restartPolicy Never pod whose app container completes: the sidecar is stopped (after its
+/// preStop hook), Succeeded.
 #[test]
 fn sidecar_containers() {
     let lab = Lab::start("side");
@@ -169,11 +170,15 @@ fn sidecar_containers() {
     let p = lab.wait_pod("sc", "Ready again", MIN, |p| condition(p, "Ready") == Some("True"));
     assert_eq!(init_status(&p, "check").unwrap()["restartCount"], 0, "init container ran again: {}", p["status"]);
 
-    // A Job-like pod: the app container completes, the sidecar is stopped, the pod Succeeded.
+    // A Job-like pod: the app container completes, the sidecar is stopped (its preStop hook
+    // first, which leaves the container's termination message), the pod Succeeded.
+    let sidecar_with_hook = format!(
+        "{sidecar}    lifecycle:\n      preStop:\n        exec: {{command: [\"sh\", \"-c\", \"echo prestop-ran > /dev/termination-log\"]}}\n"
+    );
     lab.apply(&pod_yaml(
         "job",
         &format!(
-            "  restartPolicy: Never\n  volumes:\n  - name: shared\n    emptyDir: {{}}\n  initContainers:\n{sidecar}  containers:\n  - name: work\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"wget -q -O - http://127.0.0.1:8081/s | grep -q up && sleep 1\"]\n"
+            "  restartPolicy: Never\n  volumes:\n  - name: shared\n    emptyDir: {{}}\n  initContainers:\n{sidecar_with_hook}  containers:\n  - name: work\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"wget -q -O - http://127.0.0.1:8081/s | grep -q up && sleep 1\"]\n"
         ),
     ));
     let job = lab.wait_pod("job", "finished", MIN, |p| matches!(phase(p), "Succeeded" | "Failed"));
@@ -182,6 +187,7 @@ fn sidecar_containers() {
     assert_eq!(work["state"]["terminated"]["exitCode"], 0, "{work}");
     let side = init_status(&job, "side").unwrap();
     assert!(side["state"]["terminated"].is_object(), "sidecar not stopped: {side}");
+    assert_eq!(side["state"]["terminated"]["message"], "prestop-ran\n", "the sidecar's preStop hook did not run: {side}");
     assert_eq!(side["restartCount"], 0, "{side}");
 
     // Deletion: the app container is stopped before the sidecar; nothing is left behind.
@@ -197,7 +203,7 @@ fn sidecar_containers() {
 }
 
 /// Probes: readiness flips the Ready condition both ways; a failing liveness probe restarts
-/// the container, with the crash-loop backoff between restarts.
+/// the container (its preStop hook first), with the crash-loop backoff between restarts.
 #[test]
 fn probes_readiness_and_liveness() {
     let lab = Lab::start("probe");
@@ -217,7 +223,7 @@ fn probes_readiness_and_liveness() {
     lab.apply(&pod_yaml(
         "live",
         &format!(
-            "  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [\"sleep\", \"3600\"]\n    livenessProbe:\n      exec: {{command: [cat, /tmp/healthy]}}\n      periodSeconds: 1\n      failureThreshold: 2\n"
+            "  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [\"sleep\", \"3600\"]\n    livenessProbe:\n      exec: {{command: [cat, /tmp/healthy]}}\n      periodSeconds: 1\n      failureThreshold: 2\n    lifecycle:\n      preStop:\n        exec: {{command: [\"sh\", \"-c\", \"echo prestop-ran > /dev/termination-log\"]}}\n"
         ),
     ));
     let p = lab.wait_pod("live", "restarted twice", Duration::from_secs(120), |p| {
@@ -226,6 +232,8 @@ fn probes_readiness_and_liveness() {
     let cs = container_status(&p, "app").unwrap();
     let last = &cs["lastState"]["terminated"];
     assert!(last["finishedAt"].is_string(), "{cs}");
+    // As upstream, the kill for a failed liveness probe runs the preStop hook first.
+    assert_eq!(last["message"], "prestop-ran\n", "preStop did not run before the liveness kill: {cs}");
     assert!(lab.agent_log().contains("failed liveness probe"), "{}", lab.logs());
     let events = lab.kubectl_ok(&["get", "events", "-o", "json"]);
     let events: Value = serde_json::from_str(&events).unwrap();

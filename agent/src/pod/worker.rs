@@ -697,14 +697,22 @@ impl PodWorkers {
     ) -> Result<Option<Duration>, String> {
         let mut rt = self.inner.rt.clone();
         let mut soon: Option<Duration> = None;
-        let deleting = pod.metadata.deletion_timestamp.is_some();
         if actions.kill_pod {
-            self.kill_pod(uid, pod, observed, deleting).await?;
+            self.kill_pod(uid, pod, observed).await?;
         }
         for k in &actions.kill {
             tracing::info!(pod = %pod_label(pod), container = %k.name, message = %k.message, "killing container");
             self.event(pod, "Normal", "Killing", k.message.clone());
-            CriError::gone_ok(rt.stop_container(&k.id, grace_seconds(pod)).await)?;
+            let grace = grace_seconds(pod);
+            let t0 = Instant::now();
+            if let Some(c) = observed.containers.iter().find(|c| c.id == k.id) {
+                let pod_ip = observed.sandbox().and_then(|s| s.ip.clone());
+                self.pre_stop(pod, c, pod_ip, grace).await;
+            }
+            // What the hook left of the grace period, at least 2 s (upstream's minimum).
+            let used = i64::try_from(t0.elapsed().as_secs()).unwrap_or(0);
+            let left = if grace == 0 { 0 } else { (grace - used).max(2) };
+            CriError::gone_ok(rt.stop_container(&k.id, left).await)?;
         }
         if actions.kill_pod && !actions.create_sandbox {
             return Ok(None);
@@ -1015,12 +1023,13 @@ impl PodWorkers {
         }
     }
 
-    /// Stops every running container (preStop hooks first when the pod is being deleted) and
-    /// every ready sandbox. The app containers (and any other container that is not a sidecar)
+    /// Stops every running container (preStop hooks first, whatever ends the pod: deletion, a
+    /// finished restartPolicy Never pod's sidecars, activeDeadlineSeconds) and every ready
+    /// sandbox. The app containers (and any other container that is not a sidecar)
     /// are stopped first, all at once; then the sidecars one at a time in reverse order of their
     /// declaration, each with what is left of the grace period (at least 2 s). The sidecars'
     /// preStop hooks run at the start, next to the app containers' ones (as upstream).
-    async fn kill_pod(&self, uid: &str, pod: &Pod, observed: &PodRuntime, deleting: bool) -> Result<(), String> {
+    async fn kill_pod(&self, uid: &str, pod: &Pod, observed: &PodRuntime) -> Result<(), String> {
         let grace = grace_seconds(pod);
         let elapsed = self.with_state(uid, |s| s.deletion_seen.map(|t| t.elapsed().as_secs())).unwrap_or(0);
         let remaining = (grace - i64::try_from(elapsed).unwrap_or(0)).max(if grace == 0 { 0 } else { 2 });
@@ -1036,12 +1045,12 @@ impl PodWorkers {
         let apps = futures::future::join_all(first.iter().map(|c| {
             let pod_ip = pod_ip.clone();
             async move {
-                self.pre_stop(pod, c, pod_ip, remaining, deleting).await;
+                self.pre_stop(pod, c, pod_ip, remaining).await;
                 self.stop_in_pod(pod, c, left()).await
             }
         }));
         let sidecar_hooks = futures::future::join_all(
-            sidecars.iter().map(|c| self.pre_stop(pod, c, pod_ip.clone(), remaining, deleting)),
+            sidecars.iter().map(|c| self.pre_stop(pod, c, pod_ip.clone(), remaining)),
         );
         let (results, _) = futures::future::join(apps, sidecar_hooks).await;
         for r in results {
@@ -1058,10 +1067,11 @@ impl PodWorkers {
         Ok(())
     }
 
-    /// Runs container `c`'s preStop hook, if it has one and the pod is being deleted, for at
-    /// most `remaining` seconds.
-    async fn pre_stop(&self, pod: &Pod, c: &ContainerObs, pod_ip: Option<String>, remaining: i64, deleting: bool) {
-        if !deleting {
+    /// Runs container `c`'s preStop hook, if it has one, for at most `remaining` seconds. As
+    /// upstream's killContainer, before every stop of a running container with a grace period
+    /// (none when it is 0).
+    async fn pre_stop(&self, pod: &Pod, c: &ContainerObs, pod_ip: Option<String>, remaining: i64) {
+        if remaining <= 0 {
             return;
         }
         let Some(spec) = spec_container(pod, c.kind, &c.name) else {
