@@ -187,15 +187,20 @@ impl NlSocket {
         Ok(answers.into_iter().flatten().collect())
     }
 
+    /// A batch of one: its answer.
+    fn one(&mut self, req: Request) -> Result<Vec<RouteNetlinkMessage>, NlError> {
+        self.batch(vec![req])?
+            .pop()
+            .unwrap_or(Err(NlError::Decode("no answer".into())))
+    }
+
     /// One request; its replies, or the kernel's error.
     pub fn request(
         &mut self,
         message: RouteNetlinkMessage,
         flags: u16,
     ) -> Result<Vec<RouteNetlinkMessage>, NlError> {
-        self.batch(vec![Request::new(message, flags)])?
-            .pop()
-            .unwrap_or(Err(NlError::Decode("no answer".into())))
+        self.one(Request::new(message, flags))
     }
 
     /// A request that only needs its acknowledgement.
@@ -223,11 +228,7 @@ impl NlSocket {
     }
 
     fn get_link(&mut self, msg: LinkMessage) -> Result<Option<LinkMessage>, NlError> {
-        let answer = self
-            .batch(vec![Request::get(RouteNetlinkMessage::GetLink(msg))])?
-            .pop()
-            .unwrap_or(Err(NlError::Decode("no answer".into())));
-        match answer {
+        match self.one(Request::get(RouteNetlinkMessage::GetLink(msg))) {
             Ok(replies) => Ok(replies.into_iter().find_map(|m| match m {
                 RouteNetlinkMessage::NewLink(l) => Some(l),
                 _ => None,

@@ -148,6 +148,17 @@ fn container_state(s: i32) -> ContainerState {
     }
 }
 
+/// What `used_secs` leave of a grace period of `grace` seconds: at least 2 s (upstream's
+/// minimum), except that a grace period of 0 stays 0.
+fn grace_left(grace: i64, used_secs: u64) -> i64 {
+    let used = i64::try_from(used_secs).unwrap_or(i64::MAX);
+    if grace == 0 {
+        0
+    } else {
+        grace.saturating_sub(used).max(2)
+    }
+}
+
 fn grace_seconds(pod: &Pod) -> i64 {
     pod.metadata
         .deletion_grace_period_seconds
@@ -709,9 +720,7 @@ impl PodWorkers {
                 let pod_ip = observed.sandbox().and_then(|s| s.ip.clone());
                 self.pre_stop(pod, c, pod_ip, grace).await;
             }
-            // What the hook left of the grace period, at least 2 s (upstream's minimum).
-            let used = i64::try_from(t0.elapsed().as_secs()).unwrap_or(0);
-            let left = if grace == 0 { 0 } else { (grace - used).max(2) };
+            let left = grace_left(grace, t0.elapsed().as_secs());
             CriError::gone_ok(rt.stop_container(&k.id, left).await)?;
         }
         if actions.kill_pod && !actions.create_sandbox {
@@ -1032,16 +1041,13 @@ impl PodWorkers {
     async fn kill_pod(&self, uid: &str, pod: &Pod, observed: &PodRuntime) -> Result<(), String> {
         let grace = grace_seconds(pod);
         let elapsed = self.with_state(uid, |s| s.deletion_seen.map(|t| t.elapsed().as_secs())).unwrap_or(0);
-        let remaining = (grace - i64::try_from(elapsed).unwrap_or(0)).max(if grace == 0 { 0 } else { 2 });
+        let remaining = grace_left(grace, elapsed);
         let running: Vec<&ContainerObs> = observed.running().collect();
         let (first, sidecars) = plan::termination_order(pod.spec.as_ref(), &running);
         let pod_ip = observed.sandbox().and_then(|s| s.ip.clone());
         let t0 = Instant::now();
         // What is left of the grace period when a container's turn comes.
-        let left = || {
-            let used = i64::try_from(t0.elapsed().as_secs()).unwrap_or(0);
-            (remaining - used).max(if remaining == 0 { 0 } else { 2 })
-        };
+        let left = || grace_left(remaining, t0.elapsed().as_secs());
         let apps = futures::future::join_all(first.iter().map(|c| {
             let pod_ip = pod_ip.clone();
             async move {
@@ -1292,6 +1298,16 @@ fn humanize(d: Duration) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grace_left_keeps_two_seconds_unless_zero() {
+        assert_eq!(grace_left(30, 0), 30);
+        assert_eq!(grace_left(30, 10), 20);
+        assert_eq!(grace_left(30, 29), 2);
+        assert_eq!(grace_left(5, 60), 2);
+        assert_eq!(grace_left(0, 0), 0);
+        assert_eq!(grace_left(0, 3), 0);
+    }
 
     #[test]
     fn requests_take_the_larger_of_apps_and_init() {
