@@ -1,0 +1,1 @@
+//! iptables mode: the renderer (model -> iptables-restore text), the tracer, the executor.

@@ -1,0 +1,11 @@
+//! ferro-proxy, ferro's kube-proxy: Services and EndpointSlices -> iptables, nftables or IPVS.
+//!
+//! Layers (the shape of cni-plugin's netd): [`model`] (pure: the API objects reduced to service
+//! ports and endpoints), renderers per mode ([`iptables`], [`nftables`], [`ipvs`]; pure), executors
+//! behind narrow traits (one atomic apply each), and the controller (informers -> sync).
+
+pub mod ipvs;
+pub mod iptables;
+pub mod model;
+pub mod names;
+pub mod nftables;

@@ -1,0 +1,1 @@
+//! nftables mode: the renderer (model -> one nft transaction), the tracer, the executor.
