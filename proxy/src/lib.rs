@@ -4,8 +4,13 @@
 //! ports and endpoints), renderers per mode ([`iptables`], [`nftables`], [`ipvs`]; pure), executors
 //! behind narrow traits (one atomic apply each), and the controller (informers -> sync).
 
+pub mod config;
+pub mod error;
+pub mod health;
 pub mod ipvs;
 pub mod iptables;
 pub mod model;
+pub mod metrics;
 pub mod names;
 pub mod nftables;
+pub mod server;
