@@ -1,0 +1,492 @@
+//! The sync loop: informers on Services, EndpointSlices and this Node feed one level-triggered
+//! `sync` (build the model of every family, hand it to the mode's [`Backend`], which diffs it
+//! against what it committed last and applies the difference in one atomic step per family).
+//!
+//! Timing as upstream's BoundedFrequencyRunner: a change syncs at once unless the last sync
+//! started less than `min_sync_period` ago; nothing changing still syncs every `sync_period`;
+//! a full sync happens at start, after a failure, every `full_sync_period` and when the
+//! backend's drift check (every `drift_check_period`) finds its rules damaged.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::Instrument as _;
+
+use ferro_runtime::{Change, Informer};
+
+use crate::error::SyncError;
+use crate::health::Health;
+use crate::metrics::Metrics;
+use crate::model::{self, Family, FamilyModel, NodeInfo, Problem, LABEL_ZONE};
+
+/// What a mode's backend did in one sync.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// The whole ruleset was written (else only what changed).
+    pub full: bool,
+    /// Rules written, per table (for kubeproxy_sync_proxy_rules_iptables_total).
+    pub rules: Vec<(String, u64)>,
+}
+
+/// One proxy mode: turns models into kernel state. Implementations keep what they committed
+/// last, so a partial sync is computed against their own state, never by listing the kernel.
+pub trait Backend: Send + 'static {
+    /// Applies `models` (one per family). `full` asks for a complete rewrite (start, after a
+    /// failure, drift, the periodic full sync). On error nothing of that family may be left
+    /// half-applied, and the next call gets `full`.
+    fn sync(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool) -> Result<SyncReport, SyncError>;
+    /// A cheap check that the rules this backend wrote are still in place (e.g. a canary).
+    fn drifted(&mut self) -> bool;
+}
+
+/// Timing of the loop.
+#[derive(Debug, Clone)]
+pub struct LoopConfig {
+    pub node_name: String,
+    pub families: Vec<Family>,
+    pub sync_period: Duration,
+    pub min_sync_period: Duration,
+    pub full_sync_period: Duration,
+    pub drift_check_period: Duration,
+}
+
+/// The informers the loop reads.
+#[derive(Clone)]
+pub struct Inputs {
+    pub services: Arc<Informer<Service>>,
+    pub slices: Arc<Informer<EndpointSlice>>,
+    pub nodes: Arc<Informer<Node>>,
+}
+
+/// The annotation the EndpointSlice controller sets to when the change that caused it happened.
+const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// This node as the model needs it, and whether /healthz may call it eligible.
+pub fn node_info(name: &str, node: Option<&Node>) -> (NodeInfo, bool) {
+    let zone = node.and_then(|n| n.metadata.labels.as_ref()).and_then(|l| l.get(LABEL_ZONE)).cloned();
+    let deleting = node.is_some_and(|n| n.metadata.deletion_timestamp.is_some());
+    let tainted = node
+        .and_then(|n| n.spec.as_ref())
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == "ToBeDeletedByClusterAutoscaler"));
+    (NodeInfo { name: name.to_string(), zone }, !deleting && !tainted)
+}
+
+/// Wires informer handlers to the loop: every change wakes it and is counted. Returns the
+/// EndpointSlice trigger times waiting for their sync (only those after this call, as
+/// upstream's tracker ignores changes older than its start).
+pub fn watch_changes(inputs: &Inputs, notify: Arc<Notify>, metrics: Arc<Metrics>, health: Arc<Health>) -> Arc<Mutex<Vec<SystemTime>>> {
+    let triggers = Arc::new(Mutex::new(Vec::new()));
+    let started = SystemTime::now();
+    {
+        let (notify, metrics, health) = (notify.clone(), metrics.clone(), health.clone());
+        inputs.services.on_change(move |_c: &Change<Service>| {
+            metrics.queued(false);
+            health.queued(SystemTime::now());
+            notify.notify_one();
+        });
+    }
+    {
+        let (notify, metrics, health, triggers) = (notify.clone(), metrics.clone(), health.clone(), triggers.clone());
+        inputs.slices.on_change(move |c: &Change<EndpointSlice>| {
+            if let Change::Applied { new, .. } = c {
+                let t = new.metadata.annotations.as_ref().and_then(|a| a.get(TRIGGER_TIME));
+                if let Some(ts) = t.and_then(|t| t.parse::<jiff::Timestamp>().ok()).map(SystemTime::from).filter(|t| *t > started) {
+                    triggers.lock().unwrap_or_else(|p| p.into_inner()).push(ts);
+                }
+            }
+            metrics.queued(true);
+            health.queued(SystemTime::now());
+            notify.notify_one();
+        });
+    }
+    inputs.nodes.on_change(move |_c: &Change<Node>| {
+        notify.notify_one();
+    });
+    triggers
+}
+
+/// What [`run`] reports after each sync (tests and the sd_notify READY wait on it).
+#[derive(Debug, Clone, Default)]
+pub struct Progress {
+    pub syncs: u64,
+    pub failures: u64,
+    pub last: Option<SyncReport>,
+    pub last_error: Option<String>,
+}
+
+/// Runs the loop until `shutdown` resolves. Rules stay in place on exit (a restart takes them
+/// over; `--cleanup` removes them).
+#[allow(clippy::too_many_arguments)]
+pub async fn run<B: Backend>(
+    cfg: LoopConfig,
+    inputs: Inputs,
+    backend: B,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    notify: Arc<Notify>,
+    triggers: Arc<Mutex<Vec<SystemTime>>>,
+    progress: tokio::sync::watch::Sender<Progress>,
+    on_problem: impl Fn(&Problem) + Send + 'static,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    tokio::select! {
+        () = async {
+            inputs.services.wait_synced().await;
+            inputs.slices.wait_synced().await;
+            inputs.nodes.wait_synced().await;
+        } => {}
+        () = &mut shutdown => return,
+    }
+    tracing::info!("informers synced; programming rules");
+    let mut backend = Some(backend);
+    let mut need_full = true;
+    let mut last_full = Instant::now();
+    let mut last_start: Option<Instant> = None;
+    let mut known_problems: BTreeSet<String> = BTreeSet::new();
+    let mut drift_tick = tokio::time::interval(cfg.drift_check_period);
+    drift_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    drift_tick.tick().await;
+    loop {
+        // min_sync_period between two syncs' starts
+        if let Some(t) = last_start {
+            let earliest = t + cfg.min_sync_period;
+            tokio::select! {
+                () = tokio::time::sleep_until(earliest) => {}
+                () = &mut shutdown => break,
+            }
+        }
+        if last_full.elapsed() >= cfg.full_sync_period {
+            need_full = true;
+        }
+        last_start = Some(Instant::now());
+        // Level-triggered: whatever woke us before this point is covered by this sync.
+        let _ = futures::FutureExt::now_or_never(notify.notified());
+        let (node, eligible) = node_info(&cfg.node_name, inputs.nodes.get(None, &cfg.node_name).as_deref());
+        health.set_node_eligible(eligible);
+        let services = inputs.services.list();
+        let slices = inputs.slices.list();
+        let mut problems = Vec::new();
+        let models: Vec<FamilyModel> = cfg
+            .families
+            .iter()
+            .map(|f| {
+                let (m, p) = model::build(*f, &services, &slices, &node);
+                problems.extend(p);
+                m
+            })
+            .collect();
+        let mut now_problems = BTreeSet::new();
+        for p in &problems {
+            let text = p.to_string();
+            if !known_problems.contains(&text) {
+                tracing::warn!(problem = %text, "input left out of the rules");
+                on_problem(p);
+            }
+            now_problems.insert(text);
+        }
+        known_problems = now_problems;
+        let pending_triggers: Vec<SystemTime> = std::mem::take(&mut *triggers.lock().unwrap_or_else(|p| p.into_inner()));
+
+        let full = need_full;
+        let Some(mut b) = backend.take() else { break };
+        let span = tracing::info_span!("sync", full, services = services.len(), slices = slices.len());
+        let started = std::time::Instant::now();
+        let joined = tokio::task::spawn_blocking(move || {
+            let r = b.sync(&models, &node, full);
+            (b, r)
+        })
+        .instrument(span.clone())
+        .await;
+        let (b, result) = match joined {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::error!(error = %e, "sync task failed");
+                break;
+            }
+        };
+        backend = Some(b);
+        let took = started.elapsed();
+        let _enter = span.enter();
+        match result {
+            Ok(report) => {
+                need_full = false;
+                if report.full {
+                    last_full = Instant::now();
+                }
+                let now = SystemTime::now();
+                for f in &cfg.families {
+                    health.updated(*f, now);
+                }
+                for t in pending_triggers {
+                    if let Ok(d) = now.duration_since(t) {
+                        metrics.network_programming(d);
+                    }
+                }
+                metrics.synced(took, report.full, report.rules.clone());
+                tracing::info!(took_ms = took.as_millis() as u64, full = report.full, "synced");
+                progress.send_modify(|p| {
+                    p.syncs += 1;
+                    p.last = Some(report);
+                    p.last_error = None;
+                });
+            }
+            Err(e) => {
+                need_full = true;
+                metrics.restore_failed();
+                tracing::warn!(error = %e, source = ?std::error::Error::source(&e).map(ToString::to_string), "sync failed; retrying with a full sync");
+                progress.send_modify(|p| {
+                    p.failures += 1;
+                    p.last_error = Some(format!("{e}: {}", std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default()));
+                });
+            }
+        }
+        drop(_enter);
+        // wait for the next reason to sync
+        let deadline = Instant::now() + if need_full { cfg.min_sync_period } else { cfg.sync_period };
+        loop {
+            tokio::select! {
+                () = notify.notified() => break,
+                () = tokio::time::sleep_until(deadline) => break,
+                _ = drift_tick.tick() => {
+                    let Some(mut b) = backend.take() else { break };
+                    let (b, drifted) = match tokio::task::spawn_blocking(move || { let d = b.drifted(); (b, d) }).await {
+                        Ok(x) => x,
+                        Err(e) => {
+                            tracing::error!(error = %e, "drift check task failed");
+                            return;
+                        }
+                    };
+                    backend = Some(b);
+                    if drifted {
+                        tracing::warn!("rules changed behind ferro-proxy's back; full sync");
+                        need_full = true;
+                        break;
+                    }
+                }
+                () = &mut shutdown => {
+                    tracing::info!("shutting down; rules stay in place");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A recording backend: every sync's (full, number of service ports, endpoints).
+    #[derive(Clone, Default)]
+    struct Fake {
+        log: Arc<Mutex<Vec<(bool, usize, usize)>>>,
+        fail_next: Arc<AtomicBool>,
+        drift: Arc<AtomicBool>,
+    }
+
+    impl Backend for Fake {
+        fn sync(&mut self, models: &[FamilyModel], _node: &NodeInfo, full: bool) -> Result<SyncReport, SyncError> {
+            if self.fail_next.swap(false, Ordering::SeqCst) {
+                return Err(SyncError::Unsupported("refused".into()));
+            }
+            let ports: usize = models.iter().map(|m| m.services.len()).sum();
+            let eps: usize = models.iter().flat_map(|m| m.services.values()).map(|e| e.endpoints.len()).sum();
+            self.log.lock().unwrap().push((full, ports, eps));
+            Ok(SyncReport { full, rules: vec![] })
+        }
+        fn drifted(&mut self) -> bool {
+            self.drift.swap(false, Ordering::SeqCst)
+        }
+    }
+
+    struct World {
+        inputs: Inputs,
+        fake: Fake,
+        progress: tokio::sync::watch::Receiver<Progress>,
+        problems: Arc<Mutex<Vec<String>>>,
+        health: Arc<Health>,
+        metrics: Arc<Metrics>,
+        _stop: tokio::sync::oneshot::Sender<()>,
+    }
+
+    fn svc(name: &str, ip: &str) -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1"},
+            "spec": {"clusterIP": ip, "ports": [{"port": 80}]},
+        }))
+        .unwrap()
+    }
+
+    fn slice(name: &str, ips: &[&str]) -> EndpointSlice {
+        slice_at(name, ips, "2026-01-01T00:00:00Z")
+    }
+
+    fn slice_at(name: &str, ips: &[&str], trigger: &str) -> EndpointSlice {
+        let eps: Vec<_> = ips.iter().map(|ip| json!({"addresses": [ip]})).collect();
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": format!("{name}-x"), "resourceVersion": "1",
+                         "labels": {"kubernetes.io/service-name": name},
+                         "annotations": {TRIGGER_TIME: trigger}},
+            "addressType": "IPv4",
+            "ports": [{"port": 8080, "protocol": "TCP"}],
+            "endpoints": eps,
+        }))
+        .unwrap()
+    }
+
+    fn start(services: Vec<Service>, slices: Vec<EndpointSlice>) -> World {
+        let inputs = Inputs { services: Informer::new(), slices: Informer::new(), nodes: Informer::new() };
+        let notify = Arc::new(Notify::new());
+        let metrics = Arc::new(Metrics::default());
+        let health = Arc::new(Health::new(Duration::from_secs(30), vec![Family::V4]));
+        let triggers = watch_changes(&inputs, notify.clone(), metrics.clone(), health.clone());
+        let mut buf = None;
+        inputs.services.inject(Event::Init, &mut buf);
+        for s in services {
+            inputs.services.inject(Event::InitApply(s), &mut buf);
+        }
+        inputs.services.inject(Event::InitDone, &mut buf);
+        let mut buf = None;
+        inputs.slices.inject(Event::Init, &mut buf);
+        for s in slices {
+            inputs.slices.inject(Event::InitApply(s), &mut buf);
+        }
+        inputs.slices.inject(Event::InitDone, &mut buf);
+        let mut buf = None;
+        inputs.nodes.inject(Event::Init, &mut buf);
+        inputs.nodes.inject(Event::InitDone, &mut buf);
+        let fake = Fake::default();
+        let (tx, rx) = tokio::sync::watch::channel(Progress::default());
+        let problems = Arc::new(Mutex::new(Vec::new()));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let cfg = LoopConfig {
+            node_name: "node-a".into(),
+            families: vec![Family::V4],
+            sync_period: Duration::from_secs(30),
+            min_sync_period: Duration::from_secs(1),
+            full_sync_period: Duration::from_secs(3600),
+            drift_check_period: Duration::from_secs(2),
+        };
+        let p = problems.clone();
+        tokio::spawn(run(
+            cfg,
+            inputs.clone(),
+            fake.clone(),
+            health.clone(),
+            metrics.clone(),
+            notify,
+            triggers,
+            tx,
+            move |problem| p.lock().unwrap().push(problem.to_string()),
+            async move {
+                let _ = stop_rx.await;
+            },
+        ));
+        World { inputs, fake, progress: rx, problems, health, metrics, _stop: stop_tx }
+    }
+
+    async fn wait_syncs(w: &mut World, n: u64) -> Progress {
+        w.progress.wait_for(|p| p.syncs + p.failures >= n).await.unwrap().clone()
+    }
+
+    fn apply<K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static>(inf: &Informer<K>, obj: K) {
+        let mut buf = None;
+        inf.inject(Event::Apply(obj), &mut buf);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn first_sync_is_full_and_changes_sync_partially() {
+        let mut w = start(vec![svc("a", "10.96.0.1")], vec![slice("a", &["10.244.0.1"])]);
+        wait_syncs(&mut w, 1).await;
+        assert_eq!(*w.fake.log.lock().unwrap(), [(true, 1, 1)]);
+        assert!(w.health.answer(false, SystemTime::now()).healthy);
+        let t0 = Instant::now();
+        let now = jiff::Timestamp::now().to_string();
+        apply(&w.inputs.slices, slice_at("a", &["10.244.0.1", "10.244.0.2"], &now));
+        wait_syncs(&mut w, 2).await;
+        // min_sync_period: not before 1 s after the first sync started
+        assert!(Instant::now() - t0 >= Duration::from_millis(999), "{:?}", Instant::now() - t0);
+        assert_eq!(w.fake.log.lock().unwrap()[1], (false, 1, 2));
+        assert_eq!(w.metrics.syncs(), 2);
+        assert!(w.metrics.render().contains("kubeproxy_network_programming_duration_seconds_count 1"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_changes_is_one_sync() {
+        let mut w = start(vec![], vec![]);
+        wait_syncs(&mut w, 1).await;
+        for i in 0..50 {
+            apply(&w.inputs.services, svc(&format!("s{i}"), &format!("10.96.1.{i}")));
+        }
+        wait_syncs(&mut w, 2).await;
+        assert_eq!(w.fake.log.lock().unwrap()[1], (false, 50, 0));
+        // nothing more queued: the next sync is the periodic one, 30 s later
+        let t = Instant::now();
+        wait_syncs(&mut w, 3).await;
+        assert!(Instant::now() - t >= Duration::from_secs(29));
+        assert_eq!(w.fake.log.lock().unwrap().len(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_sync_is_retried_in_full() {
+        let mut w = start(vec![svc("a", "10.96.0.1")], vec![]);
+        wait_syncs(&mut w, 1).await;
+        w.fake.fail_next.store(true, Ordering::SeqCst);
+        apply(&w.inputs.services, svc("b", "10.96.0.2"));
+        let p = wait_syncs(&mut w, 2).await;
+        assert_eq!(p.failures, 1);
+        assert!(p.last_error.unwrap().contains("refused"));
+        wait_syncs(&mut w, 3).await;
+        assert_eq!(w.fake.log.lock().unwrap()[1], (true, 2, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drift_forces_a_full_sync_within_the_check_period() {
+        let mut w = start(vec![svc("a", "10.96.0.1")], vec![]);
+        wait_syncs(&mut w, 1).await;
+        let t = Instant::now();
+        w.fake.drift.store(true, Ordering::SeqCst);
+        wait_syncs(&mut w, 2).await;
+        assert!(Instant::now() - t <= Duration::from_secs(3));
+        assert_eq!(w.fake.log.lock().unwrap()[1], (true, 1, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bad_input_is_reported_once_and_the_rest_synced() {
+        let mut bad = svc("bad", "10.96.0.9");
+        bad.spec.as_mut().unwrap().external_ips = Some(vec!["999.1.1.1".into()]);
+        let mut w = start(vec![svc("a", "10.96.0.1"), bad], vec![]);
+        wait_syncs(&mut w, 1).await;
+        assert_eq!(*w.fake.log.lock().unwrap(), [(true, 2, 0)]);
+        apply(&w.inputs.services, svc("c", "10.96.0.3"));
+        wait_syncs(&mut w, 2).await;
+        let problems = w.problems.lock().unwrap().clone();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("999.1.1.1"));
+    }
+
+    #[test]
+    fn node_info_reads_zone_and_eligibility() {
+        let n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n", "labels": {LABEL_ZONE: "z1"}},
+            "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
+        }))
+        .unwrap();
+        let (info, eligible) = node_info("n", Some(&n));
+        assert_eq!(info.zone.as_deref(), Some("z1"));
+        assert!(!eligible);
+        assert!(node_info("n", None).1);
+    }
+}
