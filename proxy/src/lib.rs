@@ -5,8 +5,10 @@
 //! behind narrow traits (one atomic apply each), and the controller (informers -> sync).
 
 pub mod config;
+pub mod cleanup;
 pub mod controller;
 pub mod error;
+pub mod exec;
 pub mod health;
 pub mod ipvs;
 pub mod iptables;
