@@ -49,10 +49,16 @@ pub fn handle(shared: &Shared, path: &str, healthz_port: bool) -> Response<Full<
     }
 }
 
-/// Serves one address until the task is dropped.
-pub async fn serve(addr: SocketAddr, shared: Arc<Shared>, healthz_port: bool) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, what = if healthz_port { "healthz" } else { "metrics" }, "serving");
+/// Binds an address (so a taken port fails the start, not a background task).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
+
+/// Serves one listener until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, healthz_port: bool) {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, what = if healthz_port { "healthz" } else { "metrics" }, "serving");
+    }
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,

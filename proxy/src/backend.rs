@@ -1,0 +1,24 @@
+//! The mode's backend, chosen from the configuration.
+
+use crate::config::{Config, Mode};
+use crate::controller::{Backend, SyncReport};
+use crate::error::SyncError;
+use crate::model::{FamilyModel, NodeInfo};
+
+impl Backend for Box<dyn Backend> {
+    fn sync(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool) -> Result<SyncReport, SyncError> {
+        (**self).sync(models, node, full)
+    }
+    fn drifted(&mut self) -> bool {
+        (**self).drifted()
+    }
+}
+
+/// The backend for `cfg.mode`, with the real kernel tools.
+pub fn for_mode(cfg: &Config) -> Result<Box<dyn Backend>, SyncError> {
+    match cfg.mode {
+        Mode::Iptables | Mode::Nftables | Mode::Ipvs => {
+            Err(SyncError::Unsupported(format!("proxy mode {} is not wired yet", cfg.mode.as_str())))
+        }
+    }
+}
