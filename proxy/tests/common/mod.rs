@@ -15,6 +15,7 @@ use ferro_lab::run;
 use ferro_proxy::error::ExecError;
 use ferro_proxy::exec::{Host, Runner};
 
+
 pub const NODE_IP: &str = "192.168.77.1";
 pub const CLIENT_IP: &str = "192.168.77.2";
 pub const GATEWAY: &str = "10.244.0.1";
@@ -193,3 +194,182 @@ impl World {
         [GATEWAY, NODE_IP, "127.0.0.1"].iter().map(|s| s.parse().unwrap()).collect()
     }
 }
+
+/// A process killed (by its pid) when dropped.
+pub struct Proc(pub Option<Child>);
+
+impl Proc {
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A binary of the workspace built next to this test's (`cargo build --workspace
+/// --all-targets`, as scripts/test.sh does).
+pub fn workspace_bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join(name);
+    assert!(bin.exists(), "{} is missing: build the workspace first (cargo build --workspace --all-targets)", bin.display());
+    bin
+}
+
+/// ferro-control-plane inside the node namespace on 127.0.0.1:6443, and ferro-proxy (the real
+/// binary) in the same namespace against it. Drop stops both (proxy first), then the world.
+pub struct Cluster {
+    pub proxy: Proc,
+    pub cp: Proc,
+    pub dir: tempfile::TempDir,
+    pub world: World,
+    pub mode: String,
+}
+
+impl Cluster {
+    pub fn new(tag: &str, pods: usize, mode: &str) -> Result<Cluster> {
+        let world = World::new(tag, pods)?;
+        ferro_lab::require_bin("kubectl", "kubernetes-client")?;
+        let dir = tempfile::Builder::new().prefix("ferro-proxy-e2e").tempdir()?;
+        let log = std::fs::File::create(dir.path().join("control-plane.log"))?;
+        let cp = Command::new("ip")
+            .args(["netns", "exec", world.node.name()])
+            .arg(workspace_bin("ferro-control-plane"))
+            .arg("--data-dir")
+            .arg(dir.path().join("cp"))
+            .args(["--bind-address", "127.0.0.1", "--secure-port", "6443", "--service-node-port-range", "30000-30100"])
+            .args(["--controllers", "*"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting ferro-control-plane")?;
+        let mut c = Cluster { proxy: Proc(None), cp: Proc(Some(cp)), dir, world, mode: mode.to_string() };
+        let kubeconfig = c.kubeconfig();
+        c.wait("the API server", Duration::from_secs(60), || kubeconfig.exists() && c.kubectl(&["get", "--raw", "/readyz"]).is_ok())?;
+        // the node object the proxy reads its zone from
+        c.apply(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {NODE}\n  labels:\n    topology.kubernetes.io/zone: z1\n"
+        ))?;
+        c.start_proxy(&[])?;
+        Ok(c)
+    }
+
+    pub fn kubeconfig(&self) -> std::path::PathBuf {
+        self.dir.path().join("cp/admin.kubeconfig")
+    }
+
+    /// (Re)starts ferro-proxy with extra flags and waits for its /healthz to say 200.
+    pub fn start_proxy(&mut self, extra: &[&str]) -> Result<()> {
+        self.proxy.kill();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("proxy.log"))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", self.world.node.name()])
+            .arg(env!("CARGO_BIN_EXE_ferro-proxy"))
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .args(["--hostname-override", NODE, "--proxy-mode", &self.mode, "--cluster-cidr", CLUSTER_CIDR])
+            .args(["--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting ferro-proxy")?;
+        self.proxy = Proc(Some(child));
+        self.wait("ferro-proxy's first sync (/healthz 200)", Duration::from_secs(60), || {
+            self.world.from_node("http://127.0.0.1:10256/healthz").is_ok_and(|b| b.contains("lastUpdated"))
+        })
+    }
+
+    /// Polls `cond` every 50 ms until it holds or `timeout` passes (then fails with the logs).
+    pub fn wait(&self, what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if cond() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("timed out waiting for {what}\n--- proxy.log ---\n{}", self.log("proxy.log"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self, name: &str) -> String {
+        let text = std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
+        use std::io::Write as _;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", self.world.node.name(), "kubectl", "--kubeconfig"])
+            .arg(self.kubeconfig())
+            .args(args)
+            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(text.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!("kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        self.kubectl_stdin(args, None)
+    }
+
+    pub fn apply(&self, yaml: &str) -> Result<String> {
+        self.kubectl_stdin(&["apply", "-f", "-"], Some(yaml))
+    }
+
+    /// A selector-less Service with a hand-made EndpointSlice of the given pods (indexes into
+    /// the world's pods, with their ready flag); returns the ClusterIP.
+    pub fn service(&self, name: &str, spec_extra: &str, endpoints: &[(usize, bool)]) -> Result<String> {
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  ports:\n  - name: http\n    port: 80\n    targetPort: 8080\n    protocol: TCP\n{spec_extra}"
+        ))?;
+        self.endpoints(name, endpoints)?;
+        let ip = self.kubectl(&["get", "service", name, "-o", "jsonpath={.spec.clusterIP}"])?;
+        Ok(ip.trim().to_string())
+    }
+
+    /// Replaces the Service's hand-made EndpointSlice.
+    pub fn endpoints(&self, name: &str, endpoints: &[(usize, bool)]) -> Result<()> {
+        let mut eps = String::new();
+        for (i, ready) in endpoints {
+            eps.push_str(&format!(
+                "- addresses: [\"{}\"]\n  conditions: {{ready: {ready}, serving: {ready}, terminating: false}}\n  nodeName: {NODE}\n",
+                self.world.pods[*i].ip
+            ));
+        }
+        let eps = if eps.is_empty() { "endpoints: []\n".to_string() } else { format!("endpoints:\n{eps}") };
+        self.apply(&format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-manual\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {name}\n    endpointslice.kubernetes.io/managed-by: ferro-proxy-test\naddressType: IPv4\nports:\n- name: http\n  port: 8080\n  protocol: TCP\n{eps}"
+        ))
+        .map(drop)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.proxy.kill();
+        self.cp.kill();
+        // the world (namespaces, pods) drops after this
+    }
+}
+
+pub const NODE: &str = "proxy-node";
