@@ -171,15 +171,15 @@ impl World {
         }
     }
 
-    pub fn from_pod(&self, i: usize, url: &str) -> std::result::Result<String, Failure> {
+    pub fn get_in_pod(&self, i: usize, url: &str) -> std::result::Result<String, Failure> {
         self.get_from(self.pods[i].ns.name(), url)
     }
 
-    pub fn from_node(&self, url: &str) -> std::result::Result<String, Failure> {
+    pub fn get_in_node(&self, url: &str) -> std::result::Result<String, Failure> {
         self.get_from(self.node.name(), url)
     }
 
-    pub fn from_client(&self, url: &str) -> std::result::Result<String, Failure> {
+    pub fn get_in_client(&self, url: &str) -> std::result::Result<String, Failure> {
         self.get_from(self.client.name(), url)
     }
 
@@ -284,7 +284,7 @@ impl Cluster {
             .context("starting ferro-proxy")?;
         self.proxy = Proc(Some(child));
         self.wait("ferro-proxy's first sync (/healthz 200)", Duration::from_secs(60), || {
-            self.world.from_node("http://127.0.0.1:10256/healthz").is_ok_and(|b| b.contains("lastUpdated"))
+            self.world.get_in_node("http://127.0.0.1:10256/healthz").is_ok_and(|b| b.contains("lastUpdated"))
         })
     }
 
