@@ -17,7 +17,13 @@ impl Backend for Box<dyn Backend> {
 /// The backend for `cfg.mode`, with the real kernel tools.
 pub fn for_mode(cfg: &Config) -> Result<Box<dyn Backend>, SyncError> {
     match cfg.mode {
-        Mode::Iptables | Mode::Nftables | Mode::Ipvs => {
+        Mode::Iptables => Ok(Box::new(crate::iptables::backend::IptablesBackend::new(
+            crate::exec::Host,
+            cfg.cluster_cidrs.clone(),
+            cfg.masquerade_all,
+            cfg.nodeport_addresses.clone(),
+        ))),
+        Mode::Nftables | Mode::Ipvs => {
             Err(SyncError::Unsupported(format!("proxy mode {} is not wired yet", cfg.mode.as_str())))
         }
     }

@@ -1,10 +1,62 @@
 //! Privileged: the real backends load their rules into a node namespace, and real packets
-//! (busybox wget between namespaces) reach the endpoints the tracers predict.
+//! (curl between namespaces) reach the endpoints the rules say.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use common::World;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use common::{World, CLIENT_IP, CLUSTER_CIDR};
+use ferro_proxy::controller::Backend;
+use ferro_proxy::iptables::backend::IptablesBackend;
+use ferro_proxy::model::{self, Family, FamilyModel, NodeInfo};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde_json::json;
+
+fn node() -> NodeInfo {
+    NodeInfo { name: "node-a".into(), zone: None }
+}
+
+/// A Service `name` (port 80 -> 8080) with `spec` merged in, and its slice of `pods` (index,
+/// ready) of the world.
+fn objects(w: &World, name: &str, spec: serde_json::Value, pods: &[(usize, bool)]) -> (Service, EndpointSlice) {
+    let mut s = json!({"clusterIP": format!("10.96.0.{}", 10 + name.len()), "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]});
+    for (k, v) in spec.as_object().unwrap() {
+        s[k] = v.clone();
+    }
+    let svc = serde_json::from_value(json!({"metadata": {"namespace": "default", "name": name}, "spec": s})).unwrap();
+    let eps: Vec<_> = pods
+        .iter()
+        .map(|(i, ready)| json!({"addresses": [w.pods[*i].ip], "conditions": {"ready": ready}, "nodeName": "node-a"}))
+        .collect();
+    let slice = serde_json::from_value(json!({
+        "metadata": {"namespace": "default", "name": format!("{name}-1"), "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": eps,
+    }))
+    .unwrap();
+    (svc, slice)
+}
+
+fn build(objs: &[(Service, EndpointSlice)]) -> Vec<FamilyModel> {
+    let services: Vec<Arc<Service>> = objs.iter().map(|(s, _)| Arc::new(s.clone())).collect();
+    let slices: Vec<Arc<EndpointSlice>> = objs.iter().map(|(_, e)| Arc::new(e.clone())).collect();
+    let (m, problems) = model::build(Family::V4, &services, &slices, &node());
+    assert!(problems.is_empty(), "{problems:?}");
+    vec![m]
+}
+
+/// The set of pod names answering `n` requests to `url` from `get`.
+fn answers(n: usize, mut get: impl FnMut() -> Result<String, common::Failure>) -> BTreeSet<String> {
+    (0..n).map(|_| get().unwrap()).collect()
+}
+
+fn iptables(w: &World) -> IptablesBackend<common::InNs> {
+    IptablesBackend::new(w.runner(), vec![CLUSTER_CIDR.parse().unwrap()], false, vec![])
+}
 
 #[test]
 #[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
@@ -12,5 +64,76 @@ fn the_fixture_routes_pods_and_client() {
     let w = World::new("fx", 2).unwrap();
     assert_eq!(w.get_in_pod(0, "http://10.244.0.12:8080/").unwrap(), "pod1");
     assert_eq!(w.get_in_node("http://10.244.0.11:8080/").unwrap(), "pod0");
-    assert_eq!(World::remote_ip(&w.get_in_client("http://10.244.0.11:8080/cgi-bin/ip").unwrap()), common::CLIENT_IP);
+    assert_eq!(World::remote_ip(&w.get_in_client("http://10.244.0.11:8080/cgi-bin/ip").unwrap()), CLIENT_IP);
+}
+
+#[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
+fn iptables_cluster_ip_node_port_and_no_endpoints() {
+    let w = World::new("ipt1", 3).unwrap();
+    let mut b = iptables(&w);
+    let web = objects(&w, "web", json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}), &[(1, true), (2, true)]);
+    let empty = objects(&w, "empty", json!({}), &[]);
+    let vip = web.0.spec.as_ref().unwrap().cluster_ip.clone().unwrap();
+    let empty_vip = empty.0.spec.as_ref().unwrap().cluster_ip.clone().unwrap();
+    let rep = b.sync(&build(&[web.clone(), empty.clone()]), &node(), false).unwrap();
+    assert!(rep.full);
+    let url = format!("http://{vip}/");
+    // a pod and the node reach the ClusterIP, spread over both endpoints
+    assert_eq!(answers(30, || w.get_in_pod(0, &url)), BTreeSet::from(["pod1".to_string(), "pod2".to_string()]));
+    assert_eq!(answers(30, || w.get_in_node(&url)), BTreeSet::from(["pod1".to_string(), "pod2".to_string()]));
+    // a client outside the node reaches the NodePort, masqueraded (Cluster policy)
+    let seen = World::remote_ip(&w.get_in_client(&format!("http://{}:30080/cgi-bin/ip", common::NODE_IP)).unwrap());
+    assert_ne!(seen, CLIENT_IP);
+    // no endpoints: refused at once (curl 7), not a timeout (28)
+    let e = w.get_in_pod(0, &format!("http://{empty_vip}/")).unwrap_err();
+    assert_eq!(e.code, 7, "{e:?}");
+    // hairpin: pod1 through the Service to itself (only endpoint)
+    let solo = objects(&w, "solo", json!({}), &[(1, true)]);
+    let solo_vip = solo.0.spec.as_ref().unwrap().cluster_ip.clone().unwrap();
+    let rep = b.sync(&build(&[web.clone(), empty.clone(), solo.clone()]), &node(), false).unwrap();
+    assert!(!rep.full);
+    assert_eq!(w.get_in_pod(1, &format!("http://{solo_vip}/")).unwrap(), "pod1");
+    // readiness lost: the endpoint leaves the rules (partial sync)
+    let web2 = objects(&w, "web", json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}), &[(1, true), (2, false)]);
+    b.sync(&build(&[web2, empty, solo]), &node(), false).unwrap();
+    assert_eq!(answers(20, || w.get_in_pod(0, &url)), BTreeSet::from(["pod1".to_string()]));
+    // the rules survive as the kernel has them: no drift
+    assert!(!b.drifted());
+}
+
+#[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
+fn iptables_affinity_local_policy_and_drift() {
+    let w = World::new("ipt2", 3).unwrap();
+    let mut b = iptables(&w);
+    let sticky = objects(&w, "sticky", json!({"sessionAffinity": "ClientIP"}), &[(1, true), (2, true)]);
+    let local = objects(
+        &w,
+        "local",
+        json!({"type": "NodePort", "externalTrafficPolicy": "Local", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30081}]}),
+        &[(2, true)],
+    );
+    b.sync(&build(&[sticky.clone(), local.clone()]), &node(), false).unwrap();
+    let vip = sticky.0.spec.as_ref().unwrap().cluster_ip.clone().unwrap();
+    // ClientIP affinity: one client, one endpoint
+    assert_eq!(answers(20, || w.get_in_pod(0, &format!("http://{vip}/"))).len(), 1);
+    // externalTrafficPolicy=Local keeps the client's address
+    let seen = World::remote_ip(&w.get_in_client(&format!("http://{}:30081/cgi-bin/ip", common::NODE_IP)).unwrap());
+    assert_eq!(seen, CLIENT_IP);
+    // someone flushes every chain: the canary says so, a full sync repairs it
+    lab_run(&w, &["iptables", "-t", "nat", "-F"]);
+    lab_run(&w, &["iptables", "-t", "mangle", "-F"]);
+    assert!(w.get_in_pod(0, &format!("http://{vip}/")).is_err());
+    assert!(b.drifted());
+    let rep = b.sync(&build(&[sticky, local]), &node(), false).unwrap();
+    assert!(rep.full);
+    assert!(w.get_in_pod(0, &format!("http://{vip}/")).is_ok());
+    assert!(!b.drifted());
+}
+
+fn lab_run(w: &World, args: &[&str]) {
+    let mut c = std::process::Command::new("ip");
+    c.args(["netns", "exec", w.node.name()]).args(args);
+    ferro_lab::run(&mut c).unwrap();
 }

@@ -1,1 +1,5 @@
-//! iptables mode: the renderer (model -> iptables-restore text), the tracer, the executor.
+//! iptables mode: the renderer (model -> iptables-restore text, upstream's layout) and the
+//! backend that applies it in one `iptables-restore --noflush` per family.
+
+pub mod backend;
+pub mod rules;

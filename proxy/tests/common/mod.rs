@@ -99,6 +99,9 @@ impl World {
         ip(&c, &["addr", "add", &format!("{CLIENT_IP}/24"), "dev", "eth0"])?;
         ip(&c, &["link", "set", "eth0", "up"])?;
         ip(&c, &["route", "add", "default", "via", NODE_IP])?;
+        // a node has a default route (locally sent packets to a ClusterIP need one before the
+        // nat OUTPUT chain rewrites them); here it points at the client namespace
+        ip(&n, &["route", "add", "default", "via", CLIENT_IP])?;
         for i in 0..pods {
             world.add_pod(i)?;
         }

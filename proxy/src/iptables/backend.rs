@@ -1,0 +1,231 @@
+//! The iptables backend: renders each family against the state it committed, reads the kernel
+//! only at a full sync (which base jumps are missing, which per-service chains exist), and
+//! applies the result in one `iptables-restore -w --noflush` per family. A refused restore
+//! changes nothing in the kernel (the transaction is atomic) and makes the next sync full.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::controller::{Backend, SyncReport};
+use crate::error::{ExecError, SyncError};
+use crate::exec::Runner;
+use crate::iptables::rules::{self, RenderConfig, State};
+use crate::model::{Family, FamilyModel, NodeInfo};
+
+/// The iptables backend over a [`Runner`].
+pub struct IptablesBackend<R: Runner> {
+    runner: R,
+    cluster_cidrs: Vec<IpNet>,
+    masquerade_all: bool,
+    nodeport_cidrs: Vec<IpNet>,
+    states: BTreeMap<Family, State>,
+}
+
+fn tools(family: Family) -> (&'static str, &'static str, &'static str) {
+    match family {
+        Family::V4 => ("iptables", "iptables-save", "iptables-restore"),
+        Family::V6 => ("ip6tables", "ip6tables-save", "ip6tables-restore"),
+    }
+}
+
+/// The addresses of `ip -o addr show` output.
+pub fn local_addresses(ip_addr_output: &str) -> Vec<IpAddr> {
+    ip_addr_output
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            while let Some(tok) = w.next() {
+                if tok == "inet" || tok == "inet6" {
+                    return w.next().and_then(|a| a.split('/').next()).and_then(|a| a.parse().ok());
+                }
+            }
+            None
+        })
+        .collect()
+}
+
+impl<R: Runner> IptablesBackend<R> {
+    pub fn new(runner: R, cluster_cidrs: Vec<IpNet>, masquerade_all: bool, nodeport_cidrs: Vec<IpNet>) -> Self {
+        IptablesBackend { runner, cluster_cidrs, masquerade_all, nodeport_cidrs, states: BTreeMap::new() }
+    }
+
+    fn render_config(&mut self, family: Family) -> Result<RenderConfig, ExecError> {
+        let locals = local_addresses(&self.runner.run("ip", &["-o", "addr", "show"], None)?);
+        let nodeport_ips = if self.nodeport_cidrs.is_empty() {
+            None
+        } else {
+            Some(
+                locals
+                    .iter()
+                    .filter(|ip| family.contains(ip) && self.nodeport_cidrs.iter().any(|n| n.contains(*ip)))
+                    .copied()
+                    .collect(),
+            )
+        };
+        Ok(RenderConfig {
+            cluster_cidrs: self.cluster_cidrs.iter().filter(|n| family.contains_net(n)).copied().collect(),
+            masquerade_all: self.masquerade_all,
+            nodeport_ips,
+            node_ips: locals.into_iter().filter(|ip| family.contains(ip) && !ip.is_loopback()).collect(),
+        })
+    }
+
+    fn sync_family(&mut self, model: &FamilyModel, node: &NodeInfo, full: bool) -> Result<rules::Output, ExecError> {
+        let family = model.family;
+        let (_, save, restore) = tools(family);
+        let cfg = self.render_config(family)?;
+        let full = full || !self.states.contains_key(&family);
+        let (missing, existing) = if full {
+            let filter = self.runner.run(save, &["-t", "filter"], None)?;
+            let nat = self.runner.run(save, &["-t", "nat"], None)?;
+            (rules::missing_jumps(&format!("{filter}{nat}")), rules::saved_chains(&nat))
+        } else {
+            (Vec::new(), BTreeSet::new())
+        };
+        let state = self.states.entry(family).or_default();
+        let out = rules::render(model, node, &cfg, state, full, &missing, &existing);
+        if !out.text.is_empty() {
+            if let Err(e) = self.runner.run(restore, &["-w", "--noflush"], Some(&out.text)) {
+                // nothing of the transaction is in the kernel: start over with a full sync
+                self.states.remove(&family);
+                return Err(e);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl<R: Runner> Backend for IptablesBackend<R> {
+    fn sync(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool) -> Result<SyncReport, SyncError> {
+        let mut report = SyncReport { full: true, rules: Vec::new() };
+        for m in models {
+            let out = self.sync_family(m, node, full).map_err(|source| SyncError::Apply { family: m.family, source })?;
+            report.full &= out.full;
+            let suffix = if m.family == Family::V6 { "6" } else { "" };
+            for (t, n) in out.rules {
+                report.rules.push((format!("{t}{suffix}"), n));
+            }
+            tracing::debug!(family = ?m.family, written = out.written, deleted = out.deleted, bytes = out.text.len(), full = out.full, "iptables-restore");
+        }
+        Ok(report)
+    }
+
+    fn drifted(&mut self) -> bool {
+        let families: Vec<Family> = self.states.keys().copied().collect();
+        let want = rules::canary_rule();
+        for family in families {
+            let (bin, _, _) = tools(family);
+            for table in ["mangle", "nat", "filter"] {
+                match self.runner.run(bin, &["-w", "-t", table, "-S", rules::KUBE_PROXY_CANARY], None) {
+                    Ok(out) if out.lines().any(|l| l.trim() == want) => {}
+                    Ok(_) | Err(_) => {
+                        tracing::warn!(?family, table, "canary chain gone or flushed");
+                        self.states.remove(&family);
+                        return true;
+                    }
+                }
+            }
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::exec::Recording;
+    use crate::model::{Endpoint, Protocol, ServiceEntry, ServicePort, ServicePortName};
+
+    fn model() -> FamilyModel {
+        let name = ServicePortName { namespace: "ns".into(), name: "a".into(), port: "".into(), protocol: Protocol::Tcp };
+        let port = ServicePort {
+            name: name.clone(),
+            cluster_ip: "10.96.0.1".parse().unwrap(),
+            port: 80,
+            protocol: Protocol::Tcp,
+            node_port: 0,
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            load_balancer_source_ranges: vec![],
+            affinity_seconds: None,
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: 0,
+            topology_aware: false,
+        };
+        let ep = Endpoint {
+            ip: "10.1.0.1".parse().unwrap(),
+            port: 80,
+            ready: true,
+            serving: true,
+            terminating: false,
+            local: false,
+            zone: None,
+            zone_hints: Default::default(),
+        };
+        FamilyModel { family: Family::V4, services: [(name, ServiceEntry { port, endpoints: vec![ep] })].into() }
+    }
+
+    #[test]
+    fn full_sync_reads_the_kernel_then_partial_syncs_do_not() {
+        let r = Recording::new();
+        let mut b = IptablesBackend::new(r.clone(), vec!["10.0.0.0/8".parse().unwrap()], false, vec![]);
+        let node = NodeInfo::default();
+        let rep = b.sync(&[model()], &node, false).unwrap();
+        assert!(rep.full);
+        let lines: Vec<String> = r.calls().iter().map(|c| c.line()).collect();
+        assert_eq!(lines, ["ip -o addr show", "iptables-save -t filter", "iptables-save -t nat", "iptables-restore -w --noflush"]);
+        let text = r.calls()[3].stdin.clone().unwrap();
+        assert!(text.contains("-I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"), "{text}");
+        // unchanged: no restore at all
+        let rep = b.sync(&[model()], &node, false).unwrap();
+        assert!(!rep.full);
+        assert_eq!(r.calls().len(), 5, "only the address listing");
+    }
+
+    #[test]
+    fn a_refused_restore_makes_the_next_sync_full() {
+        let r = Recording::new();
+        let mut b = IptablesBackend::new(r.clone(), vec![], false, vec![]);
+        b.sync(&[model()], &NodeInfo::default(), false).unwrap();
+        let mut m = model();
+        m.services.values_mut().next().unwrap().endpoints[0].port = 81;
+        let refuse = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let rf = refuse.clone();
+        r.answer(move |c| {
+            (c.program == "iptables-restore" && rf.swap(false, std::sync::atomic::Ordering::SeqCst)).then(|| {
+                Err(ExecError::Failed { program: "iptables-restore".into(), status: "exit 2".into(), stderr: "line 3 failed".into() })
+            })
+        });
+        let e = b.sync(&[m.clone()], &NodeInfo::default(), false).unwrap_err();
+        assert!(matches!(e, SyncError::Apply { family: Family::V4, .. }));
+        let rep = b.sync(&[m], &NodeInfo::default(), false).unwrap();
+        assert!(rep.full);
+    }
+
+    #[test]
+    fn drift_is_a_missing_canary() {
+        let r = Recording::new();
+        let mut b = IptablesBackend::new(r.clone(), vec![], false, vec![]);
+        assert!(!b.drifted(), "nothing committed, nothing to check");
+        b.sync(&[model()], &NodeInfo::default(), false).unwrap();
+        r.answer(|c| (c.program == "iptables" && c.args.contains(&"-S".to_string())).then(|| Ok("-N KUBE-PROXY-CANARY\n-A KUBE-PROXY-CANARY -j RETURN\n".into())));
+        assert!(!b.drifted());
+        let r2 = Recording::new();
+        let mut b2 = IptablesBackend::new(r2.clone(), vec![], false, vec![]);
+        b2.sync(&[model()], &NodeInfo::default(), false).unwrap();
+        r2.answer(|c| (c.program == "iptables" && c.args.contains(&"-S".to_string())).then(|| Ok("-N KUBE-PROXY-CANARY\n".into())));
+        assert!(b2.drifted());
+    }
+
+    #[test]
+    fn local_addresses_from_ip_addr() {
+        let out = "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever\n2: eth0    inet 192.168.77.1/24 brd 192.168.77.255 scope global eth0\n2: eth0    inet6 fe80::1/64 scope link\n";
+        let ips = local_addresses(out);
+        assert_eq!(ips.len(), 3);
+        assert_eq!(ips[1], "192.168.77.1".parse::<IpAddr>().unwrap());
+    }
+}

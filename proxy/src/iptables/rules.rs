@@ -1,0 +1,763 @@
+//! The iptables renderer: a family's model -> `iptables-restore --noflush` text, in upstream
+//! kube-proxy's layout (pkg/proxy/iptables/proxier.go, v1.28+), written against the state
+//! ferro-proxy committed last so that a sync writes only the chains whose rules changed.
+//!
+//! Each service port is rendered on its own into a [`Rendered`] (its own chains, and its lines
+//! in the shared chains KUBE-SERVICES, KUBE-EXTERNAL-SERVICES, KUBE-NODEPORTS,
+//! KUBE-PROXY-FIREWALL); a service port whose [`ServiceEntry`] did not change is not rendered
+//! again. The shared chains are the concatenation of every service port's lines in name order
+//! (plus fixed rules); they are written only when their text changed. A chain that existed
+//! last time and not now is flushed and deleted (`-X`) in the same transaction, after the
+//! chains that jumped to it were rewritten.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::model::{categorize, Family, FamilyModel, NodeInfo, ServiceEntry, ServicePortName};
+use crate::names;
+
+pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
+pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
+pub const KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
+pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
+pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
+pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
+pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
+pub const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
+/// Upstream's masquerade mark (bit 14).
+pub const MASQ_MARK: &str = "0x4000";
+
+/// What the renderer needs besides the model.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RenderConfig {
+    /// The local-traffic detector (upstream's "ClusterCIDR" mode): traffic from outside these
+    /// to a ClusterIP is masqueraded; traffic from inside them to an external destination of
+    /// an externalTrafficPolicy=Local Service short-circuits to the cluster chain. Only this
+    /// family's CIDRs count.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// Masquerade all traffic to ClusterIPs.
+    pub masquerade_all: bool,
+    /// None: NodePorts on every local address but loopback (`-m addrtype --dst-type LOCAL`);
+    /// Some: only on these addresses (the node's addresses inside `--nodeport-addresses`).
+    pub nodeport_ips: Option<Vec<IpAddr>>,
+    /// This node's addresses (loadBalancerSourceRanges that contain one also admit traffic
+    /// from the node itself, as upstream).
+    pub node_ips: Vec<IpAddr>,
+}
+
+/// One service port rendered on its own.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Rendered {
+    /// Its own nat chains (KUBE-SVC/SVL/EXT/FW/SEP) with their rules, in writing order.
+    pub chains: Vec<(String, String)>,
+    /// Its lines in nat KUBE-SERVICES, nat KUBE-NODEPORTS, filter KUBE-SERVICES, filter
+    /// KUBE-EXTERNAL-SERVICES, filter KUBE-NODEPORTS, filter KUBE-PROXY-FIREWALL.
+    pub nat_services: String,
+    pub nat_nodeports: String,
+    pub filter_services: String,
+    pub filter_external: String,
+    pub filter_nodeports: String,
+    pub filter_firewall: String,
+    /// Rules in its own chains (for the rules-total metric).
+    pub rules: u64,
+    /// Whether it has no local endpoint for a Local policy (internal, external).
+    pub no_local: (bool, bool),
+}
+
+/// What ferro-proxy committed for one family (nothing is read back from the kernel).
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    /// Per service port: the entry it was rendered from, and the result.
+    services: HashMap<ServicePortName, (ServiceEntry, Rendered)>,
+    /// Text of every shared chain as last written, per (table, chain).
+    shared: BTreeMap<(&'static str, &'static str), String>,
+    /// Whether a full write has happened (else the next render is full).
+    committed: bool,
+}
+
+/// One render's output.
+#[derive(Debug, Clone, Default)]
+pub struct Output {
+    /// The `iptables-restore --noflush` input (empty when nothing changed).
+    pub text: String,
+    /// Chains written (declared) in this transaction.
+    pub written: usize,
+    /// Chains deleted in this transaction.
+    pub deleted: usize,
+    /// Rules in the ruleset after this transaction, per table.
+    pub rules: Vec<(String, u64)>,
+    /// Service ports with a Local policy and no local endpoint (internal, external).
+    pub no_local: (u64, u64),
+    /// The whole ruleset was written.
+    pub full: bool,
+}
+
+fn proto_match(out: &mut String, p: &str) {
+    let _ = write!(out, " -m {p} -p {p}");
+}
+
+fn net_of(ip: &IpAddr) -> String {
+    match ip {
+        IpAddr::V4(a) => a.to_string(),
+        IpAddr::V6(a) => a.to_string(),
+    }
+}
+
+/// Upstream's probability(n): 1/n with ten decimals.
+pub fn probability(n: usize) -> String {
+    format!("{:.10}", 1.0 / n as f64)
+}
+
+/// Renders one service port (pure), as upstream's per-service loop of syncProxyRules.
+pub fn render_service(entry: &ServiceEntry, node: &NodeInfo, cfg: &RenderConfig, family: Family) -> Rendered {
+    let port = &entry.port;
+    let name = &port.name;
+    let spn = name.to_string();
+    let proto = port.protocol.lower();
+    let cat = categorize(entry, node);
+    let mut r = Rendered::default();
+
+    let svc_chain = names::svc_chain(name);
+    let svl_chain = names::svl_chain(name);
+    let ext_chain = names::ext_chain(name);
+    let fw_chain = names::fw_chain(name);
+    let has_endpoints = cat.has_any;
+    let uses_cluster_chain = !cat.cluster.is_empty() && port.uses_cluster_endpoints();
+    let uses_local_chain = !cat.local.is_empty() && port.uses_local_endpoints();
+    let (internal_chain, has_internal) = if port.internal_policy_local {
+        (&svl_chain, has_endpoints && !cat.local.is_empty())
+    } else {
+        (&svc_chain, has_endpoints)
+    };
+    let (external_policy_chain, has_external) = if port.external_policy_local {
+        (&svl_chain, has_endpoints && !cat.local.is_empty())
+    } else {
+        (&svc_chain, has_endpoints)
+    };
+    let uses_ext_chain = has_endpoints && port.externally_accessible();
+    let uses_fw_chain = has_endpoints && !port.load_balancer_ips.is_empty() && !port.load_balancer_source_ranges.is_empty();
+    let lb_chain = if uses_fw_chain { &fw_chain } else { &ext_chain };
+    let (internal_target, internal_comment, external_target, external_comment) = if !has_endpoints {
+        let c = format!("\"{spn} has no endpoints\"");
+        ("REJECT", c.clone(), "REJECT", c)
+    } else {
+        let c = format!("\"{spn} has no local endpoints\"");
+        ("DROP", c.clone(), "DROP", c)
+    };
+    r.no_local = (has_endpoints && !has_internal, has_endpoints && !has_external && port.externally_accessible());
+    let cluster_ip = net_of(&port.cluster_ip);
+    let dport = port.port;
+
+    // the ClusterIP
+    if has_internal {
+        let _ = write!(r.nat_services, "-A {KUBE_SERVICES} -m comment --comment \"{spn} cluster IP\"");
+        proto_match(&mut r.nat_services, proto);
+        let _ = writeln!(r.nat_services, " -d {cluster_ip} --dport {dport} -j {internal_chain}");
+    } else {
+        let _ = write!(r.filter_services, "-A {KUBE_SERVICES} -m comment --comment {internal_comment}");
+        proto_match(&mut r.filter_services, proto);
+        let _ = writeln!(r.filter_services, " -d {cluster_ip} --dport {dport} -j {internal_target}");
+    }
+    // external IPs
+    for ip in &port.external_ips {
+        let ip = net_of(ip);
+        if has_endpoints {
+            let _ = write!(r.nat_services, "-A {KUBE_SERVICES} -m comment --comment \"{spn} external IP\"");
+            proto_match(&mut r.nat_services, proto);
+            let _ = writeln!(r.nat_services, " -d {ip} --dport {dport} -j {ext_chain}");
+        }
+        if !has_external {
+            let _ = write!(r.filter_external, "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {external_comment}");
+            proto_match(&mut r.filter_external, proto);
+            let _ = writeln!(r.filter_external, " -d {ip} --dport {dport} -j {external_target}");
+        }
+    }
+    // load-balancer IPs
+    for ip in &port.load_balancer_ips {
+        let ip = net_of(ip);
+        if has_endpoints {
+            let _ = write!(r.nat_services, "-A {KUBE_SERVICES} -m comment --comment \"{spn} loadbalancer IP\"");
+            proto_match(&mut r.nat_services, proto);
+            let _ = writeln!(r.nat_services, " -d {ip} --dport {dport} -j {lb_chain}");
+        }
+        if uses_fw_chain {
+            let _ = write!(r.filter_firewall, "-A {KUBE_PROXY_FIREWALL} -m comment --comment \"{spn} traffic not accepted by {fw_chain}\"");
+            proto_match(&mut r.filter_firewall, proto);
+            let _ = writeln!(r.filter_firewall, " -d {ip} --dport {dport} -j DROP");
+        }
+    }
+    if !has_external {
+        for ip in &port.load_balancer_ips {
+            let ip = net_of(ip);
+            let _ = write!(r.filter_external, "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {external_comment}");
+            proto_match(&mut r.filter_external, proto);
+            let _ = writeln!(r.filter_external, " -d {ip} --dport {dport} -j {external_target}");
+        }
+    }
+    // node port
+    if port.node_port != 0 {
+        let np = port.node_port;
+        if has_endpoints {
+            let _ = write!(r.nat_nodeports, "-A {KUBE_NODEPORTS} -m comment --comment {spn}");
+            proto_match(&mut r.nat_nodeports, proto);
+            let _ = writeln!(r.nat_nodeports, " --dport {np} -j {ext_chain}");
+        }
+        if !has_external {
+            let _ = write!(
+                r.filter_external,
+                "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {external_comment} -m addrtype --dst-type LOCAL"
+            );
+            proto_match(&mut r.filter_external, proto);
+            let _ = writeln!(r.filter_external, " --dport {np} -j {external_target}");
+        }
+    }
+    // health check node port: always accepted
+    if port.health_check_node_port != 0 {
+        let _ = writeln!(
+            r.filter_nodeports,
+            "-A {KUBE_NODEPORTS} -m comment --comment \"{spn} health check node port\" -m tcp -p tcp --dport {} -j ACCEPT",
+            port.health_check_node_port
+        );
+    }
+
+    let cidrs: Vec<&IpNet> = cfg.cluster_cidrs.iter().filter(|n| family.contains_net(n)).collect();
+    let mut chains: Vec<(String, String)> = Vec::new();
+    // the internal chain's masquerade rule comes first in it
+    let mut internal_masq = String::new();
+    if has_internal {
+        let mut args = format!("-A {internal_chain} -m comment --comment \"{spn} cluster IP\"");
+        proto_match(&mut args, proto);
+        let _ = write!(args, " -d {cluster_ip} --dport {dport}");
+        if cfg.masquerade_all {
+            let _ = writeln!(internal_masq, "{args} -j {KUBE_MARK_MASQ}");
+        } else {
+            for c in &cidrs {
+                let _ = writeln!(internal_masq, "{args} ! -s {c} -j {KUBE_MARK_MASQ}");
+            }
+        }
+    }
+    // external chain
+    if uses_ext_chain {
+        let mut t = String::new();
+        if !port.external_policy_local {
+            let _ = writeln!(t, "-A {ext_chain} -m comment --comment \"masquerade traffic for {spn} external destinations\" -j {KUBE_MARK_MASQ}");
+        } else {
+            for c in &cidrs {
+                let _ = writeln!(t, "-A {ext_chain} -m comment --comment \"pod traffic for {spn} external destinations\" -s {c} -j {svc_chain}");
+            }
+            let _ = writeln!(t, "-A {ext_chain} -m comment --comment \"masquerade LOCAL traffic for {spn} external destinations\" -m addrtype --src-type LOCAL -j {KUBE_MARK_MASQ}");
+            let _ = writeln!(t, "-A {ext_chain} -m comment --comment \"route LOCAL traffic for {spn} external destinations\" -m addrtype --src-type LOCAL -j {svc_chain}");
+        }
+        if has_external {
+            let _ = writeln!(t, "-A {ext_chain} -j {external_policy_chain}");
+        }
+        chains.push((ext_chain.clone(), t));
+    }
+    // firewall chain
+    if uses_fw_chain {
+        let mut t = String::new();
+        let args = format!("-A {fw_chain} -m comment --comment \"{spn} loadbalancer IP\"");
+        let mut from_node = false;
+        for c in &port.load_balancer_source_ranges {
+            let _ = writeln!(t, "{args} -s {c} -j {ext_chain}");
+            if cfg.node_ips.iter().any(|ip| c.contains(ip)) {
+                from_node = true;
+            }
+        }
+        if from_node {
+            for ip in &port.load_balancer_ips {
+                let _ = writeln!(t, "{args} -s {} -j {ext_chain}", net_of(ip));
+            }
+        }
+        let _ = writeln!(t, "-A {fw_chain} -m comment --comment \"other traffic to {spn} will be dropped by KUBE-PROXY-FIREWALL\"");
+        chains.push((fw_chain.clone(), t));
+    }
+    let policy_rules = |chain: &str, eps: &[&crate::model::Endpoint]| -> String {
+        let mut t = String::new();
+        if let Some(secs) = port.affinity_seconds {
+            for ep in eps {
+                let sep = names::sep_chain(name, ep);
+                let _ = writeln!(
+                    t,
+                    "-A {chain} -m comment --comment \"{spn} -> {}\" -m recent --name {sep} --rcheck --seconds {secs} --reap -j {sep}",
+                    ep.addr()
+                );
+            }
+        }
+        let n = eps.len();
+        for (i, ep) in eps.iter().enumerate() {
+            let sep = names::sep_chain(name, ep);
+            let _ = write!(t, "-A {chain} -m comment --comment \"{spn} -> {}\"", ep.addr());
+            if i + 1 < n {
+                let _ = write!(t, " -m statistic --mode random --probability {}", probability(n - i));
+            }
+            let _ = writeln!(t, " -j {sep}");
+        }
+        t
+    };
+    if uses_cluster_chain {
+        let mut t = if internal_chain == &svc_chain { internal_masq.clone() } else { String::new() };
+        t.push_str(&policy_rules(&svc_chain, &cat.cluster));
+        chains.push((svc_chain.clone(), t));
+    }
+    if uses_local_chain {
+        let mut t = if internal_chain == &svl_chain { internal_masq.clone() } else { String::new() };
+        t.push_str(&policy_rules(&svl_chain, &cat.local));
+        chains.push((svl_chain.clone(), t));
+    }
+    for ep in &cat.all_reachable {
+        let sep = names::sep_chain(name, ep);
+        let ip = net_of(&ep.ip);
+        let mut t = String::new();
+        let _ = writeln!(t, "-A {sep} -m comment --comment {spn} -s {ip} -j {KUBE_MARK_MASQ}");
+        let _ = write!(t, "-A {sep} -m comment --comment {spn}");
+        if port.affinity_seconds.is_some() {
+            let _ = write!(t, " -m recent --name {sep} --set");
+        }
+        proto_match(&mut t, proto);
+        let _ = writeln!(t, " -j DNAT --to-destination {}", ep.addr());
+        chains.push((sep, t));
+    }
+    r.rules = chains.iter().map(|(_, t)| t.lines().count() as u64).sum();
+    r.chains = chains;
+    r
+}
+
+/// The fixed chains' rules (the same for every model of a family and config).
+fn fixed_rules(family: Family, cfg: &RenderConfig) -> Vec<(&'static str, &'static str, String)> {
+    let nodeports_tail = match &cfg.nodeport_ips {
+        None => {
+            let lo = match family {
+                Family::V4 => "127.0.0.0/8",
+                Family::V6 => "::1/128",
+            };
+            format!(
+                "-A {KUBE_SERVICES} -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL ! -d {lo} -j {KUBE_NODEPORTS}\n"
+            )
+        }
+        Some(ips) => {
+            let mut t = String::new();
+            for ip in ips.iter().filter(|ip| family.contains(ip) && !ip.is_loopback()) {
+                let _ = writeln!(
+                    t,
+                    "-A {KUBE_SERVICES} -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -d {} -j {KUBE_NODEPORTS}",
+                    net_of(ip)
+                );
+            }
+            t
+        }
+    };
+    vec![
+        ("nat", "nodeports-tail", nodeports_tail),
+        ("nat", KUBE_MARK_MASQ, format!("-A {KUBE_MARK_MASQ} -j MARK --or-mark {MASQ_MARK}\n")),
+        (
+            "nat",
+            KUBE_POSTROUTING,
+            format!(
+                "-A {KUBE_POSTROUTING} -m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN\n\
+                 -A {KUBE_POSTROUTING} -j MARK --xor-mark {MASQ_MARK}\n\
+                 -A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully\n"
+            ),
+        ),
+        (
+            "filter",
+            KUBE_FORWARD,
+            format!(
+                "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP\n\
+                 -A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {MASQ_MARK}/{MASQ_MARK} -j ACCEPT\n\
+                 -A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n"
+            ),
+        ),
+    ]
+}
+
+/// Whether a chain is one of the per-service-port chains.
+pub fn is_service_chain(name: &str) -> bool {
+    ["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"].iter().any(|p| name.starts_with(p))
+}
+
+/// The chains declared in iptables-save output of one table.
+pub fn saved_chains(saved: &str) -> BTreeSet<String> {
+    saved
+        .lines()
+        .filter_map(|l| l.strip_prefix(':'))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The canary's one rule: a flush of every chain (`iptables -F`) empties it, a deleted table
+/// loses it; the drift check looks for it.
+pub fn canary_rule() -> String {
+    format!("-A {KUBE_PROXY_CANARY} -j RETURN")
+}
+
+/// A jump from a built-in chain, as upstream's iptablesJumpChains.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BaseJump {
+    pub table: &'static str,
+    pub chain: &'static str,
+    /// The rule after `-A <chain> ` as iptables-save prints it.
+    pub rule: String,
+}
+
+/// The jumps from the built-in chains into ferro-proxy's.
+pub fn base_jumps() -> Vec<BaseJump> {
+    let j = |table, chain, rule: &str| BaseJump { table, chain, rule: rule.to_string() };
+    vec![
+        j("filter", "INPUT", "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL"),
+        j("filter", "INPUT", "-m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS"),
+        j("filter", "INPUT", "-m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES"),
+        j("filter", "FORWARD", "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL"),
+        j("filter", "FORWARD", "-m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD"),
+        j("filter", "FORWARD", "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"),
+        j("filter", "FORWARD", "-m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES"),
+        j("filter", "OUTPUT", "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL"),
+        j("filter", "OUTPUT", "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"),
+        j("nat", "OUTPUT", "-m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"),
+        j("nat", "PREROUTING", "-m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"),
+        j("nat", "POSTROUTING", "-m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING"),
+    ]
+}
+
+/// The base jumps missing from `saved` (iptables-save output of the filter and nat tables).
+pub fn missing_jumps(saved: &str) -> Vec<BaseJump> {
+    let mut have: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut table = String::new();
+    for line in saved.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t.trim().to_string();
+        } else if let Some(rule) = line.strip_prefix("-A ") {
+            have.insert((table.clone(), rule.trim().to_string()));
+        }
+    }
+    base_jumps()
+        .into_iter()
+        .filter(|j| !have.contains(&(j.table.to_string(), format!("{} {}", j.chain, j.rule))))
+        .collect()
+}
+
+/// Renders one family against `state`. `full` rewrites every chain (and forgets nothing:
+/// stale chains of the state are still deleted). `missing` are the base jumps to insert in
+/// the same transaction; `existing` are the per-service chains the nat table has now (read
+/// at a full sync: after a restart, the chains of Services deleted meanwhile are removed). Returns the text and updates `state` as if it was committed; the
+/// caller restores the old state if the kernel refused it.
+pub fn render(
+    model: &FamilyModel,
+    node: &NodeInfo,
+    cfg: &RenderConfig,
+    state: &mut State,
+    full: bool,
+    missing: &[BaseJump],
+    existing: &BTreeSet<String>,
+) -> Output {
+    let family = model.family;
+    let full = full || !state.committed;
+    // render what changed
+    let mut next: HashMap<ServicePortName, (ServiceEntry, Rendered)> = HashMap::with_capacity(model.services.len());
+    let mut changed_chains: BTreeMap<String, String> = BTreeMap::new();
+    let mut old = std::mem::take(&mut state.services);
+    for (name, entry) in &model.services {
+        match old.remove(name) {
+            Some((e, r)) if &e == entry && !full => {
+                next.insert(name.clone(), (e, r));
+            }
+            prev => {
+                let r = render_service(entry, node, cfg, family);
+                let prev_chains: HashMap<&str, &str> = prev
+                    .as_ref()
+                    .map(|(_, p)| p.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect())
+                    .unwrap_or_default();
+                for (c, t) in &r.chains {
+                    if full || prev_chains.get(c.as_str()) != Some(&t.as_str()) {
+                        changed_chains.insert(c.clone(), t.clone());
+                    }
+                }
+                // chains of the previous rendering that are gone go with `old`'s leftovers
+                if let Some((e, p)) = prev {
+                    let keep: BTreeSet<&str> = r.chains.iter().map(|(c, _)| c.as_str()).collect();
+                    let gone: Vec<(String, String)> =
+                        p.chains.into_iter().filter(|(c, _)| !keep.contains(c.as_str())).collect();
+                    old.insert(name.clone(), (e, Rendered { chains: gone, ..Rendered::default() }));
+                }
+                next.insert(name.clone(), (entry.clone(), r));
+            }
+        }
+    }
+    // chains to delete: every chain of a service port that is gone (or of a previous rendering)
+    // unless another service port now owns the same chain name
+    let live: BTreeSet<&str> = next.values().flat_map(|(_, r)| r.chains.iter().map(|(c, _)| c.as_str())).collect();
+    let mut deleted: BTreeSet<String> = BTreeSet::new();
+    for (_, (_, r)) in old.iter() {
+        for (c, _) in &r.chains {
+            if !live.contains(c.as_str()) {
+                deleted.insert(c.clone());
+            }
+        }
+    }
+    for c in existing {
+        if is_service_chain(c) && !live.contains(c.as_str()) {
+            deleted.insert(c.clone());
+        }
+    }
+
+    // shared chains, in service port name order
+    let ordered: Vec<&Rendered> = model.services.keys().filter_map(|k| next.get(k).map(|(_, r)| r)).collect();
+    let mut shared: BTreeMap<(&'static str, &'static str), String> = BTreeMap::new();
+    let fixed = fixed_rules(family, cfg);
+    let concat = |f: &dyn Fn(&Rendered) -> &str| -> String {
+        let mut s = String::with_capacity(ordered.iter().map(|r| f(r).len()).sum::<usize>() + 256);
+        for r in &ordered {
+            s.push_str(f(r));
+        }
+        s
+    };
+    let mut nat_services = concat(&|r| r.nat_services.as_str());
+    if let Some((_, _, tail)) = fixed.iter().find(|(_, c, _)| *c == "nodeports-tail") {
+        nat_services.push_str(tail);
+    }
+    shared.insert(("nat", KUBE_SERVICES), nat_services);
+    shared.insert(("nat", KUBE_NODEPORTS), concat(&|r| r.nat_nodeports.as_str()));
+    shared.insert(("filter", KUBE_SERVICES), concat(&|r| r.filter_services.as_str()));
+    shared.insert(("filter", KUBE_EXTERNAL_SERVICES), concat(&|r| r.filter_external.as_str()));
+    shared.insert(("filter", KUBE_NODEPORTS), concat(&|r| r.filter_nodeports.as_str()));
+    shared.insert(("filter", KUBE_PROXY_FIREWALL), concat(&|r| r.filter_firewall.as_str()));
+    for (t, c, text) in fixed.into_iter().filter(|(_, c, _)| *c != "nodeports-tail") {
+        shared.insert((t, c), text);
+    }
+    for t in ["mangle", "nat", "filter"] {
+        shared.insert((t, KUBE_PROXY_CANARY), format!("{}\n", canary_rule()));
+    }
+
+    // the transaction
+    let mut out = Output { full, ..Output::default() };
+    let mut text = String::with_capacity(
+        changed_chains.values().map(String::len).sum::<usize>() + if full { shared.values().map(String::len).sum() } else { 4096 },
+    );
+    let mut written = 0usize;
+    for table in ["mangle", "filter", "nat"] {
+        let shared_here: Vec<(&&str, &String)> = shared
+            .iter()
+            .filter(|((t, _), _)| *t == table)
+            .filter(|(k, v)| full || state.shared.get(*k) != Some(*v))
+            .map(|((_, c), v)| (c, v))
+            .collect();
+        let own_here = table == "nat";
+        let jumps: Vec<&BaseJump> = missing.iter().filter(|j| j.table == table).collect();
+        if shared_here.is_empty() && jumps.is_empty() && (!own_here || (changed_chains.is_empty() && deleted.is_empty())) {
+            continue;
+        }
+        let _ = writeln!(text, "*{table}");
+        for (c, _) in &shared_here {
+            let _ = writeln!(text, ":{c} - [0:0]");
+        }
+        if own_here {
+            for c in changed_chains.keys().chain(deleted.iter()) {
+                let _ = writeln!(text, ":{c} - [0:0]");
+            }
+        }
+        for j in &jumps {
+            let _ = writeln!(text, "-I {} {}", j.chain, j.rule);
+        }
+        for (_, rules) in &shared_here {
+            text.push_str(rules);
+        }
+        if own_here {
+            for rules in changed_chains.values() {
+                text.push_str(rules);
+            }
+            for c in &deleted {
+                let _ = writeln!(text, "-X {c}");
+            }
+        }
+        let _ = writeln!(text, "COMMIT");
+        written += shared_here.len() + if own_here { changed_chains.len() } else { 0 };
+    }
+    out.written = written;
+    out.deleted = deleted.len();
+    out.text = text;
+
+    let own_rules: u64 = next.values().map(|(_, r)| r.rules).sum();
+    let count = |table: &str| -> u64 {
+        shared.iter().filter(|((t, _), _)| *t == table).map(|(_, v)| v.lines().count() as u64).sum()
+    };
+    out.rules = vec![("filter".into(), count("filter")), ("nat".into(), count("nat") + own_rules)];
+    out.no_local = next.values().fold((0, 0), |(i, e), (_, r)| (i + u64::from(r.no_local.0), e + u64::from(r.no_local.1)));
+    state.services = next;
+    state.shared = shared;
+    state.committed = true;
+    out
+}
+
+impl State {
+    /// Forgets everything: the next render is full (after a failed restore, a drift).
+    pub fn reset(&mut self) {
+        self.committed = false;
+    }
+
+    /// Chains ferro-proxy believes it has in the nat table (for tests and diagnostics).
+    pub fn nat_chains(&self) -> BTreeSet<String> {
+        self.services.values().flat_map(|(_, r)| r.chains.iter().map(|(c, _)| c.clone())).collect()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::model::{Endpoint, Protocol, ServicePort};
+
+    pub(crate) fn spn(ns: &str, name: &str, port: &str) -> ServicePortName {
+        ServicePortName { namespace: ns.into(), name: name.into(), port: port.into(), protocol: Protocol::Tcp }
+    }
+
+    pub(crate) fn ep(ip: &str, port: u16, local: bool) -> Endpoint {
+        Endpoint {
+            ip: ip.parse().unwrap(),
+            port,
+            ready: true,
+            serving: true,
+            terminating: false,
+            local,
+            zone: None,
+            zone_hints: BTreeSet::new(),
+        }
+    }
+
+    pub(crate) fn sp(name: ServicePortName, ip: &str, port: u16) -> ServicePort {
+        ServicePort {
+            name,
+            cluster_ip: ip.parse().unwrap(),
+            port,
+            protocol: Protocol::Tcp,
+            node_port: 0,
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            load_balancer_source_ranges: vec![],
+            affinity_seconds: None,
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: 0,
+            topology_aware: false,
+        }
+    }
+
+    fn node() -> NodeInfo {
+        NodeInfo { name: "node1".into(), zone: None }
+    }
+
+    fn cfg() -> RenderConfig {
+        RenderConfig { cluster_cidrs: vec!["10.0.0.0/8".parse().unwrap()], ..RenderConfig::default() }
+    }
+
+    fn model(entries: Vec<ServiceEntry>) -> FamilyModel {
+        FamilyModel { family: Family::V4, services: entries.into_iter().map(|e| (e.port.name.clone(), e)).collect() }
+    }
+
+    #[test]
+    fn cluster_ip_service_renders_upstreams_rules() {
+        let e = ServiceEntry { port: sp(spn("ns1", "svc1", "p80"), "172.30.0.41", 80), endpoints: vec![ep("10.180.0.1", 80, false)] };
+        let r = render_service(&e, &node(), &cfg(), Family::V4);
+        assert_eq!(
+            r.nat_services,
+            "-A KUBE-SERVICES -m comment --comment \"ns1/svc1:p80 cluster IP\" -m tcp -p tcp -d 172.30.0.41 --dport 80 -j KUBE-SVC-XPGD46QRK7WJZT7O\n"
+        );
+        assert_eq!(
+            r.chains,
+            vec![
+                (
+                    "KUBE-SVC-XPGD46QRK7WJZT7O".to_string(),
+                    "-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment \"ns1/svc1:p80 cluster IP\" -m tcp -p tcp -d 172.30.0.41 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ\n\
+                     -A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment \"ns1/svc1:p80 -> 10.180.0.1:80\" -j KUBE-SEP-SXIVWICOYRO3J4NJ\n"
+                        .to_string()
+                ),
+                (
+                    "KUBE-SEP-SXIVWICOYRO3J4NJ".to_string(),
+                    "-A KUBE-SEP-SXIVWICOYRO3J4NJ -m comment --comment ns1/svc1:p80 -s 10.180.0.1 -j KUBE-MARK-MASQ\n\
+                     -A KUBE-SEP-SXIVWICOYRO3J4NJ -m comment --comment ns1/svc1:p80 -m tcp -p tcp -j DNAT --to-destination 10.180.0.1:80\n"
+                        .to_string()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn no_endpoints_rejects_in_filter() {
+        let e = ServiceEntry { port: sp(spn("ns6", "svc6", "p80"), "172.30.0.46", 80), endpoints: vec![] };
+        let r = render_service(&e, &node(), &cfg(), Family::V4);
+        assert!(r.nat_services.is_empty() && r.chains.is_empty());
+        assert_eq!(
+            r.filter_services,
+            "-A KUBE-SERVICES -m comment --comment \"ns6/svc6:p80 has no endpoints\" -m tcp -p tcp -d 172.30.0.46 --dport 80 -j REJECT\n"
+        );
+    }
+
+    #[test]
+    fn probabilities_are_upstreams() {
+        assert_eq!(probability(2), "0.5000000000");
+        assert_eq!(probability(3), "0.3333333333");
+        let e = ServiceEntry {
+            port: sp(spn("ns", "s", ""), "10.96.0.1", 80),
+            endpoints: vec![ep("10.1.0.1", 80, false), ep("10.1.0.2", 80, false), ep("10.1.0.3", 80, false)],
+        };
+        let r = render_service(&e, &node(), &cfg(), Family::V4);
+        let svc = &r.chains[0].1;
+        assert!(svc.contains("--probability 0.3333333333 -j KUBE-SEP-"), "{svc}");
+        assert!(svc.contains("--probability 0.5000000000 -j KUBE-SEP-"), "{svc}");
+        assert_eq!(svc.matches("statistic").count(), 2);
+    }
+
+    #[test]
+    fn partial_sync_writes_only_what_changed() {
+        let a = ServiceEntry { port: sp(spn("ns", "a", "http"), "10.96.0.1", 80), endpoints: vec![ep("10.1.0.1", 80, false)] };
+        let b = ServiceEntry { port: sp(spn("ns", "b", "http"), "10.96.0.2", 80), endpoints: vec![ep("10.1.0.2", 80, false)] };
+        let mut st = State::default();
+        let o = render(&model(vec![a.clone(), b.clone()]), &node(), &cfg(), &mut st, false, &base_jumps(), &BTreeSet::new());
+        assert!(o.full);
+        assert!(o.text.contains(":KUBE-SERVICES - [0:0]") && o.text.contains("-I PREROUTING"));
+        // nothing changed: nothing written
+        let o = render(&model(vec![a.clone(), b.clone()]), &node(), &cfg(), &mut st, false, &[], &BTreeSet::new());
+        assert_eq!(o.text, "");
+        // one endpoint added to b: b's SVC chain and the new SEP chain, no shared chain
+        let mut b2 = b.clone();
+        b2.endpoints.push(ep("10.1.0.3", 80, false));
+        let o = render(&model(vec![a.clone(), b2.clone()]), &node(), &cfg(), &mut st, false, &[], &BTreeSet::new());
+        let declared: Vec<&str> = o.text.lines().filter(|l| l.starts_with(':')).collect();
+        assert_eq!(declared.len(), 2, "{}", o.text);
+        assert!(o.text.contains(&format!(":{} - [0:0]", names::svc_chain(&b.port.name))));
+        assert!(!o.text.contains(":KUBE-SERVICES"));
+        // b removed: its chains deleted, KUBE-SERVICES rewritten without it
+        let o = render(&model(vec![a.clone()]), &node(), &cfg(), &mut st, false, &[], &BTreeSet::new());
+        assert_eq!(o.deleted, 3, "{}", o.text);
+        assert!(o.text.contains(&format!("-X {}", names::svc_chain(&b.port.name))));
+        assert!(o.text.contains(":KUBE-SERVICES - [0:0]"));
+        assert!(!o.text.contains("10.96.0.2"));
+        assert_eq!(st.nat_chains().len(), 2);
+        // endpoint removed from a: the old SEP chain is deleted
+        let mut a2 = a.clone();
+        a2.endpoints = vec![ep("10.1.0.9", 80, false)];
+        let o = render(&model(vec![a2]), &node(), &cfg(), &mut st, false, &[], &BTreeSet::new());
+        assert!(o.text.contains(&format!("-X {}", names::sep_chain(&a.port.name, &a.endpoints[0]))), "{}", o.text);
+    }
+
+    #[test]
+    fn a_full_sync_removes_chains_left_from_before_a_restart() {
+        let a = ServiceEntry { port: sp(spn("ns", "a", "http"), "10.96.0.1", 80), endpoints: vec![ep("10.1.0.1", 80, false)] };
+        let saved = "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-AAAAAAAAAAAAAAAA - [0:0]\n:FERRO-MASQ-1 - [0:0]\nCOMMIT\n";
+        let mut st = State::default();
+        let o = render(&model(vec![a]), &node(), &cfg(), &mut st, true, &[], &saved_chains(saved));
+        assert!(o.text.contains("-X KUBE-SVC-AAAAAAAAAAAAAAAA"), "{}", o.text);
+        assert!(!o.text.contains("FERRO-MASQ"));
+    }
+
+    #[test]
+    fn missing_jumps_reads_iptables_save() {
+        let saved = "*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\nCOMMIT\n";
+        let missing = missing_jumps(saved);
+        assert_eq!(missing.len(), base_jumps().len() - 1);
+        assert!(!missing.iter().any(|j| j.table == "nat" && j.chain == "PREROUTING"));
+    }
+}
