@@ -23,7 +23,13 @@ pub fn for_mode(cfg: &Config) -> Result<Box<dyn Backend>, SyncError> {
             cfg.masquerade_all,
             cfg.nodeport_addresses.clone(),
         ))),
-        Mode::Nftables | Mode::Ipvs => {
+        Mode::Nftables => Ok(Box::new(crate::nftables::backend::NftBackend::new(
+            crate::exec::Host,
+            cfg.cluster_cidrs.clone(),
+            cfg.masquerade_all,
+            cfg.nodeport_addresses.clone(),
+        ))),
+        Mode::Ipvs => {
             Err(SyncError::Unsupported(format!("proxy mode {} is not wired yet", cfg.mode.as_str())))
         }
     }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use common::{World, CLIENT_IP, CLUSTER_CIDR};
 use ferro_proxy::controller::Backend;
 use ferro_proxy::iptables::backend::IptablesBackend;
+use ferro_proxy::nftables::backend::NftBackend;
 use ferro_proxy::model::{self, Family, FamilyModel, NodeInfo};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -54,8 +55,13 @@ fn answers(n: usize, mut get: impl FnMut() -> Result<String, common::Failure>) -
     (0..n).map(|_| get().unwrap()).collect()
 }
 
-fn iptables(w: &World) -> IptablesBackend<common::InNs> {
-    IptablesBackend::new(w.runner(), vec![CLUSTER_CIDR.parse().unwrap()], false, vec![])
+fn backend(w: &World, mode: &str) -> Box<dyn Backend> {
+    let cidrs = vec![CLUSTER_CIDR.parse().unwrap()];
+    match mode {
+        "iptables" => Box::new(IptablesBackend::new(w.runner(), cidrs, false, vec![])),
+        "nftables" => Box::new(NftBackend::new(w.runner(), cidrs, false, vec![])),
+        m => panic!("no mode {m}"),
+    }
 }
 
 #[test]
@@ -67,11 +73,9 @@ fn the_fixture_routes_pods_and_client() {
     assert_eq!(World::remote_ip(&w.get_in_client("http://10.244.0.11:8080/cgi-bin/ip").unwrap()), CLIENT_IP);
 }
 
-#[test]
-#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
-fn iptables_cluster_ip_node_port_and_no_endpoints() {
-    let w = World::new("ipt1", 3).unwrap();
-    let mut b = iptables(&w);
+fn cluster_ip_node_port_and_no_endpoints(mode: &str) {
+    let w = World::new(&format!("{}1", &mode[..3]), 3).unwrap();
+    let mut b = backend(&w, mode);
     let web = objects(&w, "web", json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}), &[(1, true), (2, true)]);
     let empty = objects(&w, "empty", json!({}), &[]);
     let vip = web.0.spec.as_ref().unwrap().cluster_ip.clone().unwrap();
@@ -102,11 +106,9 @@ fn iptables_cluster_ip_node_port_and_no_endpoints() {
     assert!(!b.drifted());
 }
 
-#[test]
-#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
-fn iptables_affinity_local_policy_and_drift() {
-    let w = World::new("ipt2", 3).unwrap();
-    let mut b = iptables(&w);
+fn affinity_local_policy_and_drift(mode: &str) {
+    let w = World::new(&format!("{}2", &mode[..3]), 3).unwrap();
+    let mut b = backend(&w, mode);
     let sticky = objects(&w, "sticky", json!({"sessionAffinity": "ClientIP"}), &[(1, true), (2, true)]);
     let local = objects(
         &w,
@@ -121,9 +123,14 @@ fn iptables_affinity_local_policy_and_drift() {
     // externalTrafficPolicy=Local keeps the client's address
     let seen = World::remote_ip(&w.get_in_client(&format!("http://{}:30081/cgi-bin/ip", common::NODE_IP)).unwrap());
     assert_eq!(seen, CLIENT_IP);
-    // someone flushes every chain: the canary says so, a full sync repairs it
-    lab_run(&w, &["iptables", "-t", "nat", "-F"]);
-    lab_run(&w, &["iptables", "-t", "mangle", "-F"]);
+    // someone flushes every chain (iptables) or the dispatch chain (nftables): the drift check
+    // says so, a full sync repairs it
+    if mode == "iptables" {
+        lab_run(&w, &["iptables", "-t", "nat", "-F"]);
+        lab_run(&w, &["iptables", "-t", "mangle", "-F"]);
+    } else {
+        lab_run(&w, &["nft", "flush", "chain", "ip", "kube-proxy", "services"]);
+    }
     assert!(w.get_in_pod(0, &format!("http://{vip}/")).is_err());
     assert!(b.drifted());
     let rep = b.sync(&build(&[sticky, local]), &node(), false).unwrap();
@@ -136,4 +143,41 @@ fn lab_run(w: &World, args: &[&str]) {
     let mut c = std::process::Command::new("ip");
     c.args(["netns", "exec", w.node.name()]).args(args);
     ferro_lab::run(&mut c).unwrap();
+}
+
+#[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
+fn iptables_cluster_ip_node_port_and_no_endpoints() {
+    cluster_ip_node_port_and_no_endpoints("iptables");
+}
+
+#[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
+fn nftables_cluster_ip_node_port_and_no_endpoints() {
+    cluster_ip_node_port_and_no_endpoints("nftables");
+}
+
+#[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
+fn iptables_affinity_local_policy_and_drift() {
+    affinity_local_policy_and_drift("iptables");
+}
+
+#[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
+fn nftables_affinity_local_policy_and_drift() {
+    affinity_local_policy_and_drift("nftables");
+}
+
+#[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
+fn nftables_table_deleted_is_drift() {
+    let w = World::new("nftdel", 2).unwrap();
+    let mut b = backend(&w, "nftables");
+    let web = objects(&w, "web", json!({}), &[(1, true)]);
+    b.sync(&build(std::slice::from_ref(&web)), &node(), false).unwrap();
+    lab_run(&w, &["nft", "delete", "table", "ip", "kube-proxy"]);
+    assert!(b.drifted());
+    assert!(b.sync(&build(&[web]), &node(), false).unwrap().full);
+    assert!(!b.drifted());
 }

@@ -82,3 +82,9 @@ fn rules_text(w: &World, _mode: &str) -> String {
 fn iptables_mode_end_to_end() {
     e2e("iptables");
 }
+
+#[test]
+#[ignore = "privileged: needs root, network namespaces, kubectl; run by scripts/test.sh"]
+fn nftables_mode_end_to_end() {
+    e2e("nftables");
+}

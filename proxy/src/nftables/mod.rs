@@ -1,1 +1,5 @@
-//! nftables mode: the renderer (model -> one nft transaction), the tracer, the executor.
+//! nftables mode: the renderer (model -> one nft transaction, upstream's layout with verdict
+//! maps) and the backend that applies it with `nft -f`.
+
+pub mod backend;
+pub mod rules;

@@ -1,0 +1,620 @@
+//! The nftables renderer: a family's model -> one `nft -f` transaction, in upstream
+//! kube-proxy's nftables layout (pkg/proxy/nftables/proxier.go, v1.31+): table
+//! `ip kube-proxy` / `ip6 kube-proxy`, base chains at upstream's hooks and priorities, and
+//! dispatch through verdict maps (`service-ips`, `service-nodeports`, `no-endpoint-services`,
+//! `no-endpoint-nodeports`, `firewall-ips`), so a packet's lookup costs the same at 10 or
+//! 10,000 Services.
+//!
+//! A full sync recreates the table in one transaction (`add table`, `delete table`, then
+//! everything). A partial sync touches only the map elements and chains of service ports whose
+//! entry changed, computed against the state ferro-proxy committed — the table is never listed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::model::{categorize, Endpoint, Family, FamilyModel, NodeInfo, ServiceEntry, ServicePortName};
+use crate::names::hash_prefix;
+
+pub const TABLE: &str = "kube-proxy";
+
+/// What the renderer needs besides the model.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RenderConfig {
+    /// Local-traffic detector ("ClusterCIDR"): this family's pod networks.
+    pub cluster_cidrs: Vec<IpNet>,
+    pub masquerade_all: bool,
+    /// None: NodePorts on every local address but loopback (`fib daddr type local`); Some:
+    /// only these addresses (the `nodeport-ips` set).
+    pub nodeport_ips: Option<Vec<IpAddr>>,
+}
+
+fn fam(f: Family) -> (&'static str, &'static str, &'static str, &'static str) {
+    // (table family, address match keyword, set type, loopback)
+    match f {
+        Family::V4 => ("ip", "ip", "ipv4_addr", "127.0.0.0/8"),
+        Family::V6 => ("ip6", "ip6", "ipv6_addr", "::1"),
+    }
+}
+
+/// Upstream's hashAndTruncate: 8 characters of base32(sha256(name)), "-", the name (cut to
+/// 240 characters with "..." if longer).
+fn hash_and_truncate(name: &str) -> String {
+    let mut s = format!("{}-{name}", hash_prefix(name, 8));
+    if s.len() > 240 {
+        s.truncate(237);
+        s.push_str("...");
+    }
+    s
+}
+
+/// Upstream's servicePortChainNameBase: "HASH-ns/name/proto/port".
+pub fn chain_base(name: &ServicePortName) -> String {
+    hash_and_truncate(&format!("{}/{}/{}/{}", name.namespace, name.name, name.protocol.lower(), name.port))
+}
+
+/// Upstream's endpoint chain: "endpoint-" + "HASH-ns/name/proto/port__ip/port" (an IPv6
+/// address with '.' for ':').
+pub fn endpoint_chain(name: &ServicePortName, ep: &Endpoint) -> String {
+    let ip = ep.ip.to_string().replace(':', ".");
+    format!(
+        "endpoint-{}",
+        hash_and_truncate(&format!("{}/{}/{}/{}__{ip}/{}", name.namespace, name.name, name.protocol.lower(), name.port, ep.port))
+    )
+}
+
+/// One element of one of the shared maps or sets.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Element {
+    pub map: &'static str,
+    /// The key (and ": verdict" for maps) as nft spells it.
+    pub text: String,
+}
+
+/// One service port rendered on its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rendered {
+    /// Its chains with their rule lines (`add rule` lines), in writing order.
+    pub chains: Vec<(String, String)>,
+    /// Its affinity sets (name, timeout seconds).
+    pub sets: Vec<(String, u32)>,
+    pub elements: BTreeSet<Element>,
+}
+
+/// What ferro-proxy committed for one family.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    services: HashMap<ServicePortName, (ServiceEntry, Rendered)>,
+    committed: bool,
+}
+
+impl State {
+    /// The next render is full (after a refused transaction or drift).
+    pub fn reset(&mut self) {
+        self.committed = false;
+    }
+}
+
+/// One render's output.
+#[derive(Debug, Clone, Default)]
+pub struct Output {
+    pub text: String,
+    pub full: bool,
+    pub chains_written: usize,
+    pub chains_deleted: usize,
+    pub elements_changed: usize,
+}
+
+fn rule(out: &mut String, tf: &str, chain: &str, body: &str) {
+    let _ = writeln!(out, "add rule {tf} {TABLE} {chain} {body}");
+}
+
+/// Renders one service port, as upstream's per-service loop of syncProxyRules.
+pub fn render_service(entry: &ServiceEntry, node: &NodeInfo, cfg: &RenderConfig, family: Family) -> Rendered {
+    let (tf, af, _, _) = fam(family);
+    let port = &entry.port;
+    let name = &port.name;
+    let spn = name.to_string();
+    let proto = port.protocol.lower();
+    let base = chain_base(name);
+    let cat = categorize(entry, node);
+    let mut r = Rendered::default();
+    let svc_chain = format!("service-{base}");
+    let local_chain = format!("local-{base}");
+    let ext_chain = format!("external-{base}");
+    let fw_chain = format!("firewall-{base}");
+    let has_endpoints = cat.has_any;
+    let uses_cluster_chain = !cat.cluster.is_empty() && port.uses_cluster_endpoints();
+    let uses_local_chain = !cat.local.is_empty() && port.uses_local_endpoints();
+    let (internal_chain, has_internal) = if port.internal_policy_local {
+        (&local_chain, has_endpoints && !cat.local.is_empty())
+    } else {
+        (&svc_chain, has_endpoints)
+    };
+    let (external_policy_chain, has_external) = if port.external_policy_local {
+        (&local_chain, has_endpoints && !cat.local.is_empty())
+    } else {
+        (&svc_chain, has_endpoints)
+    };
+    let uses_ext_chain = has_endpoints && port.externally_accessible();
+    let uses_fw_chain = has_endpoints && !port.load_balancer_ips.is_empty() && !port.load_balancer_source_ranges.is_empty();
+    let no_ep_verdict = if has_endpoints { "drop" } else { "goto reject-chain" };
+    let el = |map: &'static str, text: String| Element { map, text };
+    let cluster_ip = port.cluster_ip;
+    let p = port.port;
+
+    r.elements.insert(el("cluster-ips", format!("{cluster_ip}")));
+    if has_internal {
+        r.elements.insert(el("service-ips", format!("{cluster_ip} . {proto} . {p} : goto {internal_chain}")));
+    } else {
+        r.elements.insert(el("no-endpoint-services", format!("{cluster_ip} . {proto} . {p} comment \"{spn}\" : {no_ep_verdict}")));
+    }
+    for ip in &port.external_ips {
+        if has_endpoints {
+            r.elements.insert(el("service-ips", format!("{ip} . {proto} . {p} : goto {ext_chain}")));
+        }
+        if !has_external {
+            r.elements.insert(el("no-endpoint-services", format!("{ip} . {proto} . {p} comment \"{spn}\" : {no_ep_verdict}")));
+        }
+    }
+    for ip in &port.load_balancer_ips {
+        if has_endpoints {
+            r.elements.insert(el("service-ips", format!("{ip} . {proto} . {p} : goto {ext_chain}")));
+        }
+        if uses_fw_chain {
+            r.elements.insert(el("firewall-ips", format!("{ip} . {proto} . {p} comment \"{spn}\" : goto {fw_chain}")));
+        }
+        if !has_external {
+            r.elements.insert(el("no-endpoint-services", format!("{ip} . {proto} . {p} comment \"{spn}\" : {no_ep_verdict}")));
+        }
+    }
+    if port.node_port != 0 {
+        let np = port.node_port;
+        if has_endpoints {
+            r.elements.insert(el("service-nodeports", format!("{proto} . {np} : goto {ext_chain}")));
+        }
+        if !has_external {
+            r.elements.insert(el("no-endpoint-nodeports", format!("{proto} . {np} comment \"{spn}\" : {no_ep_verdict}")));
+        }
+    }
+
+    let cidrs: Vec<&IpNet> = cfg.cluster_cidrs.iter().filter(|n| family.contains_net(n)).collect();
+    let mut masq = String::new();
+    if has_internal {
+        if cfg.masquerade_all {
+            rule(&mut masq, tf, internal_chain, &format!("{af} daddr {cluster_ip} {proto} dport {p} jump mark-for-masquerade"));
+        } else if !cidrs.is_empty() {
+            let set: Vec<String> = cidrs.iter().map(|c| c.to_string()).collect();
+            rule(
+                &mut masq,
+                tf,
+                internal_chain,
+                &format!("{af} daddr {cluster_ip} {proto} dport {p} {af} saddr != {{ {} }} jump mark-for-masquerade", set.join(", ")),
+            );
+        }
+    }
+    let mut chains = Vec::new();
+    if uses_ext_chain {
+        let mut t = String::new();
+        if !port.external_policy_local {
+            rule(&mut t, tf, &ext_chain, "jump mark-for-masquerade");
+        } else {
+            if !cidrs.is_empty() {
+                let set: Vec<String> = cidrs.iter().map(|c| c.to_string()).collect();
+                rule(&mut t, tf, &ext_chain, &format!("{af} saddr {{ {} }} goto {svc_chain} comment \"short-circuit pod traffic\"", set.join(", ")));
+            }
+            rule(&mut t, tf, &ext_chain, "fib saddr type local jump mark-for-masquerade comment \"masquerade local traffic\"");
+            rule(&mut t, tf, &ext_chain, &format!("fib saddr type local goto {svc_chain} comment \"short-circuit local traffic\""));
+        }
+        if has_external {
+            rule(&mut t, tf, &ext_chain, &format!("goto {external_policy_chain}"));
+        }
+        chains.push((ext_chain.clone(), t));
+    }
+    if uses_fw_chain {
+        let ranges: Vec<String> = port.load_balancer_source_ranges.iter().map(|c| c.to_string()).collect();
+        let mut t = String::new();
+        rule(&mut t, tf, &fw_chain, &format!("{af} saddr != {{ {} }} drop", ranges.join(", ")));
+        chains.push((fw_chain.clone(), t));
+    }
+    let mut sets = Vec::new();
+    let policy = |chain: &str, eps: &[&Endpoint], sets: &mut Vec<(String, u32)>| -> String {
+        let mut t = String::new();
+        if let Some(secs) = port.affinity_seconds {
+            for ep in eps {
+                let epc = endpoint_chain(name, ep);
+                let set = format!("affinity-{}", &epc["endpoint-".len()..]);
+                rule(&mut t, tf, chain, &format!("{af} saddr @{set} goto {epc}"));
+                if !sets.iter().any(|(s, _)| s == &set) {
+                    sets.push((set, secs));
+                }
+            }
+        }
+        if !eps.is_empty() {
+            let arms: Vec<String> = eps.iter().enumerate().map(|(i, ep)| format!("{i} : goto {}", endpoint_chain(name, ep))).collect();
+            rule(&mut t, tf, chain, &format!("numgen random mod {} vmap {{ {} }}", eps.len(), arms.join(", ")));
+        }
+        t
+    };
+    if uses_cluster_chain {
+        let mut t = if internal_chain == &svc_chain { masq.clone() } else { String::new() };
+        t.push_str(&policy(&svc_chain, &cat.cluster, &mut sets));
+        chains.push((svc_chain.clone(), t));
+    }
+    if uses_local_chain {
+        let mut t = if internal_chain == &local_chain { masq.clone() } else { String::new() };
+        t.push_str(&policy(&local_chain, &cat.local, &mut sets));
+        chains.push((local_chain.clone(), t));
+    }
+    for ep in &cat.all_reachable {
+        let epc = endpoint_chain(name, ep);
+        let mut t = String::new();
+        rule(&mut t, tf, &epc, &format!("{af} saddr {} jump mark-for-masquerade", ep.ip));
+        if port.affinity_seconds.is_some() {
+            let set = format!("affinity-{}", &epc["endpoint-".len()..]);
+            rule(&mut t, tf, &epc, &format!("update @{set} {{ {af} saddr }}"));
+        }
+        let dest = match ep.ip {
+            IpAddr::V4(_) => ep.addr(),
+            IpAddr::V6(ip) => format!("[{ip}]:{}", ep.port),
+        };
+        rule(&mut t, tf, &epc, &format!("meta l4proto {proto} dnat to {dest}"));
+        chains.push((epc, t));
+    }
+    r.chains = chains;
+    r.sets = sets;
+    r
+}
+
+/// The table's fixed part: base chains, helper chains, the shared sets and maps.
+fn skeleton(family: Family, cfg: &RenderConfig) -> String {
+    let (tf, af, addr_t, lo) = fam(family);
+    let mut s = String::with_capacity(4096);
+    let _ = writeln!(s, "add table {tf} {TABLE} {{ comment \"rules for kube-proxy\" ; }}");
+    let chain = |s: &mut String, name: &str, spec: &str| {
+        if spec.is_empty() {
+            let _ = writeln!(s, "add chain {tf} {TABLE} {name}");
+        } else {
+            let _ = writeln!(s, "add chain {tf} {TABLE} {name} {{ {spec} ; }}");
+        }
+    };
+    let r = |s: &mut String, c: &str, body: &str| rule(s, tf, c, body);
+    let _ = writeln!(s, "add set {tf} {TABLE} cluster-ips {{ type {addr_t} ; comment \"Active ClusterIPs\" ; }}");
+    let _ = writeln!(s, "add set {tf} {TABLE} nodeport-ips {{ type {addr_t} ; comment \"IPs that accept NodePort traffic\" ; }}");
+    let _ = writeln!(s, "add map {tf} {TABLE} firewall-ips {{ type {addr_t} . inet_proto . inet_service : verdict ; comment \"destinations that are subject to LoadBalancerSourceRanges\" ; }}");
+    let _ = writeln!(s, "add map {tf} {TABLE} no-endpoint-nodeports {{ type inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to service nodeports with no endpoints\" ; }}");
+    let _ = writeln!(s, "add map {tf} {TABLE} no-endpoint-services {{ type {addr_t} . inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to services with no endpoints\" ; }}");
+    let _ = writeln!(s, "add map {tf} {TABLE} service-ips {{ type {addr_t} . inet_proto . inet_service : verdict ; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\" ; }}");
+    let _ = writeln!(s, "add map {tf} {TABLE} service-nodeports {{ type inet_proto . inet_service : verdict ; comment \"NodePort traffic\" ; }}");
+    chain(&mut s, "mark-for-masquerade", "");
+    r(&mut s, "mark-for-masquerade", "mark set mark or 0x4000");
+    chain(&mut s, "masquerading", "");
+    r(&mut s, "masquerading", "mark and 0x4000 == 0 return");
+    r(&mut s, "masquerading", "mark set mark xor 0x4000");
+    r(&mut s, "masquerading", "masquerade fully-random");
+    chain(&mut s, "reject-chain", "comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\"");
+    r(&mut s, "reject-chain", "reject");
+    chain(&mut s, "firewall-check", "");
+    r(&mut s, "firewall-check", &format!("{af} daddr . meta l4proto . th dport vmap @firewall-ips"));
+    chain(&mut s, "service-endpoints-check", "");
+    r(&mut s, "service-endpoints-check", &format!("{af} daddr . meta l4proto . th dport vmap @no-endpoint-services"));
+    chain(&mut s, "nodeport-endpoints-check", "");
+    match &cfg.nodeport_ips {
+        None => r(&mut s, "nodeport-endpoints-check", &format!("fib daddr type local {af} daddr != {lo} meta l4proto . th dport vmap @no-endpoint-nodeports")),
+        Some(_) => r(&mut s, "nodeport-endpoints-check", &format!("{af} daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports")),
+    }
+    chain(&mut s, "cluster-ips-check", "");
+    r(&mut s, "cluster-ips-check", &format!("{af} daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\""));
+    chain(&mut s, "services", "");
+    r(&mut s, "services", &format!("{af} daddr . meta l4proto . th dport vmap @service-ips"));
+    match &cfg.nodeport_ips {
+        None => r(&mut s, "services", &format!("fib daddr type local {af} daddr != {lo} meta l4proto . th dport vmap @service-nodeports")),
+        Some(_) => r(&mut s, "services", &format!("{af} daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports")),
+    }
+    if let Some(ips) = &cfg.nodeport_ips {
+        let mine: Vec<String> = ips.iter().filter(|ip| family.contains(ip) && !ip.is_loopback()).map(|ip| ip.to_string()).collect();
+        if !mine.is_empty() {
+            let _ = writeln!(s, "add element {tf} {TABLE} nodeport-ips {{ {} }}", mine.join(", "));
+        }
+    }
+    for (name, spec, jumps) in [
+        ("filter-prerouting", "type filter hook prerouting priority -110", &["ct state new jump firewall-check"][..]),
+        ("filter-forward", "type filter hook forward priority -110", &["ct state new jump service-endpoints-check", "ct state new jump cluster-ips-check"][..]),
+        ("filter-input", "type filter hook input priority -110", &["ct state new jump nodeport-endpoints-check", "ct state new jump service-endpoints-check"][..]),
+        ("filter-output", "type filter hook output priority -110", &["ct state new jump service-endpoints-check", "ct state new jump firewall-check"][..]),
+        ("filter-output-post-dnat", "type filter hook output priority -90", &["ct state new jump cluster-ips-check"][..]),
+        ("nat-output", "type nat hook output priority -100", &["jump services"][..]),
+        ("nat-postrouting", "type nat hook postrouting priority 100", &["jump masquerading"][..]),
+        ("nat-prerouting", "type nat hook prerouting priority -100", &["jump services"][..]),
+    ] {
+        chain(&mut s, name, spec);
+        for j in jumps {
+            r(&mut s, name, j);
+        }
+    }
+    s
+}
+
+fn write_service_chains(out: &mut String, tf: &str, r: &Rendered) {
+    for (set, secs) in &r.sets {
+        let addr_t = if tf == "ip" { "ipv4_addr" } else { "ipv6_addr" };
+        let _ = writeln!(out, "add set {tf} {TABLE} {set} {{ type {addr_t} ; flags dynamic,timeout ; timeout {secs}s ; }}");
+    }
+    for (c, _) in &r.chains {
+        let _ = writeln!(out, "add chain {tf} {TABLE} {c}");
+    }
+}
+
+/// Renders one family against `state`; `full` recreates the table. Updates `state` as if the
+/// text was committed (the caller resets it when nft refuses the transaction).
+pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &mut State, full: bool) -> Output {
+    let family = model.family;
+    let (tf, _, _, _) = fam(family);
+    let full = full || !state.committed;
+    let mut out = Output { full, ..Output::default() };
+    let mut old = std::mem::take(&mut state.services);
+    let mut next: HashMap<ServicePortName, (ServiceEntry, Rendered)> = HashMap::with_capacity(model.services.len());
+    // (old rendering, new rendering) of each changed service port; None = absent
+    let mut changed: Vec<(Option<Rendered>, Option<Rendered>)> = Vec::new();
+    for (name, entry) in &model.services {
+        match old.remove(name) {
+            Some((e, r)) if &e == entry && !full => {
+                next.insert(name.clone(), (e, r));
+            }
+            prev => {
+                let r = render_service(entry, node, cfg, family);
+                changed.push((prev.map(|(_, p)| p), Some(r.clone())));
+                next.insert(name.clone(), (entry.clone(), r));
+            }
+        }
+    }
+    for (_, (_, r)) in old {
+        changed.push((Some(r), None));
+    }
+    let mut text = String::new();
+    if full {
+        let _ = writeln!(text, "add table {tf} {TABLE}");
+        let _ = writeln!(text, "delete table {tf} {TABLE}");
+        text.push_str(&skeleton(family, cfg));
+        let ordered: Vec<&Rendered> = model.services.keys().filter_map(|k| next.get(k).map(|(_, r)| r)).collect();
+        for r in &ordered {
+            write_service_chains(&mut text, tf, r);
+        }
+        for r in &ordered {
+            for (_, rules) in &r.chains {
+                text.push_str(rules);
+            }
+            out.chains_written += r.chains.len();
+        }
+        let mut by_map: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for r in &ordered {
+            for e in &r.elements {
+                by_map.entry(e.map).or_default().push(&e.text);
+            }
+        }
+        for (map, els) in by_map {
+            out.elements_changed += els.len();
+            for chunk in els.chunks(1000) {
+                let _ = writeln!(text, "add element {tf} {TABLE} {map} {{ {} }}", chunk.join(", "));
+            }
+        }
+    } else {
+        // 1. elements that go; 2. new and changed chains; 3. elements that come; 4. stale chains
+        let mut removed_elements: BTreeSet<&Element> = BTreeSet::new();
+        let mut added_elements: BTreeSet<&Element> = BTreeSet::new();
+        let mut live_chains: BTreeSet<&str> = BTreeSet::new();
+        for (_, (_, r)) in next.iter() {
+            live_chains.extend(r.chains.iter().map(|(c, _)| c.as_str()));
+        }
+        // elements shared by several service ports (cluster-ips of a multi-port Service) stay
+        // while any live rendering still has them
+        let live_elements: BTreeSet<&Element> = next.values().flat_map(|(_, r)| r.elements.iter()).collect();
+        let empty: BTreeSet<Element> = BTreeSet::new();
+        for (old_r, new_r) in &changed {
+            let old_e = old_r.as_ref().map(|r| &r.elements).unwrap_or(&empty);
+            let new_e = new_r.as_ref().map(|r| &r.elements).unwrap_or(&empty);
+            removed_elements.extend(old_e.difference(new_e).filter(|e| !live_elements.contains(e)));
+            added_elements.extend(new_e.difference(old_e));
+        }
+        for e in &removed_elements {
+            let key = e.text.split(" : ").next().unwrap_or(&e.text);
+            let key = key.split(" comment ").next().unwrap_or(key);
+            let _ = writeln!(text, "delete element {tf} {TABLE} {} {{ {key} }}", e.map);
+        }
+        let mut stale_chains: BTreeSet<String> = BTreeSet::new();
+        let mut stale_sets: BTreeSet<String> = BTreeSet::new();
+        for (old_r, new_r) in &changed {
+            let old_chains: HashMap<&str, &str> =
+                old_r.as_ref().map(|r| r.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect()).unwrap_or_default();
+            if let Some(r) = new_r {
+                let old_sets: BTreeSet<&String> = old_r.as_ref().map(|o| o.sets.iter().map(|(s, _)| s).collect()).unwrap_or_default();
+                for (set, secs) in &r.sets {
+                    if !old_sets.contains(set) {
+                        let addr_t = if tf == "ip" { "ipv4_addr" } else { "ipv6_addr" };
+                        let _ = writeln!(text, "add set {tf} {TABLE} {set} {{ type {addr_t} ; flags dynamic,timeout ; timeout {secs}s ; }}");
+                    }
+                }
+                for (c, rules) in &r.chains {
+                    if old_chains.get(c.as_str()) != Some(&rules.as_str()) {
+                        let _ = writeln!(text, "add chain {tf} {TABLE} {c}");
+                        let _ = writeln!(text, "flush chain {tf} {TABLE} {c}");
+                    }
+                }
+            }
+            if let Some(o) = old_r {
+                for (c, _) in &o.chains {
+                    if !live_chains.contains(c.as_str()) {
+                        stale_chains.insert(c.clone());
+                    }
+                }
+                let keep: BTreeSet<&String> = new_r.as_ref().map(|n| n.sets.iter().map(|(s, _)| s).collect()).unwrap_or_default();
+                for (s, _) in &o.sets {
+                    if !keep.contains(s) {
+                        stale_sets.insert(s.clone());
+                    }
+                }
+            }
+        }
+        for (old_r, new_r) in &changed {
+            let old_chains: HashMap<&str, &str> =
+                old_r.as_ref().map(|r| r.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect()).unwrap_or_default();
+            if let Some(r) = new_r {
+                for (c, rules) in &r.chains {
+                    if old_chains.get(c.as_str()) != Some(&rules.as_str()) {
+                        text.push_str(rules);
+                        out.chains_written += 1;
+                    }
+                }
+            }
+        }
+        for e in &added_elements {
+            let _ = writeln!(text, "add element {tf} {TABLE} {} {{ {} }}", e.map, e.text);
+        }
+        out.elements_changed = removed_elements.len() + added_elements.len();
+        for c in &stale_chains {
+            let _ = writeln!(text, "flush chain {tf} {TABLE} {c}");
+        }
+        for c in &stale_chains {
+            let _ = writeln!(text, "delete chain {tf} {TABLE} {c}");
+        }
+        for s in &stale_sets {
+            let _ = writeln!(text, "delete set {tf} {TABLE} {s}");
+        }
+        out.chains_deleted = stale_chains.len();
+    }
+    out.text = text;
+    state.services = next;
+    state.committed = true;
+    out
+}
+
+/// The small chains the drift check lists (`nft list chain`, one call each: nft 1.0.6 cannot
+/// run `list` commands from `nft -f`); a deleted table or a flush of the dispatch chains shows
+/// in them, and listing them costs the same at any number of Services.
+pub const DRIFT_CHAINS: [&str; 3] = ["nat-prerouting", "services", "filter-forward"];
+
+/// Whether the listing of one of [`DRIFT_CHAINS`] shows the rules ferro-proxy wrote.
+pub fn drift_listing_ok(chain: &str, listing: &str) -> bool {
+    match chain {
+        "nat-prerouting" => listing.contains("jump services"),
+        "services" => listing.contains("vmap @service-ips") && listing.contains("vmap @service-nodeports"),
+        "filter-forward" => listing.contains("jump service-endpoints-check") && listing.contains("jump cluster-ips-check"),
+        _ => false,
+    }
+}
+
+/// The family keyword of a table (`ip`, `ip6`).
+pub fn table_family(family: Family) -> &'static str {
+    fam(family).0
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::model::{Protocol, ServicePort};
+
+    fn spn(ns: &str, name: &str, port: &str) -> ServicePortName {
+        ServicePortName { namespace: ns.into(), name: name.into(), port: port.into(), protocol: Protocol::Tcp }
+    }
+
+    fn ep(ip: &str) -> Endpoint {
+        Endpoint {
+            ip: ip.parse().unwrap(),
+            port: 80,
+            ready: true,
+            serving: true,
+            terminating: false,
+            local: false,
+            zone: None,
+            zone_hints: BTreeSet::new(),
+        }
+    }
+
+    fn entry(name: ServicePortName, ip: &str, eps: &[&str]) -> ServiceEntry {
+        ServiceEntry {
+            port: ServicePort {
+                name: name.clone(),
+                cluster_ip: ip.parse().unwrap(),
+                port: 80,
+                protocol: Protocol::Tcp,
+                node_port: 0,
+                external_ips: vec![],
+                load_balancer_ips: vec![],
+                load_balancer_source_ranges: vec![],
+                affinity_seconds: None,
+                external_policy_local: false,
+                internal_policy_local: false,
+                health_check_node_port: 0,
+                topology_aware: false,
+            },
+            endpoints: eps.iter().map(|i| ep(i)).collect(),
+        }
+    }
+
+    fn model(entries: Vec<ServiceEntry>) -> FamilyModel {
+        FamilyModel { family: Family::V4, services: entries.into_iter().map(|e| (e.port.name.clone(), e)).collect() }
+    }
+
+    fn cfg() -> RenderConfig {
+        RenderConfig { cluster_cidrs: vec!["10.0.0.0/8".parse().unwrap()], ..RenderConfig::default() }
+    }
+
+    #[test]
+    fn names_follow_upstream() {
+        let n = spn("ns1", "svc1", "p80");
+        assert_eq!(chain_base(&n), "ULMVA6XW-ns1/svc1/tcp/p80");
+        assert_eq!(endpoint_chain(&n, &ep("10.180.0.1")), "endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80");
+    }
+
+    #[test]
+    fn cluster_ip_service_renders_upstreams_rules() {
+        let e = entry(spn("ns1", "svc1", "p80"), "172.30.0.41", &["10.180.0.1"]);
+        let r = render_service(&e, &NodeInfo::default(), &cfg(), Family::V4);
+        assert_eq!(r.chains[0].0, "service-ULMVA6XW-ns1/svc1/tcp/p80");
+        assert_eq!(
+            r.chains[0].1,
+            "add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 ip daddr 172.30.0.41 tcp dport 80 ip saddr != { 10.0.0.0/8 } jump mark-for-masquerade\n\
+             add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 numgen random mod 1 vmap { 0 : goto endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80 }\n"
+        );
+        assert_eq!(
+            r.chains[1].1,
+            "add rule ip kube-proxy endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80 ip saddr 10.180.0.1 jump mark-for-masquerade\n\
+             add rule ip kube-proxy endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80 meta l4proto tcp dnat to 10.180.0.1:80\n"
+        );
+        assert!(r.elements.contains(&Element { map: "service-ips", text: "172.30.0.41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80".into() }));
+    }
+
+    #[test]
+    fn no_endpoints_goes_to_the_reject_chain() {
+        let e = entry(spn("ns", "s", "p"), "10.96.0.9", &[]);
+        let r = render_service(&e, &NodeInfo::default(), &cfg(), Family::V4);
+        assert!(r.chains.is_empty());
+        assert!(r.elements.iter().any(|e| e.map == "no-endpoint-services" && e.text.ends_with(": goto reject-chain")));
+    }
+
+    #[test]
+    fn partial_transactions_touch_only_the_change() {
+        let a = entry(spn("ns", "a", "p"), "10.96.0.1", &["10.1.0.1"]);
+        let b = entry(spn("ns", "b", "p"), "10.96.0.2", &["10.1.0.2"]);
+        let mut st = State::default();
+        let o = render(&model(vec![a.clone(), b.clone()]), &NodeInfo::default(), &cfg(), &mut st, false);
+        assert!(o.full && o.text.starts_with("add table ip kube-proxy\ndelete table ip kube-proxy\n"));
+        let o = render(&model(vec![a.clone(), b.clone()]), &NodeInfo::default(), &cfg(), &mut st, false);
+        assert_eq!(o.text, "");
+        // an endpoint added to b: b's service chain rewritten, one new endpoint chain, no element
+        let b2 = entry(spn("ns", "b", "p"), "10.96.0.2", &["10.1.0.2", "10.1.0.3"]);
+        let o = render(&model(vec![a.clone(), b2.clone()]), &NodeInfo::default(), &cfg(), &mut st, false);
+        assert_eq!((o.chains_written, o.chains_deleted, o.elements_changed), (2, 0, 0), "{}", o.text);
+        assert!(!o.text.contains("ns/a/"));
+        // b removed: its elements first, then its chains flushed and deleted
+        let o = render(&model(vec![a.clone()]), &NodeInfo::default(), &cfg(), &mut st, false);
+        assert_eq!(o.chains_deleted, 3, "{}", o.text);
+        let del_el = o.text.find("delete element ip kube-proxy service-ips { 10.96.0.2 . tcp . 80 }").unwrap();
+        let del_chain = o.text.find("delete chain ip kube-proxy service-").unwrap();
+        assert!(del_el < del_chain);
+        assert!(o.text.contains("delete element ip kube-proxy cluster-ips { 10.96.0.2 }"));
+    }
+}
