@@ -19,12 +19,14 @@ pub fn for_mode(cfg: &Config) -> Result<Box<dyn Backend>, SyncError> {
     match cfg.mode {
         Mode::Iptables => Ok(Box::new(crate::iptables::backend::IptablesBackend::new(
             crate::exec::Host,
+            iptables_counter(),
             cfg.cluster_cidrs.clone(),
             cfg.masquerade_all,
             cfg.nodeport_addresses.clone(),
         ))),
         Mode::Nftables => Ok(Box::new(crate::nftables::backend::NftBackend::new(
             crate::exec::Host,
+            Box::new(crate::nfcount::Netlink::new()),
             cfg.cluster_cidrs.clone(),
             cfg.masquerade_all,
             cfg.nodeport_addresses.clone(),
@@ -32,5 +34,18 @@ pub fn for_mode(cfg: &Config) -> Result<Box<dyn Backend>, SyncError> {
         Mode::Ipvs => {
             Err(SyncError::Unsupported(format!("proxy mode {} is not wired yet", cfg.mode.as_str())))
         }
+    }
+}
+
+/// The canary probe for iptables: netlink when `iptables` is iptables-nft (Debian 12's
+/// default; its tables are nftables tables), `iptables -S` for iptables-legacy.
+fn iptables_counter() -> Box<dyn crate::nfcount::RuleCounter> {
+    use crate::exec::Runner as _;
+    let version = crate::exec::Host.run("iptables", &["-V"], None).unwrap_or_default();
+    if version.contains("nf_tables") {
+        Box::new(crate::nfcount::Netlink::new())
+    } else {
+        tracing::info!(%version, "iptables is not iptables-nft: the drift check lists the canary chains with iptables -S");
+        Box::new(crate::nfcount::ViaIptables(crate::exec::Host))
     }
 }

@@ -16,5 +16,6 @@ pub mod iptables;
 pub mod model;
 pub mod metrics;
 pub mod names;
+pub mod nfcount;
 pub mod nftables;
 pub mod server;

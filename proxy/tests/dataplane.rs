@@ -55,11 +55,16 @@ fn answers(n: usize, mut get: impl FnMut() -> Result<String, common::Failure>) -
     (0..n).map(|_| get().unwrap()).collect()
 }
 
+/// The real netlink probe, inside the world's node namespace.
+fn counter(w: &World) -> Box<dyn ferro_proxy::nfcount::RuleCounter> {
+    Box::new(ferro_proxy::nfcount::Netlink::in_namespace(w.node.path()))
+}
+
 fn backend(w: &World, mode: &str) -> Box<dyn Backend> {
     let cidrs = vec![CLUSTER_CIDR.parse().unwrap()];
     match mode {
-        "iptables" => Box::new(IptablesBackend::new(w.runner(), cidrs, false, vec![])),
-        "nftables" => Box::new(NftBackend::new(w.runner(), cidrs, false, vec![])),
+        "iptables" => Box::new(IptablesBackend::new(w.runner(), counter(w), cidrs, false, vec![])),
+        "nftables" => Box::new(NftBackend::new(w.runner(), counter(w), cidrs, false, vec![])),
         m => panic!("no mode {m}"),
     }
 }

@@ -13,6 +13,7 @@ use crate::error::{ExecError, SyncError};
 use crate::exec::Runner;
 use crate::iptables::rules::{self, RenderConfig, State};
 use crate::model::{Family, FamilyModel, NodeInfo};
+use crate::nfcount::RuleCounter;
 
 /// The iptables backend over a [`Runner`].
 pub struct IptablesBackend<R: Runner> {
@@ -21,6 +22,7 @@ pub struct IptablesBackend<R: Runner> {
     masquerade_all: bool,
     nodeport_cidrs: Vec<IpNet>,
     states: BTreeMap<Family, State>,
+    counter: Box<dyn RuleCounter>,
 }
 
 fn tools(family: Family) -> (&'static str, &'static str, &'static str) {
@@ -47,8 +49,15 @@ pub fn local_addresses(ip_addr_output: &str) -> Vec<IpAddr> {
 }
 
 impl<R: Runner> IptablesBackend<R> {
-    pub fn new(runner: R, cluster_cidrs: Vec<IpNet>, masquerade_all: bool, nodeport_cidrs: Vec<IpNet>) -> Self {
-        IptablesBackend { runner, cluster_cidrs, masquerade_all, nodeport_cidrs, states: BTreeMap::new() }
+    /// `counter` probes the canary chains for the drift check.
+    pub fn new(
+        runner: R,
+        counter: Box<dyn RuleCounter>,
+        cluster_cidrs: Vec<IpNet>,
+        masquerade_all: bool,
+        nodeport_cidrs: Vec<IpNet>,
+    ) -> Self {
+        IptablesBackend { runner, cluster_cidrs, masquerade_all, nodeport_cidrs, states: BTreeMap::new(), counter }
     }
 
     fn render_config(&mut self, family: Family) -> Result<RenderConfig, ExecError> {
@@ -114,14 +123,12 @@ impl<R: Runner> Backend for IptablesBackend<R> {
 
     fn drifted(&mut self) -> bool {
         let families: Vec<Family> = self.states.keys().copied().collect();
-        let want = rules::canary_rule();
         for family in families {
-            let (bin, _, _) = tools(family);
             for table in ["mangle", "nat", "filter"] {
-                match self.runner.run(bin, &["-w", "-t", table, "-S", rules::KUBE_PROXY_CANARY], None) {
-                    Ok(out) if out.lines().any(|l| l.trim() == want) => {}
-                    Ok(_) | Err(_) => {
-                        tracing::warn!(?family, table, "canary chain gone or flushed");
+                match self.counter.count(family, table, rules::KUBE_PROXY_CANARY) {
+                    Ok(Some(n)) if n > 0 => {}
+                    other => {
+                        tracing::warn!(?family, table, answer = ?other, "canary chain gone or flushed");
                         self.states.remove(&family);
                         return true;
                     }
@@ -172,7 +179,7 @@ mod tests {
     #[test]
     fn full_sync_reads_the_kernel_then_partial_syncs_do_not() {
         let r = Recording::new();
-        let mut b = IptablesBackend::new(r.clone(), vec!["10.0.0.0/8".parse().unwrap()], false, vec![]);
+        let mut b = IptablesBackend::new(r.clone(), Box::new(crate::nfcount::Fake(|_, _, _| Some(1))), vec!["10.0.0.0/8".parse().unwrap()], false, vec![]);
         let node = NodeInfo::default();
         let rep = b.sync(&[model()], &node, false).unwrap();
         assert!(rep.full);
@@ -189,7 +196,7 @@ mod tests {
     #[test]
     fn a_refused_restore_makes_the_next_sync_full() {
         let r = Recording::new();
-        let mut b = IptablesBackend::new(r.clone(), vec![], false, vec![]);
+        let mut b = IptablesBackend::new(r.clone(), Box::new(crate::nfcount::Fake(|_, _, _| Some(1))), vec![], false, vec![]);
         b.sync(&[model()], &NodeInfo::default(), false).unwrap();
         let mut m = model();
         m.services.values_mut().next().unwrap().endpoints[0].port = 81;
@@ -207,18 +214,23 @@ mod tests {
     }
 
     #[test]
-    fn drift_is_a_missing_canary() {
-        let r = Recording::new();
-        let mut b = IptablesBackend::new(r.clone(), vec![], false, vec![]);
-        assert!(!b.drifted(), "nothing committed, nothing to check");
-        b.sync(&[model()], &NodeInfo::default(), false).unwrap();
-        r.answer(|c| (c.program == "iptables" && c.args.contains(&"-S".to_string())).then(|| Ok("-N KUBE-PROXY-CANARY\n-A KUBE-PROXY-CANARY -j RETURN\n".into())));
-        assert!(!b.drifted());
-        let r2 = Recording::new();
-        let mut b2 = IptablesBackend::new(r2.clone(), vec![], false, vec![]);
-        b2.sync(&[model()], &NodeInfo::default(), false).unwrap();
-        r2.answer(|c| (c.program == "iptables" && c.args.contains(&"-S".to_string())).then(|| Ok("-N KUBE-PROXY-CANARY\n".into())));
-        assert!(b2.drifted());
+    fn drift_is_a_missing_or_empty_canary() {
+        for (answer, drifted) in [(Some(1), false), (Some(0), true), (None, true)] {
+            let r = Recording::new();
+            let mut b = IptablesBackend::new(
+                r.clone(),
+                Box::new(crate::nfcount::Fake(move |_, t, c| {
+                    assert_eq!(c, "KUBE-PROXY-CANARY");
+                    if t == "filter" { answer } else { Some(1) }
+                })),
+                vec![],
+                false,
+                vec![],
+            );
+            assert!(!b.drifted(), "nothing committed, nothing to check");
+            b.sync(&[model()], &NodeInfo::default(), false).unwrap();
+            assert_eq!(b.drifted(), drifted, "{answer:?}");
+        }
     }
 
     #[test]

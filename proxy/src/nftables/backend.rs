@@ -10,6 +10,7 @@ use crate::error::{ExecError, SyncError};
 use crate::exec::Runner;
 use crate::iptables::backend::local_addresses;
 use crate::model::{Family, FamilyModel, NodeInfo};
+use crate::nfcount::RuleCounter;
 use crate::nftables::rules::{self, RenderConfig, State};
 
 pub struct NftBackend<R: Runner> {
@@ -18,11 +19,19 @@ pub struct NftBackend<R: Runner> {
     masquerade_all: bool,
     nodeport_cidrs: Vec<IpNet>,
     states: BTreeMap<Family, State>,
+    counter: Box<dyn RuleCounter>,
 }
 
 impl<R: Runner> NftBackend<R> {
-    pub fn new(runner: R, cluster_cidrs: Vec<IpNet>, masquerade_all: bool, nodeport_cidrs: Vec<IpNet>) -> Self {
-        NftBackend { runner, cluster_cidrs, masquerade_all, nodeport_cidrs, states: BTreeMap::new() }
+    /// `counter` probes the dispatch chains for the drift check.
+    pub fn new(
+        runner: R,
+        counter: Box<dyn RuleCounter>,
+        cluster_cidrs: Vec<IpNet>,
+        masquerade_all: bool,
+        nodeport_cidrs: Vec<IpNet>,
+    ) -> Self {
+        NftBackend { runner, cluster_cidrs, masquerade_all, nodeport_cidrs, states: BTreeMap::new(), counter }
     }
 
     fn render_config(&mut self, family: Family) -> Result<RenderConfig, ExecError> {
@@ -69,12 +78,11 @@ impl<R: Runner> Backend for NftBackend<R> {
     fn drifted(&mut self) -> bool {
         let families: Vec<Family> = self.states.keys().copied().collect();
         for family in families {
-            let tf = rules::table_family(family);
-            for chain in rules::DRIFT_CHAINS {
-                match self.runner.run("nft", &["list", "chain", tf, rules::TABLE, chain], None) {
-                    Ok(out) if rules::drift_listing_ok(chain, &out) => {}
-                    Ok(_) | Err(_) => {
-                        tracing::warn!(?family, chain, "kube-proxy table gone or flushed");
+            for (chain, want) in rules::DRIFT_CHAINS {
+                match self.counter.count(family, rules::TABLE, chain) {
+                    Ok(Some(n)) if n >= want => {}
+                    other => {
+                        tracing::warn!(?family, chain, answer = ?other, "kube-proxy table gone or flushed");
                         self.states.remove(&family);
                         return true;
                     }
@@ -82,5 +90,33 @@ impl<R: Runner> Backend for NftBackend<R> {
             }
         }
         false
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::exec::Recording;
+
+    #[test]
+    fn drift_is_a_missing_or_short_dispatch_chain() {
+        for (answer, drifted) in [(Some(2), false), (Some(1), true), (None, true)] {
+            let r = Recording::new();
+            let mut b = NftBackend::new(
+                r.clone(),
+                Box::new(crate::nfcount::Fake(move |_, t, c| {
+                    assert_eq!(t, "kube-proxy");
+                    if c == "services" { answer } else { Some(2) }
+                })),
+                vec![],
+                false,
+                vec![],
+            );
+            let m = FamilyModel { family: Family::V4, services: Default::default() };
+            b.sync(&[m], &NodeInfo::default(), false).unwrap();
+            assert_eq!(r.calls().len(), 1, "one nft -f");
+            assert_eq!(b.drifted(), drifted, "{answer:?}");
+        }
     }
 }
