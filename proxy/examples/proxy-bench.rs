@@ -60,7 +60,7 @@ fn endpoint(i: u32) -> Endpoint {
         ready: true,
         serving: true,
         terminating: false,
-        local: i % 7 == 0,
+        local: i.is_multiple_of(7),
         zone: None,
         zone_hints: BTreeSet::new(),
     }

@@ -36,7 +36,7 @@ fn attr(buf: &mut Vec<u8>, kind: u16, s: &str) {
     buf.extend_from_slice(&kind.to_ne_bytes());
     buf.extend_from_slice(s.as_bytes());
     buf.push(0);
-    while buf.len() % 4 != 0 {
+    while !buf.len().is_multiple_of(4) {
         buf.push(0);
     }
 }
