@@ -379,53 +379,9 @@ fn well_known(msg: &Message, buf: &[u8]) -> Result<Value, ProtobufError> {
     })
 }
 
-/// Go's `time.Duration.String()`: "0s", "1.5s", "1m30s", "1h0m0s", "250ms", "1µs", "-2s".
+/// Go's `time.Duration.String()` (the shared crate's, one implementation for every component).
 pub fn go_duration(nanos: i64) -> String {
-    if nanos == 0 {
-        return "0s".into();
-    }
-    let neg = nanos < 0;
-    let u = nanos.unsigned_abs();
-    let mut s = String::new();
-    if u < 1_000_000_000 {
-        // sub-second: the largest unit that keeps a leading digit
-        let (unit, div) = if u < 1_000 {
-            ("ns", 1)
-        } else if u < 1_000_000 {
-            ("µs", 1_000)
-        } else {
-            ("ms", 1_000_000)
-        };
-        s.push_str(&fraction(u, div));
-        s.push_str(unit);
-    } else {
-        let secs = u / 1_000_000_000;
-        let (h, m) = (secs / 3600, (secs / 60) % 60);
-        let sec_part = fraction(u % 60_000_000_000, 1_000_000_000);
-        if h > 0 {
-            s.push_str(&format!("{h}h{m}m"));
-        } else if m > 0 {
-            s.push_str(&format!("{m}m"));
-        }
-        s.push_str(&sec_part);
-        s.push('s');
-    }
-    if neg {
-        s.insert(0, '-');
-    }
-    s
-}
-
-/// `v / div` with the fraction's trailing zeros trimmed ("1.5", "2").
-fn fraction(v: u64, div: u64) -> String {
-    let whole = v / div;
-    let frac = v % div;
-    if frac == 0 {
-        return whole.to_string();
-    }
-    let width = div.to_string().len() - 1;
-    let digits = format!("{frac:0width$}");
-    format!("{whole}.{}", digits.trim_end_matches('0'))
+    k8s_semantics::format_go_duration(nanos)
 }
 
 #[cfg(test)]
