@@ -51,6 +51,7 @@ stop() {
   rm -f "$LAB_STATE/$1.pid"
 }
 
+stop proxy ferro-proxy
 stop agent ferro-agent
 
 if pid_of containerd containerd >/dev/null; then

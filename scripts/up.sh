@@ -8,8 +8,9 @@
 #      plugin pulls from the registry over plain http and calls ferro-cni);
 #   4. ferro-control-plane on 127.0.0.1:6443 inside the namespace;
 #   5. one node: ferro-agent in containerd's network and mount namespaces;
-#   6. waits for the node to be Ready, deploys a demo (2 busybox httpd pods) and prints the
-#      kubectl commands to look at it.
+#   6. ferro-proxy (iptables mode) in the namespace, the node's kube-proxy;
+#   7. waits for the node to be Ready, deploys a demo (2 busybox httpd pods behind a ClusterIP
+#      Service) and prints the kubectl commands to look at it.
 # Running it again is fine: what runs is left alone. Pids are in /run/ferro/lab/*.pid.
 # Stop everything with scripts/down.sh. Layout: docs/design/lab.md ("The quick start").
 set -euo pipefail
@@ -57,7 +58,7 @@ wait_for() {
 }
 
 step "building ferro (release)"
-cargo build --release -p ferro-control-plane -p ferro-agent -p ferro-cni -p ferro-lab
+cargo build --release -p ferro-control-plane -p ferro-agent -p ferro-cni -p ferro-proxy -p ferro-lab
 # The CNI plugin is installed as a static binary, as upstream's plugins are: it runs once per
 # pod network call, and static linking saves ~0.2 ms of its ~2.5 ms ADD (no dynamic loader).
 cargo rustc --release -p ferro-cni --bin ferro-cni -- -C target-feature=+crt-static
@@ -209,7 +210,34 @@ node_ready() {
 wait_for "node $LAB_NODE becoming Ready" 90 "$LAB_STATE/agent.log" node_ready
 "${KUBECTL[@]}" get nodes -o wide
 
-step "demo Deployment: 2 x busybox httpd on port 8080 (its page in a tmpfs emptyDir)"
+step "ferro-proxy (iptables mode) in $LAB_NS for node $LAB_NODE"
+# Pods reach a ClusterIP through the bridge: the node (this namespace) must forward, and
+# bridged replies must pass iptables so their DNAT is undone (both sysctls are per namespace:
+# nothing changes in the root namespace).
+ip netns exec "$LAB_NS" sysctl -qw net.ipv4.ip_forward=1
+ip netns exec "$LAB_NS" sysctl -qw net.bridge.bridge-nf-call-iptables=1
+if [ ! -s "$NODE_DIR/proxy.kubeconfig" ]; then
+  # The control plane has no RBAC yet (issue 16): kube-proxy's identity gets system:masters in
+  # the lab, as the proxy's tests do, instead of upstream's system:node-proxier ClusterRole.
+  "$BIN/ferro-control-plane" kubeconfig --data-dir "$CP_DATA" \
+    --user system:kube-proxy --group system:masters \
+    --server https://127.0.0.1:6443 >"$NODE_DIR/proxy.kubeconfig.tmp"
+  mv "$NODE_DIR/proxy.kubeconfig.tmp" "$NODE_DIR/proxy.kubeconfig"
+fi
+if running proxy ferro-proxy; then
+  echo "ferro-proxy already running (pid $(cat "$LAB_STATE/proxy.pid"))"
+else
+  NO_COLOR=1 RUST_LOG=${RUST_LOG:-info} ip netns exec "$LAB_NS" "$BIN/ferro-proxy" \
+    --kubeconfig "$NODE_DIR/proxy.kubeconfig" \
+    --hostname-override "$LAB_NODE" --cluster-cidr 10.244.0.0/16 \
+    --healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 \
+    >"$LAB_STATE/proxy.log" 2>&1 &
+  echo $! >"$LAB_STATE/proxy.pid"
+fi
+wait_for "ferro-proxy's first sync (/healthz 200)" 60 "$LAB_STATE/proxy.log" \
+  ip netns exec "$LAB_NS" curl -fsS http://127.0.0.1:10256/healthz
+
+step "demo Deployment: 2 x busybox httpd on port 8080 (its page in a tmpfs emptyDir), Service demo on port 80"
 "${KUBECTL[@]}" apply -f - <<YAML
 apiVersion: apps/v1
 kind: Deployment
@@ -241,6 +269,16 @@ spec:
       volumes:
       - name: www
         emptyDir: {medium: Memory}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: demo
+  namespace: default
+spec:
+  selector: {app: demo}
+  ports:
+  - {name: http, port: 80, targetPort: 8080}
 YAML
 demo_available() {
   # As `kubectl rollout status`: the spec observed, 2 updated and available, no old pods left.
@@ -266,6 +304,19 @@ TXT
   tail -n 20 "$LAB_STATE/agent.log" >&2 || true
 fi
 "${KUBECTL[@]}" get pods -o wide
+DEMO_IP=$("${KUBECTL[@]}" get service demo -o 'jsonpath={.spec.clusterIP}' 2>/dev/null || true)
+demo_service() { ip netns exec "$LAB_NS" curl -fsS --max-time 2 "http://$DEMO_IP/"; }
+if $demo_ok && [ -n "$DEMO_IP" ]; then
+  # The Service's rules follow its EndpointSlice: wait until ferro-proxy has written them.
+  for ((i = 0; i < 60; i++)); do
+    demo_service >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  if ! demo_service; then
+    demo_ok=false
+    echo "warning: Service demo ($DEMO_IP:80) does not answer; see $LAB_STATE/proxy.log" >&2
+  fi
+fi
 # One pod's name and the other's address, for the hints below.
 read -r POD_A POD_B_IP <<<"$("${KUBECTL[@]}" get pods -l app=demo \
   -o 'jsonpath={.items[0].metadata.name} {.items[1].status.podIP}' 2>/dev/null || true)" || true
@@ -274,13 +325,17 @@ K="ip netns exec $LAB_NS kubectl --kubeconfig $CP_DATA/admin.kubeconfig"
 cat <<TXT
 
 ferro is up in the network namespace $LAB_NS: ferro-control-plane (https://127.0.0.1:6443),
-containerd ($LAB_CTRD_SOCK), the registry ($LAB_REGISTRY) and node $LAB_NODE (ferro-agent).
+containerd ($LAB_CTRD_SOCK), the registry ($LAB_REGISTRY) and node $LAB_NODE (ferro-agent,
+ferro-proxy).
 Logs and pids: $LAB_STATE/*.log, $LAB_STATE/*.pid. Look at the demo with:
 
   $K get pods -o wide
   $K logs deployment/demo
   $K exec ${POD_A:-<pod>} -- wget -qO- http://${POD_B_IP:-<other pod IP>}:8080/
   ip netns exec $LAB_NS curl -s http://${POD_B_IP:-<pod IP>}:8080/
+  $K exec ${POD_A:-<pod>} -- wget -qO- http://${DEMO_IP:-<cluster IP>}/      # a pod to the Service
+  ip netns exec $LAB_NS curl -s http://${DEMO_IP:-<cluster IP>}/          # the Service, through ferro-proxy
+  ip netns exec $LAB_NS iptables -t nat -S KUBE-SERVICES                     # its rules
 
 Stop everything with: scripts/down.sh   (--purge also removes the data)
 TXT
