@@ -397,3 +397,71 @@ fn iptables_without_clean_up_the_blackholed_flow_stays() {
 fn nftables_without_clean_up_the_blackholed_flow_stays() {
     zero_to_one_endpoint("nftables", false);
 }
+
+/// The UDP Service "dns" and its hand-made EndpointSlice of `pods`, through kubectl.
+fn apply_dns(c: &common::Cluster, pods: &[usize]) {
+    c.apply(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: dns\n  namespace: default\nspec:\n  ports:\n  - name: dns\n    port: {SERVICE_PORT}\n    targetPort: {TARGET_PORT}\n    protocol: UDP\n"
+    ))
+    .unwrap();
+    let mut eps = String::new();
+    for i in pods {
+        eps.push_str(&format!(
+            "- addresses: [\"{}\"]\n  conditions: {{ready: true}}\n  nodeName: {}\n",
+            c.world.pods[*i].ip,
+            common::NODE
+        ));
+    }
+    c.apply(&format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: dns-manual\n  namespace: default\n  labels:\n    kubernetes.io/service-name: dns\n    endpointslice.kubernetes.io/managed-by: ferro-proxy-test\naddressType: IPv4\nports:\n- name: dns\n  port: {TARGET_PORT}\n  protocol: UDP\nendpoints:\n{eps}"
+    ))
+    .unwrap();
+}
+
+/// The ferro-proxy binary against ferro-control-plane: the EndpointSlice change (kubectl) is
+/// a partial sync followed by the ctnetlink clean-up that main wires in.
+fn binary_cleans_up(mode: &str) {
+    let c = common::Cluster::new(&format!("ctb{}", &mode[..3]), 3, mode).unwrap();
+    let old = Receiver::start(c.world.pods[1].ns.path(), TARGET_PORT);
+    let new = Receiver::start(c.world.pods[2].ns.path(), TARGET_PORT);
+    apply_dns(&c, &[1]);
+    let vip = c
+        .kubectl(&["get", "service", "dns", "-o", "jsonpath={.spec.clusterIP}"])
+        .unwrap();
+    let client = Sender::start(
+        c.world.pods[0].ns.path(),
+        CLIENT_PORT,
+        (ip(vip.trim()), SERVICE_PORT).into(),
+    );
+    c.wait("the first endpoint to receive", Duration::from_secs(30), || {
+        old.max().is_some()
+    })
+    .unwrap();
+    apply_dns(&c, &[2]);
+    c.wait(
+        "the replacement pod to receive the client's datagrams",
+        Duration::from_secs(30),
+        || new.max().is_some(),
+    )
+    .unwrap();
+    assert!(client.sent() > 0);
+    // the client's one flow to the old pod, deleted by the binary's ctnetlink clean-up
+    let log = c.log("proxy.log");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("stale conntrack entries cleaned") && l.contains("deleted=1")),
+        "{log}"
+    );
+}
+
+#[test]
+#[ignore = "privileged: needs root, network namespaces and the workspace binaries; run by scripts/test.sh"]
+fn iptables_binary_moves_a_udp_client_to_the_replacement_pod() {
+    binary_cleans_up("iptables");
+}
+
+#[test]
+#[ignore = "privileged: needs root, network namespaces and the workspace binaries; run by scripts/test.sh"]
+fn nftables_binary_moves_a_udp_client_to_the_replacement_pod() {
+    binary_cleans_up("nftables");
+}
