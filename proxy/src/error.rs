@@ -54,4 +54,6 @@ pub enum ConntrackError {
     Dump(#[source] std::io::Error),
     #[error("deleting a conntrack entry")]
     Delete(#[source] std::io::Error),
+    #[error("making a conntrack entry")]
+    Insert(#[source] std::io::Error),
 }

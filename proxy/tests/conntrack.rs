@@ -465,3 +465,115 @@ fn iptables_binary_moves_a_udp_client_to_the_replacement_pod() {
 fn nftables_binary_moves_a_udp_client_to_the_replacement_pod() {
     binary_cleans_up("nftables");
 }
+
+/// The executor alone against a real conntrack table (entries made through ctnetlink in a
+/// namespace of its own, no traffic): each selection deletes exactly its entries, in both
+/// families, for a ClusterIP, a node port and a reply source that is not an endpoint.
+#[test]
+#[ignore = "privileged: needs root and a network namespace; run by scripts/test.sh"]
+fn ctnetlink_deletes_exactly_the_selected_entries() {
+    ferro_lab::require_root().unwrap();
+    let ns = ferro_lab::netns::NetNs::new(&format!("fpx-ctnl-{}", std::process::id())).unwrap();
+    let mut ct = Ctnetlink::in_namespace(ns.path());
+    let a = |s: &str| -> SocketAddr { s.parse().unwrap() };
+    let udp = model::Protocol::Udp;
+    // (protocol, client, original destination, reply source, reply destination)
+    let entries = [
+        (
+            udp,
+            "10.244.0.11:40000",
+            "10.96.0.10:53",
+            "10.244.0.12:5353",
+            "10.244.0.11:40000",
+        ), // to the old endpoint
+        (
+            udp,
+            "10.244.0.11:40001",
+            "10.96.0.10:53",
+            "10.244.0.13:5353",
+            "10.244.0.11:40001",
+        ), // to another one
+        (
+            udp,
+            "192.168.77.2:40002",
+            "192.168.77.1:30053",
+            "10.244.0.12:5353",
+            "10.244.0.1:40002",
+        ), // node port
+        (
+            udp,
+            "10.244.0.11:40003",
+            "10.96.0.10:53",
+            "10.96.0.10:53",
+            "10.244.0.11:40003",
+        ), // not DNATed
+        (
+            model::Protocol::Tcp,
+            "10.244.0.11:40004",
+            "10.96.0.10:53",
+            "10.244.0.12:5353",
+            "10.244.0.11:40004",
+        ),
+        (
+            udp,
+            "[fd00::11]:40000",
+            "[fd00::10]:53",
+            "[fd00::12]:5353",
+            "[fd00::11]:40000",
+        ),
+        (
+            udp,
+            "[fd00::11]:40001",
+            "[fd00::10]:53",
+            "[fd00::13]:5353",
+            "[fd00::11]:40001",
+        ),
+    ];
+    for (p, client, dst, rsrc, rdst) in entries {
+        ct.insert(p, (a(client), a(dst)), (a(rsrc), a(rdst)), 600).unwrap();
+    }
+    let flows = |family, dst: Option<&str>, port, reply| Flows {
+        family,
+        protocol: udp,
+        dst: dst.map(ip),
+        dst_port: port,
+        reply,
+    };
+    let all_v4 = flows(Family::V4, None, SERVICE_PORT, Reply::NotFrom(Default::default()));
+    assert_eq!(
+        ct.entries(&all_v4).unwrap().len(),
+        3,
+        "UDP to port 53: three IPv4 entries"
+    );
+
+    let gone = flows(
+        Family::V4,
+        Some("10.96.0.10"),
+        SERVICE_PORT,
+        Reply::From(ip("10.244.0.12")),
+    );
+    assert_eq!(ct.delete(&gone).unwrap(), 1);
+    assert_eq!(ct.delete(&gone).unwrap(), 0, "idempotent");
+    let node_port = flows(Family::V4, None, 30053, Reply::From(ip("10.244.0.12")));
+    assert_eq!(ct.delete(&node_port).unwrap(), 1);
+    let stuck = flows(
+        Family::V4,
+        Some("10.96.0.10"),
+        SERVICE_PORT,
+        Reply::NotFrom([ip("10.244.0.13")].into()),
+    );
+    assert_eq!(ct.delete(&stuck).unwrap(), 1);
+    let left: Vec<IpAddr> = ct.entries(&all_v4).unwrap().iter().map(|e| e.reply_src).collect();
+    assert_eq!(left, [ip("10.244.0.13")]);
+    let tcp = Flows {
+        protocol: model::Protocol::Tcp,
+        ..all_v4.clone()
+    };
+    assert_eq!(ct.entries(&tcp).unwrap().len(), 1, "TCP untouched");
+
+    let gone6 = flows(Family::V6, Some("fd00::10"), SERVICE_PORT, Reply::From(ip("fd00::12")));
+    assert_eq!(ct.delete(&gone6).unwrap(), 1);
+    let all_v6 = flows(Family::V6, None, SERVICE_PORT, Reply::NotFrom(Default::default()));
+    let left: Vec<IpAddr> = ct.entries(&all_v6).unwrap().iter().map(|e| e.reply_src).collect();
+    assert_eq!(left, [ip("fd00::13")]);
+}

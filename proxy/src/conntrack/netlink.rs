@@ -7,14 +7,15 @@
 //!    the whole table. Every entry is checked again here against the whole selection, so a
 //!    kernel that ignores `CTA_FILTER` (older than 5.8: it dumps the family) or a `NotFrom`
 //!    selection (which the kernel cannot express) still deletes exactly the right entries.
-//!    IPv6 addresses are not given to the kernel's filter: its IPv6 address comparison is
-//!    inverted (`!ipv6_addr_cmp(...)` in ctnetlink_filter_match_tuple), so they are matched here.
+//!    IPv6 addresses are not given to the kernel's filter (kernel 6.18 refuses such a dump
+//!    with EINVAL, and ctnetlink_filter_match_tuple compares them with `!ipv6_addr_cmp(...)`,
+//!    which reads inverted), so they are matched here.
 //! 2. an `IPCTNL_MSG_CT_DELETE` per selected entry with its exact original tuple as the dump
 //!    gave it (and its `CTA_ID`, so an entry recreated meanwhile under the same tuple is not
 //!    deleted by mistake; and its zone).
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr as IpPort};
 use std::path::PathBuf;
 
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
@@ -27,6 +28,8 @@ const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
 const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
+const NLM_F_EXCL: u16 = 0x200;
+const NLM_F_CREATE: u16 = 0x400;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 1;
@@ -37,6 +40,7 @@ const NLA_TYPE_MASK: u16 = 0x3fff;
 
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_TUPLE_REPLY: u16 = 2;
+const CTA_TIMEOUT: u16 = 7;
 const CTA_ID: u16 = 12;
 const CTA_ZONE: u16 = 18;
 const CTA_FILTER: u16 = 25;
@@ -47,6 +51,7 @@ const CTA_IP_V4_DST: u16 = 2;
 const CTA_IP_V6_SRC: u16 = 3;
 const CTA_IP_V6_DST: u16 = 4;
 const CTA_PROTO_NUM: u16 = 1;
+const CTA_PROTO_SRC_PORT: u16 = 2;
 const CTA_PROTO_DST_PORT: u16 = 3;
 const CTA_FILTER_ORIG_FLAGS: u16 = 1;
 const CTA_FILTER_REPLY_FLAGS: u16 = 2;
@@ -147,7 +152,7 @@ fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
 /// The filtered dump request for `flows` (pure, for tests).
 pub fn dump_request(flows: &Flows, seq: u32) -> Vec<u8> {
     let mut m = Msg::new(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, af(flows.family));
-    // The kernel compares IPv6 addresses inverted: only IPv4 addresses go to its filter.
+    // Only IPv4 addresses go to the kernel's filter (see the module's notes on IPv6).
     let dst = flows.dst.filter(|d| d.is_ipv4());
     let reply_src = match &flows.reply {
         Reply::From(ip) if ip.is_ipv4() => Some(*ip),
@@ -174,6 +179,40 @@ pub fn dump_request(flows: &Flows, seq: u32) -> Vec<u8> {
             m.attr(CTA_FILTER_REPLY_FLAGS, &F_IP_SRC.to_ne_bytes());
         }
     });
+    m.finish()
+}
+
+/// The request that makes an entry with these tuples without any traffic (`conntrack -I`;
+/// pure; the executor's lab test fills a table with it).
+pub fn insert_request(
+    protocol: Protocol,
+    orig: (IpPort, IpPort),
+    reply: (IpPort, IpPort),
+    timeout: u32,
+    seq: u32,
+) -> Vec<u8> {
+    let family = if orig.0.is_ipv4() { AF_INET } else { AF_INET6 };
+    let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+    let mut m = Msg::new(IPCTNL_MSG_CT_NEW, flags, seq, family);
+    let tuple = |m: &mut Msg, (src, dst): (IpPort, IpPort)| {
+        m.nest(CTA_TUPLE_IP, |m| {
+            let (s, d) = if src.is_ipv4() {
+                (CTA_IP_V4_SRC, CTA_IP_V4_DST)
+            } else {
+                (CTA_IP_V6_SRC, CTA_IP_V6_DST)
+            };
+            m.attr(s, &ip_bytes(&src.ip()));
+            m.attr(d, &ip_bytes(&dst.ip()));
+        });
+        m.nest(CTA_TUPLE_PROTO, |m| {
+            m.attr(CTA_PROTO_NUM, &[ipproto(protocol)]);
+            m.attr(CTA_PROTO_SRC_PORT, &src.port().to_be_bytes());
+            m.attr(CTA_PROTO_DST_PORT, &dst.port().to_be_bytes());
+        });
+    };
+    m.nest(CTA_TUPLE_ORIG, |m| tuple(m, orig));
+    m.nest(CTA_TUPLE_REPLY, |m| tuple(m, reply));
+    m.attr(CTA_TIMEOUT, &timeout.to_be_bytes());
     m.finish()
 }
 
@@ -412,6 +451,36 @@ impl Ctnetlink {
                 .join()
                 .unwrap_or_else(|_| Err(io::Error::other("namespace thread panicked")))
             }),
+        }
+    }
+
+    /// The entries `flows` selects (what [`Conntrack::delete`] would delete).
+    pub fn entries(&mut self, flows: &Flows) -> Result<Vec<Entry>, ConntrackError> {
+        let sock = self.socket().map_err(ConntrackError::Socket)?;
+        let mut buf = vec![0u8; 64 * 1024];
+        self.list(&sock, flows, &mut buf).map_err(ConntrackError::Dump)
+    }
+
+    /// Makes an entry without traffic (see [`insert_request`]).
+    pub fn insert(
+        &mut self,
+        protocol: Protocol,
+        orig: (IpPort, IpPort),
+        reply: (IpPort, IpPort),
+        timeout: u32,
+    ) -> Result<(), ConntrackError> {
+        let sock = self.socket().map_err(ConntrackError::Socket)?;
+        let seq = self.next_seq();
+        sock.send(&insert_request(protocol, orig, reply, timeout, seq), 0)
+            .map_err(ConntrackError::Insert)?;
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let n = sock.recv(&mut &mut buf[..], 0).map_err(ConntrackError::Insert)?;
+            match parse(&buf[..n]).map_err(ConntrackError::Insert)?.end {
+                None => {}
+                Some(0) => return Ok(()),
+                Some(errno) => return Err(ConntrackError::Insert(io::Error::from_raw_os_error(errno))),
+            }
         }
     }
 
