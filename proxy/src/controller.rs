@@ -6,6 +6,10 @@
 //! started less than `min_sync_period` ago; nothing changing still syncs every `sync_period`;
 //! a full sync happens at start, after a failure, every `full_sync_period` and when the
 //! backend's drift check (every `drift_check_period`) finds its rules damaged.
+//!
+//! After every successful sync, rules first as upstream, the stale UDP flows of what changed
+//! since the last successful sync are deleted through the injected [`Conntrack`] (see
+//! [`crate::conntrack`]); a failed deletion is logged and counted, never fails the sync.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -20,6 +24,7 @@ use tracing::Instrument as _;
 
 use ferro_runtime::{Change, Informer};
 
+use crate::conntrack::{self, Conntrack};
 use crate::error::SyncError;
 use crate::health::Health;
 use crate::metrics::Metrics;
@@ -119,15 +124,19 @@ pub struct Progress {
     pub failures: u64,
     pub last: Option<SyncReport>,
     pub last_error: Option<String>,
+    /// Conntrack entries deleted after syncs, and deletions that failed.
+    pub conntrack_deleted: u64,
+    pub conntrack_failures: u64,
 }
 
 /// Runs the loop until `shutdown` resolves. Rules stay in place on exit (a restart takes them
 /// over; `--cleanup` removes them).
 #[allow(clippy::too_many_arguments)]
-pub async fn run<B: Backend>(
+pub async fn run<B: Backend, C: Conntrack>(
     cfg: LoopConfig,
     inputs: Inputs,
     backend: B,
+    conntrack: C,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
     notify: Arc<Notify>,
@@ -147,6 +156,11 @@ pub async fn run<B: Backend>(
     }
     tracing::info!("informers synced; programming rules");
     let mut backend = Some(backend);
+    let mut conntrack = Some(conntrack);
+    // What the last successful sync programmed, per family (empty before the first: then
+    // every UDP frontend's flows that do not go to a serving endpoint are stale).
+    let mut applied: Vec<FamilyModel> =
+        cfg.families.iter().map(|f| FamilyModel { family: *f, services: Default::default() }).collect();
     let mut need_full = true;
     let mut last_full = Instant::now();
     let mut last_start: Option<Instant> = None;
@@ -201,11 +215,11 @@ pub async fn run<B: Backend>(
         let started = std::time::Instant::now();
         let joined = tokio::task::spawn_blocking(move || {
             let r = b.sync(&models, &node, full);
-            (b, r)
+            (b, r, models, node)
         })
         .instrument(span.clone())
         .await;
-        let (b, result) = match joined {
+        let (b, result, models, node) = match joined {
             Ok(x) => x,
             Err(e) => {
                 tracing::error!(error = %e, "sync task failed");
@@ -215,6 +229,7 @@ pub async fn run<B: Backend>(
         backend = Some(b);
         let took = started.elapsed();
         let _enter = span.enter();
+        let mut synced = None;
         match result {
             Ok(report) => {
                 need_full = false;
@@ -232,11 +247,7 @@ pub async fn run<B: Backend>(
                 }
                 metrics.synced(took, report.full, report.rules.clone());
                 tracing::info!(took_ms = took.as_millis() as u64, full = report.full, "synced");
-                progress.send_modify(|p| {
-                    p.syncs += 1;
-                    p.last = Some(report);
-                    p.last_error = None;
-                });
+                synced = Some(report);
             }
             Err(e) => {
                 need_full = true;
@@ -249,6 +260,48 @@ pub async fn run<B: Backend>(
             }
         }
         drop(_enter);
+        if let Some(report) = synced {
+            // rules first, then conntrack (upstream's order): a flow deleted now is re-created
+            // by its next packet through the new rules
+            let none = |family| FamilyModel { family, services: Default::default() };
+            let deletions: Vec<conntrack::Flows> = models
+                .iter()
+                .flat_map(|m| match applied.iter().find(|a| a.family == m.family) {
+                    Some(old) => conntrack::plan(old, m, &node),
+                    None => conntrack::plan(&none(m.family), m, &node),
+                })
+                .collect();
+            applied = models;
+            let mut outcome = conntrack::Outcome::default();
+            if !deletions.is_empty() {
+                let Some(mut ct) = conntrack.take() else { break };
+                let joined = tokio::task::spawn_blocking(move || {
+                    let o = conntrack::execute(&mut ct, &deletions);
+                    (ct, o)
+                })
+                .instrument(span.clone())
+                .await;
+                match joined {
+                    Ok((ct, o)) => {
+                        conntrack = Some(ct);
+                        outcome = o;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "conntrack task failed");
+                        break;
+                    }
+                }
+                let (deleted, failed) = (outcome.deleted, outcome.failed);
+                span.in_scope(|| tracing::info!(deleted, failed, "stale conntrack entries cleaned"));
+            }
+            progress.send_modify(|p| {
+                p.syncs += 1;
+                p.last = Some(report);
+                p.last_error = None;
+                p.conntrack_deleted += outcome.deleted as u64;
+                p.conntrack_failures += outcome.failed as u64;
+            });
+        }
         // wait for the next reason to sync
         let deadline = Instant::now() + if need_full { cfg.min_sync_period } else { cfg.sync_period };
         loop {
@@ -294,6 +347,22 @@ mod tests {
         log: Arc<Mutex<Vec<(bool, usize, usize)>>>,
         fail_next: Arc<AtomicBool>,
         drift: Arc<AtomicBool>,
+        /// Backend syncs and conntrack deletions in the order they happened.
+        events: Arc<Mutex<Vec<String>>>,
+    }
+
+    /// The recording conntrack fake, also writing into the backend's event log.
+    #[derive(Clone)]
+    struct Ct {
+        rec: conntrack::Recorder,
+        events: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Conntrack for Ct {
+        fn delete(&mut self, flows: &conntrack::Flows) -> Result<usize, crate::error::ConntrackError> {
+            self.events.lock().unwrap().push(format!("conntrack {flows}"));
+            self.rec.delete(flows).map(|_| 1)
+        }
     }
 
     impl Backend for Fake {
@@ -304,6 +373,7 @@ mod tests {
             let ports: usize = models.iter().map(|m| m.services.len()).sum();
             let eps: usize = models.iter().flat_map(|m| m.services.values()).map(|e| e.endpoints.len()).sum();
             self.log.lock().unwrap().push((full, ports, eps));
+            self.events.lock().unwrap().push(format!("sync full={full}"));
             Ok(SyncReport { full, rules: vec![] })
         }
         fn drifted(&mut self) -> bool {
@@ -314,6 +384,7 @@ mod tests {
     struct World {
         inputs: Inputs,
         fake: Fake,
+        ct: conntrack::Recorder,
         progress: tokio::sync::watch::Receiver<Progress>,
         problems: Arc<Mutex<Vec<String>>>,
         health: Arc<Health>,
@@ -325,6 +396,26 @@ mod tests {
         serde_json::from_value(json!({
             "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1"},
             "spec": {"clusterIP": ip, "ports": [{"port": 80}]},
+        }))
+        .unwrap()
+    }
+
+    fn udp_svc(name: &str, ip: &str) -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1"},
+            "spec": {"clusterIP": ip, "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]},
+        }))
+        .unwrap()
+    }
+
+    fn udp_slice(name: &str, ips: &[&str]) -> EndpointSlice {
+        let eps: Vec<_> = ips.iter().map(|ip| json!({"addresses": [ip]})).collect();
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": format!("{name}-x"), "resourceVersion": "1",
+                         "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4",
+            "ports": [{"name": "dns", "port": 5353, "protocol": "UDP"}],
+            "endpoints": eps,
         }))
         .unwrap()
     }
@@ -368,6 +459,7 @@ mod tests {
         inputs.nodes.inject(Event::Init, &mut buf);
         inputs.nodes.inject(Event::InitDone, &mut buf);
         let fake = Fake::default();
+        let ct = Ct { rec: conntrack::Recorder::default(), events: fake.events.clone() };
         let (tx, rx) = tokio::sync::watch::channel(Progress::default());
         let problems = Arc::new(Mutex::new(Vec::new()));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -384,6 +476,7 @@ mod tests {
             cfg,
             inputs.clone(),
             fake.clone(),
+            ct.clone(),
             health.clone(),
             metrics.clone(),
             notify,
@@ -394,7 +487,7 @@ mod tests {
                 let _ = stop_rx.await;
             },
         ));
-        World { inputs, fake, progress: rx, problems, health, metrics, _stop: stop_tx }
+        World { inputs, fake, ct: ct.rec, progress: rx, problems, health, metrics, _stop: stop_tx }
     }
 
     async fn wait_syncs(w: &mut World, n: u64) -> Progress {
@@ -475,6 +568,103 @@ mod tests {
         let problems = w.problems.lock().unwrap().clone();
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].contains("999.1.1.1"));
+    }
+
+    fn ip(s: &str) -> std::net::IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn gone(dst: &str, endpoint: &str) -> conntrack::Flows {
+        conntrack::Flows {
+            family: Family::V4,
+            protocol: model::Protocol::Udp,
+            dst: Some(ip(dst)),
+            dst_port: 53,
+            reply: conntrack::Reply::From(ip(endpoint)),
+        }
+    }
+
+    fn stuck(dst: &str, keep: &[&str]) -> conntrack::Flows {
+        conntrack::Flows {
+            family: Family::V4,
+            protocol: model::Protocol::Udp,
+            dst: Some(ip(dst)),
+            dst_port: 53,
+            reply: conntrack::Reply::NotFrom(keep.iter().map(|s| ip(s)).collect()),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stale_udp_flows_are_deleted_after_the_rules_are_synced() {
+        let mut w = start(
+            vec![udp_svc("dns", "10.96.0.10"), svc("web", "10.96.0.1")],
+            vec![udp_slice("dns", &["10.244.0.5"]), slice("web", &["10.244.0.9"])],
+        );
+        let p = wait_syncs(&mut w, 1).await;
+        // first sync after a start: flows to the UDP frontend that miss its endpoints
+        assert_eq!(w.ct.deletions(), [stuck("10.96.0.10", &["10.244.0.5"])]);
+        assert_eq!(p.conntrack_deleted, 1);
+        // the endpoint pod is replaced: a partial sync, then its flows are deleted
+        apply(&w.inputs.slices, udp_slice("dns", &["10.244.0.6"]));
+        let p = wait_syncs(&mut w, 2).await;
+        assert_eq!(w.fake.log.lock().unwrap()[1], (false, 2, 2));
+        assert_eq!(w.ct.deletions()[1..], [gone("10.96.0.10", "10.244.0.5")]);
+        assert_eq!((p.conntrack_deleted, p.conntrack_failures), (2, 0));
+        let events = w.fake.events.lock().unwrap().clone();
+        assert_eq!(
+            events,
+            [
+                "sync full=true",
+                "conntrack udp orig-dst 10.96.0.10:53 reply-src not 10.244.0.5",
+                "sync full=false",
+                "conntrack udp orig-dst 10.96.0.10:53 reply-src 10.244.0.5",
+            ],
+            "rules first, then conntrack"
+        );
+        // a TCP change and a periodic sync with nothing changed delete nothing
+        apply(&w.inputs.slices, slice("web", &["10.244.0.10"]));
+        wait_syncs(&mut w, 3).await;
+        wait_syncs(&mut w, 4).await;
+        assert_eq!(w.ct.deletions().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn zero_to_one_endpoint_deletes_the_blackholed_flows() {
+        let mut w = start(vec![udp_svc("dns", "10.96.0.10")], vec![udp_slice("dns", &[])]);
+        wait_syncs(&mut w, 1).await;
+        assert!(w.ct.deletions().is_empty(), "nothing to DNAT to yet");
+        apply(&w.inputs.slices, udp_slice("dns", &["10.244.0.5"]));
+        wait_syncs(&mut w, 2).await;
+        assert_eq!(w.ct.deletions(), [stuck("10.96.0.10", &["10.244.0.5"])]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_sync_cleans_nothing_and_the_next_one_cleans_from_the_last_applied_state() {
+        let mut w = start(vec![udp_svc("dns", "10.96.0.10")], vec![udp_slice("dns", &["10.244.0.5"])]);
+        wait_syncs(&mut w, 1).await;
+        w.fake.fail_next.store(true, Ordering::SeqCst);
+        apply(&w.inputs.slices, udp_slice("dns", &["10.244.0.6"]));
+        let p = wait_syncs(&mut w, 2).await;
+        assert_eq!(p.failures, 1);
+        assert_eq!(w.ct.deletions().len(), 1, "rules not applied: flows untouched");
+        let p = wait_syncs(&mut w, 3).await;
+        assert_eq!(p.syncs, 2);
+        assert_eq!(w.ct.deletions()[1..], [gone("10.96.0.10", "10.244.0.5")]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_clean_up_is_counted_and_the_sync_stands() {
+        let mut w = start(vec![udp_svc("dns", "10.96.0.10")], vec![udp_slice("dns", &["10.244.0.5"])]);
+        wait_syncs(&mut w, 1).await;
+        w.ct.fail.store(true, Ordering::SeqCst);
+        apply(&w.inputs.slices, udp_slice("dns", &["10.244.0.6"]));
+        let p = wait_syncs(&mut w, 2).await;
+        assert_eq!((p.syncs, p.failures, p.conntrack_failures), (2, 0, 1));
+        assert!(p.last_error.is_none());
+        // the next sync is not made full by it
+        apply(&w.inputs.services, svc("web", "10.96.0.1"));
+        wait_syncs(&mut w, 3).await;
+        assert!(!w.fake.log.lock().unwrap()[2].0);
     }
 
     #[test]

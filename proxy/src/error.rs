@@ -44,3 +44,16 @@ pub enum SyncError {
     #[error("{0}")]
     Unsupported(String),
 }
+
+/// A conntrack clean-up that did not complete (logged and counted; the sync stands).
+#[derive(Debug, thiserror::Error)]
+pub enum ConntrackError {
+    #[error("opening the ctnetlink socket")]
+    Socket(#[source] std::io::Error),
+    #[error("listing conntrack entries")]
+    Dump(#[source] std::io::Error),
+    #[error("deleting a conntrack entry")]
+    Delete(#[source] std::io::Error),
+    #[error("making a conntrack entry")]
+    Insert(#[source] std::io::Error),
+}

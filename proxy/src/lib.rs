@@ -5,6 +5,7 @@
 //! behind narrow traits (one atomic apply each), and the controller (informers -> sync).
 
 pub mod config;
+pub mod conntrack;
 pub mod backend;
 pub mod cleanup;
 pub mod controller;

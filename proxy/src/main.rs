@@ -151,7 +151,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => {}
         }
     };
-    controller::run(loop_cfg, inputs, backend, health, metrics, notify, triggers, progress_tx, on_problem, shutdown).await;
+    // stale UDP flows are deleted through ctnetlink after each sync
+    let conntrack = ferro_proxy::conntrack::netlink::Ctnetlink::new();
+    controller::run(
+        loop_cfg, inputs, backend, conntrack, health, metrics, notify, triggers, progress_tx, on_problem, shutdown,
+    )
+    .await;
     for t in tasks.iter().chain(servers.iter()) {
         t.abort();
     }
