@@ -3,7 +3,8 @@
 //! iptables-restore / nft; then real requests (curl between namespaces) must reach the set of
 //! endpoints the tracer predicted, masqueraded when it said so (the pod sees the bridge's
 //! address instead of the client's), refused at once when it predicted REJECT and unanswered
-//! when it predicted DROP.
+//! when it predicted DROP. In iptables mode the kernel's own dump (iptables-save) is traced
+//! too and must give the same answers.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -229,15 +230,21 @@ fn probe(what: &'static str, from: Src, dst: &'static str, port: u16) -> Probe {
 /// 24 tries happens once in 8 million.
 const TRIES: usize = 24;
 
-/// Predicts `p` with the tracer, asks the kernel, and compares; returns the prediction.
-fn check(w: &World, tracer: &Tracer, p: &Probe) -> Trace {
+/// The packet a probe sends.
+fn packet(w: &World, p: &Probe) -> Packet {
     let src = match p.from {
         Src::Pod(i) => w.pods[i].ip.clone(),
         // the node reaches ClusterIPs over its default route (the uplink), its own address directly
         Src::Node => NODE_IP.to_string(),
         Src::Client => CLIENT_IP.to_string(),
     };
-    let packet = Packet::tcp(src.parse().unwrap(), p.dst.parse().unwrap(), p.port);
+    Packet::tcp(src.parse().unwrap(), p.dst.parse().unwrap(), p.port)
+}
+
+/// Predicts `p` with the tracer, asks the kernel, and compares; returns the prediction.
+fn check(w: &World, tracer: &Tracer, p: &Probe) -> Trace {
+    let packet = packet(w, p);
+    let src = packet.src.to_string();
     let want = tracer.trace(&packet, &w.node_local_ips());
     let get = |path: &str| {
         let url = format!("http://{}:{}{path}", p.dst, p.port);
@@ -355,9 +362,28 @@ fn tracer_agrees_with_the_kernel(mode: &str) {
         ),
         probe("external IP from outside", Src::Client, "10.96.1.28", 80),
     ];
+    // iptables mode: the rules as the kernel holds them, read back with iptables-save (its
+    // spelling: --set-xmark, /32, ...), must mean what the rendered text means
+    let saved = (mode == "iptables").then(|| {
+        let mut r = w.runner();
+        let text = format!(
+            "{}{}",
+            r.run("iptables-save", &["-t", "nat"], None).unwrap(),
+            r.run("iptables-save", &["-t", "filter"], None).unwrap()
+        );
+        ferro_proxy::iptables::trace::Ruleset::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    });
     let mut kinds = BTreeSet::new();
     for p in &probes {
         let t = check(&w, &tracer, p);
+        if let Some(k) = &saved {
+            assert_eq!(
+                k.trace(&packet(&w, p), &w.node_local_ips()).unwrap(),
+                t,
+                "{}: iptables-save",
+                p.what
+            );
+        }
         kinds.extend(t.outcomes.iter().map(|o| match o.verdict {
             Verdict::Dnat(_) if o.masquerade => "endpoint, masqueraded",
             Verdict::Dnat(_) => "endpoint, source kept",
