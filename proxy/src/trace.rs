@@ -417,10 +417,19 @@ mod tests {
 
     /// Both modes' full-sync text of `model`, loaded into their tracers.
     fn load(model: &FamilyModel, masquerade_all: bool) -> (iptables::trace::Ruleset, nftables::trace::Ruleset) {
+        load_with(model, cfg_cidrs(), ip(NODE_IP), masquerade_all)
+    }
+
+    fn load_with(
+        model: &FamilyModel,
+        cluster_cidrs: Vec<ipnet::IpNet>,
+        node_ip: IpAddr,
+        masquerade_all: bool,
+    ) -> (iptables::trace::Ruleset, nftables::trace::Ruleset) {
         let icfg = iptables::rules::RenderConfig {
-            cluster_cidrs: cfg_cidrs(),
+            cluster_cidrs: cluster_cidrs.clone(),
             masquerade_all,
-            node_ips: vec![ip(NODE_IP)],
+            node_ips: vec![node_ip],
             ..Default::default()
         };
         let mut ist = iptables::rules::State::default();
@@ -435,7 +444,7 @@ mod tests {
         );
         let ipt = iptables::trace::Ruleset::parse(&out.text).unwrap_or_else(|e| panic!("{e}\n{}", out.text));
         let ncfg = nftables::rules::RenderConfig {
-            cluster_cidrs: cfg_cidrs(),
+            cluster_cidrs,
             masquerade_all,
             ..Default::default()
         };
@@ -986,6 +995,79 @@ mod tests {
         }
         assert_eq!(ipt.chains("nat"), full_i.chains("nat"), "the same chains in the end");
         assert_eq!(nft.chains("ip", "kube-proxy"), full_n.chains("ip", "kube-proxy"));
+    }
+
+    /// The IPv6 rules of a dual-stack Service (ip6 tables, `[ip]:port` destinations) trace as
+    /// the IPv4 ones do.
+    #[test]
+    fn ipv6_rules_trace_as_ipv4_ones_do() {
+        let service: Arc<Service> = Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "ns", "name": "six"},
+                "spec": {"clusterIP": "172.30.0.60", "clusterIPs": ["172.30.0.60", "fd00:30::60"], "type": "NodePort",
+                         "ports": [{"name": "p", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30090}]},
+            }))
+            .unwrap(),
+        );
+        let empty: Arc<Service> = Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "ns", "name": "none"},
+                "spec": {"clusterIP": "172.30.0.61", "clusterIPs": ["172.30.0.61", "fd00:30::61"],
+                         "ports": [{"name": "p", "port": 80, "targetPort": 8080, "protocol": "TCP"}]},
+            }))
+            .unwrap(),
+        );
+        let slice6: Arc<EndpointSlice> = Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "ns", "name": "six-1", "labels": {"kubernetes.io/service-name": "six"}},
+                "addressType": "IPv6",
+                "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}],
+                "endpoints": [{"addresses": ["fd00:10::1"], "nodeName": "node-a"}, {"addresses": ["fd00:10::2"], "nodeName": "node-b"}],
+            }))
+            .unwrap(),
+        );
+        let (m, problems) = model::build(Family::V6, &[service, empty], &[slice6], &node());
+        assert!(problems.is_empty(), "{problems:?}");
+        let node_ip = ip("fd00:1::2");
+        let (ipt, nft) = load_with(&m, vec!["fd00:10::/64".parse().unwrap()], node_ip, false);
+        let ep = |a: &str, masquerade| Outcome {
+            verdict: Verdict::Dnat(format!("[{a}]:8080").parse().unwrap()),
+            masquerade,
+        };
+        for (src, dst, port, want) in [
+            (
+                "fd00:10::9",
+                "fd00:30::60",
+                80,
+                vec![ep("fd00:10::1", false), ep("fd00:10::2", false)],
+            ),
+            (
+                "fd00:1::2",
+                "fd00:30::60",
+                80,
+                vec![ep("fd00:10::1", true), ep("fd00:10::2", true)],
+            ),
+            (
+                "2001:db8::5",
+                "fd00:1::2",
+                30090,
+                vec![ep("fd00:10::1", true), ep("fd00:10::2", true)],
+            ),
+            (
+                "fd00:10::1",
+                "fd00:30::60",
+                80,
+                vec![ep("fd00:10::1", true), ep("fd00:10::2", false)],
+            ),
+            ("fd00:10::9", "fd00:30::61", 80, vec![stop(Verdict::Reject)]),
+        ] {
+            let p = Packet::tcp(ip(src), ip(dst), port);
+            let want = Trace {
+                outcomes: want.into_iter().collect(),
+            };
+            assert_eq!(ipt.trace(&p, &[node_ip]).unwrap(), want, "iptables {p:?}");
+            assert_eq!(nft.trace(&p, &[node_ip]).unwrap(), want, "nftables {p:?}");
+        }
     }
 
     /// Where upstream's two modes differ on purpose, ferro's do too: nftables mode rejects
