@@ -20,3 +20,4 @@ pub mod names;
 pub mod nfcount;
 pub mod nftables;
 pub mod server;
+pub mod trace;
