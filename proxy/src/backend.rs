@@ -32,7 +32,18 @@ pub fn for_mode(cfg: &Config) -> Result<Box<dyn Backend>, SyncError> {
             cfg.nodeport_addresses.clone(),
         ))),
         Mode::Ipvs => {
-            Err(SyncError::Unsupported(format!("proxy mode {} is not wired yet", cfg.mode.as_str())))
+            // refuse at start, with the reason, on a kernel without IPVS
+            crate::ipvs::netlink::Ipvs::new(None)
+                .probe()
+                .map_err(|e| SyncError::Unsupported(format!("proxy mode ipvs: {e}")))?;
+            Ok(Box::new(crate::ipvs::backend::IpvsBackend::new(
+                crate::ipvs::exec::Kernel::new(crate::exec::Host, None),
+                crate::exec::Host,
+                iptables_counter(),
+                cfg.cluster_cidrs.clone(),
+                cfg.masquerade_all,
+                cfg.nodeport_addresses.clone(),
+            )))
         }
     }
 }

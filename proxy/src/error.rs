@@ -43,6 +43,33 @@ pub enum SyncError {
     Observe(#[source] ExecError),
     #[error("{0}")]
     Unsupported(String),
+    #[error("{family:?} IPVS state not applied")]
+    Ipvs {
+        family: crate::model::Family,
+        #[source]
+        source: IpvsError,
+    },
+}
+
+/// The kernel refused an IPVS, ipset or address change, or could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum IpvsError {
+    #[error("opening the {what} netlink socket")]
+    Socket {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{op}")]
+    Kernel {
+        op: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("this kernel has no IPVS (no generic netlink family \"IPVS\"; ip_vs is not built in or loaded): use --proxy-mode iptables or nftables")]
+    NoIpvs,
+    #[error(transparent)]
+    Exec(#[from] ExecError),
 }
 
 /// A conntrack clean-up that did not complete (logged and counted; the sync stands).

@@ -18,6 +18,7 @@ pub mod model;
 pub mod metrics;
 pub mod names;
 pub mod nfcount;
+pub mod nl;
 pub mod nftables;
 pub mod server;
 pub mod trace;

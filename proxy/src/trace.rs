@@ -997,10 +997,90 @@ mod tests {
         assert_eq!(nft.chains("ip", "kube-proxy"), full_n.chains("ip", "kube-proxy"));
     }
 
+    /// Compares `text` with the golden file `name` under proxy/tests/golden; with
+    /// FERRO_UPDATE_GOLDEN=1 the file is rewritten instead (review the diff before committing).
+    fn golden(name: &str, text: &str) -> Result<(), String> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
+        if std::env::var_os("FERRO_UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+            return Ok(());
+        }
+        let want = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if want == text {
+            return Ok(());
+        }
+        let (n, (w, g)) = want
+            .lines()
+            .chain(std::iter::repeat("<end of file>"))
+            .zip(text.lines().chain(std::iter::repeat("<end of text>")))
+            .enumerate()
+            .find(|(_, (w, g))| w != g)
+            .unwrap_or((0, ("", "")));
+        Err(format!(
+            "{name} differs from the rendering at line {}:\n  golden:   {w}\n  rendered: {g}\n(FERRO_UPDATE_GOLDEN=1 cargo test -p ferro-proxy golden rewrites it)",
+            n + 1
+        ))
+    }
+
+    /// Golden renderings: every scenario's Services in one IPv4 model and the dual-stack
+    /// Services in the IPv6 one, as the full-sync text of each mode (IPVS: its operations
+    /// from an empty kernel and its iptables text). A change to a rule shows
+    /// up here as a diff a reviewer reads, next to the tracers that say whether it still routes.
+    #[test]
+    fn golden_renderings() {
+        let all = scenarios();
+        let services: Vec<Arc<Service>> = all.iter().flat_map(|s| s.services.clone()).collect();
+        let slices: Vec<Arc<EndpointSlice>> = all.iter().flat_map(|s| s.slices.clone()).collect();
+        let v4 = build(&services, &slices);
+        let v6 = six_model();
+        let mut failures = Vec::new();
+        for (m, suffix, cidr, node_ip) in [
+            (&v4, "v4", "10.0.0.0/8", NODE_IP),
+            (&v6, "v6", "fd00:10::/64", "fd00:1::2"),
+        ] {
+            let icfg = iptables::rules::RenderConfig {
+                cluster_cidrs: vec![cidr.parse().unwrap()],
+                node_ips: vec![ip(node_ip)],
+                ..Default::default()
+            };
+            let out = iptables::rules::render(
+                m,
+                &node(),
+                &icfg,
+                &mut iptables::rules::State::default(),
+                true,
+                &iptables::rules::base_jumps(),
+                &BTreeSet::new(),
+            );
+            failures.extend(golden(&format!("iptables-{suffix}.rules"), &out.text).err());
+            let ncfg = nftables::rules::RenderConfig {
+                cluster_cidrs: vec![cidr.parse().unwrap()],
+                ..Default::default()
+            };
+            let out = nftables::rules::render(m, &node(), &ncfg, &mut nftables::rules::State::default(), true);
+            failures.extend(golden(&format!("nftables-{suffix}.nft"), &out.text).err());
+            // IPVS mode: the operations from an empty kernel, then the mode's iptables text
+            let plan = crate::ipvs::plan::desired(m, &node(), &crate::ipvs::plan::PlanConfig { node_ips: vec![ip(node_ip)] });
+            let mut text: String = crate::ipvs::plan::diff(&Default::default(), &plan, m.family)
+                .iter()
+                .map(|op| format!("{op}\n"))
+                .collect();
+            text.push_str(&crate::ipvs::rules::render(
+                m.family,
+                &[cidr.parse().unwrap()],
+                false,
+                &crate::ipvs::rules::base_jumps(),
+            ));
+            failures.extend(golden(&format!("ipvs-{suffix}.txt"), &text).err());
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
     /// The IPv6 rules of a dual-stack Service (ip6 tables, `[ip]:port` destinations) trace as
     /// the IPv4 ones do.
-    #[test]
-    fn ipv6_rules_trace_as_ipv4_ones_do() {
+    /// The dual-stack Services of the IPv6 tests: "six" (NodePort 30090, an endpoint here and
+    /// one on node-b) and "none" (no endpoints), as the IPv6 model.
+    fn six_model() -> FamilyModel {
         let service: Arc<Service> = Arc::new(
             serde_json::from_value(json!({
                 "metadata": {"namespace": "ns", "name": "six"},
@@ -1028,6 +1108,12 @@ mod tests {
         );
         let (m, problems) = model::build(Family::V6, &[service, empty], &[slice6], &node());
         assert!(problems.is_empty(), "{problems:?}");
+        m
+    }
+
+    #[test]
+    fn ipv6_rules_trace_as_ipv4_ones_do() {
+        let m = six_model();
         let node_ip = ip("fd00:1::2");
         let (ipt, nft) = load_with(&m, vec!["fd00:10::/64".parse().unwrap()], node_ip, false);
         let ep = |a: &str, masquerade| Outcome {

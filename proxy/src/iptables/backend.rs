@@ -25,7 +25,8 @@ pub struct IptablesBackend<R: Runner> {
     counter: Box<dyn RuleCounter>,
 }
 
-fn tools(family: Family) -> (&'static str, &'static str, &'static str) {
+/// (iptables, iptables-save, iptables-restore) of `family`.
+pub fn tools(family: Family) -> (&'static str, &'static str, &'static str) {
     match family {
         Family::V4 => ("iptables", "iptables-save", "iptables-restore"),
         Family::V6 => ("ip6tables", "ip6tables-save", "ip6tables-restore"),

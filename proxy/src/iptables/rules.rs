@@ -425,6 +425,11 @@ pub fn base_jumps() -> Vec<BaseJump> {
 
 /// The base jumps missing from `saved` (iptables-save output of the filter and nat tables).
 pub fn missing_jumps(saved: &str) -> Vec<BaseJump> {
+    missing_of(saved, base_jumps())
+}
+
+/// Which of `jumps` are missing from `saved` (iptables-save output of their tables).
+pub fn missing_of(saved: &str, jumps: Vec<BaseJump>) -> Vec<BaseJump> {
     let mut have: BTreeSet<(String, String)> = BTreeSet::new();
     let mut table = String::new();
     for line in saved.lines() {
@@ -434,7 +439,7 @@ pub fn missing_jumps(saved: &str) -> Vec<BaseJump> {
             have.insert((table.clone(), rule.trim().to_string()));
         }
     }
-    base_jumps()
+    jumps
         .into_iter()
         .filter(|j| !have.contains(&(j.table.to_string(), format!("{} {}", j.chain, j.rule))))
         .collect()
