@@ -11,4 +11,8 @@ cargo build --workspace --all-targets
 # Tests that need root, network namespaces, containerd or kubectl are marked
 # #[ignore = "privileged: ..."] so that plain `cargo test` stays the unprivileged tier;
 # --include-ignored runs them here. --no-fail-fast: one red test binary does not hide the others.
-cargo test --workspace --no-fail-fast -- --include-ignored --test-threads 2
+status=0
+cargo test --workspace --no-fail-fast -- --include-ignored --test-threads 2 || status=$?
+# The unprivileged tier (plain `cargo test`) must pass without root: proven as `nobody`.
+scripts/unprivileged-tier.sh || status=1
+exit "$status"

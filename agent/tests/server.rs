@@ -207,6 +207,7 @@ fn close_stdin() -> Message {
 const LONG: usize = 32768;
 
 #[test]
+#[ignore = "privileged: needs root and containerd; run by scripts/test.sh"]
 fn kubectl_logs_exec_and_port_forward_through_the_agent_server() {
     // The server's debug log, shown with a failure.
     let _ = tracing_subscriber::fmt().with_env_filter("ferro_agent=debug").with_test_writer().try_init();

@@ -200,6 +200,7 @@ fn nat_save(node: &Ns) -> String {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn ferro_portmap_bandwidth_conflist_add_check_del() {
     require_root_and_plugins();
     let node = Ns::new("node");

@@ -31,6 +31,7 @@ fn ip_files(dir: &Path) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn containerd_cri_pod_sandbox_gets_and_releases_an_address_from_ferro_cni() {
     ferro_lab::require_root().unwrap();
     let work = tempfile::tempdir().unwrap();

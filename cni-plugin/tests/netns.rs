@@ -354,6 +354,7 @@ fn ping(from: &NsGuard, ip: &str) -> bool {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn add_configures_container_and_result_matches() {
     let node = Node::new();
     let c = NsGuard::new();
@@ -425,6 +426,7 @@ fn add_configures_container_and_result_matches() {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn containers_ping_each_other_and_the_gateway() {
     let node = Node::new();
     let (c1, c2) = (NsGuard::new(), NsGuard::new());
@@ -437,6 +439,7 @@ fn containers_ping_each_other_and_the_gateway() {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn add_twice_returns_the_same_ip() {
     let node = Node::new();
     let c = NsGuard::new();
@@ -450,6 +453,7 @@ fn add_twice_returns_the_same_ip() {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn del_releases_ip_removes_veth_and_is_idempotent() {
     let node = Node::new();
     let c = NsGuard::new();
@@ -472,6 +476,7 @@ fn del_releases_ip_removes_veth_and_is_idempotent() {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn add_right_after_del_keeps_its_new_pair_from_the_old_pairs_reaper() {
     let node = Node::new();
     let c = NsGuard::new();
@@ -495,6 +500,7 @@ fn add_right_after_del_keeps_its_new_pair_from_the_old_pairs_reaper() {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn the_link_reaper_deletes_only_the_link_it_was_given() {
     let node = Node::new();
     let c = NsGuard::new();
@@ -543,6 +549,7 @@ fn the_link_reaper_deletes_only_the_link_it_was_given() {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn del_after_the_container_netns_is_gone_succeeds() {
     let node = Node::new();
     let mut c = NsGuard::new();
@@ -556,6 +563,7 @@ fn del_after_the_container_netns_is_gone_succeeds() {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn add_with_a_bad_netns_fails_and_leaves_nothing() {
     let node = Node::new();
     let out = node.plugin("ADD", "ctr-bad", "/run/netns/ferro-cni-test-does-not-exist");
@@ -590,6 +598,7 @@ fn require_iptables() {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn ip_masq_add_installs_chain_and_jump_and_del_removes_them() {
     require_iptables();
     let node = Node::new();
@@ -632,6 +641,7 @@ fn ip_masq_add_installs_chain_and_jump_and_del_removes_them() {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn ip_masq_failed_add_leaves_no_chain() {
     require_iptables();
     let node = Node::new();
@@ -653,11 +663,13 @@ fn ip_masq_failed_add_leaves_no_chain() {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn hundred_parallel_adds_then_dels_leak_nothing() {
     parallel_adds_then_dels(false);
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn hundred_parallel_masq_adds_then_dels_leak_nothing() {
     require_iptables();
     parallel_adds_then_dels(true);
@@ -734,6 +746,7 @@ fn parallel_adds_then_dels(ip_masq: bool) {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn check_passes_after_add_and_fails_once_the_address_is_gone() {
     let node = Node::new();
     let c = NsGuard::new();
@@ -781,6 +794,7 @@ fn with_prev(conf: &str, prev: &Value) -> String {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn check_verifies_the_masquerade_chain() {
     require_iptables();
     let node = Node::new();
@@ -850,6 +864,7 @@ fn check_verifies_the_masquerade_chain() {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn gc_removes_chains_addresses_and_veths_of_stale_attachments() {
     require_iptables();
     let node = Node::new();
@@ -952,6 +967,7 @@ fn delegated_conf(node: &Node, range_end: &str) -> String {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn delegated_host_local_ipam_add_check_del() {
     require_iptables();
     assert!(
@@ -1034,6 +1050,7 @@ fn ping6(from: &NsGuard, ip: &str) -> bool {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn dual_stack_pod_gets_both_families_and_pings_both_gateways() {
     let node = Node::new();
     let (c1, c2) = (NsGuard::new(), NsGuard::new());

@@ -28,6 +28,7 @@ fn names(links: &[RouteNetlinkMessage]) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn a_batch_answers_every_request_in_order_and_a_failure_does_not_stop_the_rest() {
     let ns = ferro_lab::netns::NetNs::new(&format!("ferro-nls-{}", std::process::id())).unwrap();
     let path = ns.path();

@@ -489,6 +489,7 @@ fn in_netns<T: Send + 'static>(
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn overlay_connects_pods_across_nodes_and_converges() {
     let mut lab = Lab::new("o", 3);
     let t0 = Instant::now();
@@ -835,6 +836,7 @@ fn overlay_connects_pods_across_nodes_and_converges() {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn direct_routing_between_nodes_on_one_subnet() {
     let mut lab = Lab::new("d", 2);
     for i in 0..2 {
@@ -878,6 +880,7 @@ fn direct_routing_between_nodes_on_one_subnet() {
 }
 
 #[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn unreachable_api_server_is_retried_with_backoff_not_a_crash_loop() {
     require_root();
     let dir = tempfile::Builder::new()

@@ -357,6 +357,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "privileged: needs root (chown, tmpfs and bind mounts); run by scripts/test.sh"]
     fn fs_group_ownership_kept_across_swaps() {
         assert!(nix::unistd::geteuid().is_root(), "the fsGroup test chowns: run it as root");
         let tmp = tempfile::tempdir().unwrap();

@@ -1140,6 +1140,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "privileged: needs root (chown, tmpfs and bind mounts); run by scripts/test.sh"]
     fn empty_dir_layout_and_idempotence() {
         let root = Root::new();
         let p = pod(json!([{"name": "scratch", "emptyDir": {}}]));
@@ -1161,6 +1162,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "privileged: needs root (chown, tmpfs and bind mounts); run by scripts/test.sh"]
     fn memory_empty_dir_is_tmpfs_mounted_once() {
         let root = Root::new();
         let p = pod(json!([{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
@@ -1196,6 +1198,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "privileged: needs root (chown, tmpfs and bind mounts); run by scripts/test.sh"]
     fn tmpfs_sized_by_pod_memory_limit() {
         let root = Root::new();
         let p: Pod = serde_json::from_value(json!({
@@ -1216,6 +1219,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "privileged: needs root (chown, tmpfs and bind mounts); run by scripts/test.sh"]
     fn config_map_all_keys_items_and_modes() {
         let root = Root::new();
         let mut cm = config_map("cm", json!({"a": "1", "b": "2"})).1;
@@ -1247,6 +1251,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "privileged: needs root (chown, tmpfs and bind mounts); run by scripts/test.sh"]
     fn config_map_optional_semantics() {
         let root = Root::new();
         let none = Objects::default();
@@ -1276,6 +1281,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "privileged: needs root (chown, tmpfs and bind mounts); run by scripts/test.sh"]
     fn config_map_refresh_swaps_data() {
         let root = Root::new();
         let p = pod(json!([{"name": "v", "configMap": {"name": "cm"}}]));
@@ -1299,6 +1305,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "privileged: needs root (chown, tmpfs and bind mounts); run by scripts/test.sh"]
     fn secret_on_tmpfs_and_teardown() {
         let root = Root::new();
         let objects = Objects { secrets: [secret("s", &[("user", b"admin"), ("pw", b"\x00hunter2")])].into(), ..Default::default() };
@@ -1338,6 +1345,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "privileged: needs root (chown, tmpfs and bind mounts); run by scripts/test.sh"]
     fn teardown_nested_mounts_deepest_first() {
         let root = Root::new();
         let p = pod(json!([{"name": "m", "emptyDir": {"medium": "Memory"}}]));
@@ -1356,6 +1364,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "privileged: needs root (chown, tmpfs and bind mounts); run by scripts/test.sh"]
     fn downward_api_files() {
         let root = Root::new();
         let p = pod(json!([{"name": "info", "downwardAPI": {"defaultMode": 0o600, "items": [
@@ -1406,6 +1415,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "privileged: needs root (chown, tmpfs and bind mounts); run by scripts/test.sh"]
     fn projected_sources() {
         let root = Root::new();
         let objects = Objects {
@@ -1451,6 +1461,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "privileged: needs root (chown, tmpfs and bind mounts); run by scripts/test.sh"]
     fn host_path_type_checks() {
         use nix::sys::stat::{makedev, mknod, Mode, SFlag};
         let root = Root::new();
@@ -1518,6 +1529,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "privileged: needs root (chown, tmpfs and bind mounts); run by scripts/test.sh"]
     fn fs_group_ownership() {
         use std::os::unix::fs::MetadataExt;
         let root = Root::new();
@@ -1583,6 +1595,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "privileged: needs root (chown, tmpfs and bind mounts); run by scripts/test.sh"]
     fn teardown_guards_and_uids_on_disk() {
         let root = Root::new();
         assert!(pod_uids_on_disk(root.path()).is_empty());

@@ -21,6 +21,7 @@ fn wait_exit(child: &mut std::process::Child, secs: u64) -> std::process::ExitSt
 }
 
 #[test]
+#[ignore = "privileged: needs root (PID and mount namespaces); run by scripts/test.sh"]
 fn static_pause_stops_on_sigterm_and_sigint() {
     let bin = ferro_lab::images::build_static_pause().unwrap();
     ferro_lab::images::check_static(&bin).unwrap();
@@ -52,6 +53,7 @@ fn children(pid: u32) -> Vec<u32> {
 }
 
 #[test]
+#[ignore = "privileged: needs root (PID and mount namespaces); run by scripts/test.sh"]
 fn pause_as_pid_1_reaps_orphans_and_stops_on_sigterm() {
     ferro_lab::require_root().unwrap();
     let bin = ferro_lab::images::build_static_pause().unwrap();
