@@ -11,7 +11,7 @@
 //! since the last successful sync are deleted through the injected [`Conntrack`] (see
 //! [`crate::conntrack`]); a failed deletion is logged and counted, never fails the sync.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -28,7 +28,7 @@ use crate::conntrack::{self, Conntrack};
 use crate::error::SyncError;
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::model::{self, Family, FamilyModel, NodeInfo, Problem, LABEL_ZONE};
+use crate::model::{self, Family, FamilyModel, NodeInfo, Problem, ServiceEntry, ServicePortName, LABEL_ZONE};
 
 /// What a mode's backend did in one sync.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -165,6 +165,9 @@ pub async fn run<B: Backend, C: Conntrack>(
     let mut last_full = Instant::now();
     let mut last_start: Option<Instant> = None;
     let mut known_problems: BTreeSet<String> = BTreeSet::new();
+    // Service ports whose rules the kernel refused, with the entry it refused and why: left
+    // out of the models (the others are programmed) until their entry changes.
+    let mut quarantine: BTreeMap<(Family, ServicePortName), (ServiceEntry, String)> = BTreeMap::new();
     let mut drift_tick = tokio::time::interval(cfg.drift_check_period);
     drift_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     drift_tick.tick().await;
@@ -188,7 +191,7 @@ pub async fn run<B: Backend, C: Conntrack>(
         let services = inputs.services.list();
         let slices = inputs.slices.list();
         let mut problems = Vec::new();
-        let models: Vec<FamilyModel> = cfg
+        let mut models: Vec<FamilyModel> = cfg
             .families
             .iter()
             .map(|f| {
@@ -197,6 +200,7 @@ pub async fn run<B: Backend, C: Conntrack>(
                 m
             })
             .collect();
+        leave_out_refused(&mut models, &mut quarantine, &mut problems);
         let mut now_problems = BTreeSet::new();
         for p in &problems {
             let text = p.to_string();
@@ -252,6 +256,12 @@ pub async fn run<B: Backend, C: Conntrack>(
             Err(e) => {
                 need_full = true;
                 metrics.restore_failed();
+                if let SyncError::Refused { family, service, source } = &e {
+                    if let Some(entry) = models.iter().find(|m| m.family == *family).and_then(|m| m.services.get(service)) {
+                        tracing::warn!(%service, ?family, error = %source, "the kernel refused one service port's rules; leaving it out");
+                        quarantine.insert((*family, service.clone()), (entry.clone(), source.to_string()));
+                    }
+                }
                 tracing::warn!(error = %e, source = ?std::error::Error::source(&e).map(ToString::to_string), "sync failed; retrying with a full sync");
                 progress.send_modify(|p| {
                     p.failures += 1;
@@ -333,6 +343,33 @@ pub async fn run<B: Backend, C: Conntrack>(
     }
 }
 
+/// Takes the quarantined service ports out of `models` (each a [`Problem::Refused`]) and
+/// forgets those whose entry changed or went: they are tried again.
+fn leave_out_refused(
+    models: &mut [FamilyModel],
+    quarantine: &mut BTreeMap<(Family, ServicePortName), (ServiceEntry, String)>,
+    problems: &mut Vec<Problem>,
+) {
+    quarantine.retain(|(family, name), (entry, _)| {
+        models.iter().find(|m| m.family == *family).and_then(|m| m.services.get(name)) == Some(&*entry)
+    });
+    for m in models.iter_mut() {
+        let family = m.family;
+        m.services.retain(|name, _| match quarantine.get(&(family, name.clone())) {
+            Some((_, message)) => {
+                problems.push(Problem::Refused {
+                    service: format!("{}/{}", name.namespace, name.name),
+                    port: name.port.clone(),
+                    family,
+                    message: message.clone(),
+                });
+                false
+            }
+            None => true,
+        });
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -347,6 +384,8 @@ mod tests {
         log: Arc<Mutex<Vec<(bool, usize, usize)>>>,
         fail_next: Arc<AtomicBool>,
         drift: Arc<AtomicBool>,
+        /// A Service whose rules the "kernel" refuses whenever they are in the models.
+        refuse: Arc<Mutex<Option<String>>>,
         /// Backend syncs and conntrack deletions in the order they happened.
         events: Arc<Mutex<Vec<String>>>,
     }
@@ -369,6 +408,22 @@ mod tests {
         fn sync(&mut self, models: &[FamilyModel], _node: &NodeInfo, full: bool) -> Result<SyncReport, SyncError> {
             if self.fail_next.swap(false, Ordering::SeqCst) {
                 return Err(SyncError::Unsupported("refused".into()));
+            }
+            if let Some(bad) = self.refuse.lock().unwrap().clone() {
+                for m in models {
+                    if let Some(service) = m.services.keys().find(|k| k.name == bad) {
+                        self.events.lock().unwrap().push(format!("refused {bad}"));
+                        return Err(SyncError::Refused {
+                            family: m.family,
+                            service: service.clone(),
+                            source: crate::error::ExecError::Failed {
+                                program: "iptables-restore".into(),
+                                status: "exit status: 2".into(),
+                                stderr: "Error occurred at line: 7".into(),
+                            },
+                        });
+                    }
+                }
             }
             let ports: usize = models.iter().map(|m| m.services.len()).sum();
             let eps: usize = models.iter().flat_map(|m| m.services.values()).map(|e| e.endpoints.len()).sum();
@@ -554,6 +609,34 @@ mod tests {
         wait_syncs(&mut w, 2).await;
         assert!(Instant::now() - t <= Duration::from_secs(3));
         assert_eq!(w.fake.log.lock().unwrap()[1], (true, 1, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_service_port_the_kernel_refuses_is_left_out_until_it_changes() {
+        let mut w = start(vec![svc("a", "10.96.0.1"), svc("bad", "10.96.0.9")], vec![]);
+        *w.fake.refuse.lock().unwrap() = Some("bad".into());
+        let p = wait_syncs(&mut w, 2).await;
+        assert_eq!((p.failures, p.syncs), (1, 1));
+        // the retry left "bad" out and programmed the rest, in full
+        assert_eq!(*w.fake.log.lock().unwrap(), [(true, 1, 0)]);
+        let problems = w.problems.lock().unwrap().clone();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("service ns/bad") && problems[0].contains("refused"), "{problems:?}");
+        // other changes go on being synced without it, and the problem is not reported again
+        apply(&w.inputs.services, svc("c", "10.96.0.3"));
+        wait_syncs(&mut w, 3).await;
+        assert_eq!(w.fake.log.lock().unwrap()[1], (false, 2, 0));
+        assert_eq!(w.problems.lock().unwrap().len(), 1);
+        // a change to the refused Service is tried again (refused again here, then left out)
+        apply(&w.inputs.services, svc("bad", "10.96.0.10"));
+        let p = wait_syncs(&mut w, 5).await;
+        assert_eq!(p.failures, 2);
+        assert_eq!(w.fake.events.lock().unwrap().iter().filter(|e| *e == "refused bad").count(), 2);
+        // the kernel takes it now: once its entry changes again it is programmed
+        *w.fake.refuse.lock().unwrap() = None;
+        apply(&w.inputs.services, svc("bad", "10.96.0.11"));
+        wait_syncs(&mut w, 6).await;
+        assert_eq!(w.fake.log.lock().unwrap().last().unwrap().1, 3, "a, c and bad");
     }
 
     #[tokio::test(start_paused = true)]

@@ -39,6 +39,13 @@ pub enum SyncError {
         #[source]
         source: ExecError,
     },
+    #[error("{family:?} rules of service port {service} refused by the kernel")]
+    Refused {
+        family: crate::model::Family,
+        service: crate::model::ServicePortName,
+        #[source]
+        source: ExecError,
+    },
     #[error("observing the kernel's rules")]
     Observe(#[source] ExecError),
     #[error("{0}")]

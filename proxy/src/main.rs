@@ -69,6 +69,7 @@ fn problem_reason(p: &Problem) -> &'static str {
         Problem::InvalidCidr { .. } => "InvalidCIDR",
         Problem::InvalidPort { .. } => "InvalidPort",
         Problem::InvalidEndpoint { .. } => "InvalidEndpoint",
+        Problem::Refused { .. } => "RulesRefused",
     }
 }
 
@@ -127,7 +128,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Problem::UnsupportedProtocol { service, .. }
             | Problem::InvalidIp { service, .. }
             | Problem::InvalidCidr { service, .. }
-            | Problem::InvalidPort { service, .. } => Some(service.clone()),
+            | Problem::InvalidPort { service, .. }
+            | Problem::Refused { service, .. } => Some(service.clone()),
             Problem::InvalidEndpoint { .. } => None,
         };
         if let Some((ns, name)) = key.as_deref().and_then(|k| k.split_once('/')) {

@@ -195,6 +195,9 @@ pub enum Problem {
     InvalidCidr { service: String, field: &'static str, value: String },
     InvalidPort { service: String, port: String, value: i32 },
     InvalidEndpoint { slice: String, address: String, reason: String },
+    /// The kernel refused this service port's rules: it is left out (the others are
+    /// programmed) until its Service or endpoints change.
+    Refused { service: String, port: String, family: Family, message: String },
 }
 
 impl fmt::Display for Problem {
@@ -214,6 +217,9 @@ impl fmt::Display for Problem {
             }
             Problem::InvalidEndpoint { slice, address, reason } => {
                 write!(f, "endpointslice {slice}: endpoint {address:?} skipped: {reason}")
+            }
+            Problem::Refused { service, port, family, message } => {
+                write!(f, "service {service} port {port:?}: the kernel refused its {family:?} rules, left out until it changes: {message}")
             }
         }
     }
@@ -591,6 +597,24 @@ pub fn categorize<'a>(entry: &'a ServiceEntry, node: &'a NodeInfo) -> Categorize
     c
 }
 
+/// The 1-based line of its input a kernel tool's error names: iptables-restore's "Error
+/// occurred at line: N" / "line N failed", nft's "/dev/stdin:N:col: Error".
+pub fn error_line(stderr: &str) -> Option<usize> {
+    for l in stderr.lines() {
+        if let Some(rest) = l.split("/dev/stdin:").nth(1) {
+            if let Some(n) = rest.split(':').next().and_then(|n| n.parse().ok()) {
+                return Some(n);
+            }
+        }
+        if let Some(rest) = l.split("line: ").nth(1).or_else(|| l.split("line ").nth(1)) {
+            if let Some(n) = rest.split_whitespace().next().and_then(|n| n.parse().ok()) {
+                return Some(n);
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -826,5 +850,13 @@ mod tests {
         // no endpoint for this zone: topology ignored
         let e = entry(p, vec![ep("10.0.0.1", true, true, false, false, &["z3"]), ep("10.0.0.2", true, true, false, false, &["z2"])]);
         assert_eq!(categorize(&e, &n).cluster.len(), 2);
+    }
+
+    #[test]
+    fn error_lines_of_both_tools() {
+        assert_eq!(error_line("iptables-restore v1.8.9 (nf_tables): Chain 'X' does not exist\nError occurred at line: 5\nTry `iptables-restore -h'"), Some(5));
+        assert_eq!(error_line("iptables-restore: line 12 failed\n"), Some(12));
+        assert_eq!(error_line("/dev/stdin:6:22-29: Error: Could not process rule: File exists\nadd element ip t m { 10.0.0.1 : goto c2 }\n"), Some(6));
+        assert_eq!(error_line("Error: Could not process rule: Operation not permitted"), None);
     }
 }

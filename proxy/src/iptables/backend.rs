@@ -33,6 +33,24 @@ pub fn tools(family: Family) -> (&'static str, &'static str, &'static str) {
     }
 }
 
+/// A refused transaction: with the service port its error line belongs to, or as a whole.
+enum Refusal {
+    Of(crate::model::ServicePortName, ExecError),
+    Whole(ExecError),
+}
+
+/// The service port a kernel tool's refusal points at: the line its error names, looked up
+/// with `owner` (the committed state's chain names).
+pub fn culprit(
+    e: &ExecError,
+    text: &str,
+    owner: impl Fn(&str) -> Option<crate::model::ServicePortName>,
+) -> Option<crate::model::ServicePortName> {
+    let ExecError::Failed { stderr, .. } = e else { return None };
+    let n = crate::model::error_line(stderr)?;
+    owner(text.lines().nth(n.checked_sub(1)?)?)
+}
+
 /// The addresses of `ip -o addr show` output.
 pub fn local_addresses(ip_addr_output: &str) -> Vec<IpAddr> {
     ip_addr_output
@@ -82,14 +100,14 @@ impl<R: Runner> IptablesBackend<R> {
         })
     }
 
-    fn sync_family(&mut self, model: &FamilyModel, node: &NodeInfo, full: bool) -> Result<rules::Output, ExecError> {
+    fn sync_family(&mut self, model: &FamilyModel, node: &NodeInfo, full: bool) -> Result<rules::Output, Refusal> {
         let family = model.family;
         let (_, save, restore) = tools(family);
-        let cfg = self.render_config(family)?;
+        let cfg = self.render_config(family).map_err(Refusal::Whole)?;
         let full = full || !self.states.contains_key(&family);
         let (missing, existing) = if full {
-            let filter = self.runner.run(save, &["-t", "filter"], None)?;
-            let nat = self.runner.run(save, &["-t", "nat"], None)?;
+            let filter = self.runner.run(save, &["-t", "filter"], None).map_err(Refusal::Whole)?;
+            let nat = self.runner.run(save, &["-t", "nat"], None).map_err(Refusal::Whole)?;
             (rules::missing_jumps(&format!("{filter}{nat}")), rules::saved_chains(&nat))
         } else {
             (Vec::new(), BTreeSet::new())
@@ -99,8 +117,11 @@ impl<R: Runner> IptablesBackend<R> {
         if !out.text.is_empty() {
             if let Err(e) = self.runner.run(restore, &["-w", "--noflush"], Some(&out.text)) {
                 // nothing of the transaction is in the kernel: start over with a full sync
-                self.states.remove(&family);
-                return Err(e);
+                let owner = self.states.remove(&family).and_then(|st| culprit(&e, &out.text, |l| st.owner_of_line(l)));
+                return Err(match owner {
+                    Some(service) => Refusal::Of(service, e),
+                    None => Refusal::Whole(e),
+                });
             }
         }
         Ok(out)
@@ -111,7 +132,11 @@ impl<R: Runner> Backend for IptablesBackend<R> {
     fn sync(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool) -> Result<SyncReport, SyncError> {
         let mut report = SyncReport { full: true, rules: Vec::new() };
         for m in models {
-            let out = self.sync_family(m, node, full).map_err(|source| SyncError::Apply { family: m.family, source })?;
+            let family = m.family;
+            let out = self.sync_family(m, node, full).map_err(|r| match r {
+                Refusal::Of(service, source) => SyncError::Refused { family, service, source },
+                Refusal::Whole(source) => SyncError::Apply { family, source },
+            })?;
             report.full &= out.full;
             let suffix = if m.family == Family::V6 { "6" } else { "" };
             for (t, n) in out.rules {
@@ -212,6 +237,46 @@ mod tests {
         assert!(matches!(e, SyncError::Apply { family: Family::V4, .. }));
         let rep = b.sync(&[m], &NodeInfo::default(), false).unwrap();
         assert!(rep.full);
+    }
+
+    #[test]
+    fn a_refusal_on_one_service_ports_line_names_it() {
+        let r = Recording::new();
+        let mut b = IptablesBackend::new(r.clone(), Box::new(crate::nfcount::Fake(|_, _, _| Some(1))), vec![], false, vec![]);
+        let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let t = text.clone();
+        r.answer(move |c| {
+            (c.program == "iptables-restore").then(|| {
+                // refuse the line that writes the service's endpoint chain
+                let stdin = c.stdin.clone().unwrap_or_default();
+                let n = stdin.lines().position(|l| l.starts_with("-A KUBE-SEP-")).unwrap() + 1;
+                *t.lock().unwrap() = stdin;
+                Err(ExecError::Failed {
+                    program: "iptables-restore".into(),
+                    status: "exit status: 2".into(),
+                    stderr: format!("iptables-restore v1.8.9 (nf_tables): unknown option\nError occurred at line: {n}\n"),
+                })
+            })
+        });
+        let e = b.sync(&[model()], &NodeInfo::default(), false).unwrap_err();
+        match e {
+            SyncError::Refused { family, service, .. } => {
+                assert_eq!(family, Family::V4);
+                assert_eq!(service.name, "a");
+            }
+            other => panic!("{other}"),
+        }
+        assert!(!text.lock().unwrap().is_empty());
+        // a refusal at COMMIT (the kernel's own, no line of a service) is the whole sync's
+        let r = Recording::new();
+        let mut b = IptablesBackend::new(r.clone(), Box::new(crate::nfcount::Fake(|_, _, _| Some(1))), vec![], false, vec![]);
+        r.answer(|c| {
+            (c.program == "iptables-restore").then(|| {
+                let n = c.stdin.as_deref().unwrap_or_default().lines().position(|l| l == "COMMIT").unwrap() + 1;
+                Err(ExecError::Failed { program: "iptables-restore".into(), status: "exit status: 1".into(), stderr: format!("Error occurred at line: {n}") })
+            })
+        });
+        assert!(matches!(b.sync(&[model()], &NodeInfo::default(), false).unwrap_err(), SyncError::Apply { .. }));
     }
 
     #[test]

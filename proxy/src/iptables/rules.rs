@@ -603,6 +603,16 @@ impl State {
         self.committed = false;
     }
 
+    /// The service port whose chain a line of the transaction writes or jumps to (to name
+    /// the culprit of a refused transaction).
+    pub fn owner_of_line(&self, line: &str) -> Option<ServicePortName> {
+        let tokens: BTreeSet<&str> = line.split_whitespace().collect();
+        self.services
+            .iter()
+            .find(|(_, (_, r))| r.chains.iter().any(|(c, _)| tokens.contains(c.as_str())))
+            .map(|(name, _)| name.clone())
+    }
+
     /// Chains ferro-proxy believes it has in the nat table (for tests and diagnostics).
     pub fn nat_chains(&self) -> BTreeSet<String> {
         self.services.values().flat_map(|(_, r)| r.chains.iter().map(|(c, _)| c.clone())).collect()

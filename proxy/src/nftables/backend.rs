@@ -7,6 +7,7 @@ use ipnet::IpNet;
 
 use crate::controller::{Backend, SyncReport};
 use crate::error::{ExecError, SyncError};
+use crate::iptables::backend::culprit;
 use crate::exec::Runner;
 use crate::iptables::backend::local_addresses;
 use crate::model::{Family, FamilyModel, NodeInfo};
@@ -66,8 +67,11 @@ impl<R: Runner> Backend for NftBackend<R> {
             report.full &= out.full;
             if !out.text.is_empty() {
                 if let Err(source) = self.runner.run("nft", &["-f", "-"], Some(&out.text)) {
-                    self.states.remove(&family);
-                    return Err(SyncError::Apply { family, source });
+                    let culprit = self.states.remove(&family).and_then(|st| culprit(&source, &out.text, |l| st.owner_of_line(l)));
+                    return Err(match culprit {
+                        Some(service) => SyncError::Refused { family, service, source },
+                        None => SyncError::Apply { family, source },
+                    });
                 }
             }
             tracing::debug!(?family, chains = out.chains_written, deleted = out.chains_deleted, elements = out.elements_changed, bytes = out.text.len(), full = out.full, "nft -f");

@@ -95,6 +95,19 @@ impl State {
     pub fn reset(&mut self) {
         self.committed = false;
     }
+
+    /// The service port whose chain a line of the transaction writes or names (its map
+    /// elements `goto` its chain), to name the culprit of a refused transaction.
+    pub fn owner_of_line(&self, line: &str) -> Option<ServicePortName> {
+        let tokens: BTreeSet<&str> = line
+            .split(|c: char| c.is_whitespace() || c == ',' || c == '{' || c == '}')
+            .filter(|t| !t.is_empty())
+            .collect();
+        self.services
+            .iter()
+            .find(|(_, (_, r))| r.chains.iter().any(|(c, _)| tokens.contains(c.as_str())))
+            .map(|(name, _)| name.clone())
+    }
 }
 
 /// One render's output.
