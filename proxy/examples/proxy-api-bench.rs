@@ -151,11 +151,12 @@ fn http_get(addr: &str, path: &str) -> Option<String> {
     body.contains(" 200 ").then_some(body)
 }
 
-fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+/// Polls `cond` every `every` until it holds; the time it took.
+fn wait_until(what: &str, timeout: Duration, every: Duration, mut cond: impl FnMut() -> bool) -> Duration {
     let t = Instant::now();
     while !cond() {
         assert!(t.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(every);
     }
     t.elapsed()
 }
@@ -228,7 +229,7 @@ fn measure(mode: &str, n: u32, m: u32, changes: usize, dir: &Path) {
             .unwrap(),
     );
     let kubeconfig = data.join("admin.kubeconfig");
-    wait_until("the control plane's kubeconfig", Duration::from_secs(60), || kubeconfig.exists());
+    wait_until("the control plane's kubeconfig", Duration::from_secs(60), Duration::from_millis(50), || kubeconfig.exists());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let client = rt.block_on(async {
         let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
@@ -287,7 +288,8 @@ fn measure(mode: &str, n: u32, m: u32, changes: usize, dir: &Path) {
             .unwrap(),
     );
     let pid = proxy.0.id();
-    let cold = wait_until("the first sync", Duration::from_secs(900), || {
+    // polled every 100 ms: a tighter poll of /healthz takes CPU from the sync it waits for
+    let cold = wait_until("the first sync", Duration::from_secs(1800), Duration::from_millis(100), || {
         http_get("127.0.0.1:10256", "/healthz").is_some_and(|b| b.contains("lastUpdated"))
     });
     let metrics = http_get("127.0.0.1:10249", "/metrics").unwrap_or_default();
@@ -318,7 +320,7 @@ fn measure(mode: &str, n: u32, m: u32, changes: usize, dir: &Path) {
         let t0 = Instant::now();
         last_write = Some(t0);
         rt.block_on(slices.patch(&format!("svc-{i}-1"), &PatchParams::default(), &Patch::Merge(&patch))).unwrap();
-        wait_until("the new endpoint's chain", Duration::from_secs(60), || {
+        wait_until("the new endpoint's chain", Duration::from_secs(60), Duration::from_millis(5), || {
             probe.count(Family::V4, table, &chain).ok().flatten().is_some_and(|c| c > 0)
         });
         lat.push(t0.elapsed());

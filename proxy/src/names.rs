@@ -45,6 +45,28 @@ pub fn sep_chain(name: &ServicePortName, ep: &Endpoint) -> String {
     format!("KUBE-SEP-{}", hash_prefix(&format!("{name}{}{}", name.protocol.lower(), ep.addr()), 16))
 }
 
+/// What a backend's committed state keeps of a chain's text: a digest (length and SipHash),
+/// not the text, so the state of 100,000 endpoints does not hold the whole ruleset twice.
+/// Texts never start with NUL; digests do.
+pub fn text_digest(text: &str) -> String {
+    use std::hash::{Hash as _, Hasher as _};
+    if text.starts_with('\0') {
+        return text.to_string();
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    format!("\0{:x}:{:016x}", text.len(), h.finish())
+}
+
+/// Whether `stored` (a text or its digest) is the chain text `fresh`.
+pub fn same_text(stored: &str, fresh: &str) -> bool {
+    if stored.starts_with('\0') {
+        stored == text_digest(fresh)
+    } else {
+        stored == fresh
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -89,5 +111,14 @@ mod tests {
         for c in [svc_chain(&long), svl_chain(&long), ext_chain(&long), fw_chain(&long), sep_chain(&long, &ep("fd00::1", 65535))] {
             assert!(c.len() <= 28, "{c}");
         }
+    }
+
+    #[test]
+    fn digests_stand_for_their_text() {
+        let a = "-A KUBE-SVC-X -j KUBE-SEP-Y\n";
+        let d = text_digest(a);
+        assert!(d.len() < 30 && same_text(&d, a) && same_text(a, a));
+        assert!(!same_text(&d, "-A KUBE-SVC-X -j KUBE-SEP-Z\n"));
+        assert_eq!(text_digest(&d), d, "a digest is kept as it is");
     }
 }

@@ -430,13 +430,18 @@ pub fn missing_jumps(saved: &str) -> Vec<BaseJump> {
 
 /// Which of `jumps` are missing from `saved` (iptables-save output of their tables).
 pub fn missing_of(saved: &str, jumps: Vec<BaseJump>) -> Vec<BaseJump> {
+    // only the rules of the chains the jumps live in are kept (the dump of a big nat table
+    // has 100,000s of rules; keeping them all would cost tens of MiB at every full sync)
+    let chains: BTreeSet<&str> = jumps.iter().map(|j| j.chain).collect();
     let mut have: BTreeSet<(String, String)> = BTreeSet::new();
     let mut table = String::new();
     for line in saved.lines() {
         if let Some(t) = line.strip_prefix('*') {
             table = t.trim().to_string();
         } else if let Some(rule) = line.strip_prefix("-A ") {
-            have.insert((table.clone(), rule.trim().to_string()));
+            if rule.split_whitespace().next().is_some_and(|c| chains.contains(c)) {
+                have.insert((table.clone(), rule.trim().to_string()));
+            }
         }
     }
     jumps
@@ -477,7 +482,7 @@ pub fn render(
                     .map(|(_, p)| p.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect())
                     .unwrap_or_default();
                 for (c, t) in &r.chains {
-                    if full || prev_chains.get(c.as_str()) != Some(&t.as_str()) {
+                    if full || !prev_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, t)) {
                         changed_chains.insert(c.clone(), t.clone());
                     }
                 }
@@ -547,7 +552,7 @@ pub fn render(
         let shared_here: Vec<(&&str, &String)> = shared
             .iter()
             .filter(|((t, _), _)| *t == table)
-            .filter(|(k, v)| full || state.shared.get(*k) != Some(*v))
+            .filter(|(k, v)| full || !state.shared.get(*k).is_some_and(|old| crate::names::same_text(old, v)))
             .map(|((_, c), v)| (c, v))
             .collect();
         let own_here = table == "nat";
@@ -591,8 +596,13 @@ pub fn render(
     };
     out.rules = vec![("filter".into(), count("filter")), ("nat".into(), count("nat") + own_rules)];
     out.no_local = next.values().fold((0, 0), |(i, e), (_, r)| (i + u64::from(r.no_local.0), e + u64::from(r.no_local.1)));
+    for (_, r) in next.values_mut() {
+        for (_, t) in r.chains.iter_mut() {
+            *t = crate::names::text_digest(t);
+        }
+    }
     state.services = next;
-    state.shared = shared;
+    state.shared = shared.into_iter().map(|(k, v)| (k, crate::names::text_digest(&v))).collect();
     state.committed = true;
     out
 }

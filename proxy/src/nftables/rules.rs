@@ -450,7 +450,7 @@ pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &
                     }
                 }
                 for (c, rules) in &r.chains {
-                    if old_chains.get(c.as_str()) != Some(&rules.as_str()) {
+                    if !old_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, rules)) {
                         let _ = writeln!(text, "add chain {tf} {TABLE} {c}");
                         let _ = writeln!(text, "flush chain {tf} {TABLE} {c}");
                     }
@@ -475,7 +475,7 @@ pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &
                 old_r.as_ref().map(|r| r.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect()).unwrap_or_default();
             if let Some(r) = new_r {
                 for (c, rules) in &r.chains {
-                    if old_chains.get(c.as_str()) != Some(&rules.as_str()) {
+                    if !old_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, rules)) {
                         text.push_str(rules);
                         out.chains_written += 1;
                     }
@@ -498,6 +498,11 @@ pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &
         out.chains_deleted = stale_chains.len();
     }
     out.text = text;
+    for (_, r) in next.values_mut() {
+        for (_, t) in r.chains.iter_mut() {
+            *t = crate::names::text_digest(t);
+        }
+    }
     state.services = next;
     state.committed = true;
     out
