@@ -154,11 +154,9 @@ impl Threshold {
             }
             return Ok(Threshold::Percent(p));
         }
-        let n = crate::pod::model::parse_quantity(v).ok_or_else(|| format!("invalid quantity {v:?}"))?;
-        if n < 0.0 {
-            return Err(format!("negative quantity {v:?}"));
-        }
-        Ok(Threshold::Bytes(n as u64))
+        let n = k8s_semantics::quantity::scaled(v, 1).ok_or_else(|| format!("invalid quantity {v:?}"))?;
+        let n = u64::try_from(n).map_err(|_| format!("negative quantity {v:?}"))?;
+        Ok(Threshold::Bytes(n))
     }
 
     /// Whether `available` of `capacity` is below the threshold.

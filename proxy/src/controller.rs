@@ -250,6 +250,10 @@ pub async fn run<B: Backend, C: Conntrack>(
                     }
                 }
                 metrics.synced(took, report.full, report.rules.clone());
+                if report.full {
+                    // the full render's strings are freed: give their pages back
+                    crate::mem::release_freed();
+                }
                 tracing::info!(took_ms = took.as_millis() as u64, full = report.full, "synced");
                 synced = Some(report);
             }
@@ -257,9 +261,9 @@ pub async fn run<B: Backend, C: Conntrack>(
                 need_full = true;
                 metrics.restore_failed();
                 if let SyncError::Refused { family, service, source } = &e {
-                    if let Some(entry) = models.iter().find(|m| m.family == *family).and_then(|m| m.services.get(service)) {
+                    if let Some(entry) = models.iter().find(|m| m.family == *family).and_then(|m| m.services.get(&**service)) {
                         tracing::warn!(%service, ?family, error = %source, "the kernel refused one service port's rules; leaving it out");
-                        quarantine.insert((*family, service.clone()), (entry.clone(), source.to_string()));
+                        quarantine.insert((*family, (**service).clone()), (entry.clone(), source.to_string()));
                     }
                 }
                 tracing::warn!(error = %e, source = ?std::error::Error::source(&e).map(ToString::to_string), "sync failed; retrying with a full sync");
@@ -415,7 +419,7 @@ mod tests {
                         self.events.lock().unwrap().push(format!("refused {bad}"));
                         return Err(SyncError::Refused {
                             family: m.family,
-                            service: service.clone(),
+                            service: Box::new(service.clone()),
                             source: crate::error::ExecError::Failed {
                                 program: "iptables-restore".into(),
                                 status: "exit status: 2".into(),

@@ -42,7 +42,7 @@ pub enum SyncError {
     #[error("{family:?} rules of service port {service} refused by the kernel")]
     Refused {
         family: crate::model::Family,
-        service: crate::model::ServicePortName,
+        service: Box<crate::model::ServicePortName>,
         #[source]
         source: ExecError,
     },

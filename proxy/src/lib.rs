@@ -15,6 +15,7 @@ pub mod health;
 pub mod ipvs;
 pub mod iptables;
 pub mod model;
+pub mod mem;
 pub mod metrics;
 pub mod names;
 pub mod nfcount;

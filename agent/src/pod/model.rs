@@ -256,38 +256,7 @@ impl QosClass {
 }
 
 fn is_zero(q: &Quantity) -> bool {
-    parse_quantity(&q.0).is_some_and(|v| v == 0.0)
-}
-
-/// A Kubernetes quantity as a number (cpu in cores, memory in bytes); None when malformed.
-pub fn parse_quantity(s: &str) -> Option<f64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+')).unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let mult = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024.0f64.powi(4),
-        "Pi" => 1024.0f64.powi(5),
-        "Ei" => 1024.0f64.powi(6),
-        _ => {
-            let exp = suffix.strip_prefix('e').or_else(|| suffix.strip_prefix('E'))?;
-            10f64.powi(exp.parse().ok()?)
-        }
-    };
-    Some(n * mult)
+    k8s_semantics::Quantity::parse(&q.0).is_ok_and(|q| q.is_zero())
 }
 
 /// Upstream's GetPodQOS: Guaranteed when every container (init included) sets cpu and memory
@@ -313,7 +282,7 @@ pub fn qos_class(pod: &Pod) -> QosClass {
             }
             match (req, lim) {
                 (_, None) => guaranteed = false,
-                (Some(r), Some(l)) if parse_quantity(&r.0) != parse_quantity(&l.0) => guaranteed = false,
+                (Some(r), Some(l)) if !k8s_semantics::quantity::same_value(&r.0, &l.0) => guaranteed = false,
                 _ => {}
             }
         }
@@ -355,11 +324,15 @@ mod tests {
     }
 
     #[test]
-    fn quantities() {
-        assert_eq!(parse_quantity("100m"), Some(0.1));
-        assert_eq!(parse_quantity("1Gi"), Some(1073741824.0));
-        assert_eq!(parse_quantity("1e3"), Some(1000.0));
-        assert_eq!(parse_quantity("x"), None);
+    fn guaranteed_compares_quantities_by_value() {
+        // "1" and "1000m", "1Gi" and "1073741824" are the same value written differently
+        let g = pod(serde_json::json!({"spec":{"containers":[{"name":"a","resources":{
+            "limits":{"cpu":"1","memory":"1Gi"},"requests":{"cpu":"1000m","memory":"1073741824"}}}]}}));
+        assert_eq!(qos_class(&g), QosClass::Guaranteed);
+        // a nanocore apart is not the same value
+        let b = pod(serde_json::json!({"spec":{"containers":[{"name":"a","resources":{
+            "limits":{"cpu":"1","memory":"1Gi"},"requests":{"cpu":"999999999n","memory":"1Gi"}}}]}}));
+        assert_eq!(qos_class(&b), QosClass::Burstable);
     }
 
     #[test]

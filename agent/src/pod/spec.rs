@@ -743,58 +743,6 @@ fn ceil_div(n: i128, d: i128) -> i128 {
     }
 }
 
-/// A quantity times `scale`, rounded up, exactly (no floating point): scale 1 gives upstream's
-/// Quantity.Value(), 1000 its MilliValue().
-fn quantity_scaled(s: &str, scale: i128) -> Option<i128> {
-    let s = s.trim();
-    let (neg, s) = match s.strip_prefix('-') {
-        Some(r) => (true, r),
-        None => (false, s.strip_prefix('+').unwrap_or(s)),
-    };
-    let end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, suffix) = s.split_at(end);
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if (int.is_empty() && frac.is_empty()) || frac.contains('.') {
-        return None;
-    }
-    let mantissa: i128 = format!("{int}{frac}").parse().ok()?;
-    let (pow10, pow2): (i32, u32) = match suffix {
-        "" => (0, 0),
-        "n" => (-9, 0),
-        "u" => (-6, 0),
-        "m" => (-3, 0),
-        "k" => (3, 0),
-        "M" => (6, 0),
-        "G" => (9, 0),
-        "T" => (12, 0),
-        "P" => (15, 0),
-        "E" => (18, 0),
-        "Ki" => (0, 10),
-        "Mi" => (0, 20),
-        "Gi" => (0, 30),
-        "Ti" => (0, 40),
-        "Pi" => (0, 50),
-        "Ei" => (0, 60),
-        _ => {
-            let e: i32 = suffix.strip_prefix(['e', 'E'])?.parse().ok()?;
-            if e.abs() > 30 {
-                return None;
-            }
-            (e, 0)
-        }
-    };
-    let frac_digits = u32::try_from(frac.len()).ok()?;
-    let mut den = 10i128.checked_pow(frac_digits)?;
-    let mut mul = scale.checked_mul(1i128 << pow2)?;
-    if pow10 >= 0 {
-        mul = mul.checked_mul(10i128.checked_pow(pow10.unsigned_abs())?)?;
-    } else {
-        den = den.checked_mul(10i128.checked_pow(pow10.unsigned_abs())?)?;
-    }
-    let n = mantissa.checked_mul(mul)?;
-    Some(if neg { -(n / den) } else { ceil_div(n, den) })
-}
-
 fn to_i64(v: i128) -> i64 {
     i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
 }
@@ -812,7 +760,7 @@ fn container_quantity(
         return Ok(None);
     };
     let field = format!("{}.{resource}", if limits { "limits" } else { "requests" });
-    quantity_scaled(&q.0, scale)
+    k8s_semantics::quantity::scaled(&q.0, scale)
         .map(|v| Some(to_i64(v)))
         .ok_or_else(|| SpecError::InvalidQuantity { field, quantity: q.0.clone() })
 }
@@ -840,8 +788,8 @@ fn resource_value(container: &Container, resource: &str, divisor: Option<&str>, 
         return Err(SpecError::UnsupportedResource(resource.into()));
     }
     let scale = if name == "cpu" { 1000 } else { 1 };
-    let divisor = divisor.filter(|d| quantity_scaled(d, 1000).is_some_and(|v| v != 0)).unwrap_or("1");
-    let div = quantity_scaled(divisor, scale)
+    let divisor = divisor.filter(|d| k8s_semantics::quantity::scaled(d, 1000).is_some_and(|v| v != 0)).unwrap_or("1");
+    let div = k8s_semantics::quantity::scaled(divisor, scale)
         .filter(|v| *v != 0)
         .ok_or_else(|| SpecError::InvalidQuantity { field: "divisor".into(), quantity: divisor.into() })?;
     let value = if limits {
@@ -1771,15 +1719,15 @@ mod tests {
 
     #[test]
     fn exact_quantities() {
-        assert_eq!(quantity_scaled("100m", 1000), Some(100));
-        assert_eq!(quantity_scaled("0.3", 1000), Some(300));
-        assert_eq!(quantity_scaled("1.5", 1), Some(2));
-        assert_eq!(quantity_scaled("1Gi", 1), Some(1 << 30));
-        assert_eq!(quantity_scaled("1e3", 1), Some(1000));
-        assert_eq!(quantity_scaled("1.1k", 1), Some(1100));
-        assert_eq!(quantity_scaled("1n", 1000), Some(1));
-        assert_eq!(quantity_scaled("x", 1), None);
-        assert_eq!(quantity_scaled("1.2.3", 1), None);
+        assert_eq!(k8s_semantics::quantity::scaled("100m", 1000), Some(100));
+        assert_eq!(k8s_semantics::quantity::scaled("0.3", 1000), Some(300));
+        assert_eq!(k8s_semantics::quantity::scaled("1.5", 1), Some(2));
+        assert_eq!(k8s_semantics::quantity::scaled("1Gi", 1), Some(1 << 30));
+        assert_eq!(k8s_semantics::quantity::scaled("1e3", 1), Some(1000));
+        assert_eq!(k8s_semantics::quantity::scaled("1.1k", 1), Some(1100));
+        assert_eq!(k8s_semantics::quantity::scaled("1n", 1000), Some(1));
+        assert_eq!(k8s_semantics::quantity::scaled("x", 1), None);
+        assert_eq!(k8s_semantics::quantity::scaled("1.2.3", 1), None);
     }
 
     // --- mounts ---

@@ -236,7 +236,7 @@ fn validate_source(pod: &Pod, v: &Volume) -> Result<(), String> {
             other => return Err(format!("emptyDir medium {other:?} is not supported")),
         }
         if let Some(q) = &ed.size_limit {
-            quantity_value(&q.0).ok_or_else(|| format!("invalid emptyDir sizeLimit {:?}", q.0))?;
+            nonneg(&q.0, 1).ok_or_else(|| format!("invalid emptyDir sizeLimit {:?}", q.0))?;
         }
     }
     if let Some(hp) = &v.host_path {
@@ -326,7 +326,7 @@ fn check_downward_item(pod: &Pod, item: &DownwardAPIVolumeFile) -> Result<(), St
                 return Err(format!("downwardAPI: unsupported resource {:?}", r.resource));
             }
             if let Some(d) = &r.divisor {
-                if quantity_milli(&d.0).is_none_or(|m| m == 0) {
+                if nonneg(&d.0, 1000).is_none_or(|m| m == 0) {
                     return Err(format!("downwardAPI: invalid divisor {:?}", d.0));
                 }
             }
@@ -406,7 +406,7 @@ impl Ctx<'_> {
             let dir = self.volume_dir(EMPTY_DIR, &v.name)?;
             let mut mounted_now = false;
             if ed.medium.as_deref() == Some("Memory") {
-                let limit = ed.size_limit.as_ref().and_then(|q| quantity_value(&q.0));
+                let limit = ed.size_limit.as_ref().and_then(|q| nonneg(&q.0, 1));
                 mounted_now = self.ensure_tmpfs(&dir, limit)?;
             }
             // As upstream: ownership once, when the volume is set up; its ready marker is
@@ -784,15 +784,15 @@ fn resource_value(
     let divisor = divisor.unwrap_or("1");
     if name == "cpu" {
         let milli = match quantity {
-            Some(q) => quantity_milli(&q).ok_or_else(|| bad(&q))?,
+            Some(q) => nonneg(&q, 1000).ok_or_else(|| bad(&q))?,
             None if which == "limits" => i128::from(node_cpu_milli),
             None => 0,
         };
-        let d = quantity_milli(divisor).filter(|d| *d > 0).ok_or_else(|| bad(divisor))?;
+        let d = nonneg(divisor, 1000).filter(|d| *d > 0).ok_or_else(|| bad(divisor))?;
         return Ok(ceil_div(milli, d).to_string());
     }
     let bytes = match quantity {
-        Some(q) => quantity_value(&q).ok_or_else(|| bad(&q))?,
+        Some(q) => nonneg(&q, 1).ok_or_else(|| bad(&q))?,
         None if which == "limits" && name == "memory" => i128::from(node_memory),
         None if which == "limits" => {
             return Err(VolumeError::DownwardApi(format!(
@@ -802,7 +802,7 @@ fn resource_value(
         }
         None => 0,
     };
-    let d = quantity_value(divisor).filter(|d| *d > 0).ok_or_else(|| bad(divisor))?;
+    let d = nonneg(divisor, 1).filter(|d| *d > 0).ok_or_else(|| bad(divisor))?;
     Ok(ceil_div(bytes, d).to_string())
 }
 
@@ -810,63 +810,10 @@ fn ceil_div(n: i128, d: i128) -> i128 {
     (n + d - 1).div_euclid(d)
 }
 
-/// A quantity as an exact non-negative fraction (numerator, denominator).
-fn parse_exact(s: &str) -> Option<(i128, i128)> {
-    let s = s.trim();
-    let s = s.strip_prefix('+').unwrap_or(s);
-    let end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (number, suffix) = s.split_at(end);
-    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
-    if int.is_empty() && frac.is_empty() || frac.len() > 18 || int.len() > 20 {
-        return None;
-    }
-    let digits = format!("{int}{frac}");
-    let mut num: i128 = digits.parse().ok()?;
-    let mut den: i128 = 10i128.pow(u32::try_from(frac.len()).ok()?);
-    let pow = |base: i128, e: u32| base.checked_pow(e);
-    match suffix {
-        "" => {}
-        "n" => den = den.checked_mul(pow(10, 9)?)?,
-        "u" => den = den.checked_mul(pow(10, 6)?)?,
-        "m" => den = den.checked_mul(1000)?,
-        "k" => num = num.checked_mul(pow(10, 3)?)?,
-        "M" => num = num.checked_mul(pow(10, 6)?)?,
-        "G" => num = num.checked_mul(pow(10, 9)?)?,
-        "T" => num = num.checked_mul(pow(10, 12)?)?,
-        "P" => num = num.checked_mul(pow(10, 15)?)?,
-        "E" => num = num.checked_mul(pow(10, 18)?)?,
-        "Ki" => num = num.checked_mul(pow(2, 10)?)?,
-        "Mi" => num = num.checked_mul(pow(2, 20)?)?,
-        "Gi" => num = num.checked_mul(pow(2, 30)?)?,
-        "Ti" => num = num.checked_mul(pow(2, 40)?)?,
-        "Pi" => num = num.checked_mul(pow(2, 50)?)?,
-        "Ei" => num = num.checked_mul(pow(2, 60)?)?,
-        _ => {
-            let exp = suffix.strip_prefix(['e', 'E'])?;
-            let e: i32 = exp.parse().ok()?;
-            if e.unsigned_abs() > 30 {
-                return None;
-            }
-            if e >= 0 {
-                num = num.checked_mul(pow(10, e.unsigned_abs())?)?;
-            } else {
-                den = den.checked_mul(pow(10, e.unsigned_abs())?)?;
-            }
-        }
-    }
-    Some((num, den))
-}
-
-/// A quantity in whole units, rounded up (upstream's Quantity.Value()).
-fn quantity_value(s: &str) -> Option<i128> {
-    let (num, den) = parse_exact(s)?;
-    Some(ceil_div(num, den))
-}
-
-/// A quantity in thousandths, rounded up (upstream's Quantity.MilliValue()).
-fn quantity_milli(s: &str) -> Option<i128> {
-    let (num, den) = parse_exact(s)?;
-    Some(ceil_div(num.checked_mul(1000)?, den))
+/// A non-negative quantity times `scale`, rounded up (scale 1: upstream's Value, 1000: its
+/// MilliValue); None when it does not parse or is negative.
+fn nonneg(s: &str, scale: i128) -> Option<i128> {
+    k8s_semantics::quantity::scaled(s, scale).filter(|v| *v >= 0)
 }
 
 /// The pod's memory limit as upstream's pod cgroup has it: known only when every container
@@ -879,7 +826,7 @@ fn pod_memory_limit(pod: &Pod) -> Option<i128> {
             .as_ref()
             .and_then(|r| r.limits.as_ref())
             .and_then(|l| l.get("memory"))
-            .and_then(|q| quantity_value(&q.0))
+            .and_then(|q| nonneg(&q.0, 1))
             .filter(|v| *v > 0)
     };
     let mut sum = 0i128;
@@ -1629,18 +1576,18 @@ mod tests {
 
     #[test]
     fn quantities_exact() {
-        assert_eq!(quantity_milli("100m"), Some(100));
-        assert_eq!(quantity_milli("0.1"), Some(100));
-        assert_eq!(quantity_milli("1.5"), Some(1500));
-        assert_eq!(quantity_milli("1n"), Some(1), "rounded up");
-        assert_eq!(quantity_value("1Gi"), Some(1 << 30));
-        assert_eq!(quantity_value("1.5Ki"), Some(1536));
-        assert_eq!(quantity_value("1e3"), Some(1000));
-        assert_eq!(quantity_value("1E"), Some(10i128.pow(18)));
-        assert_eq!(quantity_value("129M"), Some(129_000_000));
-        assert_eq!(quantity_value("1m"), Some(1), "rounded up");
+        assert_eq!(nonneg("100m", 1000), Some(100));
+        assert_eq!(nonneg("0.1", 1000), Some(100));
+        assert_eq!(nonneg("1.5", 1000), Some(1500));
+        assert_eq!(nonneg("1n", 1000), Some(1), "rounded up");
+        assert_eq!(nonneg("1Gi", 1), Some(1 << 30));
+        assert_eq!(nonneg("1.5Ki", 1), Some(1536));
+        assert_eq!(nonneg("1e3", 1), Some(1000));
+        assert_eq!(nonneg("1E", 1), Some(10i128.pow(18)));
+        assert_eq!(nonneg("129M", 1), Some(129_000_000));
+        assert_eq!(nonneg("1m", 1), Some(1), "rounded up");
         for bad in ["", "x", "1Q", "-1", "1e99", "."] {
-            assert_eq!(quantity_value(bad), None, "{bad:?}");
+            assert_eq!(nonneg(bad, 1), None, "{bad:?}");
         }
     }
 

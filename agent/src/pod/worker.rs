@@ -174,8 +174,12 @@ fn spec_container<'a>(pod: &'a Pod, kind: ContainerKind, name: &str) -> Option<&
     }
 }
 
-fn millis_of(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>, scale: f64) -> i64 {
-    q.and_then(|q| model::parse_quantity(&q.0)).map(|v| (v * scale).round() as i64).unwrap_or(0)
+/// A quantity times `scale`, rounded up exactly as upstream's ScaledValue (the scheduler's
+/// arithmetic: admission and scheduling agree).
+fn millis_of(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>, scale: i128) -> i64 {
+    q.and_then(|q| k8s_semantics::quantity::scaled(&q.0, scale))
+        .map(|v| i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX }))
+        .unwrap_or(0)
 }
 
 /// The pod's effective requests (cpu milli, memory bytes), as upstream's PodRequests with
@@ -186,7 +190,7 @@ pub fn pod_requests(pod: &Pod) -> (i64, i64) {
         return (0, 0);
     };
     let req = |c: &Container| {
-        let one = |name: &str, scale: f64| {
+        let one = |name: &str, scale: i128| {
             millis_of(
                 c.resources.as_ref().and_then(|r| {
                     r.requests
@@ -197,7 +201,7 @@ pub fn pod_requests(pod: &Pod) -> (i64, i64) {
                 scale,
             )
         };
-        (one("cpu", 1000.0), one("memory", 1.0))
+        (one("cpu", 1000), one("memory", 1))
     };
     let app = spec.containers.iter().map(req).fold((0, 0), |(c, m), (x, y)| (c + x, m + y));
     let mut sidecars = (0, 0);

@@ -1,8 +1,10 @@
 //! Kubernetes semantics that more than one ferro component needs, implemented once and exactly
-//! as upstream: Go's duration syntax (`metav1.Duration`, flags), and (as the crate grows)
-//! resource quantities, pod requests, tolerations, node selector terms and Go-style quoting.
+//! as upstream: Go's duration syntax (`metav1.Duration`, flags), resource quantities, and (as
+//! the crate grows) pod requests, tolerations, node selector terms and Go-style quoting.
 //! Components never parse these themselves.
 
 pub mod duration;
+pub mod quantity;
 
 pub use duration::{format_go_duration, parse_duration, parse_go_duration, DurationError};
+pub use quantity::{Milli, Quantity, QuantityError};

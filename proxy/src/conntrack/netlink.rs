@@ -18,7 +18,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr as IpPort};
 use std::path::PathBuf;
 
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
+use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
 
 use super::{Conntrack, Flows, Reply};
 use crate::error::ConntrackError;
@@ -434,24 +434,7 @@ impl Ctnetlink {
     }
 
     fn socket(&self) -> io::Result<Socket> {
-        let open = || -> io::Result<Socket> {
-            let mut sock = Socket::new(NETLINK_NETFILTER)?;
-            sock.bind_auto()?;
-            sock.connect(&SocketAddr::new(0, 0))?;
-            Ok(sock)
-        };
-        match &self.netns {
-            None => open(),
-            Some(path) => std::thread::scope(|s| {
-                s.spawn(|| {
-                    let f = std::fs::File::open(path)?;
-                    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
-                    open()
-                })
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("namespace thread panicked")))
-            }),
-        }
+        crate::nl::socket(NETLINK_NETFILTER, self.netns.as_deref())
     }
 
     /// The entries `flows` selects (what [`Conntrack::delete`] would delete).

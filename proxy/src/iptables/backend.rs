@@ -33,9 +33,24 @@ pub fn tools(family: Family) -> (&'static str, &'static str, &'static str) {
     }
 }
 
+/// Whether the three KUBE-PROXY-CANARY chains (mangle, nat, filter) of `family` still hold
+/// their rule (iptables and IPVS mode write them; a flush or a deleted table empties one).
+pub fn canaries_intact(counter: &mut dyn RuleCounter, family: Family) -> bool {
+    for table in ["mangle", "nat", "filter"] {
+        match counter.count(family, table, rules::KUBE_PROXY_CANARY) {
+            Ok(Some(n)) if n > 0 => {}
+            other => {
+                tracing::warn!(?family, table, answer = ?other, "canary chain gone or flushed");
+                return false;
+            }
+        }
+    }
+    true
+}
+
 /// A refused transaction: with the service port its error line belongs to, or as a whole.
 enum Refusal {
-    Of(crate::model::ServicePortName, ExecError),
+    Of(Box<crate::model::ServicePortName>, ExecError),
     Whole(ExecError),
 }
 
@@ -119,7 +134,7 @@ impl<R: Runner> IptablesBackend<R> {
                 // nothing of the transaction is in the kernel: start over with a full sync
                 let owner = self.states.remove(&family).and_then(|st| culprit(&e, &out.text, |l| st.owner_of_line(l)));
                 return Err(match owner {
-                    Some(service) => Refusal::Of(service, e),
+                    Some(service) => Refusal::Of(Box::new(service), e),
                     None => Refusal::Whole(e),
                 });
             }
@@ -150,15 +165,9 @@ impl<R: Runner> Backend for IptablesBackend<R> {
     fn drifted(&mut self) -> bool {
         let families: Vec<Family> = self.states.keys().copied().collect();
         for family in families {
-            for table in ["mangle", "nat", "filter"] {
-                match self.counter.count(family, table, rules::KUBE_PROXY_CANARY) {
-                    Ok(Some(n)) if n > 0 => {}
-                    other => {
-                        tracing::warn!(?family, table, answer = ?other, "canary chain gone or flushed");
-                        self.states.remove(&family);
-                        return true;
-                    }
-                }
+            if !canaries_intact(self.counter.as_mut(), family) {
+                self.states.remove(&family);
+                return true;
             }
         }
         false

@@ -15,8 +15,8 @@ use super::rules;
 use crate::controller::{Backend, SyncReport};
 use crate::error::{IpvsError, SyncError};
 use crate::exec::Runner;
-use crate::iptables::backend::{local_addresses, tools};
-use crate::iptables::rules::{missing_of, KUBE_PROXY_CANARY};
+use crate::iptables::backend::{canaries_intact, local_addresses, tools};
+use crate::iptables::rules::missing_of;
 use crate::model::{Family, FamilyModel, NodeInfo};
 use crate::nfcount::RuleCounter;
 
@@ -139,15 +139,9 @@ impl<K: IpvsKernel, R: Runner> Backend for IpvsBackend<K, R> {
     fn drifted(&mut self) -> bool {
         let families: Vec<Family> = self.applied.keys().copied().collect();
         for family in families {
-            for table in ["mangle", "nat", "filter"] {
-                match self.counter.count(family, table, KUBE_PROXY_CANARY) {
-                    Ok(Some(n)) if n > 0 => {}
-                    other => {
-                        tracing::warn!(?family, table, answer = ?other, "canary chain gone or flushed");
-                        self.applied.remove(&family);
-                        return true;
-                    }
-                }
+            if !canaries_intact(self.counter.as_mut(), family) {
+                self.applied.remove(&family);
+                return true;
             }
         }
         false

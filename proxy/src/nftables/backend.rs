@@ -69,7 +69,7 @@ impl<R: Runner> Backend for NftBackend<R> {
                 if let Err(source) = self.runner.run("nft", &["-f", "-"], Some(&out.text)) {
                     let culprit = self.states.remove(&family).and_then(|st| culprit(&source, &out.text, |l| st.owner_of_line(l)));
                     return Err(match culprit {
-                        Some(service) => SyncError::Refused { family, service, source },
+                        Some(service) => SyncError::Refused { family, service: Box::new(service), source },
                         None => SyncError::Apply { family, source },
                     });
                 }
