@@ -165,6 +165,8 @@ pub async fn run<B: Backend, C: Conntrack>(
     let mut last_full = Instant::now();
     let mut last_start: Option<Instant> = None;
     let mut known_problems: BTreeSet<String> = BTreeSet::new();
+    // Services whose object and slices did not change are not parsed again
+    let mut model_cache = model::ModelCache::default();
     // Service ports whose rules the kernel refused, with the entry it refused and why: left
     // out of the models (the others are programmed) until their entry changes.
     let mut quarantine: BTreeMap<(Family, ServicePortName), (ServiceEntry, String)> = BTreeMap::new();
@@ -195,7 +197,7 @@ pub async fn run<B: Backend, C: Conntrack>(
             .families
             .iter()
             .map(|f| {
-                let (m, p) = model::build(*f, &services, &slices, &node);
+                let (m, p) = model_cache.build(*f, &services, &slices, &node);
                 problems.extend(p);
                 m
             })
@@ -451,9 +453,15 @@ mod tests {
         _stop: tokio::sync::oneshot::Sender<()>,
     }
 
+    /// A new resourceVersion for every object made, as an API server gives every write.
+    fn next_rv() -> String {
+        static RV: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        RV.fetch_add(1, Ordering::SeqCst).to_string()
+    }
+
     fn svc(name: &str, ip: &str) -> Service {
         serde_json::from_value(json!({
-            "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1"},
+            "metadata": {"namespace": "ns", "name": name, "resourceVersion": next_rv()},
             "spec": {"clusterIP": ip, "ports": [{"port": 80}]},
         }))
         .unwrap()
@@ -461,7 +469,7 @@ mod tests {
 
     fn udp_svc(name: &str, ip: &str) -> Service {
         serde_json::from_value(json!({
-            "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1"},
+            "metadata": {"namespace": "ns", "name": name, "resourceVersion": next_rv()},
             "spec": {"clusterIP": ip, "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]},
         }))
         .unwrap()
@@ -470,7 +478,7 @@ mod tests {
     fn udp_slice(name: &str, ips: &[&str]) -> EndpointSlice {
         let eps: Vec<_> = ips.iter().map(|ip| json!({"addresses": [ip]})).collect();
         serde_json::from_value(json!({
-            "metadata": {"namespace": "ns", "name": format!("{name}-x"), "resourceVersion": "1",
+            "metadata": {"namespace": "ns", "name": format!("{name}-x"), "resourceVersion": next_rv(),
                          "labels": {"kubernetes.io/service-name": name}},
             "addressType": "IPv4",
             "ports": [{"name": "dns", "port": 5353, "protocol": "UDP"}],
@@ -486,7 +494,7 @@ mod tests {
     fn slice_at(name: &str, ips: &[&str], trigger: &str) -> EndpointSlice {
         let eps: Vec<_> = ips.iter().map(|ip| json!({"addresses": [ip]})).collect();
         serde_json::from_value(json!({
-            "metadata": {"namespace": "ns", "name": format!("{name}-x"), "resourceVersion": "1",
+            "metadata": {"namespace": "ns", "name": format!("{name}-x"), "resourceVersion": next_rv(),
                          "labels": {"kubernetes.io/service-name": name},
                          "annotations": {TRIGGER_TIME: trigger}},
             "addressType": "IPv4",

@@ -505,7 +505,16 @@ pub fn build(
             entries.insert(port.name.clone(), ServiceEntry { port, endpoints: Vec::new() });
         }
     }
+    let owners: std::collections::HashSet<(&str, &str)> = services
+        .iter()
+        .map(|s| (s.metadata.namespace.as_deref().unwrap_or_default(), s.metadata.name.as_deref().unwrap_or_default()))
+        .collect();
     for slice in slices {
+        // a slice of no proxied Service is not looked at (nor reported)
+        let owner = slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME));
+        if !owner.is_some_and(|o| owners.contains(&(slice.metadata.namespace.as_deref().unwrap_or_default(), o.as_str()))) {
+            continue;
+        }
         for (name, ep) in slice_endpoints(slice, family, node, &mut problems) {
             if let Some(e) = entries.get_mut(&name) {
                 e.endpoints.push(ep);
@@ -595,6 +604,85 @@ pub fn categorize<'a>(entry: &'a ServiceEntry, node: &'a NodeInfo) -> Categorize
     all.dedup_by_key(|e| (e.ip, e.port));
     c.all_reachable = all;
     c
+}
+
+/// What one Service contributed to a model, and the versions it was built from.
+#[derive(Debug, Clone)]
+struct Cached {
+    key: (String, Vec<(String, String)>),
+    entries: Vec<ServiceEntry>,
+    problems: Vec<Problem>,
+}
+
+/// [`build`], incrementally: a Service whose object and EndpointSlices have the same
+/// resourceVersions as at the last build (and the node the same) is not parsed again. At
+/// 100,000 endpoints a sync after one changed slice parses one Service's slices, not all.
+/// Objects without a resourceVersion (tests) are always parsed.
+#[derive(Debug, Default)]
+pub struct ModelCache {
+    node: Option<NodeInfo>,
+    per_family: BTreeMap<Family, std::collections::HashMap<(String, String), Cached>>,
+}
+
+impl ModelCache {
+    pub fn build(
+        &mut self,
+        family: Family,
+        services: &[Arc<Service>],
+        slices: &[Arc<EndpointSlice>],
+        node: &NodeInfo,
+    ) -> (FamilyModel, Vec<Problem>) {
+        if self.node.as_ref() != Some(node) {
+            // locality and topology depend on the node: start over
+            self.per_family.clear();
+            self.node = Some(node.clone());
+        }
+        let mut by_service: std::collections::HashMap<(&str, &str), Vec<&Arc<EndpointSlice>>> = std::collections::HashMap::new();
+        for slice in slices {
+            let ns = slice.metadata.namespace.as_deref().unwrap_or_default();
+            if let Some(svc) = slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) {
+                by_service.entry((ns, svc.as_str())).or_default().push(slice);
+            }
+        }
+        let cache = self.per_family.entry(family).or_default();
+        let mut next = std::collections::HashMap::with_capacity(services.len());
+        let mut problems = Vec::new();
+        let mut entries: BTreeMap<ServicePortName, ServiceEntry> = BTreeMap::new();
+        for svc in services {
+            let ns = svc.metadata.namespace.as_deref().unwrap_or_default();
+            let name = svc.metadata.name.as_deref().unwrap_or_default();
+            let mine = by_service.get(&(ns, name)).map(Vec::as_slice).unwrap_or_default();
+            let versioned = svc.metadata.resource_version.is_some()
+                && mine.iter().all(|s| s.metadata.resource_version.is_some());
+            let mut slice_versions: Vec<(String, String)> = mine
+                .iter()
+                .map(|s| {
+                    (
+                        s.metadata.name.clone().unwrap_or_default(),
+                        s.metadata.resource_version.clone().unwrap_or_default(),
+                    )
+                })
+                .collect();
+            slice_versions.sort();
+            let key = (svc.metadata.resource_version.clone().unwrap_or_default(), slice_versions);
+            let id = (ns.to_string(), name.to_string());
+            let cached = match cache.remove(&id) {
+                Some(c) if versioned && c.key == key => c,
+                _ => {
+                    let owned: Vec<Arc<EndpointSlice>> = mine.iter().map(|s| Arc::clone(s)).collect();
+                    let (m, p) = build(family, std::slice::from_ref(svc), &owned, node);
+                    Cached { key, entries: m.services.into_values().collect(), problems: p }
+                }
+            };
+            problems.extend(cached.problems.iter().cloned());
+            for e in &cached.entries {
+                entries.insert(e.port.name.clone(), e.clone());
+            }
+            next.insert(id, cached);
+        }
+        *cache = next;
+        (FamilyModel { family, services: entries }, problems)
+    }
 }
 
 /// The 1-based line of its input a kernel tool's error names: iptables-restore's "Error
@@ -858,5 +946,51 @@ mod tests {
         assert_eq!(error_line("iptables-restore: line 12 failed\n"), Some(12));
         assert_eq!(error_line("/dev/stdin:6:22-29: Error: Could not process rule: File exists\nadd element ip t m { 10.0.0.1 : goto c2 }\n"), Some(6));
         assert_eq!(error_line("Error: Could not process rule: Operation not permitted"), None);
+    }
+
+    #[test]
+    fn the_cache_builds_what_build_builds_and_reparses_only_what_changed() {
+        let svc = |name: &str, ip: &str, rv: &str| -> Arc<Service> {
+            Arc::new(serde_json::from_value(json!({
+                "metadata": {"namespace": "ns", "name": name, "resourceVersion": rv},
+                "spec": {"clusterIP": ip, "ports": [{"name": "p", "port": 80, "targetPort": 8080}]},
+            })).unwrap())
+        };
+        let slice = |svc: &str, n: u32, addrs: &[&str], rv: &str| -> Arc<EndpointSlice> {
+            let eps: Vec<serde_json::Value> = addrs.iter().map(|a| json!({"addresses": [a], "nodeName": "node-a"})).collect();
+            Arc::new(serde_json::from_value(json!({
+                "metadata": {"namespace": "ns", "name": format!("{svc}-{n}"), "resourceVersion": rv, "labels": {LABEL_SERVICE_NAME: svc}},
+                "addressType": "IPv4", "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}], "endpoints": eps,
+            })).unwrap())
+        };
+        let node = NodeInfo { name: "node-a".into(), zone: None };
+        let mut cache = ModelCache::default();
+        let mut services = vec![svc("a", "10.96.0.1", "1"), svc("b", "10.96.0.2", "2")];
+        let mut slices = vec![slice("a", 1, &["10.0.0.1", "10.0.0.2"], "3"), slice("b", 1, &["10.0.0.3", "bad"], "4")];
+        let check = |cache: &mut ModelCache, services: &[Arc<Service>], slices: &[Arc<EndpointSlice>]| {
+            let (want, want_p) = build(Family::V4, services, slices, &node);
+            let (got, got_p) = cache.build(Family::V4, services, slices, &node);
+            assert_eq!(got, want);
+            let text = |p: Vec<Problem>| {
+                let mut v: Vec<String> = p.iter().map(ToString::to_string).collect();
+                v.sort();
+                v
+            };
+            assert_eq!(text(got_p), text(want_p));
+        };
+        check(&mut cache, &services, &slices);
+        // an unchanged object is not parsed again: its cached entry is used even if the
+        // object behind the same versions were different (it never is in an informer)
+        let (m, _) = cache.build(Family::V4, &services, &[slice("a", 1, &["10.0.0.9"], "3"), slices[1].clone()], &node);
+        assert_eq!(m.services.values().next().unwrap().endpoints[0].ip.to_string(), "10.0.0.1");
+        // a changed slice, a second slice, a new Service, a deleted one: as build
+        slices[0] = slice("a", 1, &["10.0.0.1", "10.0.0.5"], "5");
+        slices.push(slice("a", 2, &["10.0.0.6"], "6"));
+        services.push(svc("c", "10.96.0.3", "7"));
+        check(&mut cache, &services, &slices);
+        services.remove(1);
+        check(&mut cache, &services, &slices);
+        services[0] = svc("a", "10.96.0.10", "8");
+        check(&mut cache, &services, &slices);
     }
 }
