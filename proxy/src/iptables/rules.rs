@@ -499,18 +499,23 @@ pub fn render(
     }
     // chains to delete: every chain of a service port that is gone (or of a previous rendering)
     // unless another service port now owns the same chain name
-    let live: BTreeSet<&str> = next.values().flat_map(|(_, r)| r.chains.iter().map(|(c, _)| c.as_str())).collect();
+    // Chain names are derived from the service port's name (and the endpoint's address), so
+    // a chain left over by one service port is owned by no other: no need to look at every
+    // live chain at a partial sync (at 100,000 endpoints that set alone costs ~100 ms).
     let mut deleted: BTreeSet<String> = BTreeSet::new();
     for (_, (_, r)) in old.iter() {
         for (c, _) in &r.chains {
-            if !live.contains(c.as_str()) {
+            if !changed_chains.contains_key(c) {
                 deleted.insert(c.clone());
             }
         }
     }
-    for c in existing {
-        if is_service_chain(c) && !live.contains(c.as_str()) {
-            deleted.insert(c.clone());
+    if !existing.is_empty() {
+        let live: BTreeSet<&str> = next.values().flat_map(|(_, r)| r.chains.iter().map(|(c, _)| c.as_str())).collect();
+        for c in existing {
+            if is_service_chain(c) && !live.contains(c.as_str()) {
+                deleted.insert(c.clone());
+            }
         }
     }
 
