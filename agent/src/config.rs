@@ -363,39 +363,10 @@ fn image_gc_thresholds(high: Option<i32>, low: Option<i32>) -> Result<(u8, u8), 
     Ok((high_p, low_p))
 }
 
-/// Parses a Go duration string ("10s", "5m", "1h30m", "250ms", "1.5s").
+/// Parses a Go duration string ("10s", "5m", "1h30m", "250ms", "1.5s"): the shared
+/// implementation; negative durations are refused.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if s.is_empty() {
-        return Err("empty duration".into());
-    }
-    let mut rest = s;
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        if num_len == 0 {
-            return Err(format!("expected a number at {rest:?}"));
-        }
-        let n: f64 = rest[..num_len].parse().map_err(|_| format!("bad number {:?}", &rest[..num_len]))?;
-        rest = &rest[num_len..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let secs = match unit {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            "" => return Err("missing unit".into()),
-            u => return Err(format!("unknown unit {u:?}")),
-        };
-        total += n * secs;
-    }
-    Ok(Duration::from_secs_f64(total))
+    k8s_semantics::parse_duration(s).map_err(|e| e.to_string())
 }
 
 /// `authorization`: upstream's v1beta1 default mode is Webhook (a SubjectAccessReview per

@@ -63,19 +63,14 @@ struct Cli {
     kubeconfig: Option<PathBuf>,
 }
 
-/// Parses "40s", "5m", "1h", "500ms" or plain seconds.
+/// A Go duration ("40s", "5m", "1h30m", "500ms"; the shared implementation) or, as ferro's
+/// flags have always taken, a plain number of seconds.
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let s = s.trim();
-    let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map(|i| s.split_at(i)).unwrap_or((s, "s"));
-    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
-    let ms = match unit {
-        "ms" => n,
-        "s" => n * 1000,
-        "m" => n * 60_000,
-        "h" => n * 3_600_000,
-        _ => return Err(format!("invalid duration {s:?}: use ms, s, m or h")),
-    };
-    Ok(std::time::Duration::from_millis(ms))
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return s.parse().map(std::time::Duration::from_secs).map_err(|_| format!("invalid duration {s:?}"));
+    }
+    k8s_semantics::parse_duration(s).map_err(|e| e.to_string())
 }
 
 async fn kube_client(path: &std::path::Path) -> anyhow::Result<kube::Client> {

@@ -92,24 +92,18 @@ pub struct Config {
     pub direct_routing: bool,
 }
 
-/// Parses `30s`, `2s`, `500ms`, `1m`, `1h` or a bare number of seconds.
+/// Parses a Go duration (`30s`, `500ms`, `1m30s`; the shared implementation) or a bare
+/// number of seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, ConfigError> {
     let bad = || ConfigError::Invalid {
         flag: "--resync-period",
         reason: format!("{s:?} is not a duration such as 30s, 500ms or 1m"),
     };
     let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return Err(bad()),
+    let d = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        Duration::from_secs(s.parse().map_err(|_| bad())?)
+    } else {
+        k8s_semantics::parse_duration(s).map_err(|_| bad())?
     };
     if d < Duration::from_millis(100) {
         return Err(ConfigError::Invalid {
