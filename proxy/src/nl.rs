@@ -51,6 +51,13 @@ impl Msg {
         self
     }
 
+    /// An attribute exactly as the kernel sent it (header included).
+    pub fn raw(&mut self, bytes: &[u8]) -> &mut Msg {
+        self.0.extend_from_slice(bytes);
+        self.pad();
+        self
+    }
+
     pub fn u8(&mut self, kind: u16, v: u8) -> &mut Msg {
         self.attr(kind, &[v])
     }

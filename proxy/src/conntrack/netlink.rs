@@ -23,6 +23,7 @@ use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
 use super::{Conntrack, Flows, Reply};
 use crate::error::ConntrackError;
 use crate::model::{Family, Protocol};
+use crate::nl::Msg;
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
@@ -35,7 +36,6 @@ const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 1;
 const NLM_F_ACK: u16 = 4;
 const NLM_F_DUMP: u16 = 0x300;
-const NLA_F_NESTED: u16 = 0x8000;
 const NLA_TYPE_MASK: u16 = 0x3fff;
 
 const CTA_TUPLE_ORIG: u16 = 1;
@@ -89,57 +89,10 @@ fn protocol_of(n: u8) -> Option<Protocol> {
     }
 }
 
-/// A netlink message under construction (nlmsghdr + nfgenmsg + attributes).
-struct Msg(Vec<u8>);
-
-impl Msg {
-    fn new(kind: u16, flags: u16, seq: u32, family: u8) -> Msg {
-        let mut b = Vec::with_capacity(128);
-        b.extend_from_slice(&[0; 4]); // length, set by finish
-        b.extend_from_slice(&((NFNL_SUBSYS_CTNETLINK << 8) | kind).to_ne_bytes());
-        b.extend_from_slice(&flags.to_ne_bytes());
-        b.extend_from_slice(&seq.to_ne_bytes());
-        b.extend_from_slice(&0u32.to_ne_bytes());
-        // nfgenmsg: family, version NFNETLINK_V0, res_id
-        b.push(family);
-        b.push(0);
-        b.extend_from_slice(&0u16.to_be_bytes());
-        Msg(b)
-    }
-
-    fn pad(&mut self) {
-        while !self.0.len().is_multiple_of(4) {
-            self.0.push(0);
-        }
-    }
-
-    fn attr(&mut self, kind: u16, data: &[u8]) {
-        self.0.extend_from_slice(&((4 + data.len()) as u16).to_ne_bytes());
-        self.0.extend_from_slice(&kind.to_ne_bytes());
-        self.0.extend_from_slice(data);
-        self.pad();
-    }
-
-    /// An attribute exactly as the kernel sent it (header included).
-    fn raw(&mut self, bytes: &[u8]) {
-        self.0.extend_from_slice(bytes);
-        self.pad();
-    }
-
-    fn nest(&mut self, kind: u16, inner: impl FnOnce(&mut Msg)) {
-        let at = self.0.len();
-        self.0.extend_from_slice(&[0, 0]);
-        self.0.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
-        inner(self);
-        let len = (self.0.len() - at) as u16;
-        self.0[at..at + 2].copy_from_slice(&len.to_ne_bytes());
-    }
-
-    fn finish(mut self) -> Vec<u8> {
-        let len = self.0.len() as u32;
-        self.0[..4].copy_from_slice(&len.to_ne_bytes());
-        self.0
-    }
+/// A ctnetlink message under construction (nlmsghdr + nfgenmsg + attributes).
+fn ct_msg(kind: u16, flags: u16, seq: u32, family: u8) -> Msg {
+    // nfgenmsg: family, version NFNETLINK_V0, res_id
+    Msg::new((NFNL_SUBSYS_CTNETLINK << 8) | kind, flags, seq, &[family, 0, 0, 0])
 }
 
 fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
@@ -151,7 +104,7 @@ fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
 
 /// The filtered dump request for `flows` (pure, for tests).
 pub fn dump_request(flows: &Flows, seq: u32) -> Vec<u8> {
-    let mut m = Msg::new(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, af(flows.family));
+    let mut m = ct_msg(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, af(flows.family));
     // Only IPv4 addresses go to the kernel's filter (see the module's notes on IPv6).
     let dst = flows.dst.filter(|d| d.is_ipv4());
     let reply_src = match &flows.reply {
@@ -160,7 +113,9 @@ pub fn dump_request(flows: &Flows, seq: u32) -> Vec<u8> {
     };
     m.nest(CTA_TUPLE_ORIG, |m| {
         if let Some(dst) = &dst {
-            m.nest(CTA_TUPLE_IP, |m| m.attr(CTA_IP_V4_DST, &ip_bytes(dst)));
+            m.nest(CTA_TUPLE_IP, |m| {
+                m.attr(CTA_IP_V4_DST, &ip_bytes(dst));
+            });
         }
         m.nest(CTA_TUPLE_PROTO, |m| {
             m.attr(CTA_PROTO_NUM, &[ipproto(flows.protocol)]);
@@ -169,7 +124,9 @@ pub fn dump_request(flows: &Flows, seq: u32) -> Vec<u8> {
     });
     if let Some(src) = &reply_src {
         m.nest(CTA_TUPLE_REPLY, |m| {
-            m.nest(CTA_TUPLE_IP, |m| m.attr(CTA_IP_V4_SRC, &ip_bytes(src)))
+            m.nest(CTA_TUPLE_IP, |m| {
+                m.attr(CTA_IP_V4_SRC, &ip_bytes(src));
+            });
         });
     }
     m.nest(CTA_FILTER, |m| {
@@ -193,7 +150,7 @@ pub fn insert_request(
 ) -> Vec<u8> {
     let family = if orig.0.is_ipv4() { AF_INET } else { AF_INET6 };
     let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
-    let mut m = Msg::new(IPCTNL_MSG_CT_NEW, flags, seq, family);
+    let mut m = ct_msg(IPCTNL_MSG_CT_NEW, flags, seq, family);
     let tuple = |m: &mut Msg, (src, dst): (IpPort, IpPort)| {
         m.nest(CTA_TUPLE_IP, |m| {
             let (s, d) = if src.is_ipv4() {
@@ -240,7 +197,7 @@ impl Entry {
 
 /// The deletion of one entry by its exact original tuple (pure, for tests).
 pub fn delete_request(e: &Entry, seq: u32) -> Vec<u8> {
-    let mut m = Msg::new(IPCTNL_MSG_CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, seq, e.family);
+    let mut m = ct_msg(IPCTNL_MSG_CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, seq, e.family);
     m.raw(&e.orig_raw);
     if let Some(z) = &e.zone_raw {
         m.raw(z);
@@ -552,7 +509,7 @@ mod tests {
         let kinds: Vec<u16> = top.iter().map(|a| a.0).collect();
         assert_eq!(kinds, [CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, CTA_FILTER]);
         assert!(
-            top.iter().all(|a| u16_at(a.2, 2) & NLA_F_NESTED != 0),
+            top.iter().all(|a| u16_at(a.2, 2) & crate::nl::NLA_F_NESTED != 0),
             "nested attributes say so"
         );
         let t = tuple(top[0].1).unwrap();
@@ -635,7 +592,7 @@ mod tests {
                 m.attr(CTA_PROTO_DST_PORT, &t.3.to_be_bytes());
             });
         };
-        let mut m = Msg::new(IPCTNL_MSG_CT_NEW, 2, 9, AF_INET);
+        let mut m = ct_msg(IPCTNL_MSG_CT_NEW, 2, 9, AF_INET);
         m.nest(CTA_TUPLE_ORIG, |m| tuple(m, orig));
         m.nest(CTA_TUPLE_REPLY, |m| tuple(m, reply));
         m.attr(3, &8u32.to_be_bytes()); // CTA_STATUS
