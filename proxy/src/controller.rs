@@ -359,6 +359,10 @@ fn leave_out_refused(
     quarantine.retain(|(family, name), (entry, _)| {
         models.iter().find(|m| m.family == *family).and_then(|m| m.services.get(name)) == Some(&*entry)
     });
+    if quarantine.is_empty() {
+        // the usual case: nothing to look up for each of the service ports
+        return;
+    }
     for m in models.iter_mut() {
         let family = m.family;
         m.services.retain(|name, _| match quarantine.get(&(family, name.clone())) {

@@ -169,6 +169,8 @@ pub struct Ipset {
     netns: Option<PathBuf>,
     sock: Option<Socket>,
     seq: u32,
+    /// The kernel's revision per set type, asked once (a full sync creates every set twice).
+    revisions: std::collections::BTreeMap<(SetKind, Family), u8>,
 }
 
 /// The kernel's message for an ipset errno (its private codes start at 4096).
@@ -189,7 +191,12 @@ fn errno_error(op: String, errno: i32) -> IpvsError {
 impl Ipset {
     /// Works in the namespace at `netns` (e.g. /run/netns/NAME), or in this process's.
     pub fn new(netns: Option<PathBuf>) -> Ipset {
-        Ipset { netns, sock: None, seq: 1 }
+        Ipset {
+            netns,
+            sock: None,
+            seq: 1,
+            revisions: Default::default(),
+        }
     }
 
     fn call(&mut self, op: impl FnOnce() -> String, build: impl FnOnce(u32) -> Vec<u8>) -> Result<Vec<Vec<u8>>, IpvsError> {
@@ -216,15 +223,20 @@ impl Ipset {
 
     /// The highest revision of `kind` this kernel has.
     pub fn revision(&mut self, kind: SetKind, family: Family) -> Result<u8, IpvsError> {
+        if let Some(r) = self.revisions.get(&(kind, family)) {
+            return Ok(*r);
+        }
         let answer = self.call(|| format!("asking for ipset type {}", kind.type_name()), |seq| type_request(kind, family, seq))?;
         let body = answer.first().ok_or_else(|| IpvsError::Kernel {
             op: format!("asking for ipset type {}", kind.type_name()),
             source: nl::bad("no answer"),
         })?;
-        parse_type_answer(body).map_err(|source| IpvsError::Kernel {
+        let r = parse_type_answer(body).map_err(|source| IpvsError::Kernel {
             op: format!("asking for ipset type {}", kind.type_name()),
             source,
-        })
+        })?;
+        self.revisions.insert((kind, family), r);
+        Ok(r)
     }
 
     pub fn create(&mut self, name: &str, kind: SetKind, family: Family) -> Result<(), IpvsError> {
