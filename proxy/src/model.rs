@@ -687,6 +687,13 @@ impl ModelCache {
 
 /// The 1-based line of its input a kernel tool's error names: iptables-restore's "Error
 /// occurred at line: N" / "line N failed", nft's "/dev/stdin:N:col: Error".
+/// The 1-based column where nft's error points ("/dev/stdin:6:22-29: ..." gives 22).
+pub fn error_column(stderr: &str) -> Option<usize> {
+    let rest = stderr.lines().find_map(|l| l.split("/dev/stdin:").nth(1))?;
+    let cols = rest.split(':').nth(1)?;
+    cols.split('-').next()?.parse().ok()
+}
+
 pub fn error_line(stderr: &str) -> Option<usize> {
     for l in stderr.lines() {
         if let Some(rest) = l.split("/dev/stdin:").nth(1) {
@@ -946,6 +953,8 @@ mod tests {
         assert_eq!(error_line("iptables-restore: line 12 failed\n"), Some(12));
         assert_eq!(error_line("/dev/stdin:6:22-29: Error: Could not process rule: File exists\nadd element ip t m { 10.0.0.1 : goto c2 }\n"), Some(6));
         assert_eq!(error_line("Error: Could not process rule: Operation not permitted"), None);
+        assert_eq!(error_column("/dev/stdin:6:22-29: Error: Could not process rule: File exists"), Some(22));
+        assert_eq!(error_column("Error occurred at line: 5"), None);
     }
 
     #[test]

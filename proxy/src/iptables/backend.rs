@@ -63,7 +63,18 @@ pub fn culprit(
 ) -> Option<crate::model::ServicePortName> {
     let ExecError::Failed { stderr, .. } = e else { return None };
     let n = crate::model::error_line(stderr)?;
-    owner(text.lines().nth(n.checked_sub(1)?)?)
+    let line = text.lines().nth(n.checked_sub(1)?)?;
+    // one `add element` line carries many service ports' elements: where nft names a column,
+    // only the element around it counts
+    let part = match crate::model::error_column(stderr).and_then(|c| c.checked_sub(1)).filter(|c| *c < line.len()) {
+        Some(c) if line.is_char_boundary(c) => {
+            let start = line[..c].rfind([',', '{']).map_or(0, |i| i + 1);
+            let end = line[c..].find([',', '}']).map_or(line.len(), |i| c + i);
+            &line[start..end]
+        }
+        _ => line,
+    };
+    owner(part)
 }
 
 /// The addresses of `ip -o addr show` output.
@@ -286,6 +297,29 @@ mod tests {
             })
         });
         assert!(matches!(b.sync(&[model()], &NodeInfo::default(), false).unwrap_err(), SyncError::Apply { .. }));
+    }
+
+    #[test]
+    fn a_batched_element_line_names_the_element_nft_points_at() {
+        let line = "add element ip kube-proxy service-ips { 10.0.0.1 . tcp . 80 : goto service-A-x, 10.0.0.1 . tcp . 80 : goto service-B-y }";
+        let col = line.rfind("10.0.0.1").unwrap() + 1;
+        let e = ExecError::Failed {
+            program: "nft".into(),
+            status: "exit status: 1".into(),
+            stderr: format!("/dev/stdin:2:{col}-{}: Error: Could not process rule: File exists\n", col + 7),
+        };
+        let text = format!("add table ip kube-proxy\n{line}\n");
+        let who = culprit(&e, &text, |part| {
+            let n = |name: &str| crate::model::ServicePortName { namespace: "ns".into(), name: name.into(), port: "p".into(), protocol: crate::model::Protocol::Tcp };
+            if part.contains("service-A-x") {
+                Some(n("a"))
+            } else if part.contains("service-B-y") {
+                Some(n("b"))
+            } else {
+                None
+            }
+        });
+        assert_eq!(who.unwrap().name, "b");
     }
 
     #[test]
