@@ -4,7 +4,7 @@
 set -euo pipefail
 
 FERRO_APT_PACKAGES=(iproute2 iputils-ping iptables nftables containernetworking-plugins curl ca-certificates e2fsprogs xfsprogs util-linux procps
-  containerd runc umoci skopeo busybox-static file protobuf-compiler iperf3 docker-registry ipset)
+  containerd runc umoci skopeo busybox-static file protobuf-compiler libprotobuf-dev iperf3 docker-registry ipset)
 
 # The quick start's lab (up.sh, down.sh).
 # shellcheck disable=SC2034 # used by the scripts that source this file

@@ -1,0 +1,73 @@
+//! ferro-csi: serves the CSI services of `loop.csi.ferro.dev` on a unix socket.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use ferro_csi::service::{serve, Mode};
+use ferro_csi::volume::engine::{Engine, EngineConfig};
+use ferro_csi::volume::real::RealHost;
+use tracing::info;
+
+#[derive(Parser, Debug)]
+#[command(name = "ferro-csi", version, about = "ferro's CSI driver: node-local volumes on loop devices")]
+struct Args {
+    /// The CSI endpoint: unix:///path/to/csi.sock or a plain path.
+    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///run/ferro/csi/csi.sock")]
+    endpoint: String,
+    /// This node's name (NodeGetInfo's node_id and the topology value).
+    #[arg(long, env = "NODE_NAME")]
+    node_id: String,
+    /// Where backing files and the journal live.
+    #[arg(long, default_value = "/var/lib/ferro/csi")]
+    data_dir: PathBuf,
+    /// Bytes the node may provision in total (a Kubernetes quantity: 100Gi).
+    #[arg(long, default_value = "100Gi")]
+    pool_size: String,
+    /// Which services to serve.
+    #[arg(long, value_enum, default_value = "all")]
+    mode: Mode,
+}
+
+fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
+    let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
+    anyhow::ensure!(path.starts_with('/'), "--endpoint {endpoint:?} is not an absolute unix socket path");
+    Ok(PathBuf::from(path))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let args = Args::parse();
+    anyhow::ensure!(!args.node_id.is_empty(), "--node-id must not be empty");
+    let pool = k8s_semantics::quantity::Quantity::parse(&args.pool_size)
+        .with_context(|| format!("--pool-size {:?}", args.pool_size))?;
+    let pool_size = pool
+        .value()
+        .and_then(|v| u64::try_from(v).ok())
+        .with_context(|| format!("--pool-size {:?} is not a whole, non-negative number of bytes", args.pool_size))?;
+    let socket = socket_path(&args.endpoint)?;
+    let engine = Arc::new(Engine::new(
+        Arc::new(RealHost::default()),
+        EngineConfig { node_id: args.node_id.clone(), data_dir: args.data_dir.clone(), pool_size },
+    ));
+    let report = {
+        let engine = Arc::clone(&engine);
+        tokio::task::spawn_blocking(move || engine.recover()).await??
+    };
+    info!(?report, "start-up recovery done");
+    info!(socket = %socket.display(), node = %args.node_id, mode = ?args.mode, "serving CSI");
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
+        }
+        // Shutdown detaches, unmounts and deletes nothing: volumes stay as they are.
+        info!("shutting down");
+    };
+    serve(engine, args.mode, &socket, shutdown).await
+}

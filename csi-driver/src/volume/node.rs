@@ -1,0 +1,183 @@
+//! The node half of the engine: staging (attach, format when blank, mount), publishing (bind
+//! mounts), their undoing, online growth and usage. Each call settles step by step from fresh
+//! observations, so it is idempotent and resumes wherever a try before it stopped.
+
+use std::path::Path;
+
+use super::engine::{Engine, EngineError};
+use super::host::{Content, FsStats, Host};
+use super::names::is_volume_id;
+use super::plan::{self, PlanError};
+use super::record::{AccessKind, FsType, State, VolumeRecord};
+use crate::proto::VolumeCapability;
+
+/// The health of a volume as NodeGetVolumeStats reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Condition {
+    pub abnormal: bool,
+    pub message: String,
+}
+
+/// Usage of a volume: a filesystem's bytes and inodes, or a block device's size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Usage {
+    Fs(FsStats),
+    Block { total_bytes: u64 },
+}
+
+fn required<'a>(value: &'a str, what: &str) -> Result<&'a Path, PlanError> {
+    if value.is_empty() {
+        Err(PlanError::InvalidArgument(format!("{what} missing")))
+    } else {
+        Ok(Path::new(value))
+    }
+}
+
+impl<H: Host> Engine<H> {
+    /// The record of a volume a node call names: NotFound when there is none.
+    fn node_volume(&self, id: &str) -> Result<VolumeRecord, EngineError> {
+        if id.is_empty() {
+            return Err(PlanError::InvalidArgument("volume id missing".into()).into());
+        }
+        let rec = is_volume_id(id).then(|| self.journal.volume(id)).transpose()?.flatten();
+        match rec {
+            Some(r) if r.state == State::Ready => Ok(r),
+            Some(r) => Err(PlanError::FailedPrecondition(format!("volume {id} is {:?}", r.state)).into()),
+            None => Err(PlanError::NotFound(format!("volume {id:?} does not exist on node {}", self.config.node_id)).into()),
+        }
+    }
+
+    pub fn stage(&self, id: &str, staging: &str, cap: Option<&VolumeCapability>) -> Result<(), EngineError> {
+        let staging = required(staging, "staging target path")?;
+        let cap = cap.ok_or_else(|| PlanError::InvalidArgument("volume capability missing".into()))?;
+        let rec = self.node_volume(id)?;
+        let wanted = plan::capability(cap)?;
+        let _claim = self.claim(id)?;
+        let disk = self.layout().volume_disk(id);
+        let seen = self.settle("NodeStageVolume", &disk, staging, None, |seen| {
+            plan::stage_step(&rec, &wanted, staging, seen)
+        })?;
+        let mut updated = rec.clone();
+        updated.staged = Some(staging.to_path_buf());
+        if let Some(Content::Fs(fs)) = seen.content {
+            updated.formatted = Some(fs);
+        }
+        if updated != rec {
+            self.journal.put_volume(&updated)?;
+        }
+        Ok(())
+    }
+
+    pub fn unstage(&self, id: &str, staging: &str) -> Result<(), EngineError> {
+        let staging = required(staging, "staging target path")?;
+        let rec = self.node_volume(id)?;
+        let _claim = self.claim(id)?;
+        let disk = self.layout().volume_disk(id);
+        self.settle("NodeUnstageVolume", &disk, staging, None, |seen| plan::unstage_step(staging, seen))?;
+        if rec.staged.is_some() {
+            let mut updated = rec;
+            updated.staged = None;
+            self.journal.put_volume(&updated)?;
+        }
+        Ok(())
+    }
+
+    pub fn publish(
+        &self,
+        id: &str,
+        staging: &str,
+        target: &str,
+        cap: Option<&VolumeCapability>,
+        readonly: bool,
+    ) -> Result<(), EngineError> {
+        let target = required(target, "target path")?;
+        let cap = cap.ok_or_else(|| PlanError::InvalidArgument("volume capability missing".into()))?;
+        let rec = self.node_volume(id)?;
+        let wanted = plan::capability(cap)?;
+        let staging = match rec.access {
+            AccessKind::Mount => Some(required(staging, "staging target path")?),
+            AccessKind::Block => None,
+        };
+        let _claim = self.claim(id)?;
+        let disk = self.layout().volume_disk(id);
+        self.settle("NodePublishVolume", &disk, target, staging, |seen| {
+            plan::publish_step(&rec, &wanted, readonly, target, seen)
+        })?;
+        if !rec.published.iter().any(|p| p == target) {
+            let mut updated = rec;
+            updated.published.push(target.to_path_buf());
+            self.journal.put_volume(&updated)?;
+        }
+        Ok(())
+    }
+
+    pub fn unpublish(&self, id: &str, target: &str) -> Result<(), EngineError> {
+        let target = required(target, "target path")?;
+        let rec = self.node_volume(id)?;
+        let _claim = self.claim(id)?;
+        let disk = self.layout().volume_disk(id);
+        self.settle("NodeUnpublishVolume", &disk, target, None, |seen| Ok(plan::unpublish_step(target, seen)))?;
+        if rec.published.iter().any(|p| p == target) {
+            let mut updated = rec;
+            updated.published.retain(|p| p != target);
+            self.journal.put_volume(&updated)?;
+        }
+        Ok(())
+    }
+
+    /// NodeExpandVolume: the loop device takes the backing file's size, then the filesystem
+    /// mounted at `volume_path` grows online. Returns the volume's size.
+    pub fn node_expand(&self, id: &str, volume_path: &str) -> Result<u64, EngineError> {
+        let path = required(volume_path, "volume path")?;
+        let rec = self.node_volume(id)?;
+        let _claim = self.claim(id)?;
+        let disk = self.layout().volume_disk(id);
+        let seen = self.observe(&disk, path, None)?;
+        if seen.path.is_none() {
+            return Err(PlanError::NotFound(format!("volume path {} does not exist", path.display())).into());
+        }
+        let device = seen.device.ok_or_else(|| {
+            PlanError::FailedPrecondition(format!("volume {id} has no loop device: it is not staged"))
+        })?;
+        let file_size = seen.backing.map(|f| f.size).unwrap_or(0);
+        if self.host.device_size(&device)? < file_size {
+            self.host.refresh(&device)?;
+        }
+        if rec.access == AccessKind::Mount {
+            let mount = seen.mount.ok_or_else(|| {
+                PlanError::FailedPrecondition(format!("{} is not a mount of volume {id}", path.display()))
+            })?;
+            let fs = match seen.content {
+                Some(Content::Fs(fs)) => fs,
+                _ => rec.formatted.unwrap_or(FsType::Ext4),
+            };
+            self.host.grow_fs(fs, &device, &mount.target)?;
+        }
+        Ok(file_size)
+    }
+
+    /// NodeGetVolumeStats: usage at `volume_path`, and the volume's condition (abnormal when
+    /// its backing file or, while staged, its loop device is gone).
+    pub fn stats(&self, id: &str, volume_path: &str) -> Result<(Usage, Condition), EngineError> {
+        let path = required(volume_path, "volume path")?;
+        let rec = self.node_volume(id)?;
+        let disk = self.layout().volume_disk(id);
+        let seen = self.observe(&disk, path, None)?;
+        if seen.path.is_none() {
+            return Err(PlanError::NotFound(format!("volume path {} does not exist", path.display())).into());
+        }
+        let condition = match (&seen.backing, &seen.device) {
+            (None, _) => Condition { abnormal: true, message: format!("backing file {} is gone", disk.display()) },
+            (Some(_), None) if rec.staged.is_some() => Condition {
+                abnormal: true,
+                message: "the loop device vanished; the next NodeStageVolume or a ferro-csi restart re-attaches it".into(),
+            },
+            _ => Condition { abnormal: false, message: "volume is healthy".into() },
+        };
+        let usage = match rec.access {
+            AccessKind::Mount => Usage::Fs(self.host.fs_stats(path)?),
+            AccessKind::Block => Usage::Block { total_bytes: seen.backing.map(|f| f.size).unwrap_or(rec.size) },
+        };
+        Ok((usage, condition))
+    }
+}
