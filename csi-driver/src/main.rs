@@ -25,6 +25,10 @@ struct Args {
     /// Bytes the node may provision in total (a Kubernetes quantity: 100Gi).
     #[arg(long, default_value = "100Gi")]
     pool_size: String,
+    /// Directories the CO's staging and target paths lie under (kubelet's root dir);
+    /// any other path is refused. Repeat for several.
+    #[arg(long = "allowed-path", default_value = "/var/lib/kubelet")]
+    allowed_paths: Vec<PathBuf>,
     /// Which services to serve.
     #[arg(long, value_enum, default_value = "all")]
     mode: Mode,
@@ -52,7 +56,12 @@ async fn main() -> anyhow::Result<()> {
     let socket = socket_path(&args.endpoint)?;
     let engine = Arc::new(Engine::new(
         Arc::new(RealHost::default()),
-        EngineConfig { node_id: args.node_id.clone(), data_dir: args.data_dir.clone(), pool_size },
+        EngineConfig {
+            node_id: args.node_id.clone(),
+            data_dir: args.data_dir.clone(),
+            pool_size,
+            allowed_roots: args.allowed_paths.clone(),
+        },
     ));
     let report = {
         let engine = Arc::clone(&engine);

@@ -9,6 +9,7 @@
 //!   temp dir) started inside a network namespace with `ip netns exec`, stopped by pid and
 //!   cleaned up on drop.
 //! - [`cri`]: CRI v1 clients (k8s-cri + tonic) over the unix socket.
+//! - [`storage`]: a scratch directory whose loop devices and mounts go with it.
 //!
 //! Nothing here touches the machine's root network namespace or the system containerd.
 //! Everything needs root and the Debian packages `containerd runc umoci skopeo
@@ -19,6 +20,7 @@ pub mod containerd;
 pub mod cri;
 pub mod images;
 pub mod netns;
+pub mod storage;
 
 use std::process::{Command, Output};
 

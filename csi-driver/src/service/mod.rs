@@ -16,7 +16,7 @@ use crate::proto::controller_server::ControllerServer;
 use crate::proto::identity_server::IdentityServer;
 use crate::proto::node_server::NodeServer;
 use crate::volume::engine::{Engine, EngineError};
-use crate::volume::host::Host;
+use crate::volume::host::{Host, HostError};
 use crate::volume::plan::PlanError;
 
 pub use controller::ControllerService;
@@ -36,6 +36,7 @@ pub fn status(err: EngineError) -> Status {
             PlanError::Aborted(_) => Code::Aborted,
         },
         EngineError::Host(h) if h.is_no_space() => Code::ResourceExhausted,
+        EngineError::Host(HostError::MissingCapability(_)) => Code::FailedPrecondition,
         EngineError::Journal(_) | EngineError::Host(_) | EngineError::NoProgress { .. } => Code::Internal,
     };
     Status::new(code, err.to_string())

@@ -79,6 +79,7 @@ impl<H: Host> Engine<H> {
                     source: want.source.clone(),
                     created: now(),
                     formatted: None,
+                    grow_pending: source_size.is_some_and(|s| s < want.size),
                     staged: None,
                     published: Vec::new(),
                     parameters: want.params.to_map(),

@@ -33,6 +33,8 @@ pub struct EngineConfig {
     pub data_dir: PathBuf,
     /// Bytes the node may provision in total.
     pub pool_size: u64,
+    /// Staging and target paths must lie under one of these (kubelet's root dir).
+    pub allowed_roots: Vec<PathBuf>,
 }
 
 pub struct Engine<H: Host> {
@@ -132,9 +134,12 @@ impl<H: Host> Engine<H> {
             warn!(file = %disk.display(), devices = ?devices, "backing file attached more than once; using the first");
         }
         let device = devices.into_iter().next();
-        let content = match &device {
-            Some(d) => Some(self.host.probe(d)?),
-            None => None,
+        let (content, fs_bytes, device_bytes) = match &device {
+            Some(d) => {
+                let probe = self.host.probe(d)?;
+                (Some(probe.content), probe.fs_bytes, Some(self.host.device_size(d)?))
+            }
+            None => (None, None, None),
         };
         let mounts = self.host.mounts()?;
         let at = |p: &Path| mounts.iter().rev().find(|m| m.target == p).cloned();
@@ -147,6 +152,8 @@ impl<H: Host> Engine<H> {
             backing_path: disk.to_path_buf(),
             device,
             content,
+            fs_bytes,
+            device_bytes,
             path: self.host.path_kind(path)?,
             mount: at(path),
             staging_mount: staging.and_then(at),
@@ -161,6 +168,7 @@ impl<H: Host> Engine<H> {
             Op::Detach { device } => self.host.detach(device),
             Op::Refresh { device } => self.host.refresh(device),
             Op::Format { device, fs } => self.host.format(device, *fs),
+            Op::GrowOffline { device, fs } => self.host.grow_fs_offline(*fs, device),
             Op::MakeDir { path } => self.host.make_dir(path),
             Op::MakeFile { path } => self.host.make_file(path),
             Op::RemovePath { path } => self.host.remove_path(path),

@@ -6,13 +6,15 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use super::host::{Content, FileInfo, FsStats, Host, HostError, MountEntry, MountSpec, PathKind};
+use super::host::{Content, FileInfo, FsStats, Host, HostError, MountEntry, MountSpec, PathKind, Probe};
 use super::record::FsType;
 
 #[derive(Debug)]
 struct FakeFile {
     info: FileInfo,
     content: Content,
+    /// The filesystem's size as its superblock would say.
+    fs_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -86,6 +88,9 @@ impl RecordingHost {
     /// Overwrites a backing file's first blocks (a test's stand-in for data written to it).
     pub fn set_content(&self, file: &Path, content: Content) {
         if let Some(f) = self.lock().files.get_mut(file) {
+            if !matches!(content, Content::Fs(_)) {
+                f.fs_bytes = None;
+            }
             f.content = content;
         }
     }
@@ -105,6 +110,15 @@ impl RecordingHost {
     }
 }
 
+fn grow_to_device(st: &mut State, device: &Path) -> Result<(), HostError> {
+    let file = device_file(st, device)?;
+    let size = st.loop_sizes.get(device).copied();
+    if let Some(f) = st.files.get_mut(&file) {
+        f.fs_bytes = size;
+    }
+    Ok(())
+}
+
 fn device_file(st: &State, device: &Path) -> Result<PathBuf, HostError> {
     st.loops.get(device).cloned().ok_or_else(|| HostError::Unexpected(format!("{} is not attached", device.display())))
 }
@@ -119,6 +133,7 @@ impl Host for RecordingHost {
         let f = st.files.entry(path.to_path_buf()).or_insert(FakeFile {
             info: FileInfo { size: 0, allocated: 0 },
             content: Content::Blank,
+            fs_bytes: None,
         });
         f.info.size = size;
         if thick {
@@ -140,7 +155,7 @@ impl Host for RecordingHost {
     fn copy_file(&self, from: &Path, to: &Path) -> Result<(), HostError> {
         let mut st = self.call("copy_file", format!("{} {}", from.display(), to.display()))?;
         let src = st.files.get(from).ok_or_else(|| HostError::Unexpected(format!("{} missing", from.display())))?;
-        let copy = FakeFile { info: src.info, content: src.content.clone() };
+        let copy = FakeFile { info: src.info, content: src.content.clone(), fs_bytes: src.fs_bytes };
         st.files.insert(to.to_path_buf(), copy);
         Ok(())
     }
@@ -185,17 +200,23 @@ impl Host for RecordingHost {
         st.loop_sizes.get(device).copied().ok_or_else(|| HostError::Unexpected(format!("{} is not attached", device.display())))
     }
 
-    fn probe(&self, device: &Path) -> Result<Content, HostError> {
+    fn probe(&self, device: &Path) -> Result<Probe, HostError> {
         let st = self.lock();
         let file = device_file(&st, device)?;
-        Ok(st.files.get(&file).map(|f| f.content.clone()).unwrap_or(Content::Unknown))
+        Ok(st
+            .files
+            .get(&file)
+            .map(|f| Probe { content: f.content.clone(), fs_bytes: f.fs_bytes })
+            .unwrap_or(Probe { content: Content::Unknown, fs_bytes: None }))
     }
 
     fn format(&self, device: &Path, fs: FsType) -> Result<(), HostError> {
         let mut st = self.call("format", format!("{} {}", device.display(), fs.as_str()))?;
         let file = device_file(&st, device)?;
+        let size = st.loop_sizes.get(device).copied();
         if let Some(f) = st.files.get_mut(&file) {
             f.content = Content::Fs(fs);
+            f.fs_bytes = size;
         }
         Ok(())
     }
@@ -248,8 +269,14 @@ impl Host for RecordingHost {
         Ok(())
     }
 
+    fn grow_fs_offline(&self, fs: FsType, device: &Path) -> Result<(), HostError> {
+        let mut st = self.call("grow_fs_offline", format!("{} {}", fs.as_str(), device.display()))?;
+        grow_to_device(&mut st, device)
+    }
+
     fn grow_fs(&self, fs: FsType, device: &Path, mountpoint: &Path) -> Result<(), HostError> {
-        self.call("grow_fs", format!("{} {} {}", fs.as_str(), device.display(), mountpoint.display())).map(drop)
+        let mut st = self.call("grow_fs", format!("{} {} {}", fs.as_str(), device.display(), mountpoint.display()))?;
+        grow_to_device(&mut st, device)
     }
 
     fn freeze(&self, mountpoint: &Path, frozen: bool) -> Result<(), HostError> {
@@ -286,7 +313,7 @@ impl Host for RecordingHost {
 
     fn make_file(&self, path: &Path) -> Result<(), HostError> {
         let mut st = self.call("make_file", path.display())?;
-        st.files.entry(path.to_path_buf()).or_insert(FakeFile { info: FileInfo { size: 0, allocated: 0 }, content: Content::Blank });
+        st.files.entry(path.to_path_buf()).or_insert(FakeFile { info: FileInfo { size: 0, allocated: 0 }, content: Content::Blank, fs_bytes: None });
         Ok(())
     }
 

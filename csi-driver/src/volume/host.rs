@@ -20,6 +20,9 @@ pub enum HostError {
     },
     #[error("{command} failed ({status}): {stderr}")]
     Command { command: String, status: String, stderr: String },
+    /// The process lacks a capability the operation needs.
+    #[error("{0}")]
+    MissingCapability(String),
     #[error("{0}")]
     Unexpected(String),
 }
@@ -96,6 +99,35 @@ pub fn classify(head: &[u8]) -> Content {
         Content::Blank
     } else {
         Content::Unknown
+    }
+}
+
+/// What a device holds and, for a filesystem, how many bytes its superblock says it spans.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Probe {
+    pub content: Content,
+    pub fs_bytes: Option<u64>,
+}
+
+/// The size a filesystem's superblock records (ext4: blocks count x block size; XFS: data
+/// blocks x block size), read from the same head bytes as [`classify`].
+pub fn fs_bytes(head: &[u8], fs: FsType) -> Option<u64> {
+    let le32 = |off: usize| head.get(off..off + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64);
+    let be32 = |off: usize| head.get(off..off + 4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64);
+    let be64 = |off: usize| {
+        head.get(off..off + 8).map(|b| u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+    };
+    match fs {
+        FsType::Ext4 => {
+            let sb = 1024;
+            let lo = le32(sb + 0x4)?;
+            let log = le32(sb + 0x18)?;
+            let incompat = le32(sb + 0x60)?;
+            let hi = if incompat & 0x80 != 0 { le32(sb + 0x150)? } else { 0 };
+            let block = 1024u64.checked_shl(log as u32)?;
+            ((hi << 32) | lo).checked_mul(block)
+        }
+        FsType::Xfs => be64(8)?.checked_mul(be32(4)?),
     }
 }
 
@@ -206,12 +238,15 @@ pub trait Host: Send + Sync + 'static {
     /// Makes the loop device take its backing file's new size.
     fn refresh(&self, device: &Path) -> Result<(), HostError>;
     fn device_size(&self, device: &Path) -> Result<u64, HostError>;
-    fn probe(&self, device: &Path) -> Result<Content, HostError>;
+    fn probe(&self, device: &Path) -> Result<Probe, HostError>;
     fn format(&self, device: &Path, fs: FsType) -> Result<(), HostError>;
 
     fn mounts(&self) -> Result<Vec<MountEntry>, HostError>;
     fn mount(&self, spec: &MountSpec) -> Result<(), HostError>;
     fn unmount(&self, target: &Path) -> Result<(), HostError>;
+    /// Grows an unmounted ext4 filesystem to its device's size (checked first, as resize2fs
+    /// asks); needs no capability beyond opening the device.
+    fn grow_fs_offline(&self, fs: FsType, device: &Path) -> Result<(), HostError>;
     /// Grows a mounted filesystem to its device's size.
     fn grow_fs(&self, fs: FsType, device: &Path, mountpoint: &Path) -> Result<(), HostError>;
     /// Freezes (`true`) or thaws a mounted filesystem.
@@ -257,6 +292,22 @@ mod tests {
         let mut luks = vec![0; PROBE_BYTES];
         luks[..6].copy_from_slice(b"LUKS\xba\xbe");
         assert_eq!(classify(&luks), Content::Other("LUKS".into()));
+    }
+
+    #[test]
+    fn filesystem_sizes_from_superblocks() {
+        let mut ext4 = vec![0; PROBE_BYTES];
+        ext4[1024 + 4..1024 + 8].copy_from_slice(&16384u32.to_le_bytes());
+        ext4[1024 + 0x18..1024 + 0x1c].copy_from_slice(&2u32.to_le_bytes());
+        assert_eq!(fs_bytes(&ext4, FsType::Ext4), Some(16384 * 4096));
+        ext4[1024 + 0x60] = 0x80;
+        ext4[1024 + 0x150..1024 + 0x154].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(fs_bytes(&ext4, FsType::Ext4), Some(((1u64 << 32) + 16384) * 4096));
+        let mut xfs = vec![0; PROBE_BYTES];
+        xfs[4..8].copy_from_slice(&4096u32.to_be_bytes());
+        xfs[8..16].copy_from_slice(&76800u64.to_be_bytes());
+        assert_eq!(fs_bytes(&xfs, FsType::Xfs), Some(300 << 20));
+        assert_eq!(fs_bytes(&[], FsType::Xfs), None);
     }
 
     #[test]

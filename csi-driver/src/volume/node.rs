@@ -33,6 +33,26 @@ fn required<'a>(value: &'a str, what: &str) -> Result<&'a Path, PlanError> {
     }
 }
 
+/// A staging or target path the CO hands over: absolute, without `.`/`..` components, and
+/// under one of the directories the driver was told the CO uses (kubelet's root dir).
+pub fn allowed<'a>(value: &'a str, what: &str, roots: &[std::path::PathBuf]) -> Result<&'a Path, PlanError> {
+    use std::path::Component;
+    let path = required(value, what)?;
+    let plain = path.is_absolute()
+        && path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    if !plain {
+        return Err(PlanError::InvalidArgument(format!(
+            "{what} {value:?} must be an absolute path without . or .. components"
+        )));
+    }
+    if !roots.iter().any(|r| path.starts_with(r) && path != r) {
+        return Err(PlanError::InvalidArgument(format!(
+            "{what} {value:?} is outside the directories ferro-csi serves ({roots:?})"
+        )));
+    }
+    Ok(path)
+}
+
 impl<H: Host> Engine<H> {
     /// The record of a volume a node call names: NotFound when there is none.
     fn node_volume(&self, id: &str) -> Result<VolumeRecord, EngineError> {
@@ -48,7 +68,7 @@ impl<H: Host> Engine<H> {
     }
 
     pub fn stage(&self, id: &str, staging: &str, cap: Option<&VolumeCapability>) -> Result<(), EngineError> {
-        let staging = required(staging, "staging target path")?;
+        let staging = allowed(staging, "staging target path", &self.config.allowed_roots)?;
         let cap = cap.ok_or_else(|| PlanError::InvalidArgument("volume capability missing".into()))?;
         let rec = self.node_volume(id)?;
         let wanted = plan::capability(cap)?;
@@ -61,6 +81,13 @@ impl<H: Host> Engine<H> {
         updated.staged = Some(staging.to_path_buf());
         if let Some(Content::Fs(fs)) = seen.content {
             updated.formatted = Some(fs);
+            // ext4 was grown offline by the planner before mounting; XFS grows only mounted.
+            if rec.grow_pending && fs == FsType::Xfs {
+                if let Some(device) = &seen.device {
+                    self.host.grow_fs(fs, device, staging)?;
+                }
+            }
+            updated.grow_pending = false;
         }
         if updated != rec {
             self.journal.put_volume(&updated)?;
@@ -69,7 +96,7 @@ impl<H: Host> Engine<H> {
     }
 
     pub fn unstage(&self, id: &str, staging: &str) -> Result<(), EngineError> {
-        let staging = required(staging, "staging target path")?;
+        let staging = allowed(staging, "staging target path", &self.config.allowed_roots)?;
         let rec = self.node_volume(id)?;
         let _claim = self.claim(id)?;
         let disk = self.layout().volume_disk(id);
@@ -90,12 +117,12 @@ impl<H: Host> Engine<H> {
         cap: Option<&VolumeCapability>,
         readonly: bool,
     ) -> Result<(), EngineError> {
-        let target = required(target, "target path")?;
+        let target = allowed(target, "target path", &self.config.allowed_roots)?;
         let cap = cap.ok_or_else(|| PlanError::InvalidArgument("volume capability missing".into()))?;
         let rec = self.node_volume(id)?;
         let wanted = plan::capability(cap)?;
         let staging = match rec.access {
-            AccessKind::Mount => Some(required(staging, "staging target path")?),
+            AccessKind::Mount => Some(allowed(staging, "staging target path", &self.config.allowed_roots)?),
             AccessKind::Block => None,
         };
         let _claim = self.claim(id)?;
@@ -112,7 +139,7 @@ impl<H: Host> Engine<H> {
     }
 
     pub fn unpublish(&self, id: &str, target: &str) -> Result<(), EngineError> {
-        let target = required(target, "target path")?;
+        let target = allowed(target, "target path", &self.config.allowed_roots)?;
         let rec = self.node_volume(id)?;
         let _claim = self.claim(id)?;
         let disk = self.layout().volume_disk(id);
@@ -128,7 +155,7 @@ impl<H: Host> Engine<H> {
     /// NodeExpandVolume: the loop device takes the backing file's size, then the filesystem
     /// mounted at `volume_path` grows online. Returns the volume's size.
     pub fn node_expand(&self, id: &str, volume_path: &str) -> Result<u64, EngineError> {
-        let path = required(volume_path, "volume path")?;
+        let path = allowed(volume_path, "volume path", &self.config.allowed_roots)?;
         let rec = self.node_volume(id)?;
         let _claim = self.claim(id)?;
         let disk = self.layout().volume_disk(id);
@@ -159,7 +186,7 @@ impl<H: Host> Engine<H> {
     /// NodeGetVolumeStats: usage at `volume_path`, and the volume's condition (abnormal when
     /// its backing file or, while staged, its loop device is gone).
     pub fn stats(&self, id: &str, volume_path: &str) -> Result<(Usage, Condition), EngineError> {
-        let path = required(volume_path, "volume path")?;
+        let path = allowed(volume_path, "volume path", &self.config.allowed_roots)?;
         let rec = self.node_volume(id)?;
         let disk = self.layout().volume_disk(id);
         let seen = self.observe(&disk, path, None)?;

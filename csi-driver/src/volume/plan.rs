@@ -307,6 +307,9 @@ pub enum Op {
     Detach { device: PathBuf },
     Refresh { device: PathBuf },
     Format { device: PathBuf, fs: FsType },
+    /// Grows an unmounted ext4 filesystem to its device (after a restore into a larger volume
+    /// or an expansion while unstaged).
+    GrowOffline { device: PathBuf, fs: FsType },
     MakeDir { path: PathBuf },
     MakeFile { path: PathBuf },
     RemovePath { path: PathBuf },
@@ -328,6 +331,10 @@ pub struct Seen {
     pub device: Option<PathBuf>,
     /// The device's content, probed when a device is attached.
     pub content: Option<Content>,
+    /// The size its filesystem's superblock records.
+    pub fs_bytes: Option<u64>,
+    /// The attached device's size.
+    pub device_bytes: Option<u64>,
     /// What is at the path the call names (staging or target path).
     pub path: Option<PathKind>,
     /// The mount at that path, if any.
@@ -345,6 +352,14 @@ fn device_name(device: &Path) -> String {
 /// Whether `m` is a mount of `device`: its filesystem, or a bind of its device node.
 pub fn mount_uses(m: &MountEntry, device: &Path) -> bool {
     m.source == device.to_string_lossy() || (m.root == format!("/{}", device_name(device)) && m.fstype == "devtmpfs")
+}
+
+/// Slack below which a filesystem counts as filling its device: resize2fs leaves out a last
+/// block group too small to hold its own metadata.
+const GROW_SLACK: u64 = 4 * MIB;
+
+fn smaller_than_device(seen: &Seen) -> bool {
+    matches!((seen.fs_bytes, seen.device_bytes), (Some(fs), Some(dev)) if fs + GROW_SLACK <= dev)
 }
 
 /// NodeStageVolume's next step.
@@ -400,6 +415,9 @@ pub fn stage_step(rec: &VolumeRecord, want: &Use, staging: &Path, seen: &Seen) -
                 device.display()
             ))),
         },
+        Content::Fs(FsType::Ext4) if fs == FsType::Ext4 && smaller_than_device(seen) => {
+            Ok(Step::Do(Op::GrowOffline { device: device.clone(), fs }))
+        }
         Content::Fs(found) if *found == fs => Ok(Step::Do(Op::Mount(MountSpec::Fs {
             device: device.clone(),
             target: staging.to_path_buf(),
@@ -493,6 +511,18 @@ pub fn publish_step(
             (device.clone(), Ours::Device(device))
         }
     };
+    if let Some(m) = &seen.mount {
+        return if ours.is(m) && m.read_only() == readonly {
+            Ok(Step::Done)
+        } else {
+            Err(PlanError::AlreadyExists(format!(
+                "target path {} is already published ({}, {}), incompatibly with this request",
+                target.display(),
+                m.source,
+                m.options
+            )))
+        };
+    }
     match (rec.access, seen.path) {
         (AccessKind::Mount, None) => return Ok(Step::Do(Op::MakeDir { path: target.to_path_buf() })),
         (AccessKind::Block, None) => return Ok(Step::Do(Op::MakeFile { path: target.to_path_buf() })),
@@ -505,20 +535,7 @@ pub fn publish_step(
             )))
         }
     }
-    match &seen.mount {
-        None => Ok(Step::Do(Op::Mount(MountSpec::Bind {
-            source,
-            target: target.to_path_buf(),
-            readonly,
-        }))),
-        Some(m) if ours.is(m) && m.read_only() == readonly => Ok(Step::Done),
-        Some(m) => Err(PlanError::AlreadyExists(format!(
-            "target path {} is already published ({}, {}), incompatibly with this request",
-            target.display(),
-            m.source,
-            m.options
-        ))),
-    }
+    Ok(Step::Do(Op::Mount(MountSpec::Bind { source, target: target.to_path_buf(), readonly })))
 }
 
 /// NodeUnpublishVolume's next step: unmount the target, then remove what publishing made.

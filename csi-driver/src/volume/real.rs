@@ -12,7 +12,7 @@ use std::process::Command;
 use nix::mount::{umount2, MntFlags, MsFlags};
 
 use super::host::{
-    classify, parse_mountinfo, Content, FileInfo, FsStats, Host, HostError, MountEntry, MountSpec,
+    classify, fs_bytes, parse_mountinfo, Content, Probe, FileInfo, FsStats, Host, HostError, MountEntry, MountSpec,
     PathKind, PROBE_BYTES,
 };
 use super::record::FsType;
@@ -142,7 +142,11 @@ impl Host for RealHost {
         let mut out = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with("loop") && self.loop_backing(&name).as_deref() == Some(want.as_path()) {
+            // A device with autoclear set is being detached (losetup -d while something still
+            // had it open): it no longer counts as the file's device.
+            let clearing = fs::read_to_string(self.sys_block.join(&name).join("loop/autoclear"))
+                .is_ok_and(|v| v.trim() == "1");
+            if name.starts_with("loop") && !clearing && self.loop_backing(&name).as_deref() == Some(want.as_path()) {
                 out.push(PathBuf::from("/dev").join(&name));
             }
         }
@@ -176,14 +180,19 @@ impl Host for RealHost {
             .map_err(|e| HostError::Unexpected(format!("{}: {e}", path.display())))
     }
 
-    fn probe(&self, device: &Path) -> Result<Content, HostError> {
+    fn probe(&self, device: &Path) -> Result<Probe, HostError> {
         let mut f = fs::File::open(device).map_err(|e| HostError::io("opening", device, e))?;
         let mut head = Vec::with_capacity(PROBE_BYTES);
         (&mut f)
             .take(PROBE_BYTES as u64)
             .read_to_end(&mut head)
             .map_err(|e| HostError::io("reading", device, e))?;
-        Ok(classify(&head))
+        let content = classify(&head);
+        let fs_bytes = match content {
+            Content::Fs(fs) => fs_bytes(&head, fs),
+            _ => None,
+        };
+        Ok(Probe { content, fs_bytes })
     }
 
     fn format(&self, device: &Path, fs: FsType) -> Result<(), HostError> {
@@ -233,9 +242,38 @@ impl Host for RealHost {
         umount2(target, MntFlags::empty()).map_err(|e| HostError::io("unmounting", target, e.into()))
     }
 
+    fn grow_fs_offline(&self, fs: FsType, device: &Path) -> Result<(), HostError> {
+        match fs {
+            FsType::Ext4 => {
+                // e2fsck -p: 0 clean, 1 errors fixed; anything else is left for a human.
+                let out = Command::new("e2fsck")
+                    .args(["-f", "-p", s(device)])
+                    .output()
+                    .map_err(|e| HostError::io("running", Path::new("e2fsck"), e))?;
+                if !matches!(out.status.code(), Some(0 | 1)) {
+                    return Err(HostError::Command {
+                        command: format!("e2fsck -f -p {}", device.display()),
+                        status: out.status.to_string(),
+                        stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                    });
+                }
+                run("resize2fs", &[s(device)]).map(drop)
+            }
+            FsType::Xfs => Err(HostError::Unexpected("XFS grows only while mounted".into())),
+        }
+    }
+
     fn grow_fs(&self, fs: FsType, device: &Path, mountpoint: &Path) -> Result<(), HostError> {
         match fs {
-            FsType::Ext4 => run("resize2fs", &[s(device)]),
+            FsType::Ext4 => {
+                if !has_capability(CAP_SYS_RESOURCE) {
+                    return Err(HostError::MissingCapability(format!(
+                        "growing the mounted ext4 filesystem on {} needs CAP_SYS_RESOURCE, which ferro-csi does not have: grant it (the unit does), or unstage and stage the volume to grow it offline",
+                        device.display()
+                    )));
+                }
+                run("resize2fs", &[s(device)])
+            }
             FsType::Xfs => run("xfs_growfs", &["-d", s(mountpoint)]),
         }
         .map(drop)
@@ -301,6 +339,22 @@ impl Host for RealHost {
     }
 }
 
+const CAP_SYS_RESOURCE: u32 = 24;
+
+/// Whether this process has `cap` in its effective set (/proc/self/status CapEff).
+fn has_capability(cap: u32) -> bool {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    cap_in_status(&status, cap)
+}
+
+pub fn cap_in_status(status: &str, cap: u32) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1u64 << cap) != 0)
+}
+
 fn allocate(f: &fs::File, path: &Path, size: u64) -> Result<(), HostError> {
     nix::fcntl::fallocate(f, nix::fcntl::FallocateFlags::empty(), 0, size as i64)
         .map_err(|e| HostError::io("allocating", path, e.into()))
@@ -309,6 +363,15 @@ fn allocate(f: &fs::File, path: &Path, size: u64) -> Result<(), HostError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capabilities_read_from_proc_status() {
+        let status = "Name:\tx\nCapEff:\t000001fffeffffff\n";
+        assert!(!cap_in_status(status, CAP_SYS_RESOURCE));
+        assert!(cap_in_status(status, 21), "CAP_SYS_ADMIN");
+        assert!(cap_in_status("CapEff:\t000001ffffffffff\n", CAP_SYS_RESOURCE));
+        assert!(!cap_in_status("", 0));
+    }
 
     #[test]
     fn mount_flags_split_into_syscall_flags_and_data() {

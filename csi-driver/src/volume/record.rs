@@ -86,6 +86,10 @@ pub struct VolumeRecord {
     /// the volume is never formatted again (the superblock is still what decides).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub formatted: Option<FsType>,
+    /// The volume was made from a smaller source: its filesystem is grown to the device at
+    /// the next stage.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub grow_pending: bool,
     /// The staging path while the volume is staged on this node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staged: Option<PathBuf>,
@@ -268,6 +272,7 @@ mod tests {
             source: None,
             created: "2026-11-26T00:00:00Z".into(),
             formatted: None,
+            grow_pending: false,
             staged: None,
             published: Vec::new(),
             parameters: BTreeMap::new(),

@@ -26,7 +26,12 @@ fn world(pool: u64) -> World {
     let host = Arc::new(RecordingHost::new(100 * GIB));
     let engine = Engine::new(
         Arc::clone(&host),
-        EngineConfig { node_id: "node-a".into(), data_dir: dir.path().to_path_buf(), pool_size: pool },
+        EngineConfig {
+            node_id: "node-a".into(),
+            data_dir: dir.path().to_path_buf(),
+            pool_size: pool,
+            allowed_roots: vec!["/stage".into(), "/pods".into()],
+        },
     );
     World { _dir: dir, host, engine }
 }
@@ -237,15 +242,25 @@ fn delete_refuses_a_volume_in_use_and_is_idempotent() {
 fn node_calls_on_unknown_volumes_and_missing_fields() {
     let w = world(GIB);
     let unknown = volume_id("never");
-    assert!(matches!(plan_err(w.engine.stage(&unknown, "/s", Some(&mount_cap("")))), PlanError::NotFound(_)));
-    assert!(matches!(plan_err(w.engine.stage("../../x", "/s", Some(&mount_cap("")))), PlanError::NotFound(_)));
+    assert!(matches!(plan_err(w.engine.stage(&unknown, "/stage/x", Some(&mount_cap("")))), PlanError::NotFound(_)));
+    assert!(matches!(plan_err(w.engine.stage("../../x", "/stage/x", Some(&mount_cap("")))), PlanError::NotFound(_)));
     assert!(matches!(plan_err(w.engine.stage(&unknown, "", Some(&mount_cap("")))), PlanError::InvalidArgument(_)));
-    assert!(matches!(plan_err(w.engine.stage(&unknown, "/s", None)), PlanError::InvalidArgument(_)));
-    assert!(matches!(plan_err(w.engine.unpublish(&unknown, "/t")), PlanError::NotFound(_)));
-    assert!(matches!(plan_err(w.engine.publish("", "/s", "/t", Some(&mount_cap("")), false)), PlanError::InvalidArgument(_)));
+    assert!(matches!(plan_err(w.engine.stage(&unknown, "/stage/x", None)), PlanError::InvalidArgument(_)));
+    assert!(matches!(plan_err(w.engine.unpublish(&unknown, "/pods/t")), PlanError::NotFound(_)));
+    assert!(matches!(plan_err(w.engine.publish("", "/stage/x", "/pods/t", Some(&mount_cap("")), false)), PlanError::InvalidArgument(_)));
     let rec = create(&w, "pvc-n", 64 * MIB, mount_cap(""), None).expect("create");
-    assert!(matches!(plan_err(w.engine.publish(&rec.id, "/s", "/t", Some(&mount_cap("")), false)), PlanError::FailedPrecondition(_)), "not staged");
-    assert!(matches!(plan_err(w.engine.stage(&rec.id, "/s", Some(&block_cap()))), PlanError::InvalidArgument(_)));
+    for outside in ["/etc", "/stage", "relative/path", "/stage/../etc", "/stagey/x"] {
+        assert!(
+            matches!(plan_err(w.engine.stage(&rec.id, outside, Some(&mount_cap("")))), PlanError::InvalidArgument(_)),
+            "{outside} taken as a staging path"
+        );
+        assert!(
+            matches!(plan_err(w.engine.publish(&rec.id, "/stage/x", outside, Some(&mount_cap("")), false)), PlanError::InvalidArgument(_)),
+            "{outside} taken as a target path"
+        );
+    }
+    assert!(matches!(plan_err(w.engine.publish(&rec.id, "/stage/x", "/pods/t", Some(&mount_cap("")), false)), PlanError::FailedPrecondition(_)), "not staged");
+    assert!(matches!(plan_err(w.engine.stage(&rec.id, "/stage/x", Some(&block_cap()))), PlanError::InvalidArgument(_)));
     assert!(w.host.mount_points().is_empty());
 }
 
@@ -313,7 +328,7 @@ fn growth_grows_the_file_refreshes_the_device_and_asks_the_node_for_the_filesyst
     assert_eq!(w.engine.expand_volume(&rec.id, Some(&smaller)).expect("no shrink").0, 100 * MIB);
     let huge = CapacityRange { required_bytes: 2 * GIB as i64, limit_bytes: 0 };
     assert!(matches!(plan_err(w.engine.expand_volume(&rec.id, Some(&huge))), PlanError::OutOfRange(_)));
-    assert!(matches!(plan_err(w.engine.node_expand(&rec.id, "/nowhere")), PlanError::NotFound(_)));
+    assert!(matches!(plan_err(w.engine.node_expand(&rec.id, "/pods/nowhere")), PlanError::NotFound(_)));
 }
 
 #[test]
@@ -321,10 +336,10 @@ fn busy_volumes_answer_aborted() {
     let w = world(GIB);
     let rec = create(&w, "pvc-busy", 64 * MIB, mount_cap(""), None).expect("create");
     let held = w.engine.claim(&rec.id).expect("claim");
-    assert!(matches!(plan_err(w.engine.stage(&rec.id, "/s", Some(&mount_cap("")))), PlanError::Aborted(_)));
+    assert!(matches!(plan_err(w.engine.stage(&rec.id, "/stage/x", Some(&mount_cap("")))), PlanError::Aborted(_)));
     assert!(matches!(plan_err(w.engine.delete_volume(&rec.id)), PlanError::Aborted(_)));
     drop(held);
-    w.engine.stage(&rec.id, "/s", Some(&mount_cap(""))).expect("free again");
+    w.engine.stage(&rec.id, "/stage/x", Some(&mount_cap(""))).expect("free again");
 }
 
 #[test]

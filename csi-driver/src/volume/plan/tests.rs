@@ -34,6 +34,7 @@ fn rec(access: AccessKind) -> VolumeRecord {
         source: None,
         created: "2026-11-26T00:00:00Z".into(),
         formatted: None,
+        grow_pending: false,
         staged: None,
         published: Vec::new(),
         parameters: BTreeMap::new(),
@@ -180,6 +181,22 @@ fn staging_attaches_formats_only_blank_devices_then_mounts() {
     let mut seen = seen_attached(Content::Fs(FsType::Ext4));
     seen.mount = Some(mount_entry("/dev/loop7", "/k/globalmount", "7:7", "rw"));
     assert_eq!(stage_step(&r, &u, staging, &seen), Ok(Step::Done));
+}
+
+#[test]
+fn an_ext4_smaller_than_its_device_is_grown_before_it_is_mounted() {
+    let r = rec(AccessKind::Mount);
+    let u = capability(&mount_cap("ext4")).expect("cap");
+    let mut seen = seen_attached(Content::Fs(FsType::Ext4));
+    seen.fs_bytes = Some(64 * MIB);
+    seen.device_bytes = Some(128 * MIB);
+    assert_eq!(
+        stage_step(&r, &u, Path::new("/k"), &seen),
+        Ok(Step::Do(Op::GrowOffline { device: "/dev/loop7".into(), fs: FsType::Ext4 }))
+    );
+    // resize2fs may leave a too-small last group out: that counts as grown.
+    seen.fs_bytes = Some(128 * MIB - 3 * MIB);
+    assert!(matches!(stage_step(&r, &u, Path::new("/k"), &seen), Ok(Step::Do(Op::Mount(_)))));
 }
 
 #[test]
