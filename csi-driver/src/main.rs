@@ -11,10 +11,18 @@ use ferro_csi::volume::real::RealHost;
 use tracing::info;
 
 #[derive(Parser, Debug)]
-#[command(name = "ferro-csi", version, about = "ferro's CSI driver: node-local volumes on loop devices")]
+#[command(
+    name = "ferro-csi",
+    version,
+    about = "ferro's CSI driver: node-local volumes on loop devices"
+)]
 struct Args {
     /// The CSI endpoint: unix:///path/to/csi.sock or a plain path.
-    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///run/ferro/csi/csi.sock")]
+    #[arg(
+        long,
+        env = "CSI_ENDPOINT",
+        default_value = "unix:///run/ferro/csi/csi.sock"
+    )]
     endpoint: String,
     /// This node's name (NodeGetInfo's node_id and the topology value).
     #[arg(long, env = "NODE_NAME")]
@@ -36,14 +44,19 @@ struct Args {
 
 fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
     let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
-    anyhow::ensure!(path.starts_with('/'), "--endpoint {endpoint:?} is not an absolute unix socket path");
+    anyhow::ensure!(
+        path.starts_with('/'),
+        "--endpoint {endpoint:?} is not an absolute unix socket path"
+    );
     Ok(PathBuf::from(path))
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .init();
     let args = Args::parse();
     anyhow::ensure!(!args.node_id.is_empty(), "--node-id must not be empty");
@@ -52,7 +65,12 @@ async fn main() -> anyhow::Result<()> {
     let pool_size = pool
         .value()
         .and_then(|v| u64::try_from(v).ok())
-        .with_context(|| format!("--pool-size {:?} is not a whole, non-negative number of bytes", args.pool_size))?;
+        .with_context(|| {
+            format!(
+                "--pool-size {:?} is not a whole, non-negative number of bytes",
+                args.pool_size
+            )
+        })?;
     let socket = socket_path(&args.endpoint)?;
     let engine = Arc::new(Engine::new(
         Arc::new(RealHost::default()),
@@ -70,7 +88,8 @@ async fn main() -> anyhow::Result<()> {
     info!(?report, "start-up recovery done");
     info!(socket = %socket.display(), node = %args.node_id, mode = ?args.mode, "serving CSI");
     let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}

@@ -63,7 +63,10 @@ impl Driver {
             },
         ));
         let recovered = Arc::clone(&engine);
-        tokio::task::spawn_blocking(move || recovered.recover()).await.expect("join").expect("recover");
+        tokio::task::spawn_blocking(move || recovered.recover())
+            .await
+            .expect("join")
+            .expect("recover");
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let sock = socket.clone();
         let task = tokio::spawn(async move {
@@ -78,10 +81,21 @@ impl Driver {
             if let Ok(ch) = channel(&socket).await {
                 break ch;
             }
-            assert!(Instant::now() < deadline, "ferro-csi never answered on {}", socket.display());
+            assert!(
+                Instant::now() < deadline,
+                "ferro-csi never answered on {}",
+                socket.display()
+            );
             tokio::task::yield_now().await;
         };
-        Driver { scratch, socket, stop: Some(tx), task: Some(task), ctl: ControllerClient::new(ch.clone()), node: NodeClient::new(ch) }
+        Driver {
+            scratch,
+            socket,
+            stop: Some(tx),
+            task: Some(task),
+            ctl: ControllerClient::new(ch.clone()),
+            node: NodeClient::new(ch),
+        }
     }
 
     /// Stops the server (as a restart would) and hands back the scratch dir.
@@ -97,23 +111,42 @@ impl Driver {
     }
 
     fn kubelet(&self, rel: &str) -> String {
-        self.scratch.path().join("kubelet").join(rel).to_string_lossy().into_owned()
+        self.scratch
+            .path()
+            .join("kubelet")
+            .join(rel)
+            .to_string_lossy()
+            .into_owned()
     }
 
     fn data(&self) -> PathBuf {
         self.scratch.path().join("data")
     }
 
-    async fn create(&mut self, name: &str, bytes: i64, cap: VolumeCapability) -> Result<Volume, tonic::Status> {
+    async fn create(
+        &mut self,
+        name: &str,
+        bytes: i64,
+        cap: VolumeCapability,
+    ) -> Result<Volume, tonic::Status> {
         self.create_from(name, bytes, cap, None).await
     }
 
-    async fn create_from(&mut self, name: &str, bytes: i64, cap: VolumeCapability, source: Option<VolumeContentSource>) -> Result<Volume, tonic::Status> {
+    async fn create_from(
+        &mut self,
+        name: &str,
+        bytes: i64,
+        cap: VolumeCapability,
+        source: Option<VolumeContentSource>,
+    ) -> Result<Volume, tonic::Status> {
         let r = self
             .ctl
             .create_volume(CreateVolumeRequest {
                 name: name.into(),
-                capacity_range: Some(CapacityRange { required_bytes: bytes, limit_bytes: 0 }),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: bytes,
+                    limit_bytes: 0,
+                }),
                 volume_capabilities: vec![cap],
                 volume_content_source: source,
                 ..Default::default()
@@ -122,7 +155,12 @@ impl Driver {
         Ok(r.into_inner().volume.expect("volume"))
     }
 
-    async fn stage(&mut self, id: &str, staging: &str, cap: &VolumeCapability) -> Result<(), tonic::Status> {
+    async fn stage(
+        &mut self,
+        id: &str,
+        staging: &str,
+        cap: &VolumeCapability,
+    ) -> Result<(), tonic::Status> {
         self.node
             .node_stage_volume(NodeStageVolumeRequest {
                 volume_id: id.into(),
@@ -136,12 +174,22 @@ impl Driver {
 
     async fn unstage(&mut self, id: &str, staging: &str) -> Result<(), tonic::Status> {
         self.node
-            .node_unstage_volume(NodeUnstageVolumeRequest { volume_id: id.into(), staging_target_path: staging.into() })
+            .node_unstage_volume(NodeUnstageVolumeRequest {
+                volume_id: id.into(),
+                staging_target_path: staging.into(),
+            })
             .await
             .map(drop)
     }
 
-    async fn publish(&mut self, id: &str, staging: &str, target: &str, cap: &VolumeCapability, readonly: bool) -> Result<(), tonic::Status> {
+    async fn publish(
+        &mut self,
+        id: &str,
+        staging: &str,
+        target: &str,
+        cap: &VolumeCapability,
+        readonly: bool,
+    ) -> Result<(), tonic::Status> {
         self.node
             .node_publish_volume(NodePublishVolumeRequest {
                 volume_id: id.into(),
@@ -157,27 +205,43 @@ impl Driver {
 
     async fn unpublish(&mut self, id: &str, target: &str) -> Result<(), tonic::Status> {
         self.node
-            .node_unpublish_volume(NodeUnpublishVolumeRequest { volume_id: id.into(), target_path: target.into() })
+            .node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: id.into(),
+                target_path: target.into(),
+            })
             .await
             .map(drop)
     }
 
     async fn delete(&mut self, id: &str) -> Result<(), tonic::Status> {
-        self.ctl.delete_volume(DeleteVolumeRequest { volume_id: id.into(), ..Default::default() }).await.map(drop)
+        self.ctl
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
     }
 }
 
 fn mount_cap(fs: &str) -> VolumeCapability {
     VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: fs.into(), ..Default::default() })),
-        access_mode: Some(AccessMode { mode: AccessModeKind::SingleNodeWriter as i32 }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs.into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode {
+            mode: AccessModeKind::SingleNodeWriter as i32,
+        }),
     }
 }
 
 fn block_cap() -> VolumeCapability {
     VolumeCapability {
         access_type: Some(AccessType::Block(BlockVolume {})),
-        access_mode: Some(AccessMode { mode: AccessModeKind::SingleNodeWriter as i32 }),
+        access_mode: Some(AccessMode {
+            mode: AccessModeKind::SingleNodeWriter as i32,
+        }),
     }
 }
 
@@ -226,35 +290,76 @@ fn loops_of(file: &Path) -> Vec<String> {
 async fn filesystem_lifecycle(fs: &str, bytes: i64) {
     let mut d = Driver::start(&format!("ferro-csi-{fs}-"), 4 << 30).await;
     let cap = mount_cap(fs);
-    let vol = d.create("pvc-life", bytes, cap.clone()).await.expect("create");
-    assert_eq!(d.create("pvc-life", bytes, cap.clone()).await.expect("create twice").volume_id, vol.volume_id);
-    assert_eq!(code(d.create("pvc-life", bytes * 2, cap.clone()).await), Code::AlreadyExists);
+    let vol = d
+        .create("pvc-life", bytes, cap.clone())
+        .await
+        .expect("create");
+    assert_eq!(
+        d.create("pvc-life", bytes, cap.clone())
+            .await
+            .expect("create twice")
+            .volume_id,
+        vol.volume_id
+    );
+    assert_eq!(
+        code(d.create("pvc-life", bytes * 2, cap.clone()).await),
+        Code::AlreadyExists
+    );
     let id = vol.volume_id.clone();
     let disk = backing(&d, &id);
-    assert_eq!(std::fs::metadata(&disk).expect("backing file").len(), vol.capacity_bytes as u64);
-    let (staging, target) = (d.kubelet("plugins/globalmount"), d.kubelet("pods/u1/volumes/mount"));
+    assert_eq!(
+        std::fs::metadata(&disk).expect("backing file").len(),
+        vol.capacity_bytes as u64
+    );
+    let (staging, target) = (
+        d.kubelet("plugins/globalmount"),
+        d.kubelet("pods/u1/volumes/mount"),
+    );
     for _ in 0..2 {
-        d.stage(&id, &staging, &cap).await.expect("stage (twice: idempotent)");
+        d.stage(&id, &staging, &cap)
+            .await
+            .expect("stage (twice: idempotent)");
     }
     let m = mounted(&staging).expect("staging mounted");
     assert!(m.starts_with(&format!("{fs} /dev/loop")), "{m}");
     for _ in 0..2 {
-        d.publish(&id, &staging, &target, &cap, false).await.expect("publish (twice)");
+        d.publish(&id, &staging, &target, &cap, false)
+            .await
+            .expect("publish (twice)");
     }
-    std::fs::write(Path::new(&target).join("data.txt"), b"survives").expect("write through the target");
+    std::fs::write(Path::new(&target).join("data.txt"), b"survives")
+        .expect("write through the target");
 
     let stats = d
         .node
-        .node_get_volume_stats(NodeGetVolumeStatsRequest { volume_id: id.clone(), volume_path: target.clone(), ..Default::default() })
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: id.clone(),
+            volume_path: target.clone(),
+            ..Default::default()
+        })
         .await
         .expect("stats")
         .into_inner();
-    let bytes_usage = stats.usage.iter().find(|u| u.unit == volume_usage::Unit::Bytes as i32).expect("bytes");
-    assert!(bytes_usage.total > 0 && bytes_usage.total <= vol.capacity_bytes, "{bytes_usage:?}");
-    assert!(stats.usage.iter().any(|u| u.unit == volume_usage::Unit::Inodes as i32 && u.used > 0));
+    let bytes_usage = stats
+        .usage
+        .iter()
+        .find(|u| u.unit == volume_usage::Unit::Bytes as i32)
+        .expect("bytes");
+    assert!(
+        bytes_usage.total > 0 && bytes_usage.total <= vol.capacity_bytes,
+        "{bytes_usage:?}"
+    );
+    assert!(stats
+        .usage
+        .iter()
+        .any(|u| u.unit == volume_usage::Unit::Inodes as i32 && u.used > 0));
     assert_eq!(stats.volume_condition.map(|c| c.abnormal), Some(false));
 
-    assert_eq!(code(d.delete(&id).await), Code::FailedPrecondition, "deleting a staged volume");
+    assert_eq!(
+        code(d.delete(&id).await),
+        Code::FailedPrecondition,
+        "deleting a staged volume"
+    );
     for _ in 0..2 {
         d.unpublish(&id, &target).await.expect("unpublish (twice)");
     }
@@ -263,13 +368,25 @@ async fn filesystem_lifecycle(fs: &str, bytes: i64) {
         d.unstage(&id, &staging).await.expect("unstage (twice)");
     }
     assert!(mounted(&staging).is_none());
-    assert!(loops_of(&disk).is_empty(), "loop device detached at unstage");
+    assert!(
+        loops_of(&disk).is_empty(),
+        "loop device detached at unstage"
+    );
     // Staged again: the filesystem is found, not made again, and the data is there.
     d.stage(&id, &staging, &cap).await.expect("stage again");
-    d.publish(&id, &staging, &target, &cap, true).await.expect("publish read-only");
-    assert_eq!(std::fs::read(Path::new(&target).join("data.txt")).expect("read"), b"survives");
+    d.publish(&id, &staging, &target, &cap, true)
+        .await
+        .expect("publish read-only");
+    assert_eq!(
+        std::fs::read(Path::new(&target).join("data.txt")).expect("read"),
+        b"survives"
+    );
     let ro = std::fs::write(Path::new(&target).join("x"), b"no");
-    assert_eq!(ro.map_err(|e| e.raw_os_error()), Err(Some(nix::libc::EROFS)), "read-only publish");
+    assert_eq!(
+        ro.map_err(|e| e.raw_os_error()),
+        Err(Some(nix::libc::EROFS)),
+        "read-only publish"
+    );
     d.unpublish(&id, &target).await.expect("unpublish");
     d.unstage(&id, &staging).await.expect("unstage");
     for _ in 0..2 {
@@ -296,15 +413,21 @@ async fn xfs_volume_lifecycle_every_rpc_twice() {
 async fn a_loop_device_detached_by_hand_comes_back_with_its_data() {
     let mut d = Driver::start("ferro-csi-reattach-", 1 << 30).await;
     let cap = mount_cap("ext4");
-    let id = d.create("pvc-re", 32 * MIB, cap.clone()).await.expect("create").volume_id;
+    let id = d
+        .create("pvc-re", 32 * MIB, cap.clone())
+        .await
+        .expect("create")
+        .volume_id;
     let staging = d.kubelet("plugins/re/globalmount");
     d.stage(&id, &staging, &cap).await.expect("stage");
     std::fs::write(Path::new(&staging).join("keep"), b"data").expect("write");
     let disk = backing(&d, &id);
     // A reboot, by hand: the mount and the loop device go, the journal still says staged.
-    nix::mount::umount2(Path::new(&staging), nix::mount::MntFlags::empty()).expect("umount by hand");
+    nix::mount::umount2(Path::new(&staging), nix::mount::MntFlags::empty())
+        .expect("umount by hand");
     for dev in loops_of(&disk) {
-        ferro_lab::run(std::process::Command::new("losetup").args(["--detach", &dev])).expect("losetup -d");
+        ferro_lab::run(std::process::Command::new("losetup").args(["--detach", &dev]))
+            .expect("losetup -d");
     }
     // Another process (a parallel test's losetup scanning devices) may hold the device open a
     // moment longer: the kernel then detaches it at the last close.
@@ -313,12 +436,21 @@ async fn a_loop_device_detached_by_hand_comes_back_with_its_data() {
     let scratch = d.stop().await;
     let mut d = Driver::start_in(scratch, 1 << 30).await;
     assert_eq!(loops_of(&disk).len(), 1, "re-attached at start-up");
-    d.stage(&id, &staging, &cap).await.expect("stage after the reboot");
-    assert_eq!(std::fs::read(Path::new(&staging).join("keep")).expect("read"), b"data", "not formatted again");
+    d.stage(&id, &staging, &cap)
+        .await
+        .expect("stage after the reboot");
+    assert_eq!(
+        std::fs::read(Path::new(&staging).join("keep")).expect("read"),
+        b"data",
+        "not formatted again"
+    );
     // Detached again while unstaged, then staged: NodeStage attaches it itself.
     d.unstage(&id, &staging).await.expect("unstage");
     d.stage(&id, &staging, &cap).await.expect("stage");
-    assert_eq!(std::fs::read(Path::new(&staging).join("keep")).expect("read"), b"data");
+    assert_eq!(
+        std::fs::read(Path::new(&staging).join("keep")).expect("read"),
+        b"data"
+    );
     d.unstage(&id, &staging).await.expect("unstage");
     d.delete(&id).await.expect("delete");
     d.stop().await;
@@ -329,12 +461,18 @@ async fn a_loop_device_detached_by_hand_comes_back_with_its_data() {
 async fn a_volume_holds_no_more_than_its_size() {
     let mut d = Driver::start("ferro-csi-enospc-", 1 << 30).await;
     let cap = mount_cap("ext4");
-    let id = d.create("pvc-small", 16 * MIB, cap.clone()).await.expect("create").volume_id;
+    let id = d
+        .create("pvc-small", 16 * MIB, cap.clone())
+        .await
+        .expect("create")
+        .volume_id;
     let staging = d.kubelet("plugins/small/globalmount");
     d.stage(&id, &staging, &cap).await.expect("stage");
     let mut f = std::fs::File::create(Path::new(&staging).join("fill")).expect("create");
     let chunk = vec![0xabu8; 1 << 20];
-    let err = (0..64).find_map(|_| f.write_all(&chunk).and_then(|_| f.sync_data()).err()).expect("a write past 16 MiB fails");
+    let err = (0..64)
+        .find_map(|_| f.write_all(&chunk).and_then(|_| f.sync_data()).err())
+        .expect("a write past 16 MiB fails");
     assert_eq!(err.raw_os_error(), Some(nix::libc::ENOSPC), "{err}");
     drop(f);
     d.unstage(&id, &staging).await.expect("unstage");
@@ -350,11 +488,24 @@ async fn online_expansion_while_a_process_writes() {
     // next stage, tested below).
     let mut d = Driver::start("ferro-csi-grow-", 1 << 30).await;
     let cap = mount_cap("xfs");
-    let id = d.create("pvc-grow", 300 * MIB, cap.clone()).await.expect("create").volume_id;
-    let (staging, target) = (d.kubelet("plugins/grow/globalmount"), d.kubelet("pods/u/volumes/grow"));
+    let id = d
+        .create("pvc-grow", 300 * MIB, cap.clone())
+        .await
+        .expect("create")
+        .volume_id;
+    let (staging, target) = (
+        d.kubelet("plugins/grow/globalmount"),
+        d.kubelet("pods/u/volumes/grow"),
+    );
     d.stage(&id, &staging, &cap).await.expect("stage");
-    d.publish(&id, &staging, &target, &cap, false).await.expect("publish");
-    let total = |p: &str| nix::sys::statvfs::statvfs(Path::new(p)).map(|s| s.blocks() as u64 * s.fragment_size() as u64).expect("statvfs");
+    d.publish(&id, &staging, &target, &cap, false)
+        .await
+        .expect("publish");
+    let total = |p: &str| {
+        nix::sys::statvfs::statvfs(Path::new(p))
+            .map(|s| s.blocks() * s.fragment_size())
+            .expect("statvfs")
+    };
     let before = total(&target);
     // A writer that keeps writing through the expansion; it must never see an error.
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
@@ -374,25 +525,41 @@ async fn online_expansion_while_a_process_writes() {
         .ctl
         .controller_expand_volume(ControllerExpandVolumeRequest {
             volume_id: id.clone(),
-            capacity_range: Some(CapacityRange { required_bytes: 512 * MIB, limit_bytes: 0 }),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 512 * MIB,
+                limit_bytes: 0,
+            }),
             ..Default::default()
         })
         .await
         .expect("controller expand")
         .into_inner();
-    assert_eq!((r.capacity_bytes, r.node_expansion_required), (512 * MIB, true));
+    assert_eq!(
+        (r.capacity_bytes, r.node_expansion_required),
+        (512 * MIB, true)
+    );
     let n = d
         .node
-        .node_expand_volume(NodeExpandVolumeRequest { volume_id: id.clone(), volume_path: target.clone(), ..Default::default() })
+        .node_expand_volume(NodeExpandVolumeRequest {
+            volume_id: id.clone(),
+            volume_path: target.clone(),
+            ..Default::default()
+        })
         .await
         .expect("node expand")
         .into_inner();
     assert_eq!(n.capacity_bytes, 512 * MIB);
     let _ = stop_tx.send(());
-    let written = writer.join().expect("writer thread").expect("the writer saw no error");
+    let written = writer
+        .join()
+        .expect("writer thread")
+        .expect("the writer saw no error");
     assert!(written > 0);
     let after = total(&target);
-    assert!(after > before + (150 << 20), "filesystem grew from {before} to {after}");
+    assert!(
+        after > before + (150 << 20),
+        "filesystem grew from {before} to {after}"
+    );
     d.unpublish(&id, &target).await.expect("unpublish");
     d.unstage(&id, &staging).await.expect("unstage");
     d.delete(&id).await.expect("delete");
@@ -404,7 +571,11 @@ async fn online_expansion_while_a_process_writes() {
 async fn an_ext4_volume_grown_while_unstaged_is_grown_at_the_next_stage() {
     let mut d = Driver::start("ferro-csi-grow4-", 1 << 30).await;
     let cap = mount_cap("ext4");
-    let id = d.create("pvc-grow4", 64 * MIB, cap.clone()).await.expect("create").volume_id;
+    let id = d
+        .create("pvc-grow4", 64 * MIB, cap.clone())
+        .await
+        .expect("create")
+        .volume_id;
     let staging = d.kubelet("plugins/grow4/globalmount");
     d.stage(&id, &staging, &cap).await.expect("stage");
     std::fs::write(Path::new(&staging).join("kept"), b"yes").expect("write");
@@ -413,7 +584,10 @@ async fn an_ext4_volume_grown_while_unstaged_is_grown_at_the_next_stage() {
         .ctl
         .controller_expand_volume(ControllerExpandVolumeRequest {
             volume_id: id.clone(),
-            capacity_range: Some(CapacityRange { required_bytes: 256 * MIB, limit_bytes: 0 }),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 256 * MIB,
+                limit_bytes: 0,
+            }),
             ..Default::default()
         })
         .await
@@ -421,9 +595,17 @@ async fn an_ext4_volume_grown_while_unstaged_is_grown_at_the_next_stage() {
         .into_inner();
     assert_eq!(r.capacity_bytes, 256 * MIB);
     d.stage(&id, &staging, &cap).await.expect("stage");
-    let total = nix::sys::statvfs::statvfs(Path::new(&staging)).map(|s| s.blocks() as u64 * s.fragment_size() as u64).expect("statvfs");
-    assert!(total > 200 << 20, "grown offline before mounting: {total} bytes");
-    assert_eq!(std::fs::read(Path::new(&staging).join("kept")).expect("read"), b"yes");
+    let total = nix::sys::statvfs::statvfs(Path::new(&staging))
+        .map(|s| s.blocks() * s.fragment_size())
+        .expect("statvfs");
+    assert!(
+        total > 200 << 20,
+        "grown offline before mounting: {total} bytes"
+    );
+    assert_eq!(
+        std::fs::read(Path::new(&staging).join("kept")).expect("read"),
+        b"yes"
+    );
     d.unstage(&id, &staging).await.expect("unstage");
     d.delete(&id).await.expect("delete");
     d.stop().await;
@@ -434,27 +616,51 @@ async fn an_ext4_volume_grown_while_unstaged_is_grown_at_the_next_stage() {
 async fn a_raw_block_volume_is_a_block_device_in_the_pod() {
     let mut d = Driver::start("ferro-csi-block-", 1 << 30).await;
     let cap = block_cap();
-    let id = d.create("pvc-raw", 8 * MIB, cap.clone()).await.expect("create").volume_id;
-    let (staging, target) = (d.kubelet("plugins/raw/staging"), d.kubelet("pods/u/volumeDevices/raw"));
+    let id = d
+        .create("pvc-raw", 8 * MIB, cap.clone())
+        .await
+        .expect("create")
+        .volume_id;
+    let (staging, target) = (
+        d.kubelet("plugins/raw/staging"),
+        d.kubelet("pods/u/volumeDevices/raw"),
+    );
     d.stage(&id, &staging, &cap).await.expect("stage");
-    d.publish(&id, &staging, &target, &cap, false).await.expect("publish");
-    d.publish(&id, &staging, &target, &cap, false).await.expect("publish twice");
+    d.publish(&id, &staging, &target, &cap, false)
+        .await
+        .expect("publish");
+    d.publish(&id, &staging, &target, &cap, false)
+        .await
+        .expect("publish twice");
     let meta = std::fs::metadata(&target).expect("target");
     assert!(meta.file_type().is_block_device(), "{:?}", meta.file_type());
     {
-        let mut dev = std::fs::OpenOptions::new().read(true).write(true).open(&target).expect("open device");
+        let mut dev = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&target)
+            .expect("open device");
         dev.write_all(b"raw bytes").expect("write");
         dev.sync_all().expect("sync");
     }
     let mut head = [0u8; 9];
-    std::fs::File::open(backing(&d, &id)).expect("backing").read_exact(&mut head).expect("read");
-    assert_eq!(&head, b"raw bytes", "written through the device node into the backing file");
+    std::fs::File::open(backing(&d, &id))
+        .expect("backing")
+        .read_exact(&mut head)
+        .expect("read");
+    assert_eq!(
+        &head, b"raw bytes",
+        "written through the device node into the backing file"
+    );
     // Not a filesystem, and never made into one.
     d.unpublish(&id, &target).await.expect("unpublish");
     d.unstage(&id, &staging).await.expect("unstage");
     d.stage(&id, &staging, &cap).await.expect("stage again");
     d.unstage(&id, &staging).await.expect("unstage");
-    std::fs::File::open(backing(&d, &id)).expect("backing").read_exact(&mut head).expect("read");
+    std::fs::File::open(backing(&d, &id))
+        .expect("backing")
+        .read_exact(&mut head)
+        .expect("read");
     assert_eq!(&head, b"raw bytes");
     d.delete(&id).await.expect("delete");
     d.stop().await;
@@ -465,37 +671,87 @@ async fn a_raw_block_volume_is_a_block_device_in_the_pod() {
 async fn snapshot_of_a_mounted_volume_restores_into_a_larger_one() {
     let mut d = Driver::start("ferro-csi-snap-", 2 << 30).await;
     let cap = mount_cap("ext4");
-    let id = d.create("pvc-src", 64 * MIB, cap.clone()).await.expect("create").volume_id;
+    let id = d
+        .create("pvc-src", 64 * MIB, cap.clone())
+        .await
+        .expect("create")
+        .volume_id;
     let staging = d.kubelet("plugins/src/globalmount");
     d.stage(&id, &staging, &cap).await.expect("stage");
     std::fs::write(Path::new(&staging).join("snapshotted"), b"v1").expect("write");
     let snap = d
         .ctl
-        .create_snapshot(CreateSnapshotRequest { source_volume_id: id.clone(), name: "snap-1".into(), ..Default::default() })
+        .create_snapshot(CreateSnapshotRequest {
+            source_volume_id: id.clone(),
+            name: "snap-1".into(),
+            ..Default::default()
+        })
         .await
         .expect("snapshot")
         .into_inner()
         .snapshot
         .expect("snapshot");
     assert!(snap.ready_to_use && snap.source_volume_id == id);
-    std::fs::write(Path::new(&staging).join("snapshotted"), b"v2").expect("write after: the source is thawed");
-    let listed = d.ctl.list_snapshots(ListSnapshotsRequest { source_volume_id: id.clone(), ..Default::default() }).await.expect("list").into_inner();
+    std::fs::write(Path::new(&staging).join("snapshotted"), b"v2")
+        .expect("write after: the source is thawed");
+    let listed = d
+        .ctl
+        .list_snapshots(ListSnapshotsRequest {
+            source_volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner();
     assert_eq!(listed.entries.len(), 1);
 
-    let source = VolumeContentSource { r#type: Some(SourceType::Snapshot(SnapshotSource { snapshot_id: snap.snapshot_id.clone() })) };
-    assert_eq!(code(d.create_from("pvc-tiny", 32 * MIB, cap.clone(), Some(source.clone())).await), Code::OutOfRange);
-    let restored = d.create_from("pvc-restored", 128 * MIB, cap.clone(), Some(source)).await.expect("restore").volume_id;
+    let source = VolumeContentSource {
+        r#type: Some(SourceType::Snapshot(SnapshotSource {
+            snapshot_id: snap.snapshot_id.clone(),
+        })),
+    };
+    assert_eq!(
+        code(
+            d.create_from("pvc-tiny", 32 * MIB, cap.clone(), Some(source.clone()))
+                .await
+        ),
+        Code::OutOfRange
+    );
+    let restored = d
+        .create_from("pvc-restored", 128 * MIB, cap.clone(), Some(source))
+        .await
+        .expect("restore")
+        .volume_id;
     let staging2 = d.kubelet("plugins/restored/globalmount");
-    d.stage(&restored, &staging2, &cap).await.expect("stage restored");
-    assert_eq!(std::fs::read(Path::new(&staging2).join("snapshotted")).expect("read"), b"v1");
-    let total = nix::sys::statvfs::statvfs(Path::new(&staging2)).map(|s| s.blocks() as u64 * s.fragment_size() as u64).expect("statvfs");
-    assert!(total > 100 << 20, "the restored filesystem grew to its volume ({total} bytes)");
+    d.stage(&restored, &staging2, &cap)
+        .await
+        .expect("stage restored");
+    assert_eq!(
+        std::fs::read(Path::new(&staging2).join("snapshotted")).expect("read"),
+        b"v1"
+    );
+    let total = nix::sys::statvfs::statvfs(Path::new(&staging2))
+        .map(|s| s.blocks() * s.fragment_size())
+        .expect("statvfs");
+    assert!(
+        total > 100 << 20,
+        "the restored filesystem grew to its volume ({total} bytes)"
+    );
     for (vol, st) in [(&restored, &staging2), (&id, &staging)] {
         d.unstage(vol, st).await.expect("unstage");
         d.delete(vol).await.expect("delete");
     }
-    d.ctl.delete_snapshot(DeleteSnapshotRequest { snapshot_id: snap.snapshot_id.clone(), ..Default::default() }).await.expect("delete snapshot");
-    assert!(std::fs::read_dir(d.data().join("snapshots")).expect("dir").next().is_none());
+    d.ctl
+        .delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("delete snapshot");
+    assert!(std::fs::read_dir(d.data().join("snapshots"))
+        .expect("dir")
+        .next()
+        .is_none());
     d.stop().await;
 }
 
@@ -505,43 +761,123 @@ async fn bad_input_gets_the_spec_code_and_creates_nothing() {
     let mut d = Driver::start("ferro-csi-bad-", 256 << 20).await;
     let rwx = VolumeCapability {
         access_type: Some(AccessType::Mount(MountVolume::default())),
-        access_mode: Some(AccessMode { mode: AccessModeKind::MultiNodeMultiWriter as i32 }),
+        access_mode: Some(AccessMode {
+            mode: AccessModeKind::MultiNodeMultiWriter as i32,
+        }),
     };
-    assert_eq!(code(d.create("rwx", 16 * MIB, rwx).await), Code::InvalidArgument);
-    assert_eq!(code(d.create("ntfs", 16 * MIB, mount_cap("ntfs")).await), Code::InvalidArgument);
-    assert_eq!(code(d.create("huge", 1 << 30, mount_cap("ext4")).await), Code::ResourceExhausted);
-    assert_eq!(code(d.create("neg", -1, mount_cap("ext4")).await), Code::OutOfRange);
+    assert_eq!(
+        code(d.create("rwx", 16 * MIB, rwx).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(d.create("ntfs", 16 * MIB, mount_cap("ntfs")).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(d.create("huge", 1 << 30, mount_cap("ext4")).await),
+        Code::ResourceExhausted
+    );
+    assert_eq!(
+        code(d.create("neg", -1, mount_cap("ext4")).await),
+        Code::OutOfRange
+    );
     let params = HashMap::from([("replication".to_string(), "3".to_string())]);
     let r = d
         .ctl
-        .create_volume(CreateVolumeRequest { name: "params".into(), volume_capabilities: vec![mount_cap("")], parameters: params, ..Default::default() })
+        .create_volume(CreateVolumeRequest {
+            name: "params".into(),
+            volume_capabilities: vec![mount_cap("")],
+            parameters: params,
+            ..Default::default()
+        })
         .await;
     assert_eq!(code(r), Code::InvalidArgument);
-    let r = d.ctl.create_volume(CreateVolumeRequest { name: "nocaps".into(), ..Default::default() }).await;
+    let r = d
+        .ctl
+        .create_volume(CreateVolumeRequest {
+            name: "nocaps".into(),
+            ..Default::default()
+        })
+        .await;
     assert_eq!(code(r), Code::InvalidArgument);
     let missing = "loop-00000000000000000000000000000000";
     let staging = d.kubelet("plugins/x/globalmount");
-    assert_eq!(code(d.stage(missing, &staging, &mount_cap("")).await), Code::NotFound);
-    assert_eq!(code(d.stage("../../../etc", &staging, &mount_cap("")).await), Code::NotFound);
-    assert_eq!(code(d.unpublish(missing, &d.kubelet("pods/x")).await), Code::NotFound);
-    d.delete(missing).await.expect("deleting what does not exist is success");
-    let id = d.create("ok", 16 * MIB, mount_cap("ext4")).await.expect("create").volume_id;
-    for outside in ["/etc/ferro-csi-test", "relative", &format!("{}/../../etc", d.kubelet("a"))] {
-        assert_eq!(code(d.stage(&id, outside, &mount_cap("")).await), Code::InvalidArgument, "{outside}");
+    assert_eq!(
+        code(d.stage(missing, &staging, &mount_cap("")).await),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(d.stage("../../../etc", &staging, &mount_cap("")).await),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(d.unpublish(missing, &d.kubelet("pods/x")).await),
+        Code::NotFound
+    );
+    d.delete(missing)
+        .await
+        .expect("deleting what does not exist is success");
+    let id = d
+        .create("ok", 16 * MIB, mount_cap("ext4"))
+        .await
+        .expect("create")
+        .volume_id;
+    for outside in [
+        "/etc/ferro-csi-test",
+        "relative",
+        &format!("{}/../../etc", d.kubelet("a")),
+    ] {
+        assert_eq!(
+            code(d.stage(&id, outside, &mount_cap("")).await),
+            Code::InvalidArgument,
+            "{outside}"
+        );
     }
     assert!(!Path::new("/etc/ferro-csi-test").exists());
-    assert_eq!(code(d.publish(&id, &staging, &d.kubelet("pods/p/t"), &mount_cap(""), false).await), Code::FailedPrecondition, "publish before stage");
-    assert!(!Path::new(&d.kubelet("pods/p/t")).exists(), "nothing created for a refused publish");
+    assert_eq!(
+        code(
+            d.publish(&id, &staging, &d.kubelet("pods/p/t"), &mount_cap(""), false)
+                .await
+        ),
+        Code::FailedPrecondition,
+        "publish before stage"
+    );
+    assert!(
+        !Path::new(&d.kubelet("pods/p/t")).exists(),
+        "nothing created for a refused publish"
+    );
     let r = d
         .ctl
-        .controller_expand_volume(ControllerExpandVolumeRequest { volume_id: missing.into(), capacity_range: Some(CapacityRange { required_bytes: MIB, limit_bytes: 0 }), ..Default::default() })
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: missing.into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: MIB,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
         .await;
     assert_eq!(code(r), Code::NotFound);
-    let r = d.ctl.list_volumes(ListVolumesRequest { starting_token: "bogus".into(), ..Default::default() }).await;
+    let r = d
+        .ctl
+        .list_volumes(ListVolumesRequest {
+            starting_token: "bogus".into(),
+            ..Default::default()
+        })
+        .await;
     assert_eq!(code(r), Code::Aborted);
-    let vols = d.ctl.list_volumes(ListVolumesRequest::default()).await.expect("list").into_inner();
+    let vols = d
+        .ctl
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .expect("list")
+        .into_inner();
     assert_eq!(vols.entries.len(), 1, "only the good volume exists");
-    let files: Vec<_> = std::fs::read_dir(d.data().join("volumes")).expect("dir").flatten().map(|e| e.file_name()).collect();
+    let files: Vec<_> = std::fs::read_dir(d.data().join("volumes"))
+        .expect("dir")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     d.delete(&id).await.expect("delete");
     d.stop().await;
@@ -553,18 +889,40 @@ async fn identity_and_node_info() {
     let d = Driver::start("ferro-csi-id-", 1 << 30).await;
     let ch = channel(&d.socket).await.expect("channel");
     let mut id = ferro_csi::proto::identity_client::IdentityClient::new(ch);
-    let info = id.get_plugin_info(GetPluginInfoRequest {}).await.expect("info").into_inner();
+    let info = id
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .expect("info")
+        .into_inner();
     assert_eq!(info.name, "loop.csi.ferro.dev");
-    assert_eq!(id.probe(ProbeRequest {}).await.expect("probe").into_inner().ready, Some(true));
+    assert_eq!(
+        id.probe(ProbeRequest {})
+            .await
+            .expect("probe")
+            .into_inner()
+            .ready,
+        Some(true)
+    );
     let mut node = d.node.clone();
-    let ni = node.node_get_info(NodeGetInfoRequest {}).await.expect("node info").into_inner();
+    let ni = node
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .expect("node info")
+        .into_inner();
     assert_eq!(ni.node_id, "node-a");
     assert_eq!(
         ni.accessible_topology.map(|t| t.segments),
-        Some(HashMap::from([("topology.loop.csi.ferro.dev/node".to_string(), "node-a".to_string())]))
+        Some(HashMap::from([(
+            "topology.loop.csi.ferro.dev/node".to_string(),
+            "node-a".to_string()
+        )]))
     );
     let mut ctl = d.ctl.clone();
-    let cap = ctl.get_capacity(GetCapacityRequest::default()).await.expect("capacity").into_inner();
+    let cap = ctl
+        .get_capacity(GetCapacityRequest::default())
+        .await
+        .expect("capacity")
+        .into_inner();
     assert_eq!(cap.available_capacity, 1 << 30);
     d.stop().await;
 }

@@ -44,14 +44,19 @@ impl Scratch {
     /// Loop devices whose backing file lies under the scratch dir.
     pub fn loops(&self) -> Vec<PathBuf> {
         let mut out = Vec::new();
-        let Ok(entries) = std::fs::read_dir("/sys/block") else { return out };
+        let Ok(entries) = std::fs::read_dir("/sys/block") else {
+            return out;
+        };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if !name.starts_with("loop") {
                 continue;
             }
-            let Ok(backing) = std::fs::read_to_string(e.path().join("loop/backing_file")) else { continue };
-            if Path::new(backing.trim_end().trim_end_matches(" (deleted)")).starts_with(self.path()) {
+            let Ok(backing) = std::fs::read_to_string(e.path().join("loop/backing_file")) else {
+                continue;
+            };
+            if Path::new(backing.trim_end().trim_end_matches(" (deleted)")).starts_with(self.path())
+            {
                 out.push(PathBuf::from("/dev").join(name));
             }
         }
@@ -70,7 +75,11 @@ impl Drop for Scratch {
         for d in self.loops() {
             match Command::new("losetup").arg("--detach").arg(&d).output() {
                 Ok(o) if o.status.success() => {}
-                Ok(o) => eprintln!("scratch clean-up: losetup -d {}: {}", d.display(), String::from_utf8_lossy(&o.stderr)),
+                Ok(o) => eprintln!(
+                    "scratch clean-up: losetup -d {}: {}",
+                    d.display(),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
                 Err(e) => eprintln!("scratch clean-up: losetup -d {}: {e}", d.display()),
             }
         }

@@ -38,18 +38,28 @@ pub const CAPABILITIES: &[Rpc] = &[
 ];
 
 pub(crate) fn topology(node: &str) -> Topology {
-    Topology { segments: HashMap::from([(TOPOLOGY_KEY.to_string(), node.to_string())]) }
+    Topology {
+        segments: HashMap::from([(TOPOLOGY_KEY.to_string(), node.to_string())]),
+    }
 }
 
 pub(crate) fn volume_message(rec: &VolumeRecord, node: &str) -> Volume {
     Volume {
         capacity_bytes: rec.size as i64,
         volume_id: rec.id.clone(),
-        volume_context: rec.parameters.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        volume_context: rec
+            .parameters
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         content_source: rec.source.as_ref().map(|s| VolumeContentSource {
             r#type: Some(match s {
-                Source::Snapshot(id) => SourceType::Snapshot(SnapshotSource { snapshot_id: id.clone() }),
-                Source::Volume(id) => SourceType::Volume(VolumeSource { volume_id: id.clone() }),
+                Source::Snapshot(id) => SourceType::Snapshot(SnapshotSource {
+                    snapshot_id: id.clone(),
+                }),
+                Source::Volume(id) => SourceType::Volume(VolumeSource {
+                    volume_id: id.clone(),
+                }),
             }),
         }),
         accessible_topology: vec![topology(node)],
@@ -57,10 +67,14 @@ pub(crate) fn volume_message(rec: &VolumeRecord, node: &str) -> Volume {
 }
 
 fn snapshot_message(rec: &SnapshotRecord) -> Snapshot {
-    let creation_time = rec.created.parse::<jiff::Timestamp>().ok().map(|t| prost_types::Timestamp {
-        seconds: t.as_second(),
-        nanos: t.subsec_nanosecond(),
-    });
+    let creation_time =
+        rec.created
+            .parse::<jiff::Timestamp>()
+            .ok()
+            .map(|t| prost_types::Timestamp {
+                seconds: t.as_second(),
+                nanos: t.subsec_nanosecond(),
+            });
     Snapshot {
         size_bytes: rec.size as i64,
         snapshot_id: rec.id.clone(),
@@ -76,13 +90,20 @@ fn snapshot_message(rec: &SnapshotRecord) -> Snapshot {
 fn topology_allows(req: Option<&TopologyRequirement>, node: &str) -> bool {
     let Some(req) = req else { return true };
     let names = |t: &Topology| t.segments.get(TOPOLOGY_KEY).is_none_or(|n| n == node);
-    let set = if req.requisite.is_empty() { &req.preferred } else { &req.requisite };
+    let set = if req.requisite.is_empty() {
+        &req.preferred
+    } else {
+        &req.requisite
+    };
     set.is_empty() || set.iter().any(names)
 }
 
 #[tonic::async_trait]
 impl<H: Host> Controller for ControllerService<H> {
-    async fn create_volume(&self, req: Request<CreateVolumeRequest>) -> Result<Response<CreateVolumeResponse>, Status> {
+    async fn create_volume(
+        &self,
+        req: Request<CreateVolumeRequest>,
+    ) -> Result<Response<CreateVolumeResponse>, Status> {
         let r = req.into_inner();
         let node = self.engine.config().node_id.clone();
         if !topology_allows(r.accessibility_requirements.as_ref(), &node) {
@@ -90,7 +111,11 @@ impl<H: Host> Controller for ControllerService<H> {
                 "the topology requirement does not include node {node}, the only node this driver instance provisions on"
             )));
         }
-        let source = match r.volume_content_source.as_ref().and_then(|s| s.r#type.as_ref()) {
+        let source = match r
+            .volume_content_source
+            .as_ref()
+            .and_then(|s| s.r#type.as_ref())
+        {
             None => None,
             Some(SourceType::Snapshot(s)) => Some(Source::Snapshot(s.snapshot_id.clone())),
             Some(SourceType::Volume(v)) => Some(Source::Volume(v.volume_id.clone())),
@@ -106,12 +131,20 @@ impl<H: Host> Controller for ControllerService<H> {
             })
         })
         .await?;
-        Ok(Response::new(CreateVolumeResponse { volume: Some(volume_message(&rec, &node)) }))
+        Ok(Response::new(CreateVolumeResponse {
+            volume: Some(volume_message(&rec, &node)),
+        }))
     }
 
-    async fn delete_volume(&self, req: Request<DeleteVolumeRequest>) -> Result<Response<DeleteVolumeResponse>, Status> {
+    async fn delete_volume(
+        &self,
+        req: Request<DeleteVolumeRequest>,
+    ) -> Result<Response<DeleteVolumeResponse>, Status> {
         let id = req.into_inner().volume_id;
-        blocking(&self.engine, "DeleteVolume", &id.clone(), move |e| e.delete_volume(&id)).await?;
+        blocking(&self.engine, "DeleteVolume", &id.clone(), move |e| {
+            e.delete_volume(&id)
+        })
+        .await?;
         Ok(Response::new(DeleteVolumeResponse {}))
     }
 
@@ -119,14 +152,18 @@ impl<H: Host> Controller for ControllerService<H> {
         &self,
         _: Request<ControllerPublishVolumeRequest>,
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
-        Err(Status::unimplemented("ferro-csi has no attach step: volumes are node-local"))
+        Err(Status::unimplemented(
+            "ferro-csi has no attach step: volumes are node-local",
+        ))
     }
 
     async fn controller_unpublish_volume(
         &self,
         _: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
-        Err(Status::unimplemented("ferro-csi has no attach step: volumes are node-local"))
+        Err(Status::unimplemented(
+            "ferro-csi has no attach step: volumes are node-local",
+        ))
     }
 
     async fn validate_volume_capabilities(
@@ -134,8 +171,18 @@ impl<H: Host> Controller for ControllerService<H> {
         req: Request<ValidateVolumeCapabilitiesRequest>,
     ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
         let r = req.into_inner();
-        let (id, caps, params) = (r.volume_id.clone(), r.volume_capabilities.clone(), r.parameters.clone());
-        let verdict = blocking(&self.engine, "ValidateVolumeCapabilities", &id.clone(), move |e| e.validate(&id, &caps, &params)).await?;
+        let (id, caps, params) = (
+            r.volume_id.clone(),
+            r.volume_capabilities.clone(),
+            r.parameters.clone(),
+        );
+        let verdict = blocking(
+            &self.engine,
+            "ValidateVolumeCapabilities",
+            &id.clone(),
+            move |e| e.validate(&id, &caps, &params),
+        )
+        .await?;
         Ok(Response::new(match verdict {
             None => ValidateVolumeCapabilitiesResponse {
                 confirmed: Some(validate_volume_capabilities_response::Confirmed {
@@ -146,23 +193,39 @@ impl<H: Host> Controller for ControllerService<H> {
                 }),
                 message: String::new(),
             },
-            Some(reason) => ValidateVolumeCapabilitiesResponse { confirmed: None, message: reason },
+            Some(reason) => ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message: reason,
+            },
         }))
     }
 
-    async fn list_volumes(&self, req: Request<ListVolumesRequest>) -> Result<Response<ListVolumesResponse>, Status> {
+    async fn list_volumes(
+        &self,
+        req: Request<ListVolumesRequest>,
+    ) -> Result<Response<ListVolumesResponse>, Status> {
         let r = req.into_inner();
         let node = self.engine.config().node_id.clone();
         let all = blocking(&self.engine, "ListVolumes", "", |e| e.volumes()).await?;
-        let (items, next_token) = page(&all, r.max_entries, &r.starting_token).map_err(|e| super::status(e.into()))?;
+        let (items, next_token) =
+            page(&all, r.max_entries, &r.starting_token).map_err(|e| super::status(e.into()))?;
         let entries = items
             .iter()
-            .map(|rec| list_volumes_response::Entry { volume: Some(volume_message(rec, &node)), status: None })
+            .map(|rec| list_volumes_response::Entry {
+                volume: Some(volume_message(rec, &node)),
+                status: None,
+            })
             .collect();
-        Ok(Response::new(ListVolumesResponse { entries, next_token }))
+        Ok(Response::new(ListVolumesResponse {
+            entries,
+            next_token,
+        }))
     }
 
-    async fn get_capacity(&self, req: Request<GetCapacityRequest>) -> Result<Response<GetCapacityResponse>, Status> {
+    async fn get_capacity(
+        &self,
+        req: Request<GetCapacityRequest>,
+    ) -> Result<Response<GetCapacityResponse>, Status> {
         let r = req.into_inner();
         let node = self.engine.config().node_id.clone();
         let elsewhere = r
@@ -174,13 +237,20 @@ impl<H: Host> Controller for ControllerService<H> {
             if let Err(e) = crate::volume::plan::capability(cap) {
                 // A capability the driver cannot serve has no capacity, per the spec.
                 tracing::debug!(error = %e, "GetCapacity for an unsupported capability");
-                return Ok(Response::new(GetCapacityResponse { available_capacity: 0, ..Default::default() }));
+                return Ok(Response::new(GetCapacityResponse {
+                    available_capacity: 0,
+                    ..Default::default()
+                }));
             }
         }
         if let Err(e) = crate::volume::plan::Params::parse(&r.parameters) {
             return Err(Status::invalid_argument(e.to_string()));
         }
-        let available = if elsewhere { 0 } else { blocking(&self.engine, "GetCapacity", "", |e| e.available()).await? };
+        let available = if elsewhere {
+            0
+        } else {
+            blocking(&self.engine, "GetCapacity", "", |e| e.available()).await?
+        };
         Ok(Response::new(GetCapacityResponse {
             available_capacity: available as i64,
             maximum_volume_size: Some(available as i64),
@@ -194,30 +264,53 @@ impl<H: Host> Controller for ControllerService<H> {
     ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
         let capabilities = CAPABILITIES
             .iter()
-            .map(|t| ControllerServiceCapability { r#type: Some(CapType::Rpc(RpcCap { r#type: *t as i32 })) })
+            .map(|t| ControllerServiceCapability {
+                r#type: Some(CapType::Rpc(RpcCap { r#type: *t as i32 })),
+            })
             .collect();
-        Ok(Response::new(ControllerGetCapabilitiesResponse { capabilities }))
+        Ok(Response::new(ControllerGetCapabilitiesResponse {
+            capabilities,
+        }))
     }
 
-    async fn create_snapshot(&self, req: Request<CreateSnapshotRequest>) -> Result<Response<CreateSnapshotResponse>, Status> {
+    async fn create_snapshot(
+        &self,
+        req: Request<CreateSnapshotRequest>,
+    ) -> Result<Response<CreateSnapshotResponse>, Status> {
         let r = req.into_inner();
         if !r.parameters.is_empty() {
             let mut keys: Vec<_> = r.parameters.keys().cloned().collect();
             keys.sort();
-            return Err(Status::invalid_argument(format!("unknown snapshot parameters {keys:?} (ferro-csi takes none)")));
+            return Err(Status::invalid_argument(format!(
+                "unknown snapshot parameters {keys:?} (ferro-csi takes none)"
+            )));
         }
         let name = r.name.clone();
-        let rec = blocking(&self.engine, "CreateSnapshot", &name, move |e| e.create_snapshot(&r.source_volume_id, &r.name)).await?;
-        Ok(Response::new(CreateSnapshotResponse { snapshot: Some(snapshot_message(&rec)) }))
+        let rec = blocking(&self.engine, "CreateSnapshot", &name, move |e| {
+            e.create_snapshot(&r.source_volume_id, &r.name)
+        })
+        .await?;
+        Ok(Response::new(CreateSnapshotResponse {
+            snapshot: Some(snapshot_message(&rec)),
+        }))
     }
 
-    async fn delete_snapshot(&self, req: Request<DeleteSnapshotRequest>) -> Result<Response<DeleteSnapshotResponse>, Status> {
+    async fn delete_snapshot(
+        &self,
+        req: Request<DeleteSnapshotRequest>,
+    ) -> Result<Response<DeleteSnapshotResponse>, Status> {
         let id = req.into_inner().snapshot_id;
-        blocking(&self.engine, "DeleteSnapshot", &id.clone(), move |e| e.delete_snapshot(&id)).await?;
+        blocking(&self.engine, "DeleteSnapshot", &id.clone(), move |e| {
+            e.delete_snapshot(&id)
+        })
+        .await?;
         Ok(Response::new(DeleteSnapshotResponse {}))
     }
 
-    async fn list_snapshots(&self, req: Request<ListSnapshotsRequest>) -> Result<Response<ListSnapshotsResponse>, Status> {
+    async fn list_snapshots(
+        &self,
+        req: Request<ListSnapshotsRequest>,
+    ) -> Result<Response<ListSnapshotsResponse>, Status> {
         let r = req.into_inner();
         let all = blocking(&self.engine, "ListSnapshots", "", |e| e.snapshots()).await?;
         let filtered: Vec<SnapshotRecord> = all
@@ -225,19 +318,36 @@ impl<H: Host> Controller for ControllerService<H> {
             .filter(|s| r.snapshot_id.is_empty() || s.id == r.snapshot_id)
             .filter(|s| r.source_volume_id.is_empty() || s.source_volume_id == r.source_volume_id)
             .collect();
-        let (items, next_token) = page(&filtered, r.max_entries, &r.starting_token).map_err(|e| super::status(e.into()))?;
-        let entries = items.iter().map(|s| list_snapshots_response::Entry { snapshot: Some(snapshot_message(s)) }).collect();
-        Ok(Response::new(ListSnapshotsResponse { entries, next_token }))
+        let (items, next_token) = page(&filtered, r.max_entries, &r.starting_token)
+            .map_err(|e| super::status(e.into()))?;
+        let entries = items
+            .iter()
+            .map(|s| list_snapshots_response::Entry {
+                snapshot: Some(snapshot_message(s)),
+            })
+            .collect();
+        Ok(Response::new(ListSnapshotsResponse {
+            entries,
+            next_token,
+        }))
     }
 
-    async fn get_snapshot(&self, req: Request<GetSnapshotRequest>) -> Result<Response<GetSnapshotResponse>, Status> {
+    async fn get_snapshot(
+        &self,
+        req: Request<GetSnapshotRequest>,
+    ) -> Result<Response<GetSnapshotResponse>, Status> {
         let id = req.into_inner().snapshot_id;
         if id.is_empty() {
             return Err(Status::invalid_argument("snapshot id missing"));
         }
         let all = blocking(&self.engine, "GetSnapshot", &id.clone(), |e| e.snapshots()).await?;
-        let snap = all.iter().find(|s| s.id == id).ok_or_else(|| Status::not_found(format!("snapshot {id:?} does not exist")))?;
-        Ok(Response::new(GetSnapshotResponse { snapshot: Some(snapshot_message(snap)) }))
+        let snap = all
+            .iter()
+            .find(|s| s.id == id)
+            .ok_or_else(|| Status::not_found(format!("snapshot {id:?} does not exist")))?;
+        Ok(Response::new(GetSnapshotResponse {
+            snapshot: Some(snapshot_message(snap)),
+        }))
     }
 
     async fn controller_expand_volume(
@@ -250,7 +360,10 @@ impl<H: Host> Controller for ControllerService<H> {
             e.expand_volume(&r.volume_id, r.capacity_range.as_ref())
         })
         .await?;
-        Ok(Response::new(ControllerExpandVolumeResponse { capacity_bytes: size as i64, node_expansion_required: node }))
+        Ok(Response::new(ControllerExpandVolumeResponse {
+            capacity_bytes: size as i64,
+            node_expansion_required: node,
+        }))
     }
 
     async fn controller_get_volume(
@@ -262,12 +375,22 @@ impl<H: Host> Controller for ControllerService<H> {
             return Err(Status::invalid_argument("volume id missing"));
         }
         let node = self.engine.config().node_id.clone();
-        let all = blocking(&self.engine, "ControllerGetVolume", &id.clone(), |e| e.volumes()).await?;
-        let rec = all.iter().find(|v| v.id == id).ok_or_else(|| Status::not_found(format!("volume {id:?} does not exist")))?;
+        let all = blocking(&self.engine, "ControllerGetVolume", &id.clone(), |e| {
+            e.volumes()
+        })
+        .await?;
+        let rec = all
+            .iter()
+            .find(|v| v.id == id)
+            .ok_or_else(|| Status::not_found(format!("volume {id:?} does not exist")))?;
         Ok(Response::new(ControllerGetVolumeResponse {
             volume: Some(volume_message(rec, &node)),
             status: Some(controller_get_volume_response::VolumeStatus {
-                published_node_ids: if rec.published.is_empty() { Vec::new() } else { vec![node.clone()] },
+                published_node_ids: if rec.published.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![node.clone()]
+                },
                 volume_condition: None,
             }),
         }))

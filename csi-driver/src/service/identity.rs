@@ -19,7 +19,10 @@ pub struct IdentityService<H: Host> {
 
 #[tonic::async_trait]
 impl<H: Host> Identity for IdentityService<H> {
-    async fn get_plugin_info(&self, _: Request<GetPluginInfoRequest>) -> Result<Response<GetPluginInfoResponse>, Status> {
+    async fn get_plugin_info(
+        &self,
+        _: Request<GetPluginInfoRequest>,
+    ) -> Result<Response<GetPluginInfoResponse>, Status> {
         Ok(Response::new(GetPluginInfoResponse {
             name: DRIVER_NAME.into(),
             vendor_version: env!("CARGO_PKG_VERSION").into(),
@@ -31,15 +34,21 @@ impl<H: Host> Identity for IdentityService<H> {
         &self,
         _: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
-        let svc = |t: service::Type| PluginCapability { r#type: Some(Type::Service(Service { r#type: t as i32 })) };
+        let svc = |t: service::Type| PluginCapability {
+            r#type: Some(Type::Service(Service { r#type: t as i32 })),
+        };
         let mut capabilities = vec![svc(service::Type::VolumeAccessibilityConstraints)];
         if self.mode != Mode::Node {
             capabilities.push(svc(service::Type::ControllerService));
         }
         capabilities.push(PluginCapability {
-            r#type: Some(Type::VolumeExpansion(VolumeExpansion { r#type: volume_expansion::Type::Online as i32 })),
+            r#type: Some(Type::VolumeExpansion(VolumeExpansion {
+                r#type: volume_expansion::Type::Online as i32,
+            })),
         });
-        Ok(Response::new(GetPluginCapabilitiesResponse { capabilities }))
+        Ok(Response::new(GetPluginCapabilitiesResponse {
+            capabilities,
+        }))
     }
 
     async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {

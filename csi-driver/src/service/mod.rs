@@ -37,13 +37,20 @@ pub fn status(err: EngineError) -> Status {
         },
         EngineError::Host(h) if h.is_no_space() => Code::ResourceExhausted,
         EngineError::Host(HostError::MissingCapability(_)) => Code::FailedPrecondition,
-        EngineError::Journal(_) | EngineError::Host(_) | EngineError::NoProgress { .. } => Code::Internal,
+        EngineError::Journal(_) | EngineError::Host(_) | EngineError::NoProgress { .. } => {
+            Code::Internal
+        }
     };
     Status::new(code, err.to_string())
 }
 
 /// Runs a blocking engine call inside a span named for the RPC and the object.
-pub(crate) async fn blocking<H, T, F>(engine: &Arc<Engine<H>>, rpc: &'static str, object: &str, f: F) -> Result<T, Status>
+pub(crate) async fn blocking<H, T, F>(
+    engine: &Arc<Engine<H>>,
+    rpc: &'static str,
+    object: &str,
+    f: F,
+) -> Result<T, Status>
 where
     H: Host,
     T: Send + 'static,
@@ -58,7 +65,9 @@ where
         .map_err(|e| Status::internal(format!("{rpc} panicked or was cancelled: {e}")))?;
     result.map_err(|e| {
         let st = status(e);
-        span.in_scope(|| tracing::warn!(code = ?st.code(), message = %st.message(), "request failed"));
+        span.in_scope(
+            || tracing::warn!(code = ?st.code(), message = %st.message(), "request failed"),
+        );
         st
     })
 }
@@ -89,9 +98,20 @@ pub async fn serve<H: Host>(
     }
     let listener = tokio::net::UnixListener::bind(socket)?;
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-    let identity = IdentityService { engine: Arc::clone(&engine), mode };
-    let controller = (mode != Mode::Node).then(|| ControllerServer::new(ControllerService { engine: Arc::clone(&engine) }));
-    let node = (mode != Mode::Controller).then(|| NodeServer::new(NodeService { engine: Arc::clone(&engine) }));
+    let identity = IdentityService {
+        engine: Arc::clone(&engine),
+        mode,
+    };
+    let controller = (mode != Mode::Node).then(|| {
+        ControllerServer::new(ControllerService {
+            engine: Arc::clone(&engine),
+        })
+    });
+    let node = (mode != Mode::Controller).then(|| {
+        NodeServer::new(NodeService {
+            engine: Arc::clone(&engine),
+        })
+    });
     tonic::transport::Server::builder()
         .add_service(IdentityServer::new(identity))
         .add_optional_service(controller)

@@ -31,39 +31,76 @@ fn usage(u: Usage) -> Vec<VolumeUsage> {
     let i = |v: u64| v as i64;
     match u {
         Usage::Fs(s) => vec![
-            VolumeUsage { available: i(s.available_bytes), total: i(s.total_bytes), used: i(s.used_bytes), unit: Unit::Bytes as i32 },
-            VolumeUsage { available: i(s.free_inodes), total: i(s.total_inodes), used: i(s.used_inodes), unit: Unit::Inodes as i32 },
+            VolumeUsage {
+                available: i(s.available_bytes),
+                total: i(s.total_bytes),
+                used: i(s.used_bytes),
+                unit: Unit::Bytes as i32,
+            },
+            VolumeUsage {
+                available: i(s.free_inodes),
+                total: i(s.total_inodes),
+                used: i(s.used_inodes),
+                unit: Unit::Inodes as i32,
+            },
         ],
         Usage::Block { total_bytes } => {
-            vec![VolumeUsage { available: 0, total: i(total_bytes), used: 0, unit: Unit::Bytes as i32 }]
+            vec![VolumeUsage {
+                available: 0,
+                total: i(total_bytes),
+                used: 0,
+                unit: Unit::Bytes as i32,
+            }]
         }
     }
 }
 
 #[tonic::async_trait]
 impl<H: Host> Node for NodeService<H> {
-    async fn node_stage_volume(&self, req: Request<NodeStageVolumeRequest>) -> Result<Response<NodeStageVolumeResponse>, Status> {
+    async fn node_stage_volume(
+        &self,
+        req: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
         let r = req.into_inner();
         let id = r.volume_id.clone();
         blocking(&self.engine, "NodeStageVolume", &id, move |e| {
-            e.stage(&r.volume_id, &r.staging_target_path, r.volume_capability.as_ref())
+            e.stage(
+                &r.volume_id,
+                &r.staging_target_path,
+                r.volume_capability.as_ref(),
+            )
         })
         .await?;
         Ok(Response::new(NodeStageVolumeResponse {}))
     }
 
-    async fn node_unstage_volume(&self, req: Request<NodeUnstageVolumeRequest>) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+    async fn node_unstage_volume(
+        &self,
+        req: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
         let r = req.into_inner();
         let id = r.volume_id.clone();
-        blocking(&self.engine, "NodeUnstageVolume", &id, move |e| e.unstage(&r.volume_id, &r.staging_target_path)).await?;
+        blocking(&self.engine, "NodeUnstageVolume", &id, move |e| {
+            e.unstage(&r.volume_id, &r.staging_target_path)
+        })
+        .await?;
         Ok(Response::new(NodeUnstageVolumeResponse {}))
     }
 
-    async fn node_publish_volume(&self, req: Request<NodePublishVolumeRequest>) -> Result<Response<NodePublishVolumeResponse>, Status> {
+    async fn node_publish_volume(
+        &self,
+        req: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
         let r = req.into_inner();
         let id = r.volume_id.clone();
         blocking(&self.engine, "NodePublishVolume", &id, move |e| {
-            e.publish(&r.volume_id, &r.staging_target_path, &r.target_path, r.volume_capability.as_ref(), r.readonly)
+            e.publish(
+                &r.volume_id,
+                &r.staging_target_path,
+                &r.target_path,
+                r.volume_capability.as_ref(),
+                r.readonly,
+            )
         })
         .await?;
         Ok(Response::new(NodePublishVolumeResponse {}))
@@ -75,7 +112,10 @@ impl<H: Host> Node for NodeService<H> {
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
         let r = req.into_inner();
         let id = r.volume_id.clone();
-        blocking(&self.engine, "NodeUnpublishVolume", &id, move |e| e.unpublish(&r.volume_id, &r.target_path)).await?;
+        blocking(&self.engine, "NodeUnpublishVolume", &id, move |e| {
+            e.unpublish(&r.volume_id, &r.target_path)
+        })
+        .await?;
         Ok(Response::new(NodeUnpublishVolumeResponse {}))
     }
 
@@ -85,18 +125,32 @@ impl<H: Host> Node for NodeService<H> {
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
         let r = req.into_inner();
         let id = r.volume_id.clone();
-        let (u, condition) = blocking(&self.engine, "NodeGetVolumeStats", &id, move |e| e.stats(&r.volume_id, &r.volume_path)).await?;
+        let (u, condition) = blocking(&self.engine, "NodeGetVolumeStats", &id, move |e| {
+            e.stats(&r.volume_id, &r.volume_path)
+        })
+        .await?;
         Ok(Response::new(NodeGetVolumeStatsResponse {
             usage: usage(u),
-            volume_condition: Some(VolumeCondition { abnormal: condition.abnormal, message: condition.message }),
+            volume_condition: Some(VolumeCondition {
+                abnormal: condition.abnormal,
+                message: condition.message,
+            }),
         }))
     }
 
-    async fn node_expand_volume(&self, req: Request<NodeExpandVolumeRequest>) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+    async fn node_expand_volume(
+        &self,
+        req: Request<NodeExpandVolumeRequest>,
+    ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
         let r = req.into_inner();
         let id = r.volume_id.clone();
-        let size = blocking(&self.engine, "NodeExpandVolume", &id, move |e| e.node_expand(&r.volume_id, &r.volume_path)).await?;
-        Ok(Response::new(NodeExpandVolumeResponse { capacity_bytes: size as i64 }))
+        let size = blocking(&self.engine, "NodeExpandVolume", &id, move |e| {
+            e.node_expand(&r.volume_id, &r.volume_path)
+        })
+        .await?;
+        Ok(Response::new(NodeExpandVolumeResponse {
+            capacity_bytes: size as i64,
+        }))
     }
 
     async fn node_get_capabilities(
@@ -105,12 +159,17 @@ impl<H: Host> Node for NodeService<H> {
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
         let capabilities = CAPABILITIES
             .iter()
-            .map(|t| NodeServiceCapability { r#type: Some(CapType::Rpc(RpcCap { r#type: *t as i32 })) })
+            .map(|t| NodeServiceCapability {
+                r#type: Some(CapType::Rpc(RpcCap { r#type: *t as i32 })),
+            })
             .collect();
         Ok(Response::new(NodeGetCapabilitiesResponse { capabilities }))
     }
 
-    async fn node_get_info(&self, _: Request<NodeGetInfoRequest>) -> Result<Response<NodeGetInfoResponse>, Status> {
+    async fn node_get_info(
+        &self,
+        _: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
         let node = self.engine.config().node_id.clone();
         Ok(Response::new(NodeGetInfoResponse {
             node_id: node.clone(),

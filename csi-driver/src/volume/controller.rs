@@ -9,7 +9,7 @@ use tracing::{info, warn};
 use super::engine::{lock, Engine, EngineError};
 use super::host::Host;
 use super::names::{is_snapshot_id, is_volume_id, snapshot_id, volume_id};
-use super::plan::{self, CreateDecision, CreateWant, PlanError, Params, Use};
+use super::plan::{self, CreateDecision, CreateWant, Params, PlanError, Use};
 use super::record::{AccessKind, Provisioning, SnapshotRecord, Source, State, VolumeRecord};
 use crate::proto::{CapacityRange, VolumeCapability};
 
@@ -110,7 +110,8 @@ impl<H: Host> Engine<H> {
         match &rec.source {
             None => self.host.create_file(&disk, rec.size, thick)?,
             Some(Source::Snapshot(sid)) => {
-                self.host.copy_file(&self.layout().snapshot_disk(sid), &disk)?;
+                self.host
+                    .copy_file(&self.layout().snapshot_disk(sid), &disk)?;
                 self.host.grow_file(&disk, rec.size, thick)?;
             }
             Some(Source::Volume(vid)) => {
@@ -154,7 +155,10 @@ impl<H: Host> Engine<H> {
     }
 
     pub(super) fn ready_volume(&self, id: &str) -> Result<VolumeRecord, EngineError> {
-        let rec = is_volume_id(id).then(|| self.journal.volume(id)).transpose()?.flatten();
+        let rec = is_volume_id(id)
+            .then(|| self.journal.volume(id))
+            .transpose()?
+            .flatten();
         match rec {
             Some(r) if r.state == State::Ready => Ok(r),
             _ => Err(PlanError::NotFound(format!("volume {id:?} does not exist")).into()),
@@ -162,7 +166,10 @@ impl<H: Host> Engine<H> {
     }
 
     fn ready_snapshot(&self, id: &str) -> Result<SnapshotRecord, EngineError> {
-        let rec = is_snapshot_id(id).then(|| self.journal.snapshot(id)).transpose()?.flatten();
+        let rec = is_snapshot_id(id)
+            .then(|| self.journal.snapshot(id))
+            .transpose()?
+            .flatten();
         match rec {
             Some(r) if r.state == State::Ready => Ok(r),
             _ => Err(PlanError::NotFound(format!("snapshot {id:?} does not exist")).into()),
@@ -179,7 +186,9 @@ impl<H: Host> Engine<H> {
             return Ok(());
         }
         let _claim = self.claim(id)?;
-        let Some(mut rec) = self.journal.volume(id)? else { return Ok(()) };
+        let Some(mut rec) = self.journal.volume(id)? else {
+            return Ok(());
+        };
         let disk = self.layout().volume_disk(id);
         let devices = self.host.loops_of(&disk)?;
         let mounts = self.host.mounts()?;
@@ -188,7 +197,9 @@ impl<H: Host> Engine<H> {
             .filter(|m| devices.iter().any(|d| plan::mount_uses(m, d)))
             .map(|m| m.target.display().to_string())
             .collect();
-        if rec.state == State::Ready && (rec.staged.is_some() || !rec.published.is_empty() || !in_use.is_empty()) {
+        if rec.state == State::Ready
+            && (rec.staged.is_some() || !rec.published.is_empty() || !in_use.is_empty())
+        {
             return Err(PlanError::FailedPrecondition(format!(
                 "volume {id} is in use (staged at {:?}, published at {:?}, mounted at {in_use:?}): unstage it first",
                 rec.staged, rec.published
@@ -208,11 +219,16 @@ impl<H: Host> Engine<H> {
 
     /// ControllerExpandVolume: grows the backing file (and a loop device on it); the
     /// filesystem is grown by NodeExpandVolume. Returns the size and whether the node must act.
-    pub fn expand_volume(&self, id: &str, range: Option<&CapacityRange>) -> Result<(u64, bool), EngineError> {
+    pub fn expand_volume(
+        &self,
+        id: &str,
+        range: Option<&CapacityRange>,
+    ) -> Result<(u64, bool), EngineError> {
         if id.is_empty() {
             return Err(PlanError::InvalidArgument("volume id missing".into()).into());
         }
-        let range = range.ok_or_else(|| PlanError::InvalidArgument("capacity range missing".into()))?;
+        let range =
+            range.ok_or_else(|| PlanError::InvalidArgument("capacity range missing".into()))?;
         let _claim = self.claim(id)?;
         let mut rec = self.ready_volume(id)?;
         let min = plan::min_size(rec.access, rec.formatted);
@@ -234,7 +250,8 @@ impl<H: Host> Engine<H> {
         // Also when the record already says so: a try before may have stopped between the
         // record and the file.
         let disk = self.layout().volume_disk(id);
-        self.host.grow_file(&disk, rec.size, rec.provisioning == Provisioning::Thick)?;
+        self.host
+            .grow_file(&disk, rec.size, rec.provisioning == Provisioning::Thick)?;
         for d in self.host.loops_of(&disk)? {
             if self.host.device_size(&d)? < rec.size {
                 self.host.refresh(&d)?;
@@ -244,12 +261,22 @@ impl<H: Host> Engine<H> {
     }
 
     pub fn volumes(&self) -> Result<Vec<VolumeRecord>, EngineError> {
-        Ok(self.journal.volumes()?.into_iter().filter(|r| r.state == State::Ready).collect())
+        Ok(self
+            .journal
+            .volumes()?
+            .into_iter()
+            .filter(|r| r.state == State::Ready)
+            .collect())
     }
 
     /// ValidateVolumeCapabilities: `Ok(None)` when every capability is one the volume can
     /// serve, `Ok(Some(reason))` when one is not.
-    pub fn validate(&self, id: &str, caps: &[VolumeCapability], params: &HashMap<String, String>) -> Result<Option<String>, EngineError> {
+    pub fn validate(
+        &self,
+        id: &str,
+        caps: &[VolumeCapability],
+        params: &HashMap<String, String>,
+    ) -> Result<Option<String>, EngineError> {
         if id.is_empty() {
             return Err(PlanError::InvalidArgument("volume id missing".into()).into());
         }
@@ -278,7 +305,11 @@ impl<H: Host> Engine<H> {
         Ok(None)
     }
 
-    pub fn create_snapshot(&self, source_id: &str, name: &str) -> Result<SnapshotRecord, EngineError> {
+    pub fn create_snapshot(
+        &self,
+        source_id: &str,
+        name: &str,
+    ) -> Result<SnapshotRecord, EngineError> {
         if name.is_empty() {
             return Err(PlanError::InvalidArgument("snapshot name missing".into()).into());
         }
@@ -303,7 +334,11 @@ impl<H: Host> Engine<H> {
         let src = self.ready_volume(source_id)?;
         let rec = {
             let _pool = lock(&self.provisioning);
-            let needs = self.host.file_info(&self.layout().volume_disk(&src.id))?.map(|f| f.allocated).unwrap_or(0);
+            let needs = self
+                .host
+                .file_info(&self.layout().volume_disk(&src.id))?
+                .map(|f| f.allocated)
+                .unwrap_or(0);
             let available = self.available()?;
             if needs > available {
                 return Err(PlanError::ResourceExhausted(format!(
@@ -347,7 +382,9 @@ impl<H: Host> Engine<H> {
             return Ok(());
         }
         let _claim = self.claim(id)?;
-        let Some(mut rec) = self.journal.snapshot(id)? else { return Ok(()) };
+        let Some(mut rec) = self.journal.snapshot(id)? else {
+            return Ok(());
+        };
         rec.state = State::Deleting;
         self.journal.put_snapshot(&rec)?;
         self.host.remove_file(&self.layout().snapshot_disk(id))?;
@@ -356,15 +393,26 @@ impl<H: Host> Engine<H> {
     }
 
     pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>, EngineError> {
-        Ok(self.journal.snapshots()?.into_iter().filter(|r| r.state == State::Ready).collect())
+        Ok(self
+            .journal
+            .snapshots()?
+            .into_iter()
+            .filter(|r| r.state == State::Ready)
+            .collect())
     }
 }
 
 /// One page of a listing: `starting_token` is the index to start at (as the previous page's
 /// `next_token` said); a token that is not one is `Aborted`, as the spec asks.
-pub fn page<T: Clone>(items: &[T], max_entries: i32, starting_token: &str) -> Result<(Vec<T>, String), PlanError> {
+pub fn page<T: Clone>(
+    items: &[T],
+    max_entries: i32,
+    starting_token: &str,
+) -> Result<(Vec<T>, String), PlanError> {
     if max_entries < 0 {
-        return Err(PlanError::InvalidArgument(format!("max_entries {max_entries} is negative")));
+        return Err(PlanError::InvalidArgument(format!(
+            "max_entries {max_entries} is negative"
+        )));
     }
     let start = if starting_token.is_empty() {
         0
@@ -373,9 +421,21 @@ pub fn page<T: Clone>(items: &[T], max_entries: i32, starting_token: &str) -> Re
             .parse::<usize>()
             .ok()
             .filter(|s| *s <= items.len())
-            .ok_or_else(|| PlanError::Aborted(format!("starting_token {starting_token:?} is not one ferro-csi gave out")))?
+            .ok_or_else(|| {
+                PlanError::Aborted(format!(
+                    "starting_token {starting_token:?} is not one ferro-csi gave out"
+                ))
+            })?
     };
-    let end = if max_entries == 0 { items.len() } else { (start + max_entries as usize).min(items.len()) };
-    let next = if end < items.len() { end.to_string() } else { String::new() };
+    let end = if max_entries == 0 {
+        items.len()
+    } else {
+        (start + max_entries as usize).min(items.len())
+    };
+    let next = if end < items.len() {
+        end.to_string()
+    } else {
+        String::new()
+    };
     Ok((items[start..end].to_vec(), next))
 }

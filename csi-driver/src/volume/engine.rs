@@ -23,7 +23,11 @@ pub enum EngineError {
     #[error(transparent)]
     Host(#[from] HostError),
     #[error("{what} did not settle within {steps} steps (last step: {last:?})")]
-    NoProgress { what: &'static str, steps: usize, last: Op },
+    NoProgress {
+        what: &'static str,
+        steps: usize,
+        last: Op,
+    },
 }
 
 /// How a node's engine is set up.
@@ -69,7 +73,13 @@ const MAX_STEPS: usize = 8;
 impl<H: Host> Engine<H> {
     pub fn new(host: Arc<H>, config: EngineConfig) -> Engine<H> {
         let journal = Journal::new(Layout::new(&config.data_dir));
-        Engine { host, journal, config, busy: Mutex::new(HashSet::new()), provisioning: Mutex::new(()) }
+        Engine {
+            host,
+            journal,
+            config,
+            busy: Mutex::new(HashSet::new()),
+            provisioning: Mutex::new(()),
+        }
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -91,15 +101,23 @@ impl<H: Host> Engine<H> {
     /// Claims `key` for this call, or answers `Aborted` when another call holds it.
     pub(super) fn claim(&self, key: &str) -> Result<Claim<'_>, PlanError> {
         if !lock(&self.busy).insert(key.to_string()) {
-            return Err(PlanError::Aborted(format!("an operation on {key} is already in progress")));
+            return Err(PlanError::Aborted(format!(
+                "an operation on {key} is already in progress"
+            )));
         }
-        Ok(Claim { busy: &self.busy, key: key.to_string() })
+        Ok(Claim {
+            busy: &self.busy,
+            key: key.to_string(),
+        })
     }
 
     /// The pool as it stands (configured size, free bytes of the data dir's filesystem).
     pub(super) fn pool(&self) -> Result<Pool, EngineError> {
         let stats = self.host.fs_stats(self.layout().root())?;
-        Ok(Pool { size: self.config.pool_size, fs_available: stats.available_bytes })
+        Ok(Pool {
+            size: self.config.pool_size,
+            fs_available: stats.available_bytes,
+        })
     }
 
     /// Bytes a new volume may take now.
@@ -127,7 +145,12 @@ impl<H: Host> Engine<H> {
     }
 
     /// What the host shows for a volume's backing file and the path a call names.
-    pub(super) fn observe(&self, disk: &Path, path: &Path, staging: Option<&Path>) -> Result<Seen, EngineError> {
+    pub(super) fn observe(
+        &self,
+        disk: &Path,
+        path: &Path,
+        staging: Option<&Path>,
+    ) -> Result<Seen, EngineError> {
         let backing = self.host.file_info(disk)?;
         let devices = self.host.loops_of(disk)?;
         if devices.len() > 1 {
@@ -137,14 +160,22 @@ impl<H: Host> Engine<H> {
         let (content, fs_bytes, device_bytes) = match &device {
             Some(d) => {
                 let probe = self.host.probe(d)?;
-                (Some(probe.content), probe.fs_bytes, Some(self.host.device_size(d)?))
+                (
+                    Some(probe.content),
+                    probe.fs_bytes,
+                    Some(self.host.device_size(d)?),
+                )
             }
             None => (None, None, None),
         };
         let mounts = self.host.mounts()?;
         let at = |p: &Path| mounts.iter().rev().find(|m| m.target == p).cloned();
         let device_users = match &device {
-            Some(d) => mounts.iter().filter(|m| mount_uses(m, d)).map(|m| m.target.clone()).collect(),
+            Some(d) => mounts
+                .iter()
+                .filter(|m| mount_uses(m, d))
+                .map(|m| m.target.clone())
+                .collect(),
             None => Vec::new(),
         };
         Ok(Seen {
@@ -201,7 +232,9 @@ impl<H: Host> Engine<H> {
         Err(EngineError::NoProgress {
             what,
             steps: MAX_STEPS,
-            last: last.unwrap_or(Op::MakeDir { path: path.to_path_buf() }),
+            last: last.unwrap_or(Op::MakeDir {
+                path: path.to_path_buf(),
+            }),
         })
     }
 
@@ -212,11 +245,19 @@ impl<H: Host> Engine<H> {
     pub fn recover(&self) -> Result<RecoveryReport, EngineError> {
         let mut report = RecoveryReport::default();
         let root = self.layout().root();
-        std::fs::create_dir_all(root).map_err(|e| JournalError::Io { path: root.to_path_buf(), source: e })?;
+        std::fs::create_dir_all(root).map_err(|e| JournalError::Io {
+            path: root.to_path_buf(),
+            source: e,
+        })?;
         for id in self.stray_dirs()? {
             std::fs::remove_dir_all(self.layout().volumes().join(&id))
-                .or_else(|e| std::fs::remove_dir_all(self.layout().snapshots().join(&id)).map_err(|_| e))
-                .map_err(|e| JournalError::Io { path: self.layout().root().join(&id), source: e })?;
+                .or_else(|e| {
+                    std::fs::remove_dir_all(self.layout().snapshots().join(&id)).map_err(|_| e)
+                })
+                .map_err(|e| JournalError::Io {
+                    path: self.layout().root().join(&id),
+                    source: e,
+                })?;
             report.strays_removed.push(id);
         }
         for rec in self.journal.volumes()? {
@@ -251,7 +292,8 @@ impl<H: Host> Engine<H> {
         }
         for snap in self.journal.snapshots()? {
             if snap.state != State::Ready {
-                self.host.remove_file(&self.layout().snapshot_disk(&snap.id))?;
+                self.host
+                    .remove_file(&self.layout().snapshot_disk(&snap.id))?;
                 self.journal.remove_snapshot(&snap.id)?;
                 report.rolled_back.push(snap.id);
             }
@@ -263,10 +305,15 @@ impl<H: Host> Engine<H> {
     fn stray_dirs(&self) -> Result<Vec<String>, EngineError> {
         let mut out = Vec::new();
         for (dir, ours) in [
-            (self.layout().volumes(), super::names::is_volume_id as fn(&str) -> bool),
+            (
+                self.layout().volumes(),
+                super::names::is_volume_id as fn(&str) -> bool,
+            ),
             (self.layout().snapshots(), super::names::is_snapshot_id),
         ] {
-            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if ours(&name) && !e.path().join("record.json").exists() {

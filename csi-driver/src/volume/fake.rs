@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use super::host::{Content, FileInfo, FsStats, Host, HostError, MountEntry, MountSpec, PathKind, Probe};
+use super::host::{
+    Content, FileInfo, FsStats, Host, HostError, MountEntry, MountSpec, PathKind, Probe,
+};
 use super::record::FsType;
 
 #[derive(Debug)]
@@ -41,7 +43,12 @@ pub struct RecordingHost {
 
 impl RecordingHost {
     pub fn new(fs_available: u64) -> RecordingHost {
-        RecordingHost { state: Mutex::new(State { fs_available, ..State::default() }) }
+        RecordingHost {
+            state: Mutex::new(State {
+                fs_available,
+                ..State::default()
+            }),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -67,11 +74,19 @@ impl RecordingHost {
     }
 
     pub fn loops(&self) -> Vec<(PathBuf, PathBuf)> {
-        self.lock().loops.iter().map(|(d, f)| (d.clone(), f.clone())).collect()
+        self.lock()
+            .loops
+            .iter()
+            .map(|(d, f)| (d.clone(), f.clone()))
+            .collect()
     }
 
     pub fn mount_points(&self) -> Vec<PathBuf> {
-        self.lock().mounts.iter().map(|m| m.target.clone()).collect()
+        self.lock()
+            .mounts
+            .iter()
+            .map(|m| m.target.clone())
+            .collect()
     }
 
     pub fn frozen(&self) -> Vec<PathBuf> {
@@ -99,7 +114,11 @@ impl RecordingHost {
         self.lock().files.get(file).map(|f| f.content.clone())
     }
 
-    fn call(&self, op: &str, arg: impl std::fmt::Display) -> Result<MutexGuard<'_, State>, HostError> {
+    fn call(
+        &self,
+        op: &str,
+        arg: impl std::fmt::Display,
+    ) -> Result<MutexGuard<'_, State>, HostError> {
         let mut st = self.lock();
         st.calls.push(format!("{op} {arg}"));
         if st.fail_at.as_deref() == Some(op) {
@@ -120,7 +139,10 @@ fn grow_to_device(st: &mut State, device: &Path) -> Result<(), HostError> {
 }
 
 fn device_file(st: &State, device: &Path) -> Result<PathBuf, HostError> {
-    st.loops.get(device).cloned().ok_or_else(|| HostError::Unexpected(format!("{} is not attached", device.display())))
+    st.loops
+        .get(device)
+        .cloned()
+        .ok_or_else(|| HostError::Unexpected(format!("{} is not attached", device.display())))
 }
 
 impl Host for RecordingHost {
@@ -131,7 +153,10 @@ impl Host for RecordingHost {
     fn create_file(&self, path: &Path, size: u64, thick: bool) -> Result<(), HostError> {
         let mut st = self.call("create_file", path.display())?;
         let f = st.files.entry(path.to_path_buf()).or_insert(FakeFile {
-            info: FileInfo { size: 0, allocated: 0 },
+            info: FileInfo {
+                size: 0,
+                allocated: 0,
+            },
             content: Content::Blank,
             fs_bytes: None,
         });
@@ -144,7 +169,10 @@ impl Host for RecordingHost {
 
     fn grow_file(&self, path: &Path, size: u64, thick: bool) -> Result<(), HostError> {
         let mut st = self.call("grow_file", format!("{} {size}", path.display()))?;
-        let f = st.files.get_mut(path).ok_or_else(|| HostError::Unexpected(format!("{} missing", path.display())))?;
+        let f = st
+            .files
+            .get_mut(path)
+            .ok_or_else(|| HostError::Unexpected(format!("{} missing", path.display())))?;
         f.info.size = f.info.size.max(size);
         if thick {
             f.info.allocated = f.info.size;
@@ -154,8 +182,15 @@ impl Host for RecordingHost {
 
     fn copy_file(&self, from: &Path, to: &Path) -> Result<(), HostError> {
         let mut st = self.call("copy_file", format!("{} {}", from.display(), to.display()))?;
-        let src = st.files.get(from).ok_or_else(|| HostError::Unexpected(format!("{} missing", from.display())))?;
-        let copy = FakeFile { info: src.info, content: src.content.clone(), fs_bytes: src.fs_bytes };
+        let src = st
+            .files
+            .get(from)
+            .ok_or_else(|| HostError::Unexpected(format!("{} missing", from.display())))?;
+        let copy = FakeFile {
+            info: src.info,
+            content: src.content.clone(),
+            fs_bytes: src.fs_bytes,
+        };
         st.files.insert(to.to_path_buf(), copy);
         Ok(())
     }
@@ -167,12 +202,22 @@ impl Host for RecordingHost {
     }
 
     fn loops_of(&self, file: &Path) -> Result<Vec<PathBuf>, HostError> {
-        Ok(self.lock().loops.iter().filter(|(_, f)| f.as_path() == file).map(|(d, _)| d.clone()).collect())
+        Ok(self
+            .lock()
+            .loops
+            .iter()
+            .filter(|(_, f)| f.as_path() == file)
+            .map(|(d, _)| d.clone())
+            .collect())
     }
 
     fn attach(&self, file: &Path) -> Result<PathBuf, HostError> {
         let mut st = self.call("attach", file.display())?;
-        let size = st.files.get(file).map(|f| f.info.size).ok_or_else(|| HostError::Unexpected(format!("{} missing", file.display())))?;
+        let size = st
+            .files
+            .get(file)
+            .map(|f| f.info.size)
+            .ok_or_else(|| HostError::Unexpected(format!("{} missing", file.display())))?;
         let dev = PathBuf::from(format!("/dev/loop{}", st.next_loop));
         st.next_loop += 1;
         st.loops.insert(dev.clone(), file.to_path_buf());
@@ -197,7 +242,10 @@ impl Host for RecordingHost {
 
     fn device_size(&self, device: &Path) -> Result<u64, HostError> {
         let st = self.lock();
-        st.loop_sizes.get(device).copied().ok_or_else(|| HostError::Unexpected(format!("{} is not attached", device.display())))
+        st.loop_sizes
+            .get(device)
+            .copied()
+            .ok_or_else(|| HostError::Unexpected(format!("{} is not attached", device.display())))
     }
 
     fn probe(&self, device: &Path) -> Result<Probe, HostError> {
@@ -206,8 +254,14 @@ impl Host for RecordingHost {
         Ok(st
             .files
             .get(&file)
-            .map(|f| Probe { content: f.content.clone(), fs_bytes: f.fs_bytes })
-            .unwrap_or(Probe { content: Content::Unknown, fs_bytes: None }))
+            .map(|f| Probe {
+                content: f.content.clone(),
+                fs_bytes: f.fs_bytes,
+            })
+            .unwrap_or(Probe {
+                content: Content::Unknown,
+                fs_bytes: None,
+            }))
     }
 
     fn format(&self, device: &Path, fs: FsType) -> Result<(), HostError> {
@@ -227,8 +281,16 @@ impl Host for RecordingHost {
 
     fn mount(&self, spec: &MountSpec) -> Result<(), HostError> {
         let (arg, entry) = match spec {
-            MountSpec::Fs { device, target, fs, flags } => {
-                let n = device.to_string_lossy().trim_start_matches("/dev/loop").to_string();
+            MountSpec::Fs {
+                device,
+                target,
+                fs,
+                flags,
+            } => {
+                let n = device
+                    .to_string_lossy()
+                    .trim_start_matches("/dev/loop")
+                    .to_string();
                 let ro = flags.iter().flat_map(|f| f.split(',')).any(|f| f == "ro");
                 let entry = MountEntry {
                     major_minor: format!("7:{n}"),
@@ -238,23 +300,51 @@ impl Host for RecordingHost {
                     fstype: fs.as_str().into(),
                     source: device.to_string_lossy().into_owned(),
                 };
-                (format!("{} {} {}", device.display(), target.display(), fs.as_str()), entry)
+                (
+                    format!("{} {} {}", device.display(), target.display(), fs.as_str()),
+                    entry,
+                )
             }
-            MountSpec::Bind { source, target, readonly } => {
+            MountSpec::Bind {
+                source,
+                target,
+                readonly,
+            } => {
                 let st = self.lock();
-                let options = if *readonly { "ro".to_string() } else { "rw".to_string() };
+                let options = if *readonly {
+                    "ro".to_string()
+                } else {
+                    "rw".to_string()
+                };
                 let entry = match st.mounts.iter().find(|m| &m.target == source) {
-                    Some(m) => MountEntry { target: target.clone(), options, ..m.clone() },
+                    Some(m) => MountEntry {
+                        target: target.clone(),
+                        options,
+                        ..m.clone()
+                    },
                     None => MountEntry {
                         major_minor: "0:5".into(),
-                        root: format!("/{}", source.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()),
+                        root: format!(
+                            "/{}",
+                            source
+                                .file_name()
+                                .map(|n| n.to_string_lossy())
+                                .unwrap_or_default()
+                        ),
                         target: target.clone(),
                         options,
                         fstype: "devtmpfs".into(),
                         source: "udev".into(),
                     },
                 };
-                (format!("bind {} {} ro={readonly}", source.display(), target.display()), entry)
+                (
+                    format!(
+                        "bind {} {} ro={readonly}",
+                        source.display(),
+                        target.display()
+                    ),
+                    entry,
+                )
             }
         };
         let mut st = self.call("mount", arg)?;
@@ -264,18 +354,33 @@ impl Host for RecordingHost {
 
     fn unmount(&self, target: &Path) -> Result<(), HostError> {
         let mut st = self.call("unmount", target.display())?;
-        let at = st.mounts.iter().rposition(|m| m.target == target).ok_or_else(|| HostError::Unexpected(format!("{} is not mounted", target.display())))?;
+        let at = st
+            .mounts
+            .iter()
+            .rposition(|m| m.target == target)
+            .ok_or_else(|| HostError::Unexpected(format!("{} is not mounted", target.display())))?;
         st.mounts.remove(at);
         Ok(())
     }
 
     fn grow_fs_offline(&self, fs: FsType, device: &Path) -> Result<(), HostError> {
-        let mut st = self.call("grow_fs_offline", format!("{} {}", fs.as_str(), device.display()))?;
+        let mut st = self.call(
+            "grow_fs_offline",
+            format!("{} {}", fs.as_str(), device.display()),
+        )?;
         grow_to_device(&mut st, device)
     }
 
     fn grow_fs(&self, fs: FsType, device: &Path, mountpoint: &Path) -> Result<(), HostError> {
-        let mut st = self.call("grow_fs", format!("{} {} {}", fs.as_str(), device.display(), mountpoint.display()))?;
+        let mut st = self.call(
+            "grow_fs",
+            format!(
+                "{} {} {}",
+                fs.as_str(),
+                device.display(),
+                mountpoint.display()
+            ),
+        )?;
         grow_to_device(&mut st, device)
     }
 
@@ -291,7 +396,11 @@ impl Host for RecordingHost {
 
     fn fs_stats(&self, _path: &Path) -> Result<FsStats, HostError> {
         let st = self.lock();
-        Ok(FsStats { total_bytes: st.fs_available, available_bytes: st.fs_available, ..FsStats::default() })
+        Ok(FsStats {
+            total_bytes: st.fs_available,
+            available_bytes: st.fs_available,
+            ..FsStats::default()
+        })
     }
 
     fn path_kind(&self, path: &Path) -> Result<Option<PathKind>, HostError> {
@@ -313,7 +422,14 @@ impl Host for RecordingHost {
 
     fn make_file(&self, path: &Path) -> Result<(), HostError> {
         let mut st = self.call("make_file", path.display())?;
-        st.files.entry(path.to_path_buf()).or_insert(FakeFile { info: FileInfo { size: 0, allocated: 0 }, content: Content::Blank, fs_bytes: None });
+        st.files.entry(path.to_path_buf()).or_insert(FakeFile {
+            info: FileInfo {
+                size: 0,
+                allocated: 0,
+            },
+            content: Content::Blank,
+            fs_bytes: None,
+        });
         Ok(())
     }
 

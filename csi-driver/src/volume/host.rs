@@ -19,7 +19,11 @@ pub enum HostError {
         source: io::Error,
     },
     #[error("{command} failed ({status}): {stderr}")]
-    Command { command: String, status: String, stderr: String },
+    Command {
+        command: String,
+        status: String,
+        stderr: String,
+    },
     /// The process lacks a capability the operation needs.
     #[error("{0}")]
     MissingCapability(String),
@@ -29,7 +33,11 @@ pub enum HostError {
 
 impl HostError {
     pub fn io(what: &'static str, path: &Path, source: io::Error) -> HostError {
-        HostError::Io { what, path: path.to_path_buf(), source }
+        HostError::Io {
+            what,
+            path: path.to_path_buf(),
+            source,
+        }
     }
     /// The filesystem holding the data dir ran out of space.
     pub fn is_no_space(&self) -> bool {
@@ -112,10 +120,17 @@ pub struct Probe {
 /// The size a filesystem's superblock records (ext4: blocks count x block size; XFS: data
 /// blocks x block size), read from the same head bytes as [`classify`].
 pub fn fs_bytes(head: &[u8], fs: FsType) -> Option<u64> {
-    let le32 = |off: usize| head.get(off..off + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64);
-    let be32 = |off: usize| head.get(off..off + 4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64);
+    let le32 = |off: usize| {
+        head.get(off..off + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64)
+    };
+    let be32 = |off: usize| {
+        head.get(off..off + 4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64)
+    };
     let be64 = |off: usize| {
-        head.get(off..off + 8).map(|b| u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+        head.get(off..off + 8)
+            .map(|b| u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
     };
     match fs {
         FsType::Ext4 => {
@@ -123,7 +138,11 @@ pub fn fs_bytes(head: &[u8], fs: FsType) -> Option<u64> {
             let lo = le32(sb + 0x4)?;
             let log = le32(sb + 0x18)?;
             let incompat = le32(sb + 0x60)?;
-            let hi = if incompat & 0x80 != 0 { le32(sb + 0x150)? } else { 0 };
+            let hi = if incompat & 0x80 != 0 {
+                le32(sb + 0x150)?
+            } else {
+                0
+            };
             let block = 1024u64.checked_shl(log as u32)?;
             ((hi << 32) | lo).checked_mul(block)
         }
@@ -156,7 +175,10 @@ fn unescape(field: &str) -> String {
     let b = field.as_bytes();
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -173,7 +195,9 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
     let mut out = Vec::new();
     for line in text.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
-        let Some(sep) = fields.iter().position(|f| *f == "-") else { continue };
+        let Some(sep) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
         if fields.len() < 6 || fields.len() < sep + 3 {
             continue;
         }
@@ -204,10 +228,19 @@ pub struct FsStats {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MountSpec {
     /// A filesystem on a device, with the CO's mount flags.
-    Fs { device: PathBuf, target: PathBuf, fs: FsType, flags: Vec<String> },
+    Fs {
+        device: PathBuf,
+        target: PathBuf,
+        fs: FsType,
+        flags: Vec<String>,
+    },
     /// A bind mount (staging dir -> target dir, or device node -> target file), made
     /// read-only when asked.
-    Bind { source: PathBuf, target: PathBuf, readonly: bool },
+    Bind {
+        source: PathBuf,
+        target: PathBuf,
+        readonly: bool,
+    },
 }
 
 /// What is at a path.
@@ -302,7 +335,10 @@ mod tests {
         assert_eq!(fs_bytes(&ext4, FsType::Ext4), Some(16384 * 4096));
         ext4[1024 + 0x60] = 0x80;
         ext4[1024 + 0x150..1024 + 0x154].copy_from_slice(&1u32.to_le_bytes());
-        assert_eq!(fs_bytes(&ext4, FsType::Ext4), Some(((1u64 << 32) + 16384) * 4096));
+        assert_eq!(
+            fs_bytes(&ext4, FsType::Ext4),
+            Some(((1u64 << 32) + 16384) * 4096)
+        );
         let mut xfs = vec![0; PROBE_BYTES];
         xfs[4..8].copy_from_slice(&4096u32.to_be_bytes());
         xfs[8..16].copy_from_slice(&76800u64.to_be_bytes());
@@ -317,8 +353,14 @@ mod tests {
                     bad line\n";
         let m = parse_mountinfo(text);
         assert_eq!(m.len(), 2);
-        assert_eq!(m[0].target, PathBuf::from("/var/lib/kubelet/plugins/x y/globalmount"));
-        assert_eq!((m[0].fstype.as_str(), m[0].source.as_str()), ("ext4", "/dev/loop3"));
+        assert_eq!(
+            m[0].target,
+            PathBuf::from("/var/lib/kubelet/plugins/x y/globalmount")
+        );
+        assert_eq!(
+            (m[0].fstype.as_str(), m[0].source.as_str()),
+            ("ext4", "/dev/loop3")
+        );
         assert!(!m[0].read_only());
         assert_eq!(m[1].root, "/loop3");
         assert_eq!(m[1].major_minor, "0:5");

@@ -34,7 +34,10 @@ pub fn snapshot_id(name: &str) -> String {
 
 fn well_formed(id: &str, prefix: &str) -> bool {
     id.strip_prefix(prefix).is_some_and(|hex| {
-        hex.len() == ID_HEX && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        hex.len() == ID_HEX
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
 }
 

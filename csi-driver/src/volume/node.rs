@@ -35,11 +35,17 @@ fn required<'a>(value: &'a str, what: &str) -> Result<&'a Path, PlanError> {
 
 /// A staging or target path the CO hands over: absolute, without `.`/`..` components, and
 /// under one of the directories the driver was told the CO uses (kubelet's root dir).
-pub fn allowed<'a>(value: &'a str, what: &str, roots: &[std::path::PathBuf]) -> Result<&'a Path, PlanError> {
+pub fn allowed<'a>(
+    value: &'a str,
+    what: &str,
+    roots: &[std::path::PathBuf],
+) -> Result<&'a Path, PlanError> {
     use std::path::Component;
     let path = required(value, what)?;
     let plain = path.is_absolute()
-        && path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        && path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
     if !plain {
         return Err(PlanError::InvalidArgument(format!(
             "{what} {value:?} must be an absolute path without . or .. components"
@@ -59,17 +65,32 @@ impl<H: Host> Engine<H> {
         if id.is_empty() {
             return Err(PlanError::InvalidArgument("volume id missing".into()).into());
         }
-        let rec = is_volume_id(id).then(|| self.journal.volume(id)).transpose()?.flatten();
+        let rec = is_volume_id(id)
+            .then(|| self.journal.volume(id))
+            .transpose()?
+            .flatten();
         match rec {
             Some(r) if r.state == State::Ready => Ok(r),
-            Some(r) => Err(PlanError::FailedPrecondition(format!("volume {id} is {:?}", r.state)).into()),
-            None => Err(PlanError::NotFound(format!("volume {id:?} does not exist on node {}", self.config.node_id)).into()),
+            Some(r) => {
+                Err(PlanError::FailedPrecondition(format!("volume {id} is {:?}", r.state)).into())
+            }
+            None => Err(PlanError::NotFound(format!(
+                "volume {id:?} does not exist on node {}",
+                self.config.node_id
+            ))
+            .into()),
         }
     }
 
-    pub fn stage(&self, id: &str, staging: &str, cap: Option<&VolumeCapability>) -> Result<(), EngineError> {
+    pub fn stage(
+        &self,
+        id: &str,
+        staging: &str,
+        cap: Option<&VolumeCapability>,
+    ) -> Result<(), EngineError> {
         let staging = allowed(staging, "staging target path", &self.config.allowed_roots)?;
-        let cap = cap.ok_or_else(|| PlanError::InvalidArgument("volume capability missing".into()))?;
+        let cap =
+            cap.ok_or_else(|| PlanError::InvalidArgument("volume capability missing".into()))?;
         let rec = self.node_volume(id)?;
         let wanted = plan::capability(cap)?;
         let _claim = self.claim(id)?;
@@ -100,7 +121,9 @@ impl<H: Host> Engine<H> {
         let rec = self.node_volume(id)?;
         let _claim = self.claim(id)?;
         let disk = self.layout().volume_disk(id);
-        self.settle("NodeUnstageVolume", &disk, staging, None, |seen| plan::unstage_step(staging, seen))?;
+        self.settle("NodeUnstageVolume", &disk, staging, None, |seen| {
+            plan::unstage_step(staging, seen)
+        })?;
         if rec.staged.is_some() {
             let mut updated = rec;
             updated.staged = None;
@@ -118,11 +141,16 @@ impl<H: Host> Engine<H> {
         readonly: bool,
     ) -> Result<(), EngineError> {
         let target = allowed(target, "target path", &self.config.allowed_roots)?;
-        let cap = cap.ok_or_else(|| PlanError::InvalidArgument("volume capability missing".into()))?;
+        let cap =
+            cap.ok_or_else(|| PlanError::InvalidArgument("volume capability missing".into()))?;
         let rec = self.node_volume(id)?;
         let wanted = plan::capability(cap)?;
         let staging = match rec.access {
-            AccessKind::Mount => Some(allowed(staging, "staging target path", &self.config.allowed_roots)?),
+            AccessKind::Mount => Some(allowed(
+                staging,
+                "staging target path",
+                &self.config.allowed_roots,
+            )?),
             AccessKind::Block => None,
         };
         let _claim = self.claim(id)?;
@@ -143,7 +171,9 @@ impl<H: Host> Engine<H> {
         let rec = self.node_volume(id)?;
         let _claim = self.claim(id)?;
         let disk = self.layout().volume_disk(id);
-        self.settle("NodeUnpublishVolume", &disk, target, None, |seen| Ok(plan::unpublish_step(target, seen)))?;
+        self.settle("NodeUnpublishVolume", &disk, target, None, |seen| {
+            Ok(plan::unpublish_step(target, seen))
+        })?;
         if rec.published.iter().any(|p| p == target) {
             let mut updated = rec;
             updated.published.retain(|p| p != target);
@@ -161,10 +191,16 @@ impl<H: Host> Engine<H> {
         let disk = self.layout().volume_disk(id);
         let seen = self.observe(&disk, path, None)?;
         if seen.path.is_none() {
-            return Err(PlanError::NotFound(format!("volume path {} does not exist", path.display())).into());
+            return Err(PlanError::NotFound(format!(
+                "volume path {} does not exist",
+                path.display()
+            ))
+            .into());
         }
         let device = seen.device.ok_or_else(|| {
-            PlanError::FailedPrecondition(format!("volume {id} has no loop device: it is not staged"))
+            PlanError::FailedPrecondition(format!(
+                "volume {id} has no loop device: it is not staged"
+            ))
         })?;
         let file_size = seen.backing.map(|f| f.size).unwrap_or(0);
         if self.host.device_size(&device)? < file_size {
@@ -172,7 +208,10 @@ impl<H: Host> Engine<H> {
         }
         if rec.access == AccessKind::Mount {
             let mount = seen.mount.ok_or_else(|| {
-                PlanError::FailedPrecondition(format!("{} is not a mount of volume {id}", path.display()))
+                PlanError::FailedPrecondition(format!(
+                    "{} is not a mount of volume {id}",
+                    path.display()
+                ))
             })?;
             let fs = match seen.content {
                 Some(Content::Fs(fs)) => fs,
@@ -191,7 +230,11 @@ impl<H: Host> Engine<H> {
         let disk = self.layout().volume_disk(id);
         let seen = self.observe(&disk, path, None)?;
         if seen.path.is_none() {
-            return Err(PlanError::NotFound(format!("volume path {} does not exist", path.display())).into());
+            return Err(PlanError::NotFound(format!(
+                "volume path {} does not exist",
+                path.display()
+            ))
+            .into());
         }
         let condition = match (&seen.backing, &seen.device) {
             (None, _) => Condition { abnormal: true, message: format!("backing file {} is gone", disk.display()) },
@@ -203,7 +246,9 @@ impl<H: Host> Engine<H> {
         };
         let usage = match rec.access {
             AccessKind::Mount => Usage::Fs(self.host.fs_stats(path)?),
-            AccessKind::Block => Usage::Block { total_bytes: seen.backing.map(|f| f.size).unwrap_or(rec.size) },
+            AccessKind::Block => Usage::Block {
+                total_bytes: seen.backing.map(|f| f.size).unwrap_or(rec.size),
+            },
         };
         Ok((usage, condition))
     }

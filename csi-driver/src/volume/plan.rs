@@ -13,7 +13,9 @@ use crate::proto::volume_capability::AccessType;
 use crate::proto::{CapacityRange, VolumeCapability};
 
 use super::host::{Content, FileInfo, MountEntry, MountSpec, PathKind};
-use super::record::{AccessKind, FsType, Provisioning, SnapshotRecord, Source, State, VolumeRecord};
+use super::record::{
+    AccessKind, FsType, Provisioning, SnapshotRecord, Source, State, VolumeRecord,
+};
 
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
@@ -52,7 +54,9 @@ pub fn min_size(access: AccessKind, fs: Option<FsType>) -> u64 {
 /// The size to make for a capacity range: at least the required bytes and `min`, rounded up to
 /// whole MiB, never above the limit.
 pub fn size_for(range: Option<&CapacityRange>, min: u64) -> Result<u64, PlanError> {
-    let (required, limit) = range.map(|r| (r.required_bytes, r.limit_bytes)).unwrap_or((0, 0));
+    let (required, limit) = range
+        .map(|r| (r.required_bytes, r.limit_bytes))
+        .unwrap_or((0, 0));
     if required < 0 || limit < 0 {
         return Err(PlanError::OutOfRange(format!(
             "capacity range must not be negative (required {required}, limit {limit})"
@@ -64,7 +68,11 @@ pub fn size_for(range: Option<&CapacityRange>, min: u64) -> Result<u64, PlanErro
             "required bytes {required} exceed limit bytes {limit}"
         )));
     }
-    let wanted = if required == 0 && limit == 0 { DEFAULT_SIZE } else { required };
+    let wanted = if required == 0 && limit == 0 {
+        DEFAULT_SIZE
+    } else {
+        required
+    };
     let size = wanted.max(min).div_ceil(MIB) * MIB;
     if limit != 0 && size > limit {
         return Err(PlanError::OutOfRange(format!(
@@ -162,7 +170,9 @@ pub fn capability(cap: &VolumeCapability) -> Result<Use, PlanError> {
         .ok_or_else(|| PlanError::InvalidArgument("volume capability has no access mode".into()))?
         .mode();
     let reader_only = match mode {
-        Mode::SingleNodeWriter | Mode::SingleNodeSingleWriter | Mode::SingleNodeMultiWriter => false,
+        Mode::SingleNodeWriter | Mode::SingleNodeSingleWriter | Mode::SingleNodeMultiWriter => {
+            false
+        }
         Mode::SingleNodeReaderOnly => true,
         Mode::MultiNodeReaderOnly | Mode::MultiNodeSingleWriter | Mode::MultiNodeMultiWriter => {
             return Err(PlanError::InvalidArgument(format!(
@@ -175,9 +185,12 @@ pub fn capability(cap: &VolumeCapability) -> Result<Use, PlanError> {
         }
     };
     match &cap.access_type {
-        Some(AccessType::Block(_)) => {
-            Ok(Use { access: AccessKind::Block, fs: None, flags: Vec::new(), reader_only })
-        }
+        Some(AccessType::Block(_)) => Ok(Use {
+            access: AccessKind::Block,
+            fs: None,
+            flags: Vec::new(),
+            reader_only,
+        }),
         Some(AccessType::Mount(m)) => Ok(Use {
             access: AccessKind::Mount,
             fs: parse_fs(&m.fs_type)?,
@@ -232,7 +245,9 @@ pub fn decide_create(
     existing: Option<&VolumeRecord>,
     want: &CreateWant,
 ) -> Result<CreateDecision, PlanError> {
-    let Some(rec) = existing else { return Ok(CreateDecision::Make) };
+    let Some(rec) = existing else {
+        return Ok(CreateDecision::Make);
+    };
     if rec.name != want.name {
         // 128 bits of SHA-256 collided, or someone wrote a record by hand.
         return Err(PlanError::AlreadyExists(format!(
@@ -254,7 +269,10 @@ pub fn decide_create(
         ));
     }
     if rec.source != want.source {
-        diffs.push(format!("content source {:?} (asked {:?})", rec.source, want.source));
+        diffs.push(format!(
+            "content source {:?} (asked {:?})",
+            rec.source, want.source
+        ));
     }
     if !diffs.is_empty() {
         return Err(PlanError::AlreadyExists(format!(
@@ -290,7 +308,10 @@ pub fn available(
     snapshots: &[(SnapshotRecord, Option<FileInfo>)],
 ) -> u64 {
     let promised: u64 = volumes.iter().map(|(r, _)| r.size).sum::<u64>()
-        + snapshots.iter().map(|(_, f)| f.map(|f| f.allocated).unwrap_or(0)).sum::<u64>();
+        + snapshots
+            .iter()
+            .map(|(_, f)| f.map(|f| f.allocated).unwrap_or(0))
+            .sum::<u64>();
     let unallocated: u64 = volumes
         .iter()
         .map(|(r, f)| r.size.saturating_sub(f.map(|f| f.allocated).unwrap_or(0)))
@@ -303,18 +324,38 @@ pub fn available(
 /// One host operation of a node-side step.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    Attach { file: PathBuf },
-    Detach { device: PathBuf },
-    Refresh { device: PathBuf },
-    Format { device: PathBuf, fs: FsType },
+    Attach {
+        file: PathBuf,
+    },
+    Detach {
+        device: PathBuf,
+    },
+    Refresh {
+        device: PathBuf,
+    },
+    Format {
+        device: PathBuf,
+        fs: FsType,
+    },
     /// Grows an unmounted ext4 filesystem to its device (after a restore into a larger volume
     /// or an expansion while unstaged).
-    GrowOffline { device: PathBuf, fs: FsType },
-    MakeDir { path: PathBuf },
-    MakeFile { path: PathBuf },
-    RemovePath { path: PathBuf },
+    GrowOffline {
+        device: PathBuf,
+        fs: FsType,
+    },
+    MakeDir {
+        path: PathBuf,
+    },
+    MakeFile {
+        path: PathBuf,
+    },
+    RemovePath {
+        path: PathBuf,
+    },
     Mount(MountSpec),
-    Unmount { target: PathBuf },
+    Unmount {
+        target: PathBuf,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -346,12 +387,16 @@ pub struct Seen {
 }
 
 fn device_name(device: &Path) -> String {
-    device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    device
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// Whether `m` is a mount of `device`: its filesystem, or a bind of its device node.
 pub fn mount_uses(m: &MountEntry, device: &Path) -> bool {
-    m.source == device.to_string_lossy() || (m.root == format!("/{}", device_name(device)) && m.fstype == "devtmpfs")
+    m.source == device.to_string_lossy()
+        || (m.root == format!("/{}", device_name(device)) && m.fstype == "devtmpfs")
 }
 
 /// Slack below which a filesystem counts as filling its device: resize2fs leaves out a last
@@ -363,7 +408,12 @@ fn smaller_than_device(seen: &Seen) -> bool {
 }
 
 /// NodeStageVolume's next step.
-pub fn stage_step(rec: &VolumeRecord, want: &Use, staging: &Path, seen: &Seen) -> Result<Step, PlanError> {
+pub fn stage_step(
+    rec: &VolumeRecord,
+    want: &Use,
+    staging: &Path,
+    seen: &Seen,
+) -> Result<Step, PlanError> {
     if want.access != rec.access {
         return Err(PlanError::InvalidArgument(format!(
             "volume {} was made for {:?} access, the capability asks {:?}",
@@ -378,13 +428,19 @@ pub fn stage_step(rec: &VolumeRecord, want: &Use, staging: &Path, seen: &Seen) -
         )));
     }
     let Some(device) = &seen.device else {
-        return Ok(Step::Do(Op::Attach { file: seen.backing_path.clone() }));
+        return Ok(Step::Do(Op::Attach {
+            file: seen.backing_path.clone(),
+        }));
     };
     if rec.access == AccessKind::Block {
         return Ok(Step::Done);
     }
     match seen.path {
-        None => return Ok(Step::Do(Op::MakeDir { path: staging.to_path_buf() })),
+        None => {
+            return Ok(Step::Do(Op::MakeDir {
+                path: staging.to_path_buf(),
+            }))
+        }
         Some(PathKind::Dir) => {}
         Some(_) => {
             return Err(PlanError::FailedPrecondition(format!(
@@ -445,7 +501,9 @@ pub fn stage_step(rec: &VolumeRecord, want: &Use, staging: &Path, seen: &Seen) -
 /// nothing uses it.
 pub fn unstage_step(staging: &Path, seen: &Seen) -> Result<Step, PlanError> {
     if seen.mount.is_some() {
-        return Ok(Step::Do(Op::Unmount { target: staging.to_path_buf() }));
+        return Ok(Step::Do(Op::Unmount {
+            target: staging.to_path_buf(),
+        }));
     }
     if let Some(device) = &seen.device {
         if let Some(user) = seen.device_users.first() {
@@ -455,7 +513,9 @@ pub fn unstage_step(staging: &Path, seen: &Seen) -> Result<Step, PlanError> {
                 user.display()
             )));
         }
-        return Ok(Step::Do(Op::Detach { device: device.clone() }));
+        return Ok(Step::Do(Op::Detach {
+            device: device.clone(),
+        }));
     }
     Ok(Step::Done)
 }
@@ -499,7 +559,10 @@ pub fn publish_step(
                     rec.id
                 )));
             };
-            (staged.target.clone(), Ours::SameFs(staged.major_minor.clone()))
+            (
+                staged.target.clone(),
+                Ours::SameFs(staged.major_minor.clone()),
+            )
         }
         AccessKind::Block => {
             let Some(device) = seen.device.clone() else {
@@ -524,8 +587,16 @@ pub fn publish_step(
         };
     }
     match (rec.access, seen.path) {
-        (AccessKind::Mount, None) => return Ok(Step::Do(Op::MakeDir { path: target.to_path_buf() })),
-        (AccessKind::Block, None) => return Ok(Step::Do(Op::MakeFile { path: target.to_path_buf() })),
+        (AccessKind::Mount, None) => {
+            return Ok(Step::Do(Op::MakeDir {
+                path: target.to_path_buf(),
+            }))
+        }
+        (AccessKind::Block, None) => {
+            return Ok(Step::Do(Op::MakeFile {
+                path: target.to_path_buf(),
+            }))
+        }
         (AccessKind::Mount, Some(PathKind::Dir)) | (AccessKind::Block, Some(PathKind::File)) => {}
         (_, Some(kind)) => {
             return Err(PlanError::FailedPrecondition(format!(
@@ -535,15 +606,23 @@ pub fn publish_step(
             )))
         }
     }
-    Ok(Step::Do(Op::Mount(MountSpec::Bind { source, target: target.to_path_buf(), readonly })))
+    Ok(Step::Do(Op::Mount(MountSpec::Bind {
+        source,
+        target: target.to_path_buf(),
+        readonly,
+    })))
 }
 
 /// NodeUnpublishVolume's next step: unmount the target, then remove what publishing made.
 pub fn unpublish_step(target: &Path, seen: &Seen) -> Step {
     if seen.mount.is_some() {
-        Step::Do(Op::Unmount { target: target.to_path_buf() })
+        Step::Do(Op::Unmount {
+            target: target.to_path_buf(),
+        })
     } else if seen.path.is_some() {
-        Step::Do(Op::RemovePath { path: target.to_path_buf() })
+        Step::Do(Op::RemovePath {
+            path: target.to_path_buf(),
+        })
     } else {
         Step::Done
     }

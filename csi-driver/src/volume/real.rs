@@ -12,8 +12,8 @@ use std::process::Command;
 use nix::mount::{umount2, MntFlags, MsFlags};
 
 use super::host::{
-    classify, fs_bytes, parse_mountinfo, Content, Probe, FileInfo, FsStats, Host, HostError, MountEntry, MountSpec,
-    PathKind, PROBE_BYTES,
+    classify, fs_bytes, parse_mountinfo, Content, FileInfo, FsStats, Host, HostError, MountEntry,
+    MountSpec, PathKind, Probe, PROBE_BYTES,
 };
 use super::record::FsType;
 
@@ -26,7 +26,10 @@ pub struct RealHost {
 
 impl Default for RealHost {
     fn default() -> RealHost {
-        RealHost { mountinfo: "/proc/self/mountinfo".into(), sys_block: "/sys/block".into() }
+        RealHost {
+            mountinfo: "/proc/self/mountinfo".into(),
+            sys_block: "/sys/block".into(),
+        }
     }
 }
 
@@ -54,7 +57,11 @@ fn s(p: &Path) -> &str {
 pub fn split_mount_flags(flags: &[String]) -> (MsFlags, String) {
     let mut ms = MsFlags::empty();
     let mut data = Vec::new();
-    for flag in flags.iter().flat_map(|f| f.split(',')).filter(|f| !f.is_empty()) {
+    for flag in flags
+        .iter()
+        .flat_map(|f| f.split(','))
+        .filter(|f| !f.is_empty())
+    {
         match flag {
             "ro" => ms |= MsFlags::MS_RDONLY,
             "rw" => ms &= !MsFlags::MS_RDONLY,
@@ -86,7 +93,10 @@ impl RealHost {
 impl Host for RealHost {
     fn file_info(&self, path: &Path) -> Result<Option<FileInfo>, HostError> {
         match fs::metadata(path) {
-            Ok(m) => Ok(Some(FileInfo { size: m.len(), allocated: m.blocks() * 512 })),
+            Ok(m) => Ok(Some(FileInfo {
+                size: m.len(),
+                allocated: m.blocks() * 512,
+            })),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(HostError::io("stat", path, e)),
         }
@@ -102,7 +112,8 @@ impl Host for RealHost {
             .truncate(false)
             .open(path)
             .map_err(|e| HostError::io("creating", path, e))?;
-        f.set_len(size).map_err(|e| HostError::io("sizing", path, e))?;
+        f.set_len(size)
+            .map_err(|e| HostError::io("sizing", path, e))?;
         if thick {
             allocate(&f, path, size)?;
         }
@@ -110,13 +121,20 @@ impl Host for RealHost {
     }
 
     fn grow_file(&self, path: &Path, size: u64, thick: bool) -> Result<(), HostError> {
-        let f = fs::OpenOptions::new().write(true).open(path).map_err(|e| HostError::io("opening", path, e))?;
-        let len = f.metadata().map_err(|e| HostError::io("stat", path, e))?.len();
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(|e| HostError::io("opening", path, e))?;
+        let len = f
+            .metadata()
+            .map_err(|e| HostError::io("stat", path, e))?
+            .len();
         if size > len {
             if thick {
                 allocate(&f, path, size)?;
             }
-            f.set_len(size).map_err(|e| HostError::io("growing", path, e))?;
+            f.set_len(size)
+                .map_err(|e| HostError::io("growing", path, e))?;
         }
         f.sync_all().map_err(|e| HostError::io("syncing", path, e))
     }
@@ -126,19 +144,24 @@ impl Host for RealHost {
             fs::create_dir_all(dir).map_err(|e| HostError::io("creating", dir, e))?;
         }
         run("cp", &["--reflink=auto", "--sparse=always", s(from), s(to)])?;
-        fs::File::open(to).and_then(|f| f.sync_all()).map_err(|e| HostError::io("syncing", to, e))
+        fs::File::open(to)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| HostError::io("syncing", to, e))
     }
 
     fn remove_file(&self, path: &Path) -> Result<(), HostError> {
         match fs::remove_file(path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(HostError::io("removing", path, e)),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(HostError::io("removing", path, e))
+            }
             _ => Ok(()),
         }
     }
 
     fn loops_of(&self, file: &Path) -> Result<Vec<PathBuf>, HostError> {
         let want = fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
-        let entries = fs::read_dir(&self.sys_block).map_err(|e| HostError::io("listing", &self.sys_block, e))?;
+        let entries = fs::read_dir(&self.sys_block)
+            .map_err(|e| HostError::io("listing", &self.sys_block, e))?;
         let mut out = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -146,7 +169,10 @@ impl Host for RealHost {
             // had it open): it no longer counts as the file's device.
             let clearing = fs::read_to_string(self.sys_block.join(&name).join("loop/autoclear"))
                 .is_ok_and(|v| v.trim() == "1");
-            if name.starts_with("loop") && !clearing && self.loop_backing(&name).as_deref() == Some(want.as_path()) {
+            if name.starts_with("loop")
+                && !clearing
+                && self.loop_backing(&name).as_deref() == Some(want.as_path())
+            {
                 out.push(PathBuf::from("/dev").join(&name));
             }
         }
@@ -171,7 +197,10 @@ impl Host for RealHost {
     }
 
     fn device_size(&self, device: &Path) -> Result<u64, HostError> {
-        let name = device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = device
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let path = self.sys_block.join(name).join("size");
         let text = fs::read_to_string(&path).map_err(|e| HostError::io("reading", &path, e))?;
         text.trim()
@@ -199,7 +228,15 @@ impl Host for RealHost {
         match fs {
             FsType::Ext4 => run(
                 "mkfs.ext4",
-                &["-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", s(device)],
+                &[
+                    "-q",
+                    "-F",
+                    "-m",
+                    "0",
+                    "-E",
+                    "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+                    s(device),
+                ],
             ),
             // No -f: mkfs.xfs itself refuses a device with a signature on it.
             FsType::Xfs => run("mkfs.xfs", &["-q", "-K", s(device)]),
@@ -208,24 +245,52 @@ impl Host for RealHost {
     }
 
     fn mounts(&self) -> Result<Vec<MountEntry>, HostError> {
-        let text = fs::read_to_string(&self.mountinfo).map_err(|e| HostError::io("reading", &self.mountinfo, e))?;
+        let text = fs::read_to_string(&self.mountinfo)
+            .map_err(|e| HostError::io("reading", &self.mountinfo, e))?;
         Ok(parse_mountinfo(&text))
     }
 
     fn mount(&self, spec: &MountSpec) -> Result<(), HostError> {
         match spec {
-            MountSpec::Fs { device, target, fs, flags } => {
+            MountSpec::Fs {
+                device,
+                target,
+                fs,
+                flags,
+            } => {
                 let (ms, data) = split_mount_flags(flags);
                 let data = (!data.is_empty()).then_some(data.as_str());
-                nix::mount::mount(Some(device.as_path()), target.as_path(), Some(fs.as_str()), ms, data)
-                    .map_err(|e| HostError::io("mounting on", target, e.into()))
+                nix::mount::mount(
+                    Some(device.as_path()),
+                    target.as_path(),
+                    Some(fs.as_str()),
+                    ms,
+                    data,
+                )
+                .map_err(|e| HostError::io("mounting on", target, e.into()))
             }
-            MountSpec::Bind { source, target, readonly } => {
-                nix::mount::mount(Some(source.as_path()), target.as_path(), None::<&str>, MsFlags::MS_BIND, None::<&str>)
-                    .map_err(|e| HostError::io("bind-mounting on", target, e.into()))?;
+            MountSpec::Bind {
+                source,
+                target,
+                readonly,
+            } => {
+                nix::mount::mount(
+                    Some(source.as_path()),
+                    target.as_path(),
+                    None::<&str>,
+                    MsFlags::MS_BIND,
+                    None::<&str>,
+                )
+                .map_err(|e| HostError::io("bind-mounting on", target, e.into()))?;
                 if *readonly {
                     let ro = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
-                    if let Err(e) = nix::mount::mount(None::<&str>, target.as_path(), None::<&str>, ro, None::<&str>) {
+                    if let Err(e) = nix::mount::mount(
+                        None::<&str>,
+                        target.as_path(),
+                        None::<&str>,
+                        ro,
+                        None::<&str>,
+                    ) {
                         // Leave no writable bind behind a read-only request.
                         if let Err(undo) = umount2(target.as_path(), MntFlags::empty()) {
                             tracing::error!(target = %target.display(), error = %undo, "undoing a bind mount whose read-only remount failed");
@@ -239,7 +304,8 @@ impl Host for RealHost {
     }
 
     fn unmount(&self, target: &Path) -> Result<(), HostError> {
-        umount2(target, MntFlags::empty()).map_err(|e| HostError::io("unmounting", target, e.into()))
+        umount2(target, MntFlags::empty())
+            .map_err(|e| HostError::io("unmounting", target, e.into()))
     }
 
     fn grow_fs_offline(&self, fs: FsType, device: &Path) -> Result<(), HostError> {
@@ -280,11 +346,19 @@ impl Host for RealHost {
     }
 
     fn freeze(&self, mountpoint: &Path, frozen: bool) -> Result<(), HostError> {
-        run("fsfreeze", &[if frozen { "--freeze" } else { "--unfreeze" }, s(mountpoint)]).map(drop)
+        run(
+            "fsfreeze",
+            &[
+                if frozen { "--freeze" } else { "--unfreeze" },
+                s(mountpoint),
+            ],
+        )
+        .map(drop)
     }
 
     fn fs_stats(&self, path: &Path) -> Result<FsStats, HostError> {
-        let v = nix::sys::statvfs::statvfs(path).map_err(|e| HostError::io("statvfs", path, e.into()))?;
+        let v = nix::sys::statvfs::statvfs(path)
+            .map_err(|e| HostError::io("statvfs", path, e.into()))?;
         let frag = v.fragment_size() as u64;
         let total = v.blocks() as u64 * frag;
         let avail = v.blocks_available() as u64 * frag;
@@ -333,7 +407,9 @@ impl Host for RealHost {
             Err(e) => Err(e),
         };
         match r {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(HostError::io("removing", path, e)),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(HostError::io("removing", path, e))
+            }
             _ => Ok(()),
         }
     }
@@ -369,14 +445,25 @@ mod tests {
         let status = "Name:\tx\nCapEff:\t000001fffeffffff\n";
         assert!(!cap_in_status(status, CAP_SYS_RESOURCE));
         assert!(cap_in_status(status, 21), "CAP_SYS_ADMIN");
-        assert!(cap_in_status("CapEff:\t000001ffffffffff\n", CAP_SYS_RESOURCE));
+        assert!(cap_in_status(
+            "CapEff:\t000001ffffffffff\n",
+            CAP_SYS_RESOURCE
+        ));
         assert!(!cap_in_status("", 0));
     }
 
     #[test]
     fn mount_flags_split_into_syscall_flags_and_data() {
-        let (ms, data) = split_mount_flags(&["noatime,nodev".into(), "discard".into(), "ro".into(), "".into()]);
-        assert_eq!(ms, MsFlags::MS_NOATIME | MsFlags::MS_NODEV | MsFlags::MS_RDONLY);
+        let (ms, data) = split_mount_flags(&[
+            "noatime,nodev".into(),
+            "discard".into(),
+            "ro".into(),
+            "".into(),
+        ]);
+        assert_eq!(
+            ms,
+            MsFlags::MS_NOATIME | MsFlags::MS_NODEV | MsFlags::MS_RDONLY
+        );
         assert_eq!(data, "discard");
         let (ms, data) = split_mount_flags(&["ro".into(), "rw".into(), "defaults".into()]);
         assert_eq!((ms, data.as_str()), (MsFlags::empty(), ""));

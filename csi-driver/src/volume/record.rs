@@ -129,7 +129,10 @@ pub enum JournalError {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
-    move |source| JournalError::Io { path: path.to_path_buf(), source }
+    move |source| JournalError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// The records under the data dir.
@@ -185,9 +188,14 @@ impl Journal {
 
 fn read<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, JournalError> {
     match fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|source| JournalError::Corrupt { path: path.to_path_buf(), source }),
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|source| JournalError::Corrupt {
+                    path: path.to_path_buf(),
+                    source,
+                })
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(io_err(path)(e)),
     }
@@ -197,8 +205,10 @@ fn write<T: Serialize>(dir: &Path, rec: &T) -> Result<(), JournalError> {
     fs::create_dir_all(dir).map_err(io_err(dir))?;
     let path = dir.join(RECORD);
     let tmp = dir.join(".record.json.tmp");
-    let bytes = serde_json::to_vec_pretty(rec)
-        .map_err(|source| JournalError::Corrupt { path: path.clone(), source })?;
+    let bytes = serde_json::to_vec_pretty(rec).map_err(|source| JournalError::Corrupt {
+        path: path.clone(),
+        source,
+    })?;
     {
         let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
         f.write_all(&bytes).map_err(io_err(&tmp))?;
@@ -213,7 +223,9 @@ fn write<T: Serialize>(dir: &Path, rec: &T) -> Result<(), JournalError> {
 }
 
 fn sync_dir(dir: &Path) -> Result<(), JournalError> {
-    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
 }
 
 fn remove_dir(dir: &Path) -> Result<(), JournalError> {
@@ -291,7 +303,12 @@ mod tests {
         a.formatted = Some(FsType::Xfs);
         j.put_volume(&a).expect("replace");
         assert_eq!(j.volume(&a.id).expect("read"), Some(a.clone()));
-        let ids: Vec<String> = j.volumes().expect("list").into_iter().map(|r| r.id).collect();
+        let ids: Vec<String> = j
+            .volumes()
+            .expect("list")
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
         let mut want = vec![a.id.clone(), volume_id("b")];
         want.sort();
         assert_eq!(ids, want);
