@@ -3,5 +3,6 @@
 //! stage, or handed over as a raw block device. See docs/design/csi.md.
 
 pub mod proto;
+pub mod provisioner;
 pub mod service;
 pub mod volume;

@@ -37,6 +37,10 @@ struct Args {
     /// any other path is refused. Repeat for several.
     #[arg(long = "allowed-path", default_value = "/var/lib/kubelet")]
     allowed_paths: Vec<PathBuf>,
+    /// Kubeconfig for the provisioner (PVC -> CreateVolume -> PV, released PV -> DeleteVolume)
+    /// this node runs for the claims selected for it. Without it ferro-csi serves CSI only.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
     /// Which services to serve.
     #[arg(long, value_enum, default_value = "all")]
     mode: Mode,
@@ -54,6 +58,7 @@ fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
@@ -86,6 +91,17 @@ async fn main() -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || engine.recover()).await??
     };
     info!(?report, "start-up recovery done");
+    if let Some(path) = &args.kubeconfig {
+        anyhow::ensure!(args.mode != Mode::Node, "the provisioner (--kubeconfig) needs the controller service (--mode all or controller)");
+        let kc = kube::config::Kubeconfig::read_from(path)
+            .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .with_context(|| format!("loading kubeconfig {}", path.display()))?;
+        let client = kube::Client::try_from(config).context("building the API client")?;
+        ferro_csi::provisioner::start(Arc::clone(&engine), client, args.node_id.clone()).await;
+        info!(node = %args.node_id, "provisioner running");
+    }
     info!(socket = %socket.display(), node = %args.node_id, mode = ?args.mode, "serving CSI");
     let shutdown = async {
         let mut term =

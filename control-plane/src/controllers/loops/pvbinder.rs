@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferro_runtime::events::Recorder;
 use ferro_runtime::{spawn_resync, spawn_workers, Next, ObjectKey, WorkQueue};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -78,15 +79,16 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         });
     }
     let client = inf.client();
+    let recorder = Recorder::new(client.clone(), "persistentvolume-controller");
     spawn_workers("persistentvolume-binder", queue, 2, move |key: Key| {
-        let (client, claims, volumes, classes, nodes) =
-            (client.clone(), claims.clone(), volumes.clone(), classes.clone(), nodes.clone());
+        let (client, claims, volumes, classes, nodes, recorder) =
+            (client.clone(), claims.clone(), volumes.clone(), classes.clone(), nodes.clone(), recorder.clone());
         async move {
             claims.wait_synced().await;
             volumes.wait_synced().await;
             classes.wait_synced().await;
             let r = match key {
-                Key::Claim(k) => claim(&client, &claims, &volumes, &classes, &nodes, &k).await,
+                Key::Claim(k) => claim(&client, &recorder, &claims, &volumes, &classes, &nodes, &k).await,
                 Key::Volume(v) => volume(&client, &claims, &volumes, &v).await,
             };
             match r {
@@ -99,6 +101,7 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
 
 async fn claim(
     client: &kube::Client,
+    recorder: &Recorder,
     claims: &ferro_runtime::Informer<PersistentVolumeClaim>,
     volumes: &ferro_runtime::Informer<PersistentVolume>,
     classes: &ferro_runtime::Informer<k8s_openapi::api::storage::v1::StorageClass>,
@@ -116,6 +119,8 @@ async fn claim(
     match plan::plan_claim_on_node(&pvc, &pvs, class.as_deref(), selected.as_deref()) {
         ClaimAction::None => {}
         ClaimAction::WaitForFirstConsumer => {
+            // upstream's event, repeated on each sync (the recorder counts repeats)
+            recorder.record(pvc.as_ref(), "Normal", "WaitForFirstConsumer", "waiting for first consumer to be created before binding".into());
             if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Pending") {
                 capi.patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&json!({"status": {"phase": "Pending"}}))).await?;
             }
@@ -153,6 +158,12 @@ async fn claim(
             tracing::info!(claim = %key, volume, "bound");
         }
         ClaimAction::Provision { provisioner } => {
+            recorder.record(
+                pvc.as_ref(),
+                "Normal",
+                "ExternalProvisioning",
+                format!("Waiting for a volume to be created either by the external provisioner '{provisioner}' or manually by the system administrator. If volume creation is delayed, please verify that the provisioner is running and correctly registered."),
+            );
             let patch = json!({"metadata": {"annotations": {
                 "volume.kubernetes.io/storage-provisioner": provisioner,
                 "volume.beta.kubernetes.io/storage-provisioner": provisioner}}});

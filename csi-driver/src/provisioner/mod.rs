@@ -1,0 +1,413 @@
+//! The provisioner: the external-provisioner's job, done by every node's ferro-csi for the
+//! claims whose selected node is its own (upstream's distributed provisioning). Volumes are
+//! node-local, so the node that will mount a volume is the one that makes it: no request ever
+//! has to be routed to another node. Claims with an Immediate class are taken by the first node
+//! whose annotation update wins. Released volumes with reclaim policy Delete are deleted by
+//! the node they live on. Volumes made for claims that are gone before their PV was written
+//! are swept (see [`sweep_orphans`]).
+
+pub mod plan;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferro_runtime::events::Recorder;
+use ferro_runtime::{spawn_resync, spawn_workers, Change, Informer, Next, ObjectKey, WorkQueue};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tracing::{info, info_span, warn, Instrument};
+
+use crate::service::status;
+use crate::volume::controller::CreateRequest;
+use crate::volume::engine::{Engine, EngineError};
+use crate::volume::host::Host;
+use crate::volume::names::DRIVER_NAME;
+use plan::{ClaimDecision, VolumeDecision, ANN_SELECTED_NODE, PV_FINALIZER};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    #[error("kubernetes API: {0}")]
+    Api(#[from] kube::Error),
+    #[error("{0}")]
+    Volume(tonic::Status),
+    #[error("the engine task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Key {
+    Claim(ObjectKey),
+    Volume(String),
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Key::Claim(k) => write!(f, "claim {k}"),
+            Key::Volume(n) => write!(f, "volume {n}"),
+        }
+    }
+}
+
+pub struct Context<H: Host> {
+    pub engine: Arc<Engine<H>>,
+    pub client: kube::Client,
+    pub node: String,
+    pub recorder: Recorder,
+    pub claims: Arc<Informer<PersistentVolumeClaim>>,
+    pub volumes: Arc<Informer<PersistentVolume>>,
+    pub classes: Arc<Informer<StorageClass>>,
+}
+
+fn class_name(pvc: &PersistentVolumeClaim) -> Option<String> {
+    pvc.spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.clone())
+        .or_else(|| {
+            pvc.annotations()
+                .get("volume.beta.kubernetes.io/storage-class")
+                .cloned()
+        })
+}
+
+/// Starts the informers, the workers and the resyncs; returns once the caches are synced.
+pub async fn start<H: Host>(
+    engine: Arc<Engine<H>>,
+    client: kube::Client,
+    node: String,
+) -> Arc<Context<H>> {
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), "ferro-csi").with_host(&node),
+        engine,
+        client: client.clone(),
+        node,
+        claims: Informer::new(),
+        volumes: Informer::new(),
+        classes: Informer::new(),
+    });
+    let queue: WorkQueue<Key> = WorkQueue::new();
+    {
+        let q = queue.clone();
+        ctx.claims
+            .on_change(move |c: &Change<PersistentVolumeClaim>| {
+                q.add(Key::Claim(ObjectKey::of(c.object().as_ref())))
+            });
+        let q = queue.clone();
+        ctx.volumes.on_change(move |c: &Change<PersistentVolume>| {
+            let pv = c.object();
+            q.add(Key::Volume(pv.name_any()));
+            if let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) {
+                if let Some(name) = r.name.as_deref() {
+                    q.add(Key::Claim(ObjectKey::new(r.namespace.as_deref(), name)));
+                }
+            }
+        });
+        let q = queue.clone();
+        let claims = Arc::clone(&ctx.claims);
+        ctx.classes.on_change(move |_c: &Change<StorageClass>| {
+            for k in claims.keys() {
+                q.add(Key::Claim(k));
+            }
+        });
+    }
+    ctx.claims
+        .spawn(Api::all(client.clone()), watcher::Config::default());
+    ctx.volumes
+        .spawn(Api::all(client.clone()), watcher::Config::default());
+    ctx.classes
+        .spawn(Api::all(client), watcher::Config::default());
+    ctx.claims.wait_synced().await;
+    ctx.volumes.wait_synced().await;
+    ctx.classes.wait_synced().await;
+    let worker_ctx = Arc::clone(&ctx);
+    spawn_workers("provisioner", queue.clone(), 2, move |key: Key| {
+        let ctx = Arc::clone(&worker_ctx);
+        async move { reconcile(ctx, key).await }
+    });
+    let keys_ctx = Arc::clone(&ctx);
+    spawn_resync(queue, Duration::from_secs(60), move || {
+        let mut keys: Vec<Key> = keys_ctx.claims.keys().into_iter().map(Key::Claim).collect();
+        keys.extend(
+            keys_ctx
+                .volumes
+                .list()
+                .iter()
+                .map(|pv| Key::Volume(pv.name_any())),
+        );
+        keys
+    });
+    let sweep_ctx = Arc::clone(&ctx);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            tick.tick().await;
+            if let Err(e) = sweep_orphans(&sweep_ctx, jiff::SignedDuration::from_mins(2)).await {
+                warn!(error = %e, "sweeping orphaned volumes failed");
+            }
+        }
+    });
+    ctx
+}
+
+/// The named reconcile: one claim or one volume, in a span carrying its key.
+pub async fn reconcile<H: Host>(ctx: Arc<Context<H>>, key: Key) -> Result<Next, ProvisionError> {
+    let span = info_span!("reconcile", controller = "provisioner", object = %key);
+    async move {
+        match &key {
+            Key::Claim(k) => reconcile_claim(&ctx, k).await,
+            Key::Volume(name) => reconcile_volume(&ctx, name).await,
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+async fn engine_call<H: Host, T: Send + 'static>(
+    ctx: &Context<H>,
+    f: impl FnOnce(&Engine<H>) -> Result<T, EngineError> + Send + 'static,
+) -> Result<Result<T, tonic::Status>, ProvisionError> {
+    let engine = Arc::clone(&ctx.engine);
+    Ok(tokio::task::spawn_blocking(move || f(&engine))
+        .await?
+        .map_err(status))
+}
+
+async fn reconcile_claim<H: Host>(
+    ctx: &Context<H>,
+    key: &ObjectKey,
+) -> Result<Next, ProvisionError> {
+    let Some(pvc) = ctx.claims.get(key.namespace.as_deref(), &key.name) else {
+        return Ok(Next::Done);
+    };
+    let ns = pvc.namespace().unwrap_or_default();
+    let class = class_name(&pvc).and_then(|c| ctx.classes.get(None, &c));
+    let pv_exists = plan::volume_name(&pvc).is_some_and(|n| ctx.volumes.get(None, &n).is_some());
+    let source_volume = |claim: &str| -> Option<String> {
+        let src = ctx.claims.get(Some(&ns), claim)?;
+        let pv = ctx
+            .volumes
+            .get(None, src.spec.as_ref()?.volume_name.as_deref()?)?;
+        let csi = pv.spec.as_ref()?.csi.as_ref()?;
+        (csi.driver == DRIVER_NAME).then(|| csi.volume_handle.clone())
+    };
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    match plan::decide_claim(&pvc, class.as_deref(), &ctx.node, pv_exists, &source_volume) {
+        ClaimDecision::Ignore => Ok(Next::Done),
+        ClaimDecision::Take => {
+            // Guarded by resourceVersion: of several nodes, the first update wins.
+            let patch = json!({"metadata": {
+                "resourceVersion": pvc.resource_version(),
+                "annotations": {ANN_SELECTED_NODE: ctx.node},
+            }});
+            match api
+                .patch(
+                    &pvc.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(_) => info!(node = %ctx.node, "took the immediate claim"),
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    info!("another node took the claim first")
+                }
+                Err(e) => return Err(e.into()),
+            }
+            Ok(Next::Done)
+        }
+        ClaimDecision::Refuse(why) => {
+            ctx.recorder.record(
+                pvc.as_ref(),
+                "Warning",
+                "ProvisioningFailed",
+                format!("failed to provision volume: {why}"),
+            );
+            Ok(Next::Done)
+        }
+        ClaimDecision::Provision(req) => {
+            let Some(class) = class else {
+                return Ok(Next::Done);
+            };
+            ctx.recorder.record(
+                pvc.as_ref(),
+                "Normal",
+                "Provisioning",
+                format!(
+                    "External provisioner is provisioning volume for claim \"{ns}/{}\"",
+                    pvc.name_any()
+                ),
+            );
+            let r = (*req).clone();
+            let made = engine_call(ctx, move |e| {
+                let range = crate::proto::CapacityRange {
+                    required_bytes: r.required_bytes,
+                    limit_bytes: r.limit_bytes,
+                };
+                e.create_volume(CreateRequest {
+                    name: &r.name,
+                    range: Some(&range),
+                    capabilities: std::slice::from_ref(&r.capability),
+                    parameters: &r.parameters,
+                    source: r.source.clone(),
+                })
+            })
+            .await?;
+            let rec = match made {
+                Ok(rec) => rec,
+                Err(st) => {
+                    ctx.recorder.record(
+                        pvc.as_ref(),
+                        "Warning",
+                        "ProvisioningFailed",
+                        format!(
+                            "failed to provision volume with StorageClass {:?}: {}",
+                            class.name_any(),
+                            st.message()
+                        ),
+                    );
+                    let wffc = class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer");
+                    if st.code() == tonic::Code::ResourceExhausted && wffc {
+                        // Give the claim back to the scheduler: another node may have room.
+                        let patch = json!({"metadata": {"annotations": {ANN_SELECTED_NODE: null}}});
+                        api.patch(
+                            &pvc.name_any(),
+                            &PatchParams::default(),
+                            &Patch::Merge(&patch),
+                        )
+                        .await?;
+                        return Ok(Next::Done);
+                    }
+                    if matches!(
+                        st.code(),
+                        tonic::Code::InvalidArgument
+                            | tonic::Code::OutOfRange
+                            | tonic::Code::AlreadyExists
+                    ) {
+                        // Final until the claim changes.
+                        return Ok(Next::Done);
+                    }
+                    return Err(ProvisionError::Volume(st));
+                }
+            };
+            let context = rec
+                .parameters
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let pv = plan::volume_object(
+                &pvc,
+                &class,
+                &req,
+                &rec.id,
+                rec.size as i64,
+                &context,
+                &ctx.node,
+            );
+            let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+            match pvs.create(&PostParams::default(), &pv).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+            ctx.recorder.record(
+                pvc.as_ref(),
+                "Normal",
+                "ProvisioningSucceeded",
+                format!("Successfully provisioned volume {}", req.name),
+            );
+            info!(volume = %rec.id, pv = %req.name, bytes = rec.size, "provisioned");
+            Ok(Next::Done)
+        }
+    }
+}
+
+async fn reconcile_volume<H: Host>(ctx: &Context<H>, name: &str) -> Result<Next, ProvisionError> {
+    let Some(pv) = ctx.volumes.get(None, name) else {
+        return Ok(Next::Done);
+    };
+    let VolumeDecision::Delete { volume_id } = plan::decide_volume(&pv, &ctx.node) else {
+        return Ok(Next::Done);
+    };
+    let id = volume_id.clone();
+    if let Err(st) = engine_call(ctx, move |e| e.delete_volume(&id)).await? {
+        ctx.recorder.record(
+            pv.as_ref(),
+            "Warning",
+            "VolumeFailedDelete",
+            st.message().to_string(),
+        );
+        return Err(ProvisionError::Volume(st));
+    }
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let finalizers: Vec<String> = pv
+        .finalizers()
+        .iter()
+        .filter(|f| *f != PV_FINALIZER)
+        .cloned()
+        .collect();
+    if finalizers.len() != pv.finalizers().len() {
+        let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": pv.resource_version()}});
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Next::Done),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    info!(volume = %volume_id, "deleted the released volume");
+    Ok(Next::Done)
+}
+
+/// Deletes volumes this node made for claims that no longer exist and that no PV records: a
+/// claim deleted between CreateVolume and the PV's creation (or a crash between them) would
+/// otherwise leak its backing file. Only volumes older than `min_age` are considered, so a
+/// provisioning under way is never swept.
+pub async fn sweep_orphans<H: Host>(
+    ctx: &Context<H>,
+    min_age: jiff::SignedDuration,
+) -> Result<Vec<String>, ProvisionError> {
+    let records = match engine_call(ctx, |e| e.volumes()).await? {
+        Ok(r) => r,
+        Err(st) => return Err(ProvisionError::Volume(st)),
+    };
+    let pv_names: HashSet<String> = ctx.volumes.list().iter().map(|pv| pv.name_any()).collect();
+    let claim_uids: HashSet<String> = ctx.claims.list().iter().filter_map(|c| c.uid()).collect();
+    let now = jiff::Timestamp::now();
+    let mut swept = Vec::new();
+    for rec in records {
+        let Some(uid) = rec.name.strip_prefix("pvc-") else {
+            continue;
+        };
+        let old = rec
+            .created
+            .parse::<jiff::Timestamp>()
+            .is_ok_and(|t| now.duration_since(t) > min_age);
+        if !old || pv_names.contains(&rec.name) || claim_uids.contains(uid) {
+            continue;
+        }
+        let id = rec.id.clone();
+        match engine_call(ctx, move |e| e.delete_volume(&id)).await? {
+            Ok(()) => {
+                warn!(volume = %rec.id, name = %rec.name, "deleted a volume whose claim and PV are gone");
+                swept.push(rec.id);
+            }
+            Err(st) => {
+                warn!(volume = %rec.id, error = %st.message(), "an orphaned volume could not be deleted")
+            }
+        }
+    }
+    Ok(swept)
+}
