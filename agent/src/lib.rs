@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod cri;
+pub mod csi;
 pub mod node;
 pub mod pod;
 pub mod server;

@@ -194,6 +194,14 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         server.abort();
         return Ok(());
     };
+    // CSI drivers register through <root>/plugins_registry (kubelet's plugin watcher).
+    let csi_drivers = std::sync::Arc::new(ferro_agent::csi::registry::Drivers::default());
+    let registry_task = tokio::spawn(ferro_agent::csi::registry::watch(
+        cfg.root_dir.join("plugins_registry"),
+        csi_drivers.clone(),
+        Some(ferro_agent::csi::registry::NodeObjects { client: client.clone(), node: name.clone() }),
+        std::time::Duration::from_secs(2),
+    ));
     let mut prober = Prober::new(cfg.runtime_socket.clone());
     let mut initial = prober.probe().await;
     if let Some(sig) = node::Signals::read(Path::new("/proc"), &cfg.root_dir) {
@@ -257,6 +265,7 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: exiting"),
     }
     probe_task.abort();
+    registry_task.abort();
     server.abort();
     Ok(())
 }

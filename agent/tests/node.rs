@@ -370,3 +370,70 @@ async fn containerd_runtime_status_drives_ready() {
     assert_eq!(ready.message.as_deref(), Some("kubelet is posting ready status"));
     assert!(ready.last_transition_time.unwrap().0 > not_ready_since.0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_csi_driver_registers_through_the_plugin_registry_and_leaves_with_its_socket() {
+    use k8s_openapi::api::storage::v1::CSINode;
+    let cp = ControlPlane::start();
+    let dir = tempfile::Builder::new().prefix("ferro-agent-csi").tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\n").unwrap();
+    let kubeconfig = cp.node_kubeconfig("node-a");
+    let _agent = start_agent(dir.path(), &kubeconfig, &config, "agent.log");
+    // ferro-csi serving CSI only (no provisioner), registering in the agent's registry dir as
+    // the node-driver-registrar would.
+    let csi_log = std::fs::File::create(dir.path().join("csi.log")).unwrap();
+    let mut csi = Proc(Some(
+        Command::new(lab::sibling_bin("ferro-csi"))
+            .args(["--node-id", "node-a", "--pool-size", "1Gi"])
+            .arg("--data-dir")
+            .arg(dir.path().join("csi-data"))
+            .arg("--endpoint")
+            .arg(format!("unix://{}", dir.path().join("csi.sock").display()))
+            .arg("--registration-dir")
+            .arg(dir.path().join("root/plugins_registry"))
+            .arg("--allowed-path")
+            .arg(dir.path().join("root"))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(csi_log)
+            .spawn()
+            .unwrap(),
+    ));
+    let logs = || {
+        format!(
+            "agent log:\n{}\nferro-csi log:\n{}",
+            std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default(),
+            std::fs::read_to_string(dir.path().join("csi.log")).unwrap_or_default()
+        )
+    };
+    let client = cp.admin().await;
+    let csinodes: Api<CSINode> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let entry = wait_for("the driver in CSINode node-a", logs, || async {
+        csinodes.get_opt("node-a").await.unwrap()?.spec.drivers.into_iter().find(|d| d.name == "loop.csi.ferro.dev")
+    })
+    .await;
+    assert_eq!(entry.node_id, "node-a");
+    assert_eq!(entry.topology_keys, Some(vec!["topology.loop.csi.ferro.dev/node".to_string()]));
+    let csinode = csinodes.get("node-a").await.unwrap();
+    let node = nodes.get("node-a").await.unwrap();
+    let owner = &csinode.metadata.owner_references.unwrap()[0];
+    assert_eq!((owner.kind.as_str(), Some(&owner.uid)), ("Node", node.metadata.uid.as_ref()));
+    assert_eq!(node.metadata.labels.unwrap().get("topology.loop.csi.ferro.dev/node").map(String::as_str), Some("node-a"));
+    wait_for("ferro-csi to hear it was registered", logs, || async {
+        std::fs::read_to_string(dir.path().join("csi.log")).unwrap_or_default().contains("the kubelet registered the driver").then_some(())
+    })
+    .await;
+
+    // ferro-csi stops: its registration socket goes with it, and the agent deregisters it.
+    let pid = csi.0.as_ref().unwrap().id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let st = csi.0.as_mut().unwrap().wait().unwrap();
+    assert!(st.success(), "ferro-csi exited with {st}\n{}", logs());
+    wait_for("the driver gone from CSINode node-a", logs, || async {
+        let c = csinodes.get_opt("node-a").await.unwrap()?;
+        c.spec.drivers.is_empty().then_some(())
+    })
+    .await;
+}

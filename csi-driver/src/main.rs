@@ -41,6 +41,10 @@ struct Args {
     /// this node runs for the claims selected for it. Without it ferro-csi serves CSI only.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// The kubelet's plugin registry dir (`<agent root>/plugins_registry`): ferro-csi
+    /// registers itself there as the node-driver-registrar would. Without it, nothing registers.
+    #[arg(long)]
+    registration_dir: Option<PathBuf>,
     /// Which services to serve.
     #[arg(long, value_enum, default_value = "all")]
     mode: Mode,
@@ -113,5 +117,24 @@ async fn main() -> anyhow::Result<()> {
         // Shutdown detaches, unmounts and deletes nothing: volumes stay as they are.
         info!("shutting down");
     };
-    serve(engine, args.mode, &socket, shutdown).await
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let registration = args.registration_dir.clone().map(|dir| {
+        let mut rx = stop_rx.clone();
+        let endpoint = socket.clone();
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            ferro_csi::service::registration::serve_registration(&dir, &endpoint, stopped).await
+        })
+    });
+    let served = serve(engine, args.mode, &socket, async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    })
+    .await;
+    if let Some(r) = registration {
+        r.await??;
+    }
+    served
 }

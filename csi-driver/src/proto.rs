@@ -1,4 +1,3 @@
-//! The CSI v1 messages and services, generated from proto/csi.proto by build.rs.
-#![allow(clippy::all, missing_docs)]
+//! The CSI v1 messages and services (crate `ferro-csi-proto`).
 
-tonic::include_proto!("csi.v1");
+pub use csi_proto::csi::*;

@@ -197,10 +197,12 @@ pub fn decide_claim(
                 ))
             }
         },
-        Some((group, kind, _)) => return ClaimDecision::Refuse(format!(
+        Some((group, kind, _)) => {
+            return ClaimDecision::Refuse(format!(
             "data source {}/{kind} is not supported (a PersistentVolumeClaim of this driver is)",
             group.unwrap_or("")
-        )),
+        ))
+        }
     };
     let parameters = params
         .into_iter()

@@ -5,6 +5,7 @@
 mod controller;
 mod identity;
 mod node;
+pub mod registration;
 
 use std::path::Path;
 use std::sync::Arc;
