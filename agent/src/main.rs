@@ -183,6 +183,13 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         None => None,
     };
     let workers = start_pods(&cfg, &name, &facts, client.clone()).await?;
+    let csi_drivers = std::sync::Arc::new(ferro_agent::csi::registry::Drivers::default());
+    workers.set_csi(std::sync::Arc::new(ferro_agent::csi::mounter::CsiMounter {
+        root: cfg.root_dir.clone(),
+        node: name.clone(),
+        drivers: csi_drivers.clone(),
+        client: client.clone(),
+    }));
     let server = start_server(&cfg, &name, &facts, client.clone(), workers.clone())?;
     let Some(client) = client else {
         tracing::info!(node = %name, "no --kubeconfig: running standalone (static pods only), nothing to register");
@@ -195,7 +202,6 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         return Ok(());
     };
     // CSI drivers register through <root>/plugins_registry (kubelet's plugin watcher).
-    let csi_drivers = std::sync::Arc::new(ferro_agent::csi::registry::Drivers::default());
     let registry_task = tokio::spawn(ferro_agent::csi::registry::watch(
         cfg.root_dir.join("plugins_registry"),
         csi_drivers.clone(),

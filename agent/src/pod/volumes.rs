@@ -198,7 +198,8 @@ fn sources(v: &Volume) -> Vec<&'static str> {
     all.into_iter().filter(|(_, set)| *set).map(|(name, _)| name).collect()
 }
 
-const SUPPORTED: [&str; 6] = ["emptyDir", "hostPath", "configMap", "secret", "downwardAPI", "projected"];
+const SUPPORTED: [&str; 7] =
+    ["emptyDir", "hostPath", "configMap", "secret", "downwardAPI", "projected", "persistentVolumeClaim"];
 
 const HOST_PATH_TYPES: [&str; 8] =
     ["", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice"];
@@ -230,6 +231,11 @@ pub fn validate(pod: &Pod) -> Result<(), VolumeError> {
 }
 
 fn validate_source(pod: &Pod, v: &Volume) -> Result<(), String> {
+    if let Some(c) = &v.persistent_volume_claim {
+        if c.claim_name.is_empty() {
+            return Err("persistentVolumeClaim.claimName is empty".into());
+        }
+    }
     if let Some(ed) = &v.empty_dir {
         match ed.medium.as_deref().unwrap_or("") {
             "" | "Memory" => {}
@@ -377,7 +383,8 @@ pub fn setup(
         mounted: mount_points(&read_mountinfo()?).into_iter().map(|m| m.mount_point).collect(),
     };
     let mut out = BTreeMap::new();
-    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+    // persistentVolumeClaim volumes are the CSI mounter's (crate::csi::mounter), async.
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).filter(|v| v.persistent_volume_claim.is_none()) {
         let path = ctx
             .setup_one(v)
             .map_err(|error| VolumeError::SetUp { volume: v.name.clone(), error: Box::new(error) })?;
@@ -1003,8 +1010,8 @@ mod tests {
     #[test]
     fn validate_messages() {
         let cases = [
-            (json!([{"name": "x", "persistentVolumeClaim": {"claimName": "c"}}]),
-             "volume \"x\": persistentVolumeClaim volumes are not supported yet"),
+            (json!([{"name": "x", "persistentVolumeClaim": {"claimName": ""}}]),
+             "volume \"x\": persistentVolumeClaim.claimName is empty"),
             (json!([{"name": "x", "csi": {"driver": "d"}}]), "volume \"x\": csi volumes are not supported yet"),
             (json!([{"name": "x", "ephemeral": {}}]), "volume \"x\": ephemeral volumes are not supported yet"),
             (json!([{"name": "x", "nfs": {"server": "s", "path": "/"}}]), "volume \"x\": nfs volumes are not supported yet"),

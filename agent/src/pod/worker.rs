@@ -85,6 +85,8 @@ struct Inner {
     probes: ProbeManager,
     queue: WorkQueue<String>,
     events: Option<ferro_runtime::events::Recorder>,
+    /// Mounts persistentVolumeClaim volumes through CSI drivers (set once by main).
+    csi: std::sync::OnceLock<Arc<crate::csi::mounter::CsiMounter>>,
 }
 
 /// The pod workers of this node.
@@ -218,6 +220,13 @@ pub fn pod_requests(pod: &Pod) -> (i64, i64) {
 }
 
 impl PodWorkers {
+    /// Hands the workers the CSI mounter for persistentVolumeClaim volumes (once).
+    pub fn set_csi(&self, mounter: Arc<crate::csi::mounter::CsiMounter>) {
+        if self.inner.csi.set(mounter).is_err() {
+            tracing::warn!("the CSI mounter was set twice; keeping the first");
+        }
+    }
+
     pub fn new(cfg: WorkerConfig, runtime_name: String, rt: Runtime, kube: Option<kube::Client>) -> Self {
         let events = kube
             .as_ref()
@@ -239,6 +248,7 @@ impl PodWorkers {
             probes: ProbeManager::new(exec, notify_tx).with_failures(failure_tx),
             queue: queue.clone(),
             events,
+            csi: std::sync::OnceLock::new(),
         });
         tokio::spawn(async move {
             while let Some(uid) = notify_rx.recv().await {
@@ -701,6 +711,18 @@ impl PodWorkers {
         Ok(Next::After(next))
     }
 
+    /// The pod's persistentVolumeClaim volumes, staged and published through their CSI driver.
+    async fn csi_setup(&self, pod: &Pod) -> Result<BTreeMap<String, volumes::VolumePath>, String> {
+        let has_claims = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(|v| v.persistent_volume_claim.is_some());
+        if !has_claims {
+            return Ok(BTreeMap::new());
+        }
+        match self.inner.csi.get() {
+            Some(csi) => csi.setup(pod).await.map_err(|e| e.to_string()),
+            None => Err(crate::csi::mounter::CsiError::NoApi.to_string()),
+        }
+    }
+
     /// Carries out `actions`; returns how soon to look again when something is pending.
     async fn execute(
         &self,
@@ -733,7 +755,23 @@ impl PodWorkers {
         if actions.start.is_empty() && !actions.create_sandbox {
             return Ok(None);
         }
-        // Volumes before the sandbox, as upstream.
+        // Volumes before the sandbox, as upstream: CSI (persistentVolumeClaim) ones first.
+        let csi_vols = match self.csi_setup(pod).await {
+            Ok(v) => v,
+            Err(msg) => {
+                tracing::warn!(pod = %pod_label(pod), error = %msg, "volume setup failed");
+                self.event(pod, "Warning", "FailedMount", msg.clone());
+                self.with_state(uid, |s| {
+                    for c in pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten())) {
+                        s.waiting.insert(
+                            c.name.clone(),
+                            Waiting { reason: "ContainerCreating".into(), message: format!("MountVolume.SetUp failed: {msg}") },
+                        );
+                    }
+                });
+                return Ok(Some(Duration::from_secs(2)));
+            }
+        };
         let vols = match volumes::setup(
             &self.inner.cfg.root_dir,
             pod,
@@ -741,7 +779,10 @@ impl PodWorkers {
             self.inner.cfg.allocatable_cpu_milli,
             self.inner.cfg.allocatable_memory,
         ) {
-            Ok(v) => v,
+            Ok(mut v) => {
+                v.extend(csi_vols);
+                v
+            }
             Err(e) => {
                 let msg = e.to_string();
                 tracing::warn!(pod = %pod_label(pod), error = %msg, "volume setup failed");
@@ -1149,6 +1190,10 @@ impl PodWorkers {
         for s in &observed.sandboxes {
             CriError::gone_ok(rt.stop_sandbox(&s.id).await)?;
             CriError::gone_ok(rt.remove_sandbox(&s.id).await)?;
+        }
+        // CSI volumes through their driver first (unpublish, unstage), then the rest.
+        if let Some(csi) = self.inner.csi.get() {
+            csi.teardown(uid).await.map_err(|e| e.to_string())?;
         }
         volumes::teardown(&self.inner.cfg.root_dir, uid).map_err(|e| e.to_string())?;
         if !observed.name.is_empty() {

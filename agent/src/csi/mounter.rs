@@ -1,0 +1,420 @@
+//! kubelet's CSI volume mounting for persistentVolumeClaim volumes: claim -> bound PV -> the
+//! registered driver -> NodeStageVolume at the volume's global mount -> NodePublishVolume at
+//! the pod's volume dir, with upstream's paths:
+//!
+//! ```text
+//! <root>/plugins/kubernetes.io/csi/<driver>/<sha256(volume handle)>/globalmount   staging
+//! <root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount                          target
+//! <root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>/vol_data.json                  what to undo
+//! ```
+//!
+//! vol_data.json is written before the volume is staged, so teardown (also after an agent
+//! restart, from the files alone) always knows what to unpublish and unstage. The volume is
+//! unstaged when no other pod's vol_data.json names it. [`plan_mount`] is pure.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use csi_proto::csi::node_client::NodeClient;
+use csi_proto::csi::node_service_capability::rpc::Type as NodeRpc;
+use csi_proto::csi::node_service_capability::Type as NodeCapType;
+use csi_proto::csi::volume_capability::access_mode::Mode;
+use csi_proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use csi_proto::csi::{
+    NodeGetCapabilitiesRequest, NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
+    NodeUnstageVolumeRequest, VolumeCapability,
+};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::Api;
+use serde::{Deserialize, Serialize};
+use tracing::info;
+
+use super::registry::{channel, Drivers, RegistryError};
+use crate::pod::ownership::{self, ChangePolicy};
+use crate::pod::volumes::VolumePath;
+
+/// The plugin directory name of CSI volumes in a pod's volume dir.
+pub const CSI_DIR: &str = "kubernetes.io~csi";
+const VOL_DATA: &str = "vol_data.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CsiError {
+    #[error("persistentvolumeclaim {0:?} not found")]
+    ClaimNotFound(String),
+    #[error("PVC {claim} has non-bound phase ({phase:?}) or empty pvc.Spec.VolumeName ({volume:?})")]
+    ClaimNotBound { claim: String, phase: String, volume: String },
+    #[error("persistentvolume {0:?} not found")]
+    VolumeNotFound(String),
+    #[error("persistent volume {0:?} is not a CSI volume: the agent mounts CSI persistent volumes only")]
+    NotCsi(String),
+    #[error("driver name {0} not found in the list of registered CSI drivers")]
+    DriverNotRegistered(String),
+    #[error("persistentVolumeClaim volumes need the API server (the agent runs without --kubeconfig)")]
+    NoApi,
+    #[error("volume mode Block is not supported by the agent yet (volume {0:?})")]
+    BlockNotSupportedYet(String),
+    #[error("{call} failed for volume {volume:?}: {}", status.message())]
+    Rpc { call: &'static str, volume: String, status: tonic::Status },
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("kubernetes API: {0}")]
+    Api(#[from] kube::Error),
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Volume(#[from] crate::pod::volumes::VolumeError),
+}
+
+fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CsiError {
+    let path = path.to_path_buf();
+    move |source| CsiError::Io { op, path, source }
+}
+
+/// What teardown needs, as upstream's vol_data.json (ferro adds the staging path).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolData {
+    pub driver_name: String,
+    pub volume_handle: String,
+    #[serde(rename = "specVolID")]
+    pub spec_vol_id: String,
+    pub node_name: String,
+    pub volume_lifecycle_mode: String,
+    pub staging_path: PathBuf,
+}
+
+/// One persistentVolumeClaim volume of a pod, planned.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MountPlan {
+    pub volume: String,
+    pub data: VolData,
+    pub target: PathBuf,
+    pub capability: VolumeCapability,
+    pub readonly: bool,
+    pub volume_context: std::collections::HashMap<String, String>,
+    pub fs_type: String,
+}
+
+fn hex_sha256(s: &str) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, s.as_bytes());
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `<root>/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/globalmount`
+pub fn staging_path(root: &Path, driver: &str, handle: &str) -> PathBuf {
+    root.join("plugins/kubernetes.io/csi").join(driver).join(hex_sha256(handle)).join("globalmount")
+}
+
+/// `<root>/pods/<uid>/volumes/kubernetes.io~csi`
+pub fn pod_csi_dir(root: &Path, uid: &str) -> PathBuf {
+    root.join("pods").join(uid).join("volumes").join(CSI_DIR)
+}
+
+/// Plans one claim volume from its bound claim and volume.
+pub fn plan_mount(
+    root: &Path,
+    uid: &str,
+    node: &str,
+    volume: &str,
+    claim_readonly: bool,
+    pvc: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+) -> Result<MountPlan, CsiError> {
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let spec = pv.spec.as_ref().ok_or_else(|| CsiError::NotCsi(pv_name.clone()))?;
+    let csi = spec.csi.as_ref().ok_or_else(|| CsiError::NotCsi(pv_name.clone()))?;
+    if spec.volume_mode.as_deref() == Some("Block") || pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block") {
+        return Err(CsiError::BlockNotSupportedYet(volume.to_string()));
+    }
+    let modes = spec.access_modes.clone().unwrap_or_default();
+    let mode = if modes.iter().any(|m| m == "ReadWriteOncePod") {
+        Mode::SingleNodeSingleWriter
+    } else if modes.iter().any(|m| m == "ReadWriteOnce") || modes.is_empty() {
+        Mode::SingleNodeWriter
+    } else if modes.iter().any(|m| m == "ReadWriteMany") {
+        Mode::MultiNodeMultiWriter
+    } else {
+        Mode::MultiNodeReaderOnly
+    };
+    let fs_type = csi.fs_type.clone().unwrap_or_default();
+    let capability = VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs_type.clone(),
+            mount_flags: spec.mount_options.clone().unwrap_or_default(),
+            volume_mount_group: String::new(),
+        })),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    };
+    let dir = pod_csi_dir(root, uid).join(&pv_name);
+    Ok(MountPlan {
+        volume: volume.to_string(),
+        data: VolData {
+            driver_name: csi.driver.clone(),
+            volume_handle: csi.volume_handle.clone(),
+            spec_vol_id: pv_name,
+            node_name: node.to_string(),
+            volume_lifecycle_mode: "Persistent".into(),
+            staging_path: staging_path(root, &csi.driver, &csi.volume_handle),
+        },
+        target: dir.join("mount"),
+        capability,
+        readonly: claim_readonly || csi.read_only == Some(true),
+        volume_context: csi.volume_attributes.clone().unwrap_or_default().into_iter().collect(),
+        fs_type,
+    })
+}
+
+/// Mounts and unmounts the pods' CSI volumes.
+pub struct CsiMounter {
+    pub root: PathBuf,
+    pub node: String,
+    pub drivers: Arc<Drivers>,
+    pub client: Option<kube::Client>,
+}
+
+fn rpc(call: &'static str, volume: &str) -> impl FnOnce(tonic::Status) -> CsiError {
+    let volume = volume.to_string();
+    move |status| CsiError::Rpc { call, volume, status }
+}
+
+impl CsiMounter {
+    async fn node_client(&self, driver: &str) -> Result<NodeClient<tonic::transport::Channel>, CsiError> {
+        let d = self.drivers.get(driver).ok_or_else(|| CsiError::DriverNotRegistered(driver.to_string()))?;
+        Ok(NodeClient::new(channel(&d.endpoint).await?))
+    }
+
+    /// Sets up every persistentVolumeClaim volume of `pod`; returns their host paths by
+    /// volume name. Idempotent (the CSI calls are).
+    pub async fn setup(&self, pod: &Pod) -> Result<BTreeMap<String, VolumePath>, CsiError> {
+        let mut out = BTreeMap::new();
+        let claims: Vec<_> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .filter_map(|v| v.persistent_volume_claim.as_ref().map(|c| (v.name.clone(), c.clone())))
+            .collect();
+        if claims.is_empty() {
+            return Ok(out);
+        }
+        let client = self.client.clone().ok_or(CsiError::NoApi)?;
+        let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let fs_group = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()).and_then(|sc| sc.fs_group);
+        let policy = match pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.security_context.as_ref())
+            .and_then(|sc| sc.fs_group_change_policy.as_deref())
+        {
+            Some("OnRootMismatch") => ChangePolicy::OnRootMismatch,
+            _ => ChangePolicy::Always,
+        };
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        let pvs: Api<PersistentVolume> = Api::all(client);
+        for (volume, src) in claims {
+            let pvc = pvcs.get_opt(&src.claim_name).await?.ok_or_else(|| CsiError::ClaimNotFound(src.claim_name.clone()))?;
+            let phase = pvc.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+            let pv_name = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).unwrap_or_default();
+            if phase != "Bound" || pv_name.is_empty() {
+                return Err(CsiError::ClaimNotBound { claim: format!("{ns}/{}", src.claim_name), phase, volume: pv_name });
+            }
+            let pv = pvs.get_opt(&pv_name).await?.ok_or_else(|| CsiError::VolumeNotFound(pv_name.clone()))?;
+            let plan = plan_mount(&self.root, &uid, &self.node, &volume, src.read_only == Some(true), &pvc, &pv)?;
+            self.mount(&plan).await?;
+            if let (Some(gid), false) = (fs_group.and_then(|g| u32::try_from(g).ok()), plan.fs_type.is_empty() || plan.readonly) {
+                // As upstream's default fsGroupPolicy (ReadWriteOnceWithFSType).
+                ownership::set_volume_ownership(&plan.target, gid, policy, false)?;
+            }
+            out.insert(volume, VolumePath { host_path: plan.target.clone(), read_only: plan.readonly });
+        }
+        Ok(out)
+    }
+
+    async fn mount(&self, plan: &MountPlan) -> Result<(), CsiError> {
+        let mut node = self.node_client(&plan.data.driver_name).await?;
+        let dir = plan.target.parent().unwrap_or(&plan.target).to_path_buf();
+        std::fs::create_dir_all(&dir).map_err(io("create directory", &dir))?;
+        let data_file = dir.join(VOL_DATA);
+        let json = serde_json::to_vec(&plan.data).map_err(|e| io("encode", &data_file)(std::io::Error::other(e)))?;
+        std::fs::write(&data_file, json).map_err(io("write", &data_file))?;
+        let caps = node.node_get_capabilities(NodeGetCapabilitiesRequest {}).await.map_err(rpc("NodeGetCapabilities", &plan.volume))?;
+        let stages = caps.into_inner().capabilities.iter().any(|c| {
+            matches!(&c.r#type, Some(NodeCapType::Rpc(r)) if r.r#type == NodeRpc::StageUnstageVolume as i32)
+        });
+        let staging = if stages {
+            let staging = &plan.data.staging_path;
+            std::fs::create_dir_all(staging).map_err(io("create directory", staging))?;
+            node.node_stage_volume(NodeStageVolumeRequest {
+                volume_id: plan.data.volume_handle.clone(),
+                staging_target_path: staging.to_string_lossy().into_owned(),
+                volume_capability: Some(plan.capability.clone()),
+                volume_context: plan.volume_context.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(rpc("MountVolume.MountDevice (NodeStageVolume)", &plan.volume))?;
+            staging.to_string_lossy().into_owned()
+        } else {
+            String::new()
+        };
+        node.node_publish_volume(NodePublishVolumeRequest {
+            volume_id: plan.data.volume_handle.clone(),
+            staging_target_path: staging,
+            target_path: plan.target.to_string_lossy().into_owned(),
+            volume_capability: Some(plan.capability.clone()),
+            readonly: plan.readonly,
+            volume_context: plan.volume_context.clone(),
+            ..Default::default()
+        })
+        .await
+        .map_err(rpc("MountVolume.SetUp (NodePublishVolume)", &plan.volume))?;
+        Ok(())
+    }
+
+    /// Unpublishes every CSI volume of the pod (from its vol_data.json files), and unstages
+    /// each one no other pod on the node still uses. The pod's CSI dir is gone afterwards.
+    pub async fn teardown(&self, uid: &str) -> Result<(), CsiError> {
+        let dir = pod_csi_dir(&self.root, uid);
+        for (vol_dir, data) in read_vol_data(&dir) {
+            let mut node = self.node_client(&data.driver_name).await?;
+            let target = vol_dir.join("mount");
+            node.node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: data.volume_handle.clone(),
+                target_path: target.to_string_lossy().into_owned(),
+            })
+            .await
+            .map_err(rpc("UnmountVolume.TearDown (NodeUnpublishVolume)", &data.spec_vol_id))?;
+            let data_file = vol_dir.join(VOL_DATA);
+            std::fs::remove_file(&data_file).map_err(io("remove", &data_file))?;
+            match std::fs::remove_dir(&vol_dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io("remove", &vol_dir)(e)),
+                _ => {}
+            }
+            if !self.in_use_elsewhere(uid, &data.volume_handle) && data.staging_path.exists() {
+                node.node_unstage_volume(NodeUnstageVolumeRequest {
+                    volume_id: data.volume_handle.clone(),
+                    staging_target_path: data.staging_path.to_string_lossy().into_owned(),
+                })
+                .await
+                .map_err(rpc("UnmountDevice (NodeUnstageVolume)", &data.spec_vol_id))?;
+                // kubelet removes the global mount dir and its per-volume parent.
+                for d in [Some(data.staging_path.as_path()), data.staging_path.parent()].into_iter().flatten() {
+                    let _ignored_if_not_empty = std::fs::remove_dir(d);
+                }
+                info!(volume = %data.spec_vol_id, "volume unstaged");
+            }
+        }
+        match std::fs::remove_dir(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", &dir)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether a pod other than `uid` has a vol_data.json naming `handle`.
+    fn in_use_elsewhere(&self, uid: &str, handle: &str) -> bool {
+        let Ok(pods) = std::fs::read_dir(self.root.join("pods")) else { return false };
+        pods.flatten()
+            .filter(|p| p.file_name().to_str() != Some(uid))
+            .any(|p| read_vol_data(&p.path().join("volumes").join(CSI_DIR)).iter().any(|(_, d)| d.volume_handle == handle))
+    }
+}
+
+/// The CSI volume dirs under a pod's CSI dir that carry a readable vol_data.json.
+pub fn read_vol_data(dir: &Path) -> Vec<(PathBuf, VolData)> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut out: Vec<(PathBuf, VolData)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let bytes = std::fs::read(e.path().join(VOL_DATA)).ok()?;
+            let data: VolData = serde_json::from_slice(&bytes).ok()?;
+            Some((e.path(), data))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolumeSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn pv(modes: &[&str], mode: Option<&str>) -> PersistentVolume {
+        PersistentVolume {
+            metadata: ObjectMeta { name: Some("pvc-1".into()), ..Default::default() },
+            spec: Some(PersistentVolumeSpec {
+                access_modes: Some(modes.iter().map(|m| m.to_string()).collect()),
+                csi: Some(CSIPersistentVolumeSource {
+                    driver: "loop.csi.ferro.dev".into(),
+                    volume_handle: "loop-abc".into(),
+                    fs_type: Some("xfs".into()),
+                    volume_attributes: Some(BTreeMap::from([("provisioning".to_string(), "thin".to_string())])),
+                    ..Default::default()
+                }),
+                mount_options: Some(vec!["noatime".into()]),
+                volume_mode: mode.map(String::from),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn paths_and_capability_follow_upstream() {
+        let root = Path::new("/var/lib/kubelet");
+        let p = plan_mount(root, "u1", "n1", "data", false, &PersistentVolumeClaim::default(), &pv(&["ReadWriteOnce"], None)).expect("plan");
+        assert_eq!(p.target, PathBuf::from("/var/lib/kubelet/pods/u1/volumes/kubernetes.io~csi/pvc-1/mount"));
+        let staging = p.data.staging_path.to_string_lossy().into_owned();
+        assert!(staging.starts_with("/var/lib/kubelet/plugins/kubernetes.io/csi/loop.csi.ferro.dev/"), "{staging}");
+        assert!(staging.ends_with("/globalmount"));
+        assert_eq!(staging.split('/').nth_back(1).map(str::len), Some(64), "sha256 of the handle");
+        assert_eq!(p.capability.access_mode.map(|m| m.mode), Some(Mode::SingleNodeWriter as i32));
+        match p.capability.access_type {
+            Some(AccessType::Mount(m)) => assert_eq!((m.fs_type.as_str(), m.mount_flags), ("xfs", vec!["noatime".to_string()])),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(p.volume_context.get("provisioning").map(String::as_str), Some("thin"));
+        assert!(!p.readonly);
+        let ro = plan_mount(root, "u1", "n1", "data", true, &PersistentVolumeClaim::default(), &pv(&["ReadWriteOncePod"], None)).expect("plan");
+        assert!(ro.readonly);
+        assert_eq!(ro.capability.access_mode.map(|m| m.mode), Some(Mode::SingleNodeSingleWriter as i32));
+    }
+
+    #[test]
+    fn volumes_the_agent_cannot_mount_say_why() {
+        let root = Path::new("/r");
+        let mut not_csi = pv(&["ReadWriteOnce"], None);
+        not_csi.spec.as_mut().expect("spec").csi = None;
+        let e = plan_mount(root, "u", "n", "v", false, &PersistentVolumeClaim::default(), &not_csi).expect_err("not csi");
+        assert!(e.to_string().contains("not a CSI volume"), "{e}");
+        let e = plan_mount(root, "u", "n", "v", false, &PersistentVolumeClaim::default(), &pv(&["ReadWriteOnce"], Some("Block"))).expect_err("block");
+        assert!(e.to_string().contains("Block"), "{e}");
+    }
+
+    #[test]
+    fn vol_data_round_trips_with_upstreams_keys() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = VolData {
+            driver_name: "loop.csi.ferro.dev".into(),
+            volume_handle: "loop-abc".into(),
+            spec_vol_id: "pvc-1".into(),
+            node_name: "n1".into(),
+            volume_lifecycle_mode: "Persistent".into(),
+            staging_path: "/r/plugins/x/globalmount".into(),
+        };
+        let json = serde_json::to_value(&d).expect("json");
+        assert_eq!(json["specVolID"], "pvc-1");
+        assert_eq!(json["driverName"], "loop.csi.ferro.dev");
+        std::fs::create_dir_all(dir.path().join("pvc-1")).expect("mkdir");
+        std::fs::write(dir.path().join("pvc-1").join(VOL_DATA), json.to_string()).expect("write");
+        std::fs::create_dir_all(dir.path().join("junk")).expect("mkdir");
+        assert_eq!(read_vol_data(dir.path()), vec![(dir.path().join("pvc-1"), d)]);
+    }
+}

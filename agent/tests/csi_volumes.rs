@@ -1,0 +1,117 @@
+//! Persistent volumes end to end in the lab: ferro-csi (driver, provisioner, registration)
+//! next to ferro-agent in containerd's namespaces; a pod with a WaitForFirstConsumer claim is
+//! scheduled, its volume provisioned, staged and published, the pod writes to it; the data
+//! survives the pod's deletion and is read by a new pod; deleting the claim removes the volume,
+//! its loop device and its backing file. Driven by kubectl. Needs root and the lab's packages.
+#![allow(clippy::unwrap_used)]
+
+mod lab;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use ferro_lab::storage::Scratch;
+use lab::{sibling_bin, Lab, Proc, BUSYBOX, NODE};
+use serde_json::Value;
+
+const MIN: Duration = Duration::from_secs(60);
+
+fn phase(p: &Value) -> &str {
+    p["status"]["phase"].as_str().unwrap_or("")
+}
+
+fn pod_with_claim(name: &str, claim: &str, script: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 1\n  securityContext:\n    fsGroup: 2000\n  volumes:\n  - name: data\n    persistentVolumeClaim:\n      claimName: {claim}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", {script:?}]\n    volumeMounts:\n    - {{name: data, mountPath: /data}}\n"
+    )
+}
+
+/// ferro-csi in containerd's network and mount namespaces (as the agent), so the volumes it
+/// mounts are the ones runc bind-mounts into containers.
+fn start_csi(lab: &Lab, data: &std::path::Path) -> Proc {
+    let pid = lab.ctrd.pid().unwrap().to_string();
+    let agent_root = lab.dir.path().join("agent");
+    let log = std::fs::File::create(lab.dir.path().join("csi.log")).unwrap();
+    Proc(Some(
+        Command::new("nsenter")
+            .args(["--target", &pid, "--net", "--mount", "--"])
+            .arg(sibling_bin("ferro-csi"))
+            .args(["--node-id", NODE, "--pool-size", "1Gi"])
+            .arg("--data-dir")
+            .arg(data)
+            .arg("--endpoint")
+            .arg(format!("unix://{}", data.join("csi.sock").display()))
+            .arg("--registration-dir")
+            .arg(agent_root.join("plugins_registry"))
+            .arg("--allowed-path")
+            .arg(&agent_root)
+            .arg("--kubeconfig")
+            .arg(lab.admin_kubeconfig())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    ))
+}
+
+/// Mount points under `dir` as containerd's mount namespace sees them.
+fn mounts_under(lab: &Lab, dir: &std::path::Path) -> Vec<String> {
+    let pid = lab.ctrd.pid().unwrap();
+    let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|t| t.starts_with(dir.to_str().unwrap()))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+#[ignore = "privileged: needs root, containerd and loop devices; run by scripts/test.sh"]
+fn a_claimed_volume_is_provisioned_mounted_and_outlives_its_pod() {
+    // Declared first, dropped last: after the lab (and its mount namespace) is gone, any loop
+    // device left on a backing file under it is detached.
+    let scratch = Scratch::new("ferro-agent-csi-").unwrap();
+    let lab = Lab::start("csi");
+    let data = scratch.path().join("csi");
+    let _csi = start_csi(&lab, &data);
+    let csi_log = || std::fs::read_to_string(lab.dir.path().join("csi.log")).unwrap_or_default();
+    lab.wait("the driver registered in CSINode", MIN, |l| {
+        let out = l.kubectl(&["get", "csinode", NODE, "-o", "jsonpath={.spec.drivers[*].name}"]);
+        (String::from_utf8_lossy(&out.stdout) == "loop.csi.ferro.dev").then_some(())
+    });
+    lab.apply("apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: loop\nprovisioner: loop.csi.ferro.dev\nvolumeBindingMode: WaitForFirstConsumer\nreclaimPolicy: Delete\n");
+    lab.apply("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: data\nspec:\n  storageClassName: loop\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 64Mi\n");
+    lab.apply(&pod_with_claim("writer", "data", "echo kept > /data/f && sleep 3600"));
+    lab.wait_pod("writer", "Running", MIN, |p| phase(p) == "Running");
+    let out = lab.kubectl_ok(&["exec", "writer", "--", "cat", "/data/f"]);
+    assert_eq!(out.trim(), "kept");
+    // A filesystem of the volume's size, owned by the pod's fsGroup.
+    let df = lab.kubectl_ok(&["exec", "writer", "--", "sh", "-c", "df -k /data | tail -1; stat -c %g /data"]);
+    assert!(df.contains("/data"), "{df}");
+    assert!(df.trim().ends_with("2000"), "fsGroup not applied: {df}");
+    let agent_root = lab.dir.path().join("agent");
+    let mounts = mounts_under(&lab, &agent_root);
+    assert!(mounts.iter().any(|m| m.ends_with("/globalmount")), "{mounts:?}");
+    assert!(mounts.iter().any(|m| m.contains("/volumes/kubernetes.io~csi/") && m.ends_with("/mount")), "{mounts:?}");
+
+    // The pod goes: its volume is unpublished and unstaged, the data stays.
+    lab.kubectl_ok(&["delete", "pod", "writer", "--wait=true", "--timeout=60s"]);
+    lab.wait("the volume unstaged", MIN, |l| mounts_under(l, &agent_root).is_empty().then_some(()));
+    assert!(scratch.loops().is_empty(), "loop device left after unstage: {:?}", scratch.loops());
+    lab.apply(&pod_with_claim("reader", "data", "cat /data/f; sleep 3600"));
+    lab.wait_pod("reader", "Running", MIN, |p| phase(p) == "Running");
+    assert_eq!(lab.kubectl_ok(&["exec", "reader", "--", "cat", "/data/f"]).trim(), "kept", "{}", csi_log());
+    lab.kubectl_ok(&["delete", "pod", "reader", "--wait=true", "--timeout=60s"]);
+
+    // The claim goes: the volume, its loop device and backing file go (reclaim policy Delete).
+    lab.kubectl_ok(&["delete", "pvc", "data", "--wait=false"]);
+    lab.wait("the PV deleted", MIN, |l| {
+        let out = l.kubectl(&["get", "pv", "-o", "name"]);
+        String::from_utf8_lossy(&out.stdout).trim().is_empty().then_some(())
+    });
+    let volumes: Vec<_> = std::fs::read_dir(data.join("volumes")).unwrap().flatten().collect();
+    assert!(volumes.is_empty(), "volumes left: {volumes:?}\n{}", csi_log());
+    assert!(mounts_under(&lab, &agent_root).is_empty());
+    lab.wait_nothing_left();
+}
