@@ -31,7 +31,7 @@ fn pod_with_claim(name: &str, claim: &str, script: &str) -> String {
 fn start_csi(lab: &Lab, data: &std::path::Path) -> Proc {
     let pid = lab.ctrd.pid().unwrap().to_string();
     let agent_root = lab.dir.path().join("agent");
-    let log = std::fs::File::create(lab.dir.path().join("csi.log")).unwrap();
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(lab.dir.path().join("csi.log")).unwrap();
     Proc(Some(
         Command::new("nsenter")
             .args(["--target", &pid, "--net", "--mount", "--"])
@@ -72,10 +72,11 @@ fn a_claimed_volume_is_provisioned_mounted_and_outlives_its_pod() {
     // Declared first, dropped last: after the lab (and its mount namespace) is gone, any loop
     // device left on a backing file under it is detached.
     let scratch = Scratch::new("ferro-agent-csi-").unwrap();
-    let lab = Lab::start("csi");
+    let mut lab = Lab::start("csi");
     let data = scratch.path().join("csi");
-    let _csi = start_csi(&lab, &data);
-    let csi_log = || std::fs::read_to_string(lab.dir.path().join("csi.log")).unwrap_or_default();
+    let mut csi = start_csi(&lab, &data);
+    let csi_log_path = lab.dir.path().join("csi.log");
+    let csi_log = || std::fs::read_to_string(&csi_log_path).unwrap_or_default();
     lab.wait("the driver registered in CSINode", MIN, |l| {
         let out = l.kubectl(&["get", "csinode", NODE, "-o", "jsonpath={.spec.drivers[*].name}"]);
         (String::from_utf8_lossy(&out.stdout) == "loop.csi.ferro.dev").then_some(())
@@ -95,13 +96,27 @@ fn a_claimed_volume_is_provisioned_mounted_and_outlives_its_pod() {
     assert!(mounts.iter().any(|m| m.ends_with("/globalmount")), "{mounts:?}");
     assert!(mounts.iter().any(|m| m.contains("/volumes/kubernetes.io~csi/") && m.ends_with("/mount")), "{mounts:?}");
 
+    // kill -9 of the agent, then of ferro-csi, while the pod uses the volume: nothing changes
+    // for the pod; the restarted ones take over (the agent re-registers the driver from its
+    // socket, ferro-csi finds its volumes in its journal).
+    lab.agent.kill();
+    lab.start_agent();
+    csi.kill();
+    let mut csi = start_csi(&lab, &data);
+    lab.wait("the restarted agent to sync the pod", MIN, |l| {
+        let out = l.kubectl(&["exec", "writer", "--", "sh", "-c", "echo more >> /data/f && cat /data/f"]);
+        (String::from_utf8_lossy(&out.stdout) == "kept\nmore\n").then_some(())
+    });
+    let p = lab.pod("writer").unwrap();
+    assert_eq!(p["status"]["containerStatuses"][0]["restartCount"], 0, "the restarts touched the container");
+
     // The pod goes: its volume is unpublished and unstaged, the data stays.
     lab.kubectl_ok(&["delete", "pod", "writer", "--wait=true", "--timeout=60s"]);
     lab.wait("the volume unstaged", MIN, |l| mounts_under(l, &agent_root).is_empty().then_some(()));
     assert!(scratch.loops().is_empty(), "loop device left after unstage: {:?}", scratch.loops());
     lab.apply(&pod_with_claim("reader", "data", "cat /data/f; sleep 3600"));
     lab.wait_pod("reader", "Running", MIN, |p| phase(p) == "Running");
-    assert_eq!(lab.kubectl_ok(&["exec", "reader", "--", "cat", "/data/f"]).trim(), "kept", "{}", csi_log());
+    assert_eq!(lab.kubectl_ok(&["exec", "reader", "--", "cat", "/data/f"]), "kept\nmore\n", "{}", csi_log());
     lab.kubectl_ok(&["delete", "pod", "reader", "--wait=true", "--timeout=60s"]);
 
     // The claim goes: the volume, its loop device and backing file go (reclaim policy Delete).
@@ -114,4 +129,5 @@ fn a_claimed_volume_is_provisioned_mounted_and_outlives_its_pod() {
     assert!(volumes.is_empty(), "volumes left: {volumes:?}\n{}", csi_log());
     assert!(mounts_under(&lab, &agent_root).is_empty());
     lab.wait_nothing_left();
+    csi.kill();
 }
