@@ -199,6 +199,37 @@ impl Api {
         Ok(())
     }
 
+    /// Upstream's DefaultStorageClass admission: a claim created without a class (no
+    /// `spec.storageClassName`, no beta annotation) gets the default StorageClass, the newest
+    /// one when several are marked default. `storageClassName: ""` asks for no class and stays.
+    async fn default_storage_class(&self, claim: &mut Value) -> Result<(), ApiError> {
+        let has_class = claim.pointer("/spec/storageClassName").is_some_and(|c| !c.is_null())
+            || claim.pointer("/metadata/annotations/volume.beta.kubernetes.io~1storage-class").is_some();
+        if has_class {
+            return Ok(());
+        }
+        let classes = resources::find("storage.k8s.io", "v1", "storageclasses").ok_or_else(|| ApiError::internal("no storageclasses"))?;
+        let listing = self.store.list(&classes.prefix(None)).await?;
+        let mut defaults = Vec::new();
+        for r in &listing.records {
+            let c = r.json()?;
+            let marked = ["storageclass.kubernetes.io~1is-default-class", "storageclass.beta.kubernetes.io~1is-default-class"]
+                .iter()
+                .any(|k| c.pointer(&format!("/metadata/annotations/{k}")).and_then(|v| v.as_str()) == Some("true"));
+            if marked {
+                let created = c.pointer("/metadata/creationTimestamp").and_then(|v| v.as_str()).unwrap_or("").to_string();
+                let name = c.pointer("/metadata/name").and_then(|v| v.as_str()).unwrap_or("").to_string();
+                defaults.push((created, name));
+            }
+        }
+        // Newest first; among equals, the name sorting first (upstream's tie-break).
+        defaults.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        if let (Some((_, name)), Some(spec)) = (defaults.first(), claim.get_mut("spec").and_then(|s| s.as_object_mut())) {
+            spec.insert("storageClassName".into(), json!(name));
+        }
+        Ok(())
+    }
+
     pub fn service_ip_range_first(&self) -> IpAddr {
         self.ips.lock().unwrap_or_else(|p| p.into_inner()).first()
     }
@@ -579,6 +610,9 @@ impl Api {
             }
         }
         strategy::apply_defaults(res, &mut obj);
+        if res.plural == "persistentvolumeclaims" {
+            self.default_storage_class(&mut obj).await?;
+        }
         let errs = strategy::validate(res, &obj);
         if !errs.is_empty() {
             return Err(ApiError::invalid(res.kind, res.group, &name, &errs));

@@ -390,3 +390,39 @@ async fn requests_beyond_the_inflight_limit_get_429() {
     assert!(cms.list(&ListParams::default()).await.unwrap().items.is_empty());
     drop(slow);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_without_a_class_gets_the_newest_default_class() {
+    let s = common::Server::start();
+    let claim = |name: &str, class: &str| {
+        format!("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {name}\nspec:\n{class}  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 1Gi\n")
+    };
+    let class_of = |name: &str| s.ok(&["get", "pvc", name, "-o", "jsonpath={.spec.storageClassName}"]);
+    // No default class yet: the claim keeps no class.
+    s.apply(&claim("before", ""));
+    assert_eq!(class_of("before"), "");
+    let sc = |name: &str, default: bool| {
+        format!(
+            "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: {name}\n  annotations:\n    storageclass.kubernetes.io/is-default-class: \"{default}\"\nprovisioner: loop.csi.ferro.dev\n"
+        )
+    };
+    s.apply(&sc("plain", false));
+    s.apply(&sc("first", true));
+    s.apply(&claim("one", ""));
+    assert_eq!(class_of("one"), "first");
+    // Several defaults: the newest wins (creationTimestamp has second resolution, so wait for
+    // the clock to pass a second boundary before creating the second one).
+    let created = s.ok(&["get", "sc", "first", "-o", "jsonpath={.metadata.creationTimestamp}"]);
+    while jiff::Timestamp::now().to_string()[..19] <= created[..19] {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.apply(&sc("second", true));
+    s.apply(&claim("two", ""));
+    assert_eq!(class_of("two"), "second");
+    // An explicit class, or "" (no class), is kept.
+    s.apply(&claim("explicit", "  storageClassName: plain\n"));
+    assert_eq!(class_of("explicit"), "plain");
+    s.apply(&claim("none", "  storageClassName: \"\"\n"));
+    assert_eq!(class_of("none"), "");
+    assert_eq!(class_of("before"), "", "existing claims are not changed by admission");
+}
