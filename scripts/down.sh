@@ -53,6 +53,8 @@ stop() {
 
 stop proxy ferro-proxy
 stop agent ferro-agent
+# SIGTERM: ferro-csi stops serving and leaves every volume as it is.
+stop csi ferro-csi
 
 if pid_of containerd containerd >/dev/null; then
   # The pods first, through CRI: stops their containers and calls CNI DEL (releases the
@@ -108,6 +110,18 @@ awk -v a="$LAB_DATA" -v b="$LAB_STATE" '$5 == a || index($5, a "/") == 1 || $5 =
   /proc/self/mountinfo | sort -r | while read -r m; do
   echo "unmounting $m"
   umount -l "$m" || true
+done
+
+# Loop devices of ferro-csi's volumes (global, unlike the mounts, which went with containerd's
+# mount namespace). The backing files stay: the next up.sh re-attaches what its pods use.
+for dev in /sys/block/loop*; do
+  backing=$(cat "$dev/loop/backing_file" 2>/dev/null) || continue
+  case "$backing" in
+  "$LAB_DATA/csi/"*)
+    echo "detaching /dev/${dev##*/} ($backing)"
+    losetup --detach "/dev/${dev##*/}" || true
+    ;;
+  esac
 done
 
 # The lab's cgroups, deepest first, in every hierarchy.

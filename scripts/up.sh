@@ -9,8 +9,10 @@
 #   4. ferro-control-plane on 127.0.0.1:6443 inside the namespace;
 #   5. one node: ferro-agent in containerd's network and mount namespaces;
 #   6. ferro-proxy (iptables mode) in the namespace, the node's kube-proxy;
-#   7. waits for the node to be Ready, deploys a demo (2 busybox httpd pods behind a ClusterIP
-#      Service) and prints the kubectl commands to look at it.
+#   7. ferro-csi (loop.csi.ferro.dev) next to the agent, and the default StorageClass "loop";
+#   8. waits for the node to be Ready, deploys a demo (2 busybox httpd pods behind a ClusterIP
+#      Service, and a pod keeping a log of its starts on a persistent volume) and prints the
+#      kubectl commands to look at them.
 # Running it again is fine: what runs is left alone. Pids are in /run/ferro/lab/*.pid.
 # Stop everything with scripts/down.sh. Layout: docs/design/lab.md ("The quick start").
 set -euo pipefail
@@ -58,13 +60,13 @@ wait_for() {
 }
 
 step "building ferro (release)"
-cargo build --release -p ferro-control-plane -p ferro-agent -p ferro-cni -p ferro-proxy -p ferro-lab
+cargo build --release -p ferro-control-plane -p ferro-agent -p ferro-cni -p ferro-proxy -p ferro-csi -p ferro-lab
 # The CNI plugin is installed as a static binary, as upstream's plugins are: it runs once per
 # pod network call, and static linking saves ~0.2 ms of its ~2.5 ms ADD (no dynamic loader).
 cargo rustc --release -p ferro-cni --bin ferro-cni -- -C target-feature=+crt-static
 install -d -m 0755 "$LAB_STATE" "$LAB_DATA" "$CP_DATA" "$CTRD_DATA" "$CTRD_RUN" \
   "$CNI/bin" "$CNI/conf" "$CNI/ipam" "$NODE_DIR" "$AGENT_ROOT" "$LAB_DATA/registry/data" \
-  "$LAB_DATA/images" "$LAB_LOGS/pods"
+  "$LAB_DATA/images" "$LAB_LOGS/pods" "$LAB_DATA/csi" "$LAB_STATE/csi"
 
 step "network namespace $LAB_NS"
 if ! ip netns list | grep -qw "$LAB_NS"; then
@@ -210,6 +212,49 @@ node_ready() {
 wait_for "node $LAB_NODE becoming Ready" 90 "$LAB_STATE/agent.log" node_ready
 "${KUBECTL[@]}" get nodes -o wide
 
+step "ferro-csi (loop.csi.ferro.dev) in containerd's network and mount namespaces, StorageClass loop (default)"
+if [ ! -s "$NODE_DIR/csi.kubeconfig" ]; then
+  # No RBAC yet (issue 16): the provisioner's identity gets system:masters in the lab, as
+  # kube-proxy's does, instead of upstream's external-provisioner ClusterRole.
+  "$BIN/ferro-control-plane" kubeconfig --data-dir "$CP_DATA" \
+    --user system:ferro-csi --group system:masters \
+    --server https://127.0.0.1:6443 >"$NODE_DIR/csi.kubeconfig.tmp"
+  mv "$NODE_DIR/csi.kubeconfig.tmp" "$NODE_DIR/csi.kubeconfig"
+fi
+if running csi ferro-csi &&
+  [ "$(readlink "/proc/$(cat "$LAB_STATE/csi.pid")/ns/mnt")" != "$(readlink "/proc/$CTRD_PID/ns/mnt")" ]; then
+  # Its mounts must be the ones runc sees: a new containerd needs a new ferro-csi.
+  echo "restarting ferro-csi (it is not in this containerd's mount namespace)"
+  kill "$(cat "$LAB_STATE/csi.pid")"
+  for _ in $(seq 1 50); do running csi ferro-csi || break; sleep 0.1; done
+fi
+if running csi ferro-csi; then
+  echo "ferro-csi already running (pid $(cat "$LAB_STATE/csi.pid"))"
+else
+  NO_COLOR=1 RUST_LOG=${RUST_LOG:-info} nsenter --target "$CTRD_PID" --net --mount -- \
+    "$BIN/ferro-csi" --node-id "$LAB_NODE" --pool-size 4Gi \
+    --data-dir "$LAB_DATA/csi" --endpoint "unix://$LAB_STATE/csi/csi.sock" \
+    --registration-dir "$AGENT_ROOT/plugins_registry" --allowed-path "$AGENT_ROOT" \
+    --kubeconfig "$NODE_DIR/csi.kubeconfig" \
+    >"$LAB_STATE/csi.log" 2>&1 &
+  echo $! >"$LAB_STATE/csi.pid"
+fi
+"${KUBECTL[@]}" apply -f - <<YAML
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: loop
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: loop.csi.ferro.dev
+volumeBindingMode: WaitForFirstConsumer
+reclaimPolicy: Delete
+allowVolumeExpansion: true
+YAML
+csi_registered() {
+  [ "$("${KUBECTL[@]}" get csinode "$LAB_NODE" -o 'jsonpath={.spec.drivers[*].name}' 2>/dev/null)" = loop.csi.ferro.dev ]
+}
+wait_for "ferro-csi registered with the agent (CSINode $LAB_NODE)" 60 "$LAB_STATE/csi.log" csi_registered
+
 step "ferro-proxy (iptables mode) in $LAB_NS for node $LAB_NODE"
 # Pods reach a ClusterIP through the bridge: the node (this namespace) must forward, and
 # bridged replies must pass iptables so their DNAT is undone (both sysctls are per namespace:
@@ -307,6 +352,10 @@ fi
 DEMO_IP=$("${KUBECTL[@]}" get service demo -o 'jsonpath={.spec.clusterIP}' 2>/dev/null || true)
 demo_service() { ip netns exec "$LAB_NS" curl -fsS --max-time 2 "http://$DEMO_IP/"; }
 if $demo_ok && [ -n "$DEMO_IP" ]; then
+  # A node sends to a ClusterIP through its default route (the route lookup happens before
+  # the proxy's DNAT); the lab's namespace has none, so the Service range gets a route on the
+  # pods' bridge (ferro-cni made it with the first pod). Inside the lab namespace only.
+  ip -n "$LAB_NS" route replace 10.96.0.0/12 dev ferro0
   # The Service's rules follow its EndpointSlice: wait until ferro-proxy has written them.
   for ((i = 0; i < 60; i++)); do
     demo_service >/dev/null 2>&1 && break
@@ -317,6 +366,52 @@ if $demo_ok && [ -n "$DEMO_IP" ]; then
     echo "warning: Service demo ($DEMO_IP:80) does not answer; see $LAB_STATE/proxy.log" >&2
   fi
 fi
+step "demo pod with a persistent volume: it appends its start time to /data/starts"
+"${KUBECTL[@]}" apply -f - <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: demo-data
+  namespace: default
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests: {storage: 64Mi}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: demo-db
+  namespace: default
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: db
+    image: $BUSYBOX_IMAGE
+    command: [sh, -c, 'date >>/data/starts; echo "started \$(wc -l </data/starts) time(s)"; exec sleep 2147483647']
+    volumeMounts:
+    - {name: data, mountPath: /data}
+  volumes:
+  - name: data
+    persistentVolumeClaim: {claimName: demo-data}
+YAML
+# Its container answering (after a down.sh/up.sh the pod object says Running before the agent
+# has started its container again).
+db_answers() { "${KUBECTL[@]}" exec demo-db -- cat /data/starts; }
+for ((i = 0; i < DEMO_TIMEOUT; i++)); do
+  db_answers >/dev/null 2>&1 && break
+  sleep 1
+done
+if db_answers >/dev/null 2>&1; then
+  "${KUBECTL[@]}" get pvc,pv
+  echo "demo-db's starts, kept on its volume:"
+  db_answers
+else
+  demo_ok=false
+  echo "warning: pod demo-db is not Running after ${DEMO_TIMEOUT}s; see $LAB_STATE/csi.log and $LAB_STATE/agent.log" >&2
+  "${KUBECTL[@]}" describe pod demo-db >&2 || true
+fi
+
 # One pod's name and the other's address, for the hints below.
 read -r POD_A POD_B_IP <<<"$("${KUBECTL[@]}" get pods -l app=demo \
   -o 'jsonpath={.items[0].metadata.name} {.items[1].status.podIP}' 2>/dev/null || true)" || true
@@ -326,7 +421,7 @@ cat <<TXT
 
 ferro is up in the network namespace $LAB_NS: ferro-control-plane (https://127.0.0.1:6443),
 containerd ($LAB_CTRD_SOCK), the registry ($LAB_REGISTRY) and node $LAB_NODE (ferro-agent,
-ferro-proxy).
+ferro-proxy, ferro-csi).
 Logs and pids: $LAB_STATE/*.log, $LAB_STATE/*.pid. Look at the demo with:
 
   $K get pods -o wide
@@ -336,6 +431,8 @@ Logs and pids: $LAB_STATE/*.log, $LAB_STATE/*.pid. Look at the demo with:
   $K exec ${POD_A:-<pod>} -- wget -qO- http://${DEMO_IP:-<cluster IP>}/      # a pod to the Service
   ip netns exec $LAB_NS curl -s http://${DEMO_IP:-<cluster IP>}/          # the Service, through ferro-proxy
   ip netns exec $LAB_NS iptables -t nat -S KUBE-SERVICES                     # its rules
+  $K get pvc,pv; $K exec demo-db -- cat /data/starts                        # the persistent volume
+  $K delete pod demo-db && scripts/up.sh                                      # a new pod, the same data
 
 Stop everything with: scripts/down.sh   (--purge also removes the data)
 TXT

@@ -78,7 +78,9 @@ pub fn parse_go_duration(input: &str) -> Result<i64, DurationError> {
             return Err(invalid());
         }
         // unit
-        let unit_len = s.find(|c: char| c == '.' || c.is_ascii_digit()).unwrap_or(s.len());
+        let unit_len = s
+            .find(|c: char| c == '.' || c.is_ascii_digit())
+            .unwrap_or(s.len());
         let unit = &s[..unit_len];
         s = &s[unit_len..];
         if unit.is_empty() {
@@ -88,8 +90,14 @@ pub fn parse_go_duration(input: &str) -> Result<i64, DurationError> {
             .iter()
             .find(|(u, _)| *u == unit)
             .map(|(_, n)| *n)
-            .ok_or_else(|| DurationError::UnknownUnit { unit: unit.to_string(), input: input.to_string() })?;
-        let mut v = whole.checked_mul(per).filter(|v| *v <= limit).ok_or_else(invalid)?;
+            .ok_or_else(|| DurationError::UnknownUnit {
+                unit: unit.to_string(),
+                input: input.to_string(),
+            })?;
+        let mut v = whole
+            .checked_mul(per)
+            .filter(|v| *v <= limit)
+            .ok_or_else(invalid)?;
         // The fraction, as Go's leadingFraction: digits are accumulated while they fit, the
         // rest only scanned; the value is then scaled in float64 exactly as Go does.
         let mut scale: f64 = 1.0;
@@ -110,9 +118,15 @@ pub fn parse_go_duration(input: &str) -> Result<i64, DurationError> {
         }
         if frac > 0 {
             let add = (frac as f64 * (per as f64 / scale)) as u64;
-            v = v.checked_add(add).filter(|v| *v <= limit).ok_or_else(invalid)?;
+            v = v
+                .checked_add(add)
+                .filter(|v| *v <= limit)
+                .ok_or_else(invalid)?;
         }
-        total = total.checked_add(v).filter(|t| *t <= limit).ok_or_else(invalid)?;
+        total = total
+            .checked_add(v)
+            .filter(|t| *t <= limit)
+            .ok_or_else(invalid)?;
     }
     if neg {
         // total <= 1<<63 here
@@ -216,7 +230,10 @@ mod tests {
             ("3h30m", (3 * 3600 + 30 * 60) * S),
             ("10.5s4m", 4 * 60 * S + 10 * S + S / 2),
             ("-2m3.4s", -(2 * 60 * S + 3 * S + 400_000_000)),
-            ("1h2m3s4ms5us6ns", 3600 * S + 2 * 60 * S + 3 * S + 4_000_000 + 5_000 + 6),
+            (
+                "1h2m3s4ms5us6ns",
+                3600 * S + 2 * 60 * S + 3 * S + 4_000_000 + 5_000 + 6,
+            ),
             ("39h9m14.425s", (39 * 3600 + 9 * 60 + 14) * S + 425_000_000),
             ("52763797000ns", 52_763_797_000),
             ("0.3333333333333333333h", 1_200_000_000_000),
@@ -232,17 +249,41 @@ mod tests {
 
     #[test]
     fn refuses_what_go_refuses() {
-        for text in ["", "3", "-", "s", ".", "-.", ".s", "+.s", "1d", "\u{b5}s", "9223372036854775808ns",
-            "9223372036854775.808s", "3000000h", "1e3s", " 1s", "1s "]
-        {
-            assert!(parse_go_duration(text).is_err(), "{text:?} should be refused");
+        for text in [
+            "",
+            "3",
+            "-",
+            "s",
+            ".",
+            "-.",
+            ".s",
+            "+.s",
+            "1d",
+            "\u{b5}s",
+            "9223372036854775808ns",
+            "9223372036854775.808s",
+            "3000000h",
+            "1e3s",
+            " 1s",
+            "1s ",
+        ] {
+            assert!(
+                parse_go_duration(text).is_err(),
+                "{text:?} should be refused"
+            );
         }
-        assert_eq!(parse_go_duration("3"), Err(DurationError::MissingUnit("3".into())));
+        assert_eq!(
+            parse_go_duration("3"),
+            Err(DurationError::MissingUnit("3".into()))
+        );
         assert_eq!(
             parse_go_duration("1d").unwrap_err().to_string(),
             "time: unknown unit \"d\" in duration \"1d\""
         );
-        assert_eq!(parse_duration("-1s"), Err(DurationError::Negative("-1s".into())));
+        assert_eq!(
+            parse_duration("-1s"),
+            Err(DurationError::Negative("-1s".into()))
+        );
     }
 
     #[test]
@@ -268,7 +309,16 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        for n in [0, 1, 999, 1_000_001, 59 * S, 61 * S + 7, 86_400 * S + 3, -42 * S] {
+        for n in [
+            0,
+            1,
+            999,
+            1_000_001,
+            59 * S,
+            61 * S + 7,
+            86_400 * S + 3,
+            -42 * S,
+        ] {
             assert_eq!(parse_go_duration(&format_go_duration(n)), Ok(n));
         }
     }

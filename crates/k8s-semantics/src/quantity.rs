@@ -44,7 +44,9 @@ impl Quantity {
             Some(b'+') => (false, &t[1..]),
             _ => (false, t),
         };
-        let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
         let (number, suffix) = rest.split_at(end);
         let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
         if (int_part.is_empty() && frac_part.is_empty()) || frac_part.contains('.') {
@@ -83,13 +85,21 @@ impl Quantity {
         if significant.len() > MAX_DIGITS + 9 {
             return Err(err());
         }
-        let mut mantissa: i128 = if digits.is_empty() { 0 } else { digits.parse().map_err(|_| err())? };
+        let mut mantissa: i128 = if digits.is_empty() {
+            0
+        } else {
+            digits.parse().map_err(|_| err())?
+        };
         mantissa = mantissa.checked_mul(1i128 << bin_exp).ok_or_else(err)?;
         if negative {
             mantissa = -mantissa;
         }
         let exp10 = dec_exp - i32::try_from(frac_part.len()).map_err(|_| err())?;
-        Ok(Quantity { mantissa, exp10, format })
+        Ok(Quantity {
+            mantissa,
+            exp10,
+            format,
+        })
     }
 
     /// Upstream's ScaledValue: the quantity times `scale`, rounded up (toward +∞); None when
@@ -120,7 +130,8 @@ impl Quantity {
 
     /// The canonical text upstream prints (Quantity.String()).
     pub fn canonical(&self) -> String {
-        self.canonical_checked().unwrap_or_else(|| format!("{}e{}", self.mantissa, self.exp10))
+        self.canonical_checked()
+            .unwrap_or_else(|| format!("{}e{}", self.mantissa, self.exp10))
     }
 
     fn canonical_checked(&self) -> Option<String> {
@@ -254,9 +265,22 @@ impl std::iter::Sum for Milli {
 }
 
 /// Parses `text` into thousandths (rounded up).
+/// A byte count as upstream's `resource.NewQuantity(n, resource.BinarySI)` prints it (what
+/// provisioners put in a PV's capacity): `67108864` -> `64Mi`, `1000` -> `1k`.
+pub fn binary_si(bytes: i64) -> String {
+    Quantity {
+        mantissa: i128::from(bytes),
+        exp10: 0,
+        format: Format::BinarySI,
+    }
+    .canonical()
+}
+
 pub fn parse_milli(text: &str) -> Result<Milli, QuantityError> {
     let q = Quantity::parse(text)?;
-    q.milli().map(Milli).ok_or_else(|| QuantityError(text.to_string()))
+    q.milli()
+        .map(Milli)
+        .ok_or_else(|| QuantityError(text.to_string()))
 }
 
 /// `text` times `scale`, rounded up (see [`Quantity::scaled`]); None when it does not parse
@@ -278,7 +302,10 @@ impl Quantity {
     /// Exact equality of values, whatever their notation.
     pub fn value_eq(&self, other: &Quantity) -> bool {
         let e = self.exp10.min(other.exp10);
-        let lift = |q: &Quantity| -> Option<i128> { q.mantissa.checked_mul(10i128.checked_pow((q.exp10 - e).unsigned_abs())?) };
+        let lift = |q: &Quantity| -> Option<i128> {
+            q.mantissa
+                .checked_mul(10i128.checked_pow((q.exp10 - e).unsigned_abs())?)
+        };
         match (lift(self), lift(other)) {
             (Some(a), Some(b)) => a == b,
             // too far apart to line up: equal only when both are zero
@@ -289,12 +316,29 @@ impl Quantity {
 
 /// The canonical form of `text`; None when it does not parse.
 pub fn canonical(text: &str) -> Option<String> {
-    Quantity::parse(text).ok().and_then(|q| q.canonical_checked())
+    Quantity::parse(text)
+        .ok()
+        .and_then(|q| q.canonical_checked())
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+
+    #[test]
+    fn byte_counts_print_as_binary_si() {
+        assert_eq!(binary_si(64 << 20), "64Mi");
+        assert_eq!(binary_si(1 << 30), "1Gi");
+        assert_eq!(binary_si(1536 << 20), "1536Mi");
+        assert_eq!(
+            binary_si(1000),
+            "1k",
+            "below 1024 upstream falls back to decimal SI"
+        );
+        assert_eq!(binary_si(0), "0");
+        assert_eq!(binary_si(314572800), "300Mi");
+    }
+
     use super::*;
 
     #[test]
@@ -331,9 +375,15 @@ mod tests {
 
     #[test]
     fn garbage_is_refused_with_upstreams_message() {
-        for bad in ["", "abc", "1.2.3", "Gi", "1Qi", "1e", "1e99", "--1", ".", "1 Gi", "1ki", "1e3Gi"] {
+        for bad in [
+            "", "abc", "1.2.3", "Gi", "1Qi", "1e", "1e99", "--1", ".", "1 Gi", "1ki", "1e3Gi",
+        ] {
             let e = Quantity::parse(bad).unwrap_err();
-            assert!(e.to_string().starts_with("quantities must match the regular expression"), "{bad}");
+            assert!(
+                e.to_string()
+                    .starts_with("quantities must match the regular expression"),
+                "{bad}"
+            );
         }
     }
 
@@ -376,11 +426,20 @@ mod tests {
 
     #[test]
     fn sums_and_order_are_exact() {
-        let a: Milli = ["100m", "200m", "0.7"].iter().map(|t| parse_milli(t).unwrap()).sum();
+        let a: Milli = ["100m", "200m", "0.7"]
+            .iter()
+            .map(|t| parse_milli(t).unwrap())
+            .sum();
         assert_eq!(a, Milli(1000));
         assert!(parse_milli("1Gi").unwrap() > parse_milli("1G").unwrap());
-        assert_eq!(parse_milli("1").unwrap() - parse_milli("250m").unwrap(), Milli(750));
+        assert_eq!(
+            parse_milli("1").unwrap() - parse_milli("250m").unwrap(),
+            Milli(750)
+        );
         // 0.1 + 0.2 is exactly 0.3 here (it is not in f64)
-        assert_eq!(parse_milli("0.1").unwrap() + parse_milli("0.2").unwrap(), parse_milli("0.3").unwrap());
+        assert_eq!(
+            parse_milli("0.1").unwrap() + parse_milli("0.2").unwrap(),
+            parse_milli("0.3").unwrap()
+        );
     }
 }

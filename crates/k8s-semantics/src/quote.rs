@@ -52,7 +52,10 @@ mod tests {
         assert_eq!(go_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
         assert_eq!(go_quote("tab\there\n"), "\"tab\\there\\n\"");
         assert_eq!(go_quote("\u{7}\u{1b}\u{7f}"), "\"\\a\\x1b\\x7f\"");
-        assert_eq!(go_quote("\u{a0}\u{2028}\u{feff}"), "\"\\u00a0\\u2028\\ufeff\"");
+        assert_eq!(
+            go_quote("\u{a0}\u{2028}\u{feff}"),
+            "\"\\u00a0\\u2028\\ufeff\""
+        );
         assert_eq!(go_quote("héllo ✓"), "\"héllo ✓\"");
         assert_eq!(go_quote("\u{f0000}"), "\"\\U000f0000\"");
     }
