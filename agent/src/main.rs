@@ -184,12 +184,17 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     };
     let workers = start_pods(&cfg, &name, &facts, client.clone()).await?;
     let csi_drivers = std::sync::Arc::new(ferro_agent::csi::registry::Drivers::default());
-    workers.set_csi(std::sync::Arc::new(ferro_agent::csi::mounter::CsiMounter {
+    let mounter = std::sync::Arc::new(ferro_agent::csi::mounter::CsiMounter {
         root: cfg.root_dir.clone(),
         node: name.clone(),
         drivers: csi_drivers.clone(),
         client: client.clone(),
-    }));
+    });
+    workers.set_csi(mounter.clone());
+    if client.is_some() {
+        // kubelet's half of volume expansion (NodeExpandVolume for claims waiting on it).
+        tokio::spawn(mounter.expansion_loop(std::time::Duration::from_secs(2)));
+    }
     let server = start_server(&cfg, &name, &facts, client.clone(), workers.clone())?;
     let Some(client) = client else {
         tracing::info!(node = %name, "no --kubeconfig: running standalone (static pods only), nothing to register");

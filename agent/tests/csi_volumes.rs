@@ -7,11 +7,10 @@
 
 mod lab;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use ferro_lab::storage::Scratch;
-use lab::{sibling_bin, Lab, Proc, BUSYBOX, NODE};
+use lab::{Lab, BUSYBOX};
 use serde_json::Value;
 
 const MIN: Duration = Duration::from_secs(60);
@@ -24,35 +23,6 @@ fn pod_with_claim(name: &str, claim: &str, script: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 1\n  securityContext:\n    fsGroup: 2000\n  volumes:\n  - name: data\n    persistentVolumeClaim:\n      claimName: {claim}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", {script:?}]\n    volumeMounts:\n    - {{name: data, mountPath: /data}}\n"
     )
-}
-
-/// ferro-csi in containerd's network and mount namespaces (as the agent), so the volumes it
-/// mounts are the ones runc bind-mounts into containers.
-fn start_csi(lab: &Lab, data: &std::path::Path) -> Proc {
-    let pid = lab.ctrd.pid().unwrap().to_string();
-    let agent_root = lab.dir.path().join("agent");
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(lab.dir.path().join("csi.log")).unwrap();
-    Proc(Some(
-        Command::new("nsenter")
-            .args(["--target", &pid, "--net", "--mount", "--"])
-            .arg(sibling_bin("ferro-csi"))
-            .args(["--node-id", NODE, "--pool-size", "1Gi"])
-            .arg("--data-dir")
-            .arg(data)
-            .arg("--endpoint")
-            .arg(format!("unix://{}", data.join("csi.sock").display()))
-            .arg("--registration-dir")
-            .arg(agent_root.join("plugins_registry"))
-            .arg("--allowed-path")
-            .arg(&agent_root)
-            .arg("--kubeconfig")
-            .arg(lab.admin_kubeconfig())
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    ))
 }
 
 /// Mount points under `dir` as containerd's mount namespace sees them.
@@ -74,13 +44,10 @@ fn a_claimed_volume_is_provisioned_mounted_and_outlives_its_pod() {
     let scratch = Scratch::new("ferro-agent-csi-").unwrap();
     let mut lab = Lab::start("csi");
     let data = scratch.path().join("csi");
-    let mut csi = start_csi(&lab, &data);
+    let mut csi = lab.start_csi(&data, "1Gi");
     let csi_log_path = lab.dir.path().join("csi.log");
     let csi_log = || std::fs::read_to_string(&csi_log_path).unwrap_or_default();
-    lab.wait("the driver registered in CSINode", MIN, |l| {
-        let out = l.kubectl(&["get", "csinode", NODE, "-o", "jsonpath={.spec.drivers[*].name}"]);
-        (String::from_utf8_lossy(&out.stdout) == "loop.csi.ferro.dev").then_some(())
-    });
+    lab.wait_csi_registered();
     lab.apply("apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: loop\nprovisioner: loop.csi.ferro.dev\nvolumeBindingMode: WaitForFirstConsumer\nreclaimPolicy: Delete\n");
     lab.apply("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: data\nspec:\n  storageClassName: loop\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 64Mi\n");
     lab.apply(&pod_with_claim("writer", "data", "echo kept > /data/f && sleep 3600"));
@@ -102,7 +69,7 @@ fn a_claimed_volume_is_provisioned_mounted_and_outlives_its_pod() {
     lab.agent.kill();
     lab.start_agent();
     csi.kill();
-    let mut csi = start_csi(&lab, &data);
+    let mut csi = lab.start_csi(&data, "1Gi");
     lab.wait("the restarted agent to sync the pod", MIN, |l| {
         let out = l.kubectl(&["exec", "writer", "--", "sh", "-c", "echo more >> /data/f && cat /data/f"]);
         (String::from_utf8_lossy(&out.stdout) == "kept\nmore\n").then_some(())
@@ -128,6 +95,47 @@ fn a_claimed_volume_is_provisioned_mounted_and_outlives_its_pod() {
     let volumes: Vec<_> = std::fs::read_dir(data.join("volumes")).unwrap().flatten().collect();
     assert!(volumes.is_empty(), "volumes left: {volumes:?}\n{}", csi_log());
     assert!(mounts_under(&lab, &agent_root).is_empty());
+    lab.wait_nothing_left();
+    csi.kill();
+}
+
+#[test]
+#[ignore = "privileged: needs root, containerd and loop devices; run by scripts/test.sh"]
+fn a_claim_grown_while_its_pod_runs_grows_the_mounted_filesystem() {
+    let scratch = Scratch::new("ferro-agent-csi-grow-").unwrap();
+    let lab = Lab::start("csigrow");
+    let mut csi = lab.start_csi(&scratch.path().join("csi"), "2Gi");
+    lab.wait_csi_registered();
+    // XFS: it grows online with CAP_SYS_ADMIN alone (ext4 online growth needs
+    // CAP_SYS_RESOURCE, which this machine's root lacks; ext4 then grows at the next stage).
+    lab.apply("apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: loop-xfs\nprovisioner: loop.csi.ferro.dev\nvolumeBindingMode: WaitForFirstConsumer\nallowVolumeExpansion: true\nparameters:\n  csi.storage.k8s.io/fstype: xfs\n");
+    lab.apply("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: grow\nspec:\n  storageClassName: loop-xfs\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 300Mi\n");
+    lab.apply(&pod_with_claim("app", "grow", "echo before > /data/f && sleep 3600"));
+    lab.wait_pod("app", "Running", MIN, |p| phase(p) == "Running");
+    let size_kib = |l: &Lab| -> u64 {
+        let out = l.kubectl_ok(&["exec", "app", "--", "sh", "-c", "df -k /data | tail -1"]);
+        out.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0)
+    };
+    let before = size_kib(&lab);
+    assert!(before > 200 * 1024 && before < 300 * 1024, "{before} KiB");
+    lab.kubectl_ok(&["patch", "pvc", "grow", "--type=merge", "-p", r#"{"spec":{"resources":{"requests":{"storage":"600Mi"}}}}"#]);
+    lab.wait("the claim's status to say 600Mi", MIN, |l| {
+        let out = l.kubectl(&["get", "pvc", "grow", "-o", "jsonpath={.status.capacity.storage} {.status.conditions[*].type}"]);
+        (String::from_utf8_lossy(&out.stdout).trim() == "600Mi").then_some(())
+    });
+    let after = size_kib(&lab);
+    assert!(after > 500 * 1024, "the mounted filesystem did not grow: {before} -> {after} KiB");
+    assert_eq!(lab.kubectl_ok(&["exec", "app", "--", "cat", "/data/f"]).trim(), "before");
+    let pv = lab.kubectl_ok(&["get", "pvc", "grow", "-o", "jsonpath={.spec.volumeName}"]);
+    assert_eq!(lab.kubectl_ok(&["get", "pv", &pv, "-o", "jsonpath={.spec.capacity.storage}"]), "600Mi");
+    let p = lab.pod("app").unwrap();
+    assert_eq!(p["status"]["containerStatuses"][0]["restartCount"], 0);
+    lab.kubectl_ok(&["delete", "pod", "app", "--wait=true", "--timeout=60s"]);
+    lab.kubectl_ok(&["delete", "pvc", "grow", "--wait=false"]);
+    lab.wait("the PV deleted", MIN, |l| {
+        let out = l.kubectl(&["get", "pv", "-o", "name"]);
+        String::from_utf8_lossy(&out.stdout).trim().is_empty().then_some(())
+    });
     lab.wait_nothing_left();
     csi.kill();
 }

@@ -368,15 +368,24 @@ fn volumes_graceful_deletion_and_admission() {
 
     // A volume of a type the agent does not support: rejected, nothing started.
     lab.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: inline\nspec:\n  nodeName: {NODE}\n  volumes:\n  - name: data\n    csi: {{driver: some.csi.example}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n"
+    ));
+    let p = lab.wait_pod("inline", "rejected", MIN, |p| phase(p) == "Failed");
+    assert!(p["status"]["message"].as_str().unwrap().contains("csi volumes are not supported"), "{}", p["status"]);
+    // A claim that does not exist: the pod waits in ContainerCreating, saying why.
+    lab.apply(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: pvc\nspec:\n  nodeName: {NODE}\n  volumes:\n  - name: data\n    persistentVolumeClaim: {{claimName: nothing}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n"
     ));
-    let p = lab.wait_pod("pvc", "rejected", MIN, |p| phase(p) == "Failed");
-    assert!(p["status"]["message"].as_str().unwrap().contains("persistentVolumeClaim"), "{}", p["status"]);
+    let p = lab.wait_pod("pvc", "waiting for its claim", MIN, |p| {
+        container_status(p, "app").and_then(|c| c["state"]["waiting"]["message"].as_str()).is_some_and(|m| m.contains("persistentvolumeclaim \"nothing\" not found"))
+    });
+    assert_eq!(waiting_reason(&p, "app"), Some("ContainerCreating"), "{}", p["status"]);
+    assert_eq!(phase(&p), "Pending");
     // activeDeadlineSeconds: the pod is stopped and Failed with DeadlineExceeded.
     lab.apply(&pod_yaml("deadline", &format!("  activeDeadlineSeconds: 3\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n")));
     let p = lab.wait_pod("deadline", "DeadlineExceeded", MIN, |p| phase(p) == "Failed");
     assert_eq!(p["status"]["reason"], "DeadlineExceeded", "{}", p["status"]);
-    lab.kubectl_ok(&["delete", "pod", "cmpod", "huge", "pvc", "deadline", "--wait=true", "--timeout=60s"]);
+    lab.kubectl_ok(&["delete", "pod", "cmpod", "huge", "inline", "pvc", "deadline", "--wait=true", "--timeout=60s"]);
     lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
     let left: Vec<_> = std::fs::read_dir(lab.dir.path().join("agent/pods")).map(|d| d.flatten().count()).into_iter().collect();
     assert_eq!(left.iter().sum::<usize>(), 0, "pod dirs left behind");

@@ -199,6 +199,41 @@ impl Api {
         Ok(())
     }
 
+    /// Upstream's PersistentVolumeClaimResize admission and resize validation: a claim's storage
+    /// request may only grow, and only for a bound claim whose class allows expansion.
+    async fn admit_claim_resize(&self, old: &Value, new: &Value) -> Result<Vec<FieldError>, ApiError> {
+        let request = |v: &Value| v.pointer("/spec/resources/requests/storage").and_then(|q| q.as_str()).map(String::from);
+        let (Some(before), Some(after)) = (request(old), request(new)) else { return Ok(Vec::new()) };
+        let (Some(b), Some(a)) = (k8s_semantics::quantity::scaled(&before, 1), k8s_semantics::quantity::scaled(&after, 1)) else {
+            return Ok(Vec::new());
+        };
+        if a == b {
+            return Ok(Vec::new());
+        }
+        let field = "spec.resources.requests.storage";
+        if a < b {
+            return Ok(vec![FieldError::forbidden(field, "field can not be less than previous value")]);
+        }
+        let bound = old.pointer("/spec/volumeName").and_then(|v| v.as_str()).is_some_and(|v| !v.is_empty());
+        let class = old.pointer("/spec/storageClassName").and_then(|v| v.as_str()).unwrap_or("");
+        let expandable = if bound && !class.is_empty() {
+            let classes = resources::find("storage.k8s.io", "v1", "storageclasses").ok_or_else(|| ApiError::internal("no storageclasses"))?;
+            match self.store.get(&classes.key(None, class)).await? {
+                Some(r) => r.json()?.get("allowVolumeExpansion").and_then(|v| v.as_bool()) == Some(true),
+                None => false,
+            }
+        } else {
+            false
+        };
+        if !expandable {
+            return Ok(vec![FieldError::forbidden(
+                field,
+                "only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize",
+            )]);
+        }
+        Ok(Vec::new())
+    }
+
     /// Upstream's DefaultStorageClass admission: a claim created without a class (no
     /// `spec.storageClassName`, no beta annotation) gets the default StorageClass, the newest
     /// one when several are marked default. `storageClassName: ""` asks for no class and stays.
@@ -763,6 +798,9 @@ impl Api {
         }
         let mut errs = strategy::validate(res, &obj);
         errs.extend(strategy::validate_update(res, &old, &obj));
+        if res.plural == "persistentvolumeclaims" && !status_endpoint {
+            errs.extend(self.admit_claim_resize(&old, &obj).await?);
+        }
         if !errs.is_empty() {
             return Err(ApiError::invalid(res.kind, res.group, name, &errs));
         }

@@ -232,6 +232,14 @@ pub fn authorize(user: &User, a: &Attributes<'_>, graph: &dyn NodeGraph, body: O
                 deny(String::new())
             }
         }
+        // kubelet reports a finished filesystem expansion in the claim's status.
+        ("", "persistentvolumeclaims", "status") => {
+            if matches!(a.verb, "get" | "update" | "patch") && graph.node_references(node, a.namespace, "persistentvolumeclaims", a.name) {
+                Ok(())
+            } else {
+                deny(format!("no relationship found between node '{node}' and this object"))
+            }
+        }
         ("", r @ ("secrets" | "configmaps" | "persistentvolumeclaims"), "") => {
             if a.verb == "get" && graph.node_references(node, a.namespace, r, a.name) {
                 Ok(())

@@ -426,3 +426,46 @@ async fn a_claim_without_a_class_gets_the_newest_default_class() {
     assert_eq!(class_of("none"), "");
     assert_eq!(class_of("before"), "", "existing claims are not changed by admission");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_grow_only_when_bound_and_their_class_allows_it() {
+    let s = common::Server::start();
+    let sc = |name: &str, expand: bool| {
+        format!("apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: {name}\nprovisioner: loop.csi.ferro.dev\nallowVolumeExpansion: {expand}\n")
+    };
+    s.apply(&sc("grows", true));
+    s.apply(&sc("fixed", false));
+    let claim = |name: &str, class: &str, size: &str| {
+        format!("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {name}\nspec:\n  storageClassName: {class}\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: {size}\n")
+    };
+    // A volume pre-bound to each claim, so the PV controller binds them.
+    for (name, class) in [("a", "grows"), ("b", "fixed")] {
+        s.apply(&format!(
+            "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv-{name}\nspec:\n  storageClassName: {class}\n  capacity: {{storage: 1Gi}}\n  accessModes: [ReadWriteOnce]\n  claimRef: {{namespace: default, name: {name}}}\n  csi: {{driver: loop.csi.ferro.dev, volumeHandle: h-{name}}}\n"
+        ));
+        s.apply(&claim(name, class, "1Gi"));
+    }
+    s.apply(&claim("unbound", "grows", "1Gi"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while ["a", "b"].iter().any(|c| s.ok(&["get", "pvc", c, "-o", "jsonpath={.spec.volumeName}"]).is_empty()) {
+        assert!(std::time::Instant::now() < deadline, "claims not bound\n{}", s.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let resize = |name: &str, size: &str| {
+        let patch = format!("{{\"spec\":{{\"resources\":{{\"requests\":{{\"storage\":\"{size}\"}}}}}}}}");
+        s.kubectl(&["patch", "pvc", name, "--type=merge", "-p", &patch])
+    };
+    let out = resize("a", "2Gi");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(s.ok(&["get", "pvc", "a", "-o", "jsonpath={.spec.resources.requests.storage}"]), "2Gi");
+    for (name, size, why) in [
+        ("a", "1Gi", "field can not be less than previous value"),
+        ("b", "2Gi", "the storageclass that provisions the pvc must support resize"),
+        ("unbound", "2Gi", "only dynamically provisioned pvc can be resized"),
+    ] {
+        let out = resize(name, size);
+        assert!(!out.status.success(), "{name} resized to {size}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("spec.resources.requests.storage") && err.contains(why), "{name}: {err}");
+    }
+}

@@ -22,13 +22,14 @@ use csi_proto::csi::node_service_capability::Type as NodeCapType;
 use csi_proto::csi::volume_capability::access_mode::Mode;
 use csi_proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
 use csi_proto::csi::{
-    NodeGetCapabilitiesRequest, NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
-    NodeUnstageVolumeRequest, VolumeCapability,
+    CapacityRange, NodeExpandVolumeRequest, NodeGetCapabilitiesRequest, NodePublishVolumeRequest,
+    NodeStageVolumeRequest, NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
 };
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::{Patch, PatchParams};
 use kube::Api;
 use serde::{Deserialize, Serialize};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::registry::{channel, Drivers, RegistryError};
 use crate::pod::ownership::{self, ChangePolicy};
@@ -313,6 +314,80 @@ impl CsiMounter {
         match std::fs::remove_dir(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", &dir)(e)),
             _ => Ok(()),
+        }
+    }
+
+    /// kubelet's half of volume expansion: every published volume whose claim waits for its
+    /// filesystem to grow (condition FileSystemResizePending, or a PV larger than the claim's
+    /// status capacity) gets NodeExpandVolume on one of its mounts, then the claim's status
+    /// says the new capacity. Returns the PVs it grew.
+    pub async fn expand_published(&self) -> Result<Vec<String>, CsiError> {
+        let Some(client) = self.client.clone() else { return Ok(Vec::new()) };
+        let mut seen = std::collections::BTreeSet::new();
+        let mut grown = Vec::new();
+        let Ok(pods) = std::fs::read_dir(self.root.join("pods")) else { return Ok(grown) };
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        for pod in pods.flatten() {
+            let uid = pod.file_name().to_string_lossy().into_owned();
+            for (vol_dir, data) in read_vol_data(&pod.path().join("volumes").join(CSI_DIR)) {
+                if !seen.insert(data.spec_vol_id.clone()) {
+                    continue;
+                }
+                let Some(pv) = pvs.get_opt(&data.spec_vol_id).await? else { continue };
+                let Some(claim) = pv.spec.as_ref().and_then(|s| s.claim_ref.clone()) else { continue };
+                let (Some(ns), Some(name)) = (claim.namespace, claim.name) else { continue };
+                let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+                let Some(pvc) = pvcs.get_opt(&name).await? else { continue };
+                let bytes = |q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+                    q.and_then(|q| k8s_semantics::quantity::scaled(&q.0, 1)).unwrap_or(0)
+                };
+                let pv_capacity = pv.spec.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage"));
+                let status = pvc.status.clone().unwrap_or_default();
+                let pending = status.conditions.iter().flatten().any(|c| c.type_ == "FileSystemResizePending" && c.status == "True");
+                let smaller = bytes(status.capacity.as_ref().and_then(|c| c.get("storage"))) < bytes(pv_capacity);
+                if !(pending || smaller) || pv_capacity.is_none() {
+                    continue;
+                }
+                let plan = plan_mount(&self.root, &uid, &self.node, &data.spec_vol_id, false, &pvc, &pv)?;
+                let mut node = self.node_client(&data.driver_name).await?;
+                let required = i64::try_from(bytes(pv_capacity)).unwrap_or(i64::MAX);
+                node.node_expand_volume(NodeExpandVolumeRequest {
+                    volume_id: data.volume_handle.clone(),
+                    volume_path: vol_dir.join("mount").to_string_lossy().into_owned(),
+                    staging_target_path: data.staging_path.to_string_lossy().into_owned(),
+                    capacity_range: Some(CapacityRange { required_bytes: required, limit_bytes: 0 }),
+                    volume_capability: Some(plan.capability),
+                    ..Default::default()
+                })
+                .await
+                .map_err(rpc("MountVolume.NodeExpandVolume", &data.spec_vol_id))?;
+                let conditions: Vec<_> =
+                    status.conditions.iter().flatten().filter(|c| c.type_ != "FileSystemResizePending").cloned().collect();
+                let patch = serde_json::json!({"status": {"capacity": {"storage": pv_capacity}, "conditions": conditions}});
+                pvcs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                info!(volume = %data.spec_vol_id, claim = %format!("{ns}/{name}"), bytes = required, "filesystem expanded");
+                grown.push(data.spec_vol_id.clone());
+            }
+        }
+        Ok(grown)
+    }
+
+    /// Runs [`CsiMounter::expand_published`] every `period`, forever.
+    pub async fn expansion_loop(self: Arc<Self>, period: std::time::Duration) {
+        let mut tick = tokio::time::interval(period);
+        let mut last_error = String::new();
+        loop {
+            tick.tick().await;
+            match self.expand_published().await {
+                Ok(_) => last_error.clear(),
+                Err(e) => {
+                    let msg = e.to_string();
+                    if msg != last_error {
+                        warn!(error = %msg, "volume expansion failed; retrying");
+                        last_error = msg;
+                    }
+                }
+            }
         }
     }
 

@@ -382,6 +382,44 @@ impl Lab {
         )
     }
 
+    /// Starts ferro-csi (driver, provisioner, registration with the agent) in containerd's
+    /// network and mount namespaces, as the agent runs, so the volumes it mounts are the ones
+    /// runc sees; its data dir is `data`, its log `<lab dir>/csi.log` (appended).
+    pub fn start_csi(&self, data: &Path, pool: &str) -> Proc {
+        let pid = self.ctrd.pid().unwrap().to_string();
+        let agent_root = self.dir.path().join("agent");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("csi.log")).unwrap();
+        Proc(Some(
+            Command::new("nsenter")
+                .args(["--target", &pid, "--net", "--mount", "--"])
+                .arg(sibling_bin("ferro-csi"))
+                .args(["--node-id", NODE, "--pool-size", pool])
+                .arg("--data-dir")
+                .arg(data)
+                .arg("--endpoint")
+                .arg(format!("unix://{}", data.join("csi.sock").display()))
+                .arg("--registration-dir")
+                .arg(agent_root.join("plugins_registry"))
+                .arg("--allowed-path")
+                .arg(&agent_root)
+                .arg("--kubeconfig")
+                .arg(self.admin_kubeconfig())
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        ))
+    }
+
+    /// Waits until the agent has registered ferro-csi in the node's CSINode.
+    pub fn wait_csi_registered(&self) {
+        self.wait("ferro-csi registered in CSINode", Duration::from_secs(60), |l| {
+            let out = l.kubectl(&["get", "csinode", NODE, "-o", "jsonpath={.spec.drivers[*].name}"]);
+            (String::from_utf8_lossy(&out.stdout) == "loop.csi.ferro.dev").then_some(())
+        });
+    }
+
     /// A host directory pods can mount with hostPath to hand results back.
     pub fn host_dir(&self) -> PathBuf {
         self.dir.path().join("host")

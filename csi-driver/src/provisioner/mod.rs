@@ -197,6 +197,17 @@ async fn reconcile_claim<H: Host>(
         (csi.driver == DRIVER_NAME).then(|| csi.volume_handle.clone())
     };
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    let bound_pv = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .and_then(|v| ctx.volumes.get(None, v));
+    if let Some(pv) = bound_pv {
+        return match plan::decide_resize(&pvc, &pv, &ctx.node) {
+            Some(r) => resize(ctx, &api, &pvc, &pv, r).await,
+            None => Ok(Next::Done),
+        };
+    }
     match plan::decide_claim(&pvc, class.as_deref(), &ctx.node, pv_exists, &source_volume) {
         ClaimDecision::Ignore => Ok(Next::Done),
         ClaimDecision::Take => {
@@ -325,6 +336,87 @@ async fn reconcile_claim<H: Host>(
             Ok(Next::Done)
         }
     }
+}
+
+/// The external-resizer's job: ControllerExpandVolume, then the PV's capacity, then the
+/// claim's status: its capacity when the driver needs nothing more, else the condition
+/// FileSystemResizePending that the node's agent clears once it grew the filesystem.
+async fn resize<H: Host>(
+    ctx: &Context<H>,
+    api: &Api<PersistentVolumeClaim>,
+    pvc: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+    r: plan::Resize,
+) -> Result<Next, ProvisionError> {
+    let name = pvc.name_any();
+    ctx.recorder.record(
+        pvc,
+        "Normal",
+        "Resizing",
+        format!("External resizer is resizing volume {}", pv.name_any()),
+    );
+    let id = r.volume_id.clone();
+    let range = crate::proto::CapacityRange {
+        required_bytes: r.bytes,
+        limit_bytes: 0,
+    };
+    let (size, node_needed) =
+        match engine_call(ctx, move |e| e.expand_volume(&id, Some(&range))).await? {
+            Ok(v) => v,
+            Err(st) => {
+                ctx.recorder.record(
+                    pvc,
+                    "Warning",
+                    "VolumeResizeFailed",
+                    format!("resize volume {:?} failed: {}", pv.name_any(), st.message()),
+                );
+                return Err(ProvisionError::Volume(st));
+            }
+        };
+    let quantity = k8s_semantics::quantity::binary_si(size as i64);
+    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let patch = json!({"spec": {"capacity": {"storage": quantity}}});
+    pvs.patch(
+        &pv.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    let mut conditions: Vec<serde_json::Value> = pvc
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.type_ != "Resizing" && c.type_ != "FileSystemResizePending")
+        .map(|c| serde_json::to_value(c).unwrap_or_default())
+        .collect();
+    let status = if node_needed {
+        conditions.push(json!({
+            "type": "FileSystemResizePending", "status": "True",
+            "lastTransitionTime": jiff::Timestamp::now().to_string(),
+            "message": "Waiting for user to (re-)start a pod to finish file system resize of volume on node.",
+        }));
+        ctx.recorder.record(
+            pvc,
+            "Normal",
+            "FileSystemResizeRequired",
+            "Require file system resize of volume on node".into(),
+        );
+        json!({"status": {"conditions": conditions}})
+    } else {
+        ctx.recorder.record(
+            pvc,
+            "Normal",
+            "VolumeResizeSuccessful",
+            format!("resize volume {:?} finished successfully", pv.name_any()),
+        );
+        json!({"status": {"conditions": conditions, "capacity": {"storage": quantity}}})
+    };
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    info!(volume = %r.volume_id, bytes = size, node_expansion = node_needed, "volume expanded");
+    Ok(Next::Done)
 }
 
 async fn reconcile_volume<H: Host>(ctx: &Context<H>, name: &str) -> Result<Next, ProvisionError> {

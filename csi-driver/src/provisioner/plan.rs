@@ -308,6 +308,44 @@ pub fn volume_object(
     }
 }
 
+/// A bound claim asking for more than its volume has: ControllerExpandVolume to `bytes`
+/// (the external-resizer's job).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resize {
+    pub volume_id: String,
+    pub bytes: i64,
+}
+
+/// Whether the claim, bound to `pv`, asks this node's driver for a larger volume.
+pub fn decide_resize(
+    pvc: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+    node: &str,
+) -> Option<Resize> {
+    let spec = pv.spec.as_ref()?;
+    let csi = spec.csi.as_ref().filter(|c| c.driver == DRIVER_NAME)?;
+    if volume_node(pv) != Some(node)
+        || pvc.spec.as_ref()?.volume_name.as_deref() != pv.metadata.name.as_deref()
+    {
+        return None;
+    }
+    let asked = bytes(
+        pvc.spec
+            .as_ref()?
+            .resources
+            .as_ref()?
+            .requests
+            .as_ref()?
+            .get("storage")?,
+    )
+    .ok()?;
+    let has = bytes(spec.capacity.as_ref()?.get("storage")?).ok()?;
+    (asked > has).then(|| Resize {
+        volume_id: csi.volume_handle.clone(),
+        bytes: asked,
+    })
+}
+
 /// What to do about one PersistentVolume.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum VolumeDecision {

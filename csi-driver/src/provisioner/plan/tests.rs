@@ -302,3 +302,40 @@ fn only_released_deletable_volumes_of_this_node_are_deleted() {
         .persistent_volume_reclaim_policy = Some("Retain".into());
     assert_eq!(decide_volume(&pv, "n1"), VolumeDecision::Ignore, "Retain");
 }
+
+#[test]
+fn a_bound_claim_asking_for_more_is_resized_on_its_node() {
+    let c = claim("1Gi", Some("n1"));
+    let cls = class(true);
+    let r = provision(decide_claim(&c, Some(&cls), "n1", false, &no_source));
+    let pv = volume_object(&c, &cls, &r, "loop-1", 1 << 30, &HashMap::new(), "n1");
+    let mut bound = claim("1Gi", Some("n1"));
+    bound.spec.as_mut().expect("spec").volume_name = Some("pvc-u-1".into());
+    assert_eq!(decide_resize(&bound, &pv, "n1"), None, "same size");
+    bound
+        .spec
+        .as_mut()
+        .expect("spec")
+        .resources
+        .as_mut()
+        .expect("res")
+        .requests = Some(BTreeMap::from([(
+        "storage".to_string(),
+        Quantity("2Gi".into()),
+    )]));
+    assert_eq!(
+        decide_resize(&bound, &pv, "n1"),
+        Some(Resize {
+            volume_id: "loop-1".into(),
+            bytes: 2 << 30
+        })
+    );
+    assert_eq!(
+        decide_resize(&bound, &pv, "n2"),
+        None,
+        "another node's volume"
+    );
+    let mut unbound = bound.clone();
+    unbound.spec.as_mut().expect("spec").volume_name = Some("other".into());
+    assert_eq!(decide_resize(&unbound, &pv, "n1"), None);
+}
