@@ -139,3 +139,40 @@ fn a_claim_grown_while_its_pod_runs_grows_the_mounted_filesystem() {
     lab.wait_nothing_left();
     csi.kill();
 }
+
+#[test]
+#[ignore = "privileged: needs root, containerd and loop devices; run by scripts/test.sh"]
+fn a_raw_block_claim_is_a_block_device_in_the_container() {
+    let scratch = Scratch::new("ferro-agent-csi-block-").unwrap();
+    let lab = Lab::start("csiblock");
+    let mut csi = lab.start_csi(&scratch.path().join("csi"), "1Gi");
+    lab.wait_csi_registered();
+    lab.apply("apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: loop\nprovisioner: loop.csi.ferro.dev\nvolumeBindingMode: WaitForFirstConsumer\n");
+    lab.apply("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: raw\nspec:\n  storageClassName: loop\n  volumeMode: Block\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 8Mi\n");
+    lab.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: raw\nspec:\n  terminationGracePeriodSeconds: 1\n  volumes:\n  - name: dev\n    persistentVolumeClaim: {{claimName: raw}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"echo raw-bytes | dd of=/dev/xvda bs=512 conv=sync 2>/dev/null && sleep 3600\"]\n    volumeDevices:\n    - {{name: dev, devicePath: /dev/xvda}}\n"
+    ));
+    lab.wait_pod("raw", "Running", MIN, |p| phase(p) == "Running");
+    // Through sh: the image links few applets, busybox's sh runs all of them.
+    let kind = lab.kubectl_ok(&["exec", "raw", "--", "sh", "-c", "stat -c %F /dev/xvda"]);
+    assert_eq!(kind.trim(), "block special file");
+    let size = lab.kubectl_ok(&["exec", "raw", "--", "sh", "-c", "wc -c < /dev/xvda"]);
+    assert_eq!(size.trim(), (8u64 << 20).to_string());
+    let head = lab.kubectl_ok(&["exec", "raw", "--", "sh", "-c", "head -c 9 /dev/xvda"]);
+    assert_eq!(head, "raw-bytes");
+    lab.kubectl_ok(&["delete", "pod", "raw", "--wait=true", "--timeout=60s"]);
+    // The agent unpublishes and unstages as it cleans the pod up (after the API object goes).
+    lab.wait("the loop device detached", MIN, |_| scratch.loops().is_empty().then_some(()));
+    // The bytes are on the volume (its backing file), no filesystem was made.
+    let disk = std::fs::read_dir(scratch.path().join("csi/volumes")).unwrap().flatten().next().unwrap().path().join("disk.img");
+    let mut buf = [0u8; 9];
+    std::io::Read::read_exact(&mut std::fs::File::open(&disk).unwrap(), &mut buf).unwrap();
+    assert_eq!(&buf, b"raw-bytes");
+    lab.kubectl_ok(&["delete", "pvc", "raw", "--wait=false"]);
+    lab.wait("the PV deleted", MIN, |l| {
+        let out = l.kubectl(&["get", "pv", "-o", "name"]);
+        String::from_utf8_lossy(&out.stdout).trim().is_empty().then_some(())
+    });
+    lab.wait_nothing_left();
+    csi.kill();
+}

@@ -20,7 +20,7 @@ use csi_proto::csi::node_client::NodeClient;
 use csi_proto::csi::node_service_capability::rpc::Type as NodeRpc;
 use csi_proto::csi::node_service_capability::Type as NodeCapType;
 use csi_proto::csi::volume_capability::access_mode::Mode;
-use csi_proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use csi_proto::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use csi_proto::csi::{
     CapacityRange, NodeExpandVolumeRequest, NodeGetCapabilitiesRequest, NodePublishVolumeRequest,
     NodeStageVolumeRequest, NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
@@ -53,8 +53,8 @@ pub enum CsiError {
     DriverNotRegistered(String),
     #[error("persistentVolumeClaim volumes need the API server (the agent runs without --kubeconfig)")]
     NoApi,
-    #[error("volume mode Block is not supported by the agent yet (volume {0:?})")]
-    BlockNotSupportedYet(String),
+    #[error("volume {0:?}: the claim's and the persistent volume's volumeMode differ")]
+    ModeMismatch(String),
     #[error("{call} failed for volume {volume:?}: {}", status.message())]
     Rpc { call: &'static str, volume: String, status: tonic::Status },
     #[error(transparent)]
@@ -88,6 +88,17 @@ pub struct VolData {
     pub node_name: String,
     pub volume_lifecycle_mode: String,
     pub staging_path: PathBuf,
+    /// "Block" for a raw block volume (published as a device node at `<dir>/dev`), else a
+    /// filesystem published at `<dir>/mount`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub volume_mode: String,
+}
+
+impl VolData {
+    /// Where the volume is published, given its directory.
+    pub fn target_in(&self, dir: &Path) -> PathBuf {
+        dir.join(if self.volume_mode == "Block" { "dev" } else { "mount" })
+    }
 }
 
 /// One persistentVolumeClaim volume of a pod, planned.
@@ -130,8 +141,9 @@ pub fn plan_mount(
     let pv_name = pv.metadata.name.clone().unwrap_or_default();
     let spec = pv.spec.as_ref().ok_or_else(|| CsiError::NotCsi(pv_name.clone()))?;
     let csi = spec.csi.as_ref().ok_or_else(|| CsiError::NotCsi(pv_name.clone()))?;
-    if spec.volume_mode.as_deref() == Some("Block") || pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block") {
-        return Err(CsiError::BlockNotSupportedYet(volume.to_string()));
+    let block = spec.volume_mode.as_deref() == Some("Block");
+    if block != (pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block")) && pvc.spec.is_some() {
+        return Err(CsiError::ModeMismatch(volume.to_string()));
     }
     let modes = spec.access_modes.clone().unwrap_or_default();
     let mode = if modes.iter().any(|m| m == "ReadWriteOncePod") {
@@ -144,15 +156,18 @@ pub fn plan_mount(
         Mode::MultiNodeReaderOnly
     };
     let fs_type = csi.fs_type.clone().unwrap_or_default();
-    let capability = VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
+    let access_type = if block {
+        AccessType::Block(BlockVolume {})
+    } else {
+        AccessType::Mount(MountVolume {
             fs_type: fs_type.clone(),
             mount_flags: spec.mount_options.clone().unwrap_or_default(),
             volume_mount_group: String::new(),
-        })),
-        access_mode: Some(AccessMode { mode: mode as i32 }),
+        })
     };
+    let capability = VolumeCapability { access_type: Some(access_type), access_mode: Some(AccessMode { mode: mode as i32 }) };
     let dir = pod_csi_dir(root, uid).join(&pv_name);
+    let volume_mode = if block { "Block".to_string() } else { String::new() };
     Ok(MountPlan {
         volume: volume.to_string(),
         data: VolData {
@@ -162,8 +177,9 @@ pub fn plan_mount(
             node_name: node.to_string(),
             volume_lifecycle_mode: "Persistent".into(),
             staging_path: staging_path(root, &csi.driver, &csi.volume_handle),
+            volume_mode: volume_mode.clone(),
         },
-        target: dir.join("mount"),
+        target: dir.join(if block { "dev" } else { "mount" }),
         capability,
         readonly: claim_readonly || csi.read_only == Some(true),
         volume_context: csi.volume_attributes.clone().unwrap_or_default().into_iter().collect(),
@@ -228,7 +244,8 @@ impl CsiMounter {
             let pv = pvs.get_opt(&pv_name).await?.ok_or_else(|| CsiError::VolumeNotFound(pv_name.clone()))?;
             let plan = plan_mount(&self.root, &uid, &self.node, &volume, src.read_only == Some(true), &pvc, &pv)?;
             self.mount(&plan).await?;
-            if let (Some(gid), false) = (fs_group.and_then(|g| u32::try_from(g).ok()), plan.fs_type.is_empty() || plan.readonly) {
+            let block = plan.data.volume_mode == "Block";
+            if let (Some(gid), false) = (fs_group.and_then(|g| u32::try_from(g).ok()), block || plan.fs_type.is_empty() || plan.readonly) {
                 // As upstream's default fsGroupPolicy (ReadWriteOnceWithFSType).
                 ownership::set_volume_ownership(&plan.target, gid, policy, false)?;
             }
@@ -284,7 +301,7 @@ impl CsiMounter {
         let dir = pod_csi_dir(&self.root, uid);
         for (vol_dir, data) in read_vol_data(&dir) {
             let mut node = self.node_client(&data.driver_name).await?;
-            let target = vol_dir.join("mount");
+            let target = data.target_in(&vol_dir);
             node.node_unpublish_volume(NodeUnpublishVolumeRequest {
                 volume_id: data.volume_handle.clone(),
                 target_path: target.to_string_lossy().into_owned(),
@@ -353,7 +370,7 @@ impl CsiMounter {
                 let required = i64::try_from(bytes(pv_capacity)).unwrap_or(i64::MAX);
                 node.node_expand_volume(NodeExpandVolumeRequest {
                     volume_id: data.volume_handle.clone(),
-                    volume_path: vol_dir.join("mount").to_string_lossy().into_owned(),
+                    volume_path: data.target_in(&vol_dir).to_string_lossy().into_owned(),
                     staging_target_path: data.staging_path.to_string_lossy().into_owned(),
                     capacity_range: Some(CapacityRange { required_bytes: required, limit_bytes: 0 }),
                     volume_capability: Some(plan.capability),
@@ -469,8 +486,22 @@ mod tests {
         not_csi.spec.as_mut().expect("spec").csi = None;
         let e = plan_mount(root, "u", "n", "v", false, &PersistentVolumeClaim::default(), &not_csi).expect_err("not csi");
         assert!(e.to_string().contains("not a CSI volume"), "{e}");
-        let e = plan_mount(root, "u", "n", "v", false, &PersistentVolumeClaim::default(), &pv(&["ReadWriteOnce"], Some("Block"))).expect_err("block");
-        assert!(e.to_string().contains("Block"), "{e}");
+        let claim_fs = PersistentVolumeClaim { spec: Some(Default::default()), ..Default::default() };
+        let e = plan_mount(root, "u", "n", "v", false, &claim_fs, &pv(&["ReadWriteOnce"], Some("Block"))).expect_err("modes differ");
+        assert!(e.to_string().contains("volumeMode"), "{e}");
+    }
+
+    #[test]
+    fn a_raw_block_volume_is_published_as_a_device_node() {
+        let claim = PersistentVolumeClaim {
+            spec: Some(k8s_openapi::api::core::v1::PersistentVolumeClaimSpec { volume_mode: Some("Block".into()), ..Default::default() }),
+            ..Default::default()
+        };
+        let p = plan_mount(Path::new("/r"), "u", "n", "v", false, &claim, &pv(&["ReadWriteOnce"], Some("Block"))).expect("plan");
+        assert_eq!(p.target, PathBuf::from("/r/pods/u/volumes/kubernetes.io~csi/pvc-1/dev"));
+        assert!(matches!(p.capability.access_type, Some(AccessType::Block(_))));
+        assert_eq!(p.data.volume_mode, "Block");
+        assert_eq!(p.data.target_in(Path::new("/d")), PathBuf::from("/d/dev"));
     }
 
     #[test]
@@ -483,6 +514,7 @@ mod tests {
             node_name: "n1".into(),
             volume_lifecycle_mode: "Persistent".into(),
             staging_path: "/r/plugins/x/globalmount".into(),
+            volume_mode: String::new(),
         };
         let json = serde_json::to_value(&d).expect("json");
         assert_eq!(json["specVolID"], "pvc-1");

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_cri::v1::security_profile::ProfileType;
 use k8s_cri::v1::{
-    Capability, ContainerConfig, ContainerMetadata, DnsConfig, Image, ImageSpec, Int64Value, KeyValue,
+    Capability, ContainerConfig, ContainerMetadata, Device, DnsConfig, Image, ImageSpec, Int64Value, KeyValue,
     LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
     LinuxSandboxSecurityContext, Mount, MountPropagation, NamespaceMode, NamespaceOption, PodSandboxConfig,
     PodSandboxMetadata, PortMapping, Protocol, SecurityProfile,
@@ -821,6 +821,27 @@ pub struct VolumePath {
     pub host_path: PathBuf,
     /// The volume is read-only whatever the mount says (e.g. configMap, secret, projected).
     pub read_only: bool,
+}
+
+/// The container's volumeDevices as CRI devices: each raw block volume's published device node
+/// at its devicePath (read, write and mknod; read and mknod for a read-only volume).
+pub fn container_devices(container: &Container, volumes: &BTreeMap<String, VolumePath>) -> Result<Vec<Device>, SpecError> {
+    container
+        .volume_devices
+        .iter()
+        .flatten()
+        .map(|d| {
+            let vol = volumes.get(&d.name).ok_or_else(|| SpecError::VolumeNotFound {
+                volume: d.name.clone(),
+                container: container.name.clone(),
+            })?;
+            Ok(Device {
+                container_path: d.device_path.clone(),
+                host_path: vol.host_path.to_string_lossy().into_owned(),
+                permissions: if vol.read_only { "mr" } else { "mrw" }.into(),
+            })
+        })
+        .collect()
 }
 
 /// The subPath's host path in the volume, checked to resolve inside the volume (a symlink in

@@ -1008,8 +1008,19 @@ impl PodWorkers {
             }
         };
         let image_user = spec::ImageUser::of(status.as_ref());
+        let devices = match spec::container_devices(c, &spec_vols) {
+            Ok(d) => d,
+            Err(e) => {
+                self.event(pod, "Warning", "Failed", format!("Error: {e}"));
+                set_waiting("CreateContainerConfigError", e.to_string());
+                return Ok(Some(Duration::from_secs(5)));
+            }
+        };
         let config = match spec::container_config(pod, c, start.kind, start.attempt, start.restart_count, hash, env, mounts, &image_user, &self.inner.cfg.node) {
-            Ok(cfg) => cfg,
+            Ok(mut cfg) => {
+                cfg.devices = devices;
+                cfg
+            }
             Err(e) => {
                 self.event(pod, "Warning", "Failed", format!("Error: {e}"));
                 set_waiting("CreateContainerConfigError", e.to_string());
