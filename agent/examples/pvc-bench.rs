@@ -119,7 +119,7 @@ async fn start_all(client: &kube::Client, names: &[String], size_mib: u64) -> Ve
 }
 
 /// Deletes the bench's pods and claims and waits until their volumes are gone.
-async fn clean(client: &kube::Client) {
+async fn clean(client: &kube::Client) -> Result<(), String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
@@ -127,12 +127,24 @@ async fn clean(client: &kube::Client) {
     pods.delete_collection(&DeleteParams::default(), &lp).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(600);
     while !pods.list(&lp).await.unwrap().items.is_empty() {
-        assert!(Instant::now() < deadline, "bench pods not gone");
+        if Instant::now() > deadline {
+            return Err("bench pods not gone".into());
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     pvcs.delete_collection(&DeleteParams::default(), &lp).await.unwrap();
-    while !pvs.list(&ListParams::default()).await.unwrap().items.is_empty() {
-        assert!(Instant::now() < deadline, "bench volumes not gone");
+    loop {
+        let left = pvs.list(&ListParams::default()).await.unwrap().items;
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let phases: Vec<String> = left
+                .iter()
+                .map(|v| format!("{} {:?}", v.metadata.name.clone().unwrap_or_default(), v.status.as_ref().and_then(|s| s.phase.clone())))
+                .collect();
+            return Err(format!("bench volumes not gone: {phases:?}"));
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -160,7 +172,7 @@ fn main() {
             let mut single = Vec::new();
             for i in 0..singles {
                 single.extend(start_all(&client, &[format!("one-{i}")], size).await);
-                clean(&client).await;
+                clean(&client).await?;
             }
             single.sort_by(|a, b| a.partial_cmp(b).unwrap());
             let names: Vec<String> = (0..burst).map(|i| format!("many-{i}")).collect();
@@ -168,12 +180,17 @@ fn main() {
             let all = start_all(&client, &names, size).await;
             let wall = w0.elapsed().as_secs_f64();
             let (a, c) = ((cpu_ticks(agent_pid) - a0) as f64 / 100.0, (cpu_ticks(csi_pid) - c0) as f64 / 100.0);
-            clean(&client).await;
-            (single, all, wall, a, c)
+            clean(&client).await?;
+            Ok::<_, String>((single, all, wall, a, c))
         })
     })
     .join()
-    .unwrap();
+    .unwrap()
+    .unwrap_or_else(|e| {
+        let csi_log = std::fs::read_to_string(lab.dir.path().join("csi.log")).unwrap_or_default();
+        let tail: Vec<&str> = csi_log.lines().rev().take(40).collect();
+        panic!("{e}\n{}\n--- csi.log (last lines, newest first) ---\n{}", lab.logs(), tail.join("\n"))
+    });
     println!("claim (WaitForFirstConsumer, {size} MiB ext4) + pod -> container running with the volume mounted:");
     println!(
         "  one at a time, {singles} runs: p50 {:.3} s   p90 {:.3} s   max {:.3} s",

@@ -308,12 +308,6 @@ impl CsiMounter {
             })
             .await
             .map_err(rpc("UnmountVolume.TearDown (NodeUnpublishVolume)", &data.spec_vol_id))?;
-            let data_file = vol_dir.join(VOL_DATA);
-            std::fs::remove_file(&data_file).map_err(io("remove", &data_file))?;
-            match std::fs::remove_dir(&vol_dir) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io("remove", &vol_dir)(e)),
-                _ => {}
-            }
             if !self.in_use_elsewhere(uid, &data.volume_handle) && data.staging_path.exists() {
                 node.node_unstage_volume(NodeUnstageVolumeRequest {
                     volume_id: data.volume_handle.clone(),
@@ -326,6 +320,15 @@ impl CsiMounter {
                     let _ignored_if_not_empty = std::fs::remove_dir(d);
                 }
                 info!(volume = %data.spec_vol_id, "volume unstaged");
+            }
+            // Only now: until the volume is unstaged, vol_data.json is what brings the next
+            // try back here (a failed unstage, e.g. Aborted while the driver is busy with the
+            // volume, is retried by the next cleanup of the pod).
+            let data_file = vol_dir.join(VOL_DATA);
+            std::fs::remove_file(&data_file).map_err(io("remove", &data_file))?;
+            match std::fs::remove_dir(&vol_dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io("remove", &vol_dir)(e)),
+                _ => {}
             }
         }
         match std::fs::remove_dir(&dir) {

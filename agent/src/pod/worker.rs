@@ -712,14 +712,26 @@ impl PodWorkers {
     }
 
     /// The pod's persistentVolumeClaim volumes, staged and published through their CSI driver.
-    async fn csi_setup(&self, pod: &Pod) -> Result<BTreeMap<String, volumes::VolumePath>, String> {
+    /// On error: the message and how soon to try again (soon while the claim is being bound or
+    /// the driver registered, which takes a moment after the pod is scheduled; the scheduler
+    /// does not wait for the binding as upstream's does).
+    async fn csi_setup(&self, pod: &Pod) -> Result<BTreeMap<String, volumes::VolumePath>, (String, Duration)> {
+        use crate::csi::mounter::CsiError;
         let has_claims = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(|v| v.persistent_volume_claim.is_some());
         if !has_claims {
             return Ok(BTreeMap::new());
         }
         match self.inner.csi.get() {
-            Some(csi) => csi.setup(pod).await.map_err(|e| e.to_string()),
-            None => Err(crate::csi::mounter::CsiError::NoApi.to_string()),
+            Some(csi) => csi.setup(pod).await.map_err(|e| {
+                let soon = match e {
+                    CsiError::ClaimNotBound { .. } | CsiError::DriverNotRegistered(_) | CsiError::VolumeNotFound(_) => {
+                        Duration::from_millis(200)
+                    }
+                    _ => Duration::from_secs(2),
+                };
+                (e.to_string(), soon)
+            }),
+            None => Err((CsiError::NoApi.to_string(), Duration::from_secs(2))),
         }
     }
 
@@ -758,7 +770,7 @@ impl PodWorkers {
         // Volumes before the sandbox, as upstream: CSI (persistentVolumeClaim) ones first.
         let csi_vols = match self.csi_setup(pod).await {
             Ok(v) => v,
-            Err(msg) => {
+            Err((msg, soon)) => {
                 tracing::warn!(pod = %pod_label(pod), error = %msg, "volume setup failed");
                 self.event(pod, "Warning", "FailedMount", msg.clone());
                 self.with_state(uid, |s| {
@@ -769,7 +781,7 @@ impl PodWorkers {
                         );
                     }
                 });
-                return Ok(Some(Duration::from_secs(2)));
+                return Ok(Some(soon));
             }
         };
         let vols = match volumes::setup(
