@@ -17,6 +17,11 @@
 #[path = "../tests/lab/mod.rs"]
 mod lab;
 
+#[path = "bench_util/mod.rs"]
+mod bench_util;
+
+use bench_util::{arg, cpu_ticks, pct};
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -24,30 +29,12 @@ use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name} takes a number")))
-        .unwrap_or(default)
-}
-
 fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     s.lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
-}
-
-/// utime + stime of `pid` in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    // Fields after the command: state is index 0, utime 11, stime 12.
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
 }
 
 /// The agent's (the nsenter child's) pid: nsenter execs the agent, so the pid is the agent's.
@@ -58,14 +45,6 @@ fn footprint(pid: u32, window: Duration) -> (u64, f64) {
     std::thread::sleep(window);
     let used = (cpu_ticks(pid) - t0) as f64 / ticks_per_s;
     (rss_kib(pid), 100.0 * used / start.elapsed().as_secs_f64())
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 fn all_started(p: &Pod) -> bool {

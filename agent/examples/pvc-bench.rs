@@ -17,6 +17,11 @@
 #[path = "../tests/lab/mod.rs"]
 mod lab;
 
+#[path = "bench_util/mod.rs"]
+mod bench_util;
+
+use bench_util::{arg, cpu_ticks, pct};
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -25,31 +30,6 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
 use kube::Api;
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name} takes a number")))
-        .unwrap_or(default)
-}
-
-/// utime + stime of `pid` in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
 
 fn running(p: &Pod) -> bool {
     let cs = p.status.as_ref().and_then(|s| s.container_statuses.as_deref()).unwrap_or_default();

@@ -711,6 +711,21 @@ impl PodWorkers {
         Ok(Next::After(next))
     }
 
+    /// A volume could not be set up: FailedMount, and every container waits in ContainerCreating
+    /// saying why.
+    fn mount_failed(&self, uid: &str, pod: &Pod, msg: &str) {
+        tracing::warn!(pod = %pod_label(pod), error = %msg, "volume setup failed");
+        self.event(pod, "Warning", "FailedMount", msg.to_string());
+        self.with_state(uid, |s| {
+            for c in pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten())) {
+                s.waiting.insert(
+                    c.name.clone(),
+                    Waiting { reason: "ContainerCreating".into(), message: format!("MountVolume.SetUp failed: {msg}") },
+                );
+            }
+        });
+    }
+
     /// The pod's persistentVolumeClaim volumes, staged and published through their CSI driver.
     /// On error: the message and how soon to try again (soon while the claim is being bound or
     /// the driver registered, which takes a moment after the pod is scheduled; the scheduler
@@ -771,16 +786,7 @@ impl PodWorkers {
         let csi_vols = match self.csi_setup(pod).await {
             Ok(v) => v,
             Err((msg, soon)) => {
-                tracing::warn!(pod = %pod_label(pod), error = %msg, "volume setup failed");
-                self.event(pod, "Warning", "FailedMount", msg.clone());
-                self.with_state(uid, |s| {
-                    for c in pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten())) {
-                        s.waiting.insert(
-                            c.name.clone(),
-                            Waiting { reason: "ContainerCreating".into(), message: format!("MountVolume.SetUp failed: {msg}") },
-                        );
-                    }
-                });
+                self.mount_failed(uid, pod, &msg);
                 return Ok(Some(soon));
             }
         };
@@ -797,16 +803,7 @@ impl PodWorkers {
             }
             Err(e) => {
                 let msg = e.to_string();
-                tracing::warn!(pod = %pod_label(pod), error = %msg, "volume setup failed");
-                self.event(pod, "Warning", "FailedMount", msg.clone());
-                self.with_state(uid, |s| {
-                    for c in pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten())) {
-                        s.waiting.insert(
-                            c.name.clone(),
-                            Waiting { reason: "ContainerCreating".into(), message: format!("MountVolume.SetUp failed: {msg}") },
-                        );
-                    }
-                });
+                self.mount_failed(uid, pod, &msg);
                 return Ok(Some(Duration::from_secs(2)));
             }
         };
