@@ -321,6 +321,25 @@ fn claims_are_provisioned_on_the_selected_node_and_deleted_with_their_claim() ->
     );
     assert_eq!(c.disks().len(), 2);
 
+    // A clone: a claim whose data source is claim "now" gets a copy of its volume.
+    let now_pv = c.get(&["pvc", "now"], "{.spec.volumeName}");
+    let now_handle = c.get(&["pv", &now_pv], "{.spec.csi.volumeHandle}");
+    let now_disk = c.data().join("volumes").join(&now_handle).join("disk.img");
+    {
+        use std::io::Write as _;
+        let mut f = std::fs::OpenOptions::new().write(true).open(&now_disk)?;
+        f.write_all(b"cloned bytes")?;
+        f.sync_all()?;
+    }
+    c.apply("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: copy\nspec:\n  storageClassName: loop-now\n  accessModes: [ReadWriteOnce]\n  dataSource: {kind: PersistentVolumeClaim, name: now}\n  resources:\n    requests:\n      storage: 40Mi\n")?;
+    c.wait("claim copy Bound", || c.get(&["pvc", "copy"], "{.status.phase}") == "Bound")?;
+    let copy_pv = c.get(&["pvc", "copy"], "{.spec.volumeName}");
+    let copy_disk = c.data().join("volumes").join(c.get(&["pv", &copy_pv], "{.spec.csi.volumeHandle}")).join("disk.img");
+    let head = std::fs::read(&copy_disk)?;
+    assert_eq!(&head[..12], b"cloned bytes", "the clone carries the source's data");
+    assert_eq!(std::fs::metadata(&copy_disk)?.len(), 40 << 20, "grown to the clone's size");
+    assert_eq!(c.disks().len(), 3);
+
     // Deleting the claims deletes the volumes (reclaim policy Delete), backing files included.
     c.kubectl(&[
         "delete",
@@ -331,7 +350,7 @@ fn claims_are_provisioned_on_the_selected_node_and_deleted_with_their_claim() ->
         "--force",
         "--wait=false",
     ])?;
-    c.kubectl(&["delete", "pvc", "data", "now", "big", "--wait=false"])?;
+    c.kubectl(&["delete", "pvc", "data", "now", "big", "copy", "--wait=false"])?;
     c.wait("both volumes gone", || {
         c.kubectl(&["get", "pv", "-o", "name"])
             .is_ok_and(|o| o.trim().is_empty())
