@@ -82,6 +82,16 @@ impl<H: Host> Engine<H> {
         }
     }
 
+    /// What the host shows at a volume path NodeExpandVolume or NodeGetVolumeStats names;
+    /// NotFound when nothing is there.
+    fn observe_volume_path(&self, disk: &Path, path: &Path) -> Result<super::plan::Seen, EngineError> {
+        let seen = self.observe(disk, path, None)?;
+        if seen.path.is_none() {
+            return Err(PlanError::NotFound(format!("volume path {} does not exist", path.display())).into());
+        }
+        Ok(seen)
+    }
+
     pub fn stage(
         &self,
         id: &str,
@@ -189,14 +199,7 @@ impl<H: Host> Engine<H> {
         let rec = self.node_volume(id)?;
         let _claim = self.claim(id)?;
         let disk = self.layout().volume_disk(id);
-        let seen = self.observe(&disk, path, None)?;
-        if seen.path.is_none() {
-            return Err(PlanError::NotFound(format!(
-                "volume path {} does not exist",
-                path.display()
-            ))
-            .into());
-        }
+        let seen = self.observe_volume_path(&disk, path)?;
         let device = seen.device.ok_or_else(|| {
             PlanError::FailedPrecondition(format!(
                 "volume {id} has no loop device: it is not staged"
@@ -228,14 +231,7 @@ impl<H: Host> Engine<H> {
         let path = allowed(volume_path, "volume path", &self.config.allowed_roots)?;
         let rec = self.node_volume(id)?;
         let disk = self.layout().volume_disk(id);
-        let seen = self.observe(&disk, path, None)?;
-        if seen.path.is_none() {
-            return Err(PlanError::NotFound(format!(
-                "volume path {} does not exist",
-                path.display()
-            ))
-            .into());
-        }
+        let seen = self.observe_volume_path(&disk, path)?;
         let condition = match (&seen.backing, &seen.device) {
             (None, _) => Condition { abnormal: true, message: format!("backing file {} is gone", disk.display()) },
             (Some(_), None) if rec.staged.is_some() => Condition {

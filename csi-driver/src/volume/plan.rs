@@ -407,6 +407,17 @@ fn smaller_than_device(seen: &Seen) -> bool {
     matches!((seen.fs_bytes, seen.device_bytes), (Some(fs), Some(dev)) if fs + GROW_SLACK <= dev)
 }
 
+/// A volume is staged and published only as what it was made for (block or filesystem).
+fn same_access(rec: &VolumeRecord, want: &Use) -> Result<(), PlanError> {
+    if want.access == rec.access {
+        return Ok(());
+    }
+    Err(PlanError::InvalidArgument(format!(
+        "volume {} was made for {:?} access, the capability asks {:?}",
+        rec.id, rec.access, want.access
+    )))
+}
+
 /// NodeStageVolume's next step.
 pub fn stage_step(
     rec: &VolumeRecord,
@@ -414,12 +425,7 @@ pub fn stage_step(
     staging: &Path,
     seen: &Seen,
 ) -> Result<Step, PlanError> {
-    if want.access != rec.access {
-        return Err(PlanError::InvalidArgument(format!(
-            "volume {} was made for {:?} access, the capability asks {:?}",
-            rec.id, rec.access, want.access
-        )));
-    }
+    same_access(rec, want)?;
     if seen.backing.is_none() {
         return Err(PlanError::FailedPrecondition(format!(
             "the backing file {} of volume {} is gone",
@@ -542,12 +548,7 @@ pub fn publish_step(
     target: &Path,
     seen: &Seen,
 ) -> Result<Step, PlanError> {
-    if want.access != rec.access {
-        return Err(PlanError::InvalidArgument(format!(
-            "volume {} was made for {:?} access, the capability asks {:?}",
-            rec.id, rec.access, want.access
-        )));
-    }
+    same_access(rec, want)?;
     let readonly = readonly || want.reader_only;
     // A mount at the target is ours when it is the staged filesystem (same device numbers)
     // or, for a block volume, a bind of the loop device's node.
