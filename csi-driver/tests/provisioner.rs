@@ -235,6 +235,7 @@ fn register_node(c: &Cluster) -> Result<()> {
 fn claims_are_provisioned_on_the_selected_node_and_deleted_with_their_claim() -> Result<()> {
     let c = Cluster::start("prov")?;
     register_node(&c)?;
+    c.wait("the CSIDriver object", || c.get(&["csidriver", "loop.csi.ferro.dev"], "{.spec.attachRequired}") == "false")?;
     c.apply(&storage_class("loop", "WaitForFirstConsumer"))?;
     c.apply(&claim("data", "loop", "100Mi"))?;
     // No consumer yet: WaitForFirstConsumer leaves the claim alone.

@@ -187,6 +187,24 @@ pub fn plan_mount(
     })
 }
 
+/// Whether the kubelet applies the pod's fsGroup to a CSI volume, per its CSIDriver's
+/// fsGroupPolicy (upstream's default, ReadWriteOnceWithFSType, when the driver has no object):
+/// `File` always, `None` never, the default when the volume has an fsType and a
+/// single-node-writer access mode. Never for raw block or read-only volumes.
+pub fn applies_fs_group(policy: Option<&str>, plan: &MountPlan) -> bool {
+    if plan.data.volume_mode == "Block" || plan.readonly {
+        return false;
+    }
+    match policy.unwrap_or("ReadWriteOnceWithFSType") {
+        "File" => true,
+        "None" => false,
+        _ => {
+            let mode = plan.capability.access_mode.as_ref().map(|m| m.mode());
+            !plan.fs_type.is_empty() && matches!(mode, Some(Mode::SingleNodeWriter | Mode::SingleNodeSingleWriter))
+        }
+    }
+}
+
 /// Mounts and unmounts the pods' CSI volumes.
 pub struct CsiMounter {
     pub root: PathBuf,
@@ -244,10 +262,12 @@ impl CsiMounter {
             let pv = pvs.get_opt(&pv_name).await?.ok_or_else(|| CsiError::VolumeNotFound(pv_name.clone()))?;
             let plan = plan_mount(&self.root, &uid, &self.node, &volume, src.read_only == Some(true), &pvc, &pv)?;
             self.mount(&plan).await?;
-            let block = plan.data.volume_mode == "Block";
-            if let (Some(gid), false) = (fs_group.and_then(|g| u32::try_from(g).ok()), block || plan.fs_type.is_empty() || plan.readonly) {
-                // As upstream's default fsGroupPolicy (ReadWriteOnceWithFSType).
-                ownership::set_volume_ownership(&plan.target, gid, policy, false)?;
+            if let Some(gid) = fs_group.and_then(|g| u32::try_from(g).ok()) {
+                let drivers: Api<k8s_openapi::api::storage::v1::CSIDriver> = Api::all(self.client.clone().ok_or(CsiError::NoApi)?);
+                let driver_policy = drivers.get_opt(&plan.data.driver_name).await?.and_then(|d| d.spec.fs_group_policy);
+                if applies_fs_group(driver_policy.as_deref(), &plan) {
+                    ownership::set_volume_ownership(&plan.target, gid, policy, false)?;
+                }
             }
             out.insert(volume, VolumePath { host_path: plan.target.clone(), read_only: plan.readonly });
         }
@@ -480,6 +500,20 @@ mod tests {
         let ro = plan_mount(root, "u1", "n1", "data", true, &PersistentVolumeClaim::default(), &pv(&["ReadWriteOncePod"], None)).expect("plan");
         assert!(ro.readonly);
         assert_eq!(ro.capability.access_mode.map(|m| m.mode), Some(Mode::SingleNodeSingleWriter as i32));
+    }
+
+    #[test]
+    fn fs_group_follows_the_drivers_policy() {
+        let root = Path::new("/r");
+        let rwo = plan_mount(root, "u", "n", "v", false, &PersistentVolumeClaim::default(), &pv(&["ReadWriteOnce"], None)).expect("plan");
+        assert!(applies_fs_group(None, &rwo), "default policy, RWO with fsType");
+        assert!(applies_fs_group(Some("ReadWriteOnceWithFSType"), &rwo));
+        assert!(!applies_fs_group(Some("None"), &rwo));
+        let rox = plan_mount(root, "u", "n", "v", false, &PersistentVolumeClaim::default(), &pv(&["ReadOnlyMany"], None)).expect("plan");
+        assert!(!applies_fs_group(None, &rox), "not a single-node writer");
+        assert!(applies_fs_group(Some("File"), &rox));
+        let ro = plan_mount(root, "u", "n", "v", true, &PersistentVolumeClaim::default(), &pv(&["ReadWriteOnce"], None)).expect("plan");
+        assert!(!applies_fs_group(Some("File"), &ro), "read-only");
     }
 
     #[test]

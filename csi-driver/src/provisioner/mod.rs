@@ -76,12 +76,32 @@ fn class_name(pvc: &PersistentVolumeClaim) -> Option<String> {
         })
 }
 
+/// Creates the driver's CSIDriver object when it does not exist (an existing one is left as
+/// the cluster's administrator may have set it).
+pub async fn ensure_driver_object(client: &kube::Client) -> Result<(), kube::Error> {
+    let api: Api<k8s_openapi::api::storage::v1::CSIDriver> = Api::all(client.clone());
+    if api.get_opt(DRIVER_NAME).await?.is_some() {
+        return Ok(());
+    }
+    match api.create(&PostParams::default(), &plan::driver_object()).await {
+        Ok(_) => {
+            info!(driver = DRIVER_NAME, "created the CSIDriver object");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Starts the informers, the workers and the resyncs; returns once the caches are synced.
 pub async fn start<H: Host>(
     engine: Arc<Engine<H>>,
     client: kube::Client,
     node: String,
 ) -> Arc<Context<H>> {
+    if let Err(e) = ensure_driver_object(&client).await {
+        warn!(error = %e, "cannot create the CSIDriver object; an upstream kubelet may wait for an attach step");
+    }
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), "ferro-csi").with_host(&node),
         engine,

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec,
     VolumeNodeAffinity,
 };
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec, StorageClass};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -35,6 +35,25 @@ pub const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finali
 pub const PARAM_FSTYPE: &str = "csi.storage.k8s.io/fstype";
 /// The filesystem when the class names none.
 pub const DEFAULT_FSTYPE: &str = "ext4";
+
+/// The CSIDriver object describing ferro-csi to the cluster: no attach step (volumes are
+/// node-local: an upstream kubelet must not wait for a VolumeAttachment), no pod info on
+/// mount, fsGroup applied by the kubelet for ReadWriteOnce volumes with an fsType, persistent
+/// volumes only.
+pub fn driver_object() -> CSIDriver {
+    CSIDriver {
+        metadata: ObjectMeta { name: Some(DRIVER_NAME.into()), ..Default::default() },
+        spec: CSIDriverSpec {
+            attach_required: Some(false),
+            pod_info_on_mount: Some(false),
+            fs_group_policy: Some("ReadWriteOnceWithFSType".into()),
+            volume_lifecycle_modes: Some(vec!["Persistent".into()]),
+            storage_capacity: Some(false),
+            requires_republish: Some(false),
+            ..Default::default()
+        },
+    }
+}
 
 /// What to do about one claim.
 #[derive(Clone, Debug, PartialEq)]

@@ -339,3 +339,12 @@ fn a_bound_claim_asking_for_more_is_resized_on_its_node() {
     unbound.spec.as_mut().expect("spec").volume_name = Some("other".into());
     assert_eq!(decide_resize(&unbound, &pv, "n1"), None);
 }
+
+#[test]
+fn the_driver_object_says_there_is_no_attach_step() {
+    let d = driver_object();
+    assert_eq!(d.metadata.name.as_deref(), Some(DRIVER_NAME));
+    assert_eq!(d.spec.attach_required, Some(false));
+    assert_eq!(d.spec.fs_group_policy.as_deref(), Some("ReadWriteOnceWithFSType"));
+    assert_eq!(d.spec.volume_lifecycle_modes, Some(vec!["Persistent".to_string()]));
+}
