@@ -249,15 +249,8 @@ impl<H: Host> Engine<H> {
             path: root.to_path_buf(),
             source: e,
         })?;
-        for id in self.stray_dirs()? {
-            std::fs::remove_dir_all(self.layout().volumes().join(&id))
-                .or_else(|e| {
-                    std::fs::remove_dir_all(self.layout().snapshots().join(&id)).map_err(|_| e)
-                })
-                .map_err(|e| JournalError::Io {
-                    path: self.layout().root().join(&id),
-                    source: e,
-                })?;
+        for (id, dir) in self.stray_dirs() {
+            std::fs::remove_dir_all(&dir).map_err(|e| JournalError::Io { path: dir, source: e })?;
             report.strays_removed.push(id);
         }
         for rec in self.journal.volumes()? {
@@ -302,7 +295,7 @@ impl<H: Host> Engine<H> {
     }
 
     /// Object directories with no record: a create that crashed before its first record.
-    fn stray_dirs(&self) -> Result<Vec<String>, EngineError> {
+    fn stray_dirs(&self) -> Vec<(String, PathBuf)> {
         let mut out = Vec::new();
         for (dir, ours) in [
             (
@@ -317,11 +310,11 @@ impl<H: Host> Engine<H> {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if ours(&name) && !e.path().join("record.json").exists() {
-                    out.push(name);
+                    out.push((name, e.path()));
                 }
             }
         }
-        Ok(out)
+        out
     }
 }
 
