@@ -115,6 +115,7 @@ async fn start_pods(
         allocatable_cpu_milli: i64::from(facts.cpus) * 1000,
         allocatable_memory: memory,
         cgroup_root: cfg.cgroup_root.clone(),
+        clock: ferro_agent::clock::Clock::System,
     };
     let rt = cri::connect_lazy(&cfg.runtime_socket);
     let runtime_name = {
@@ -127,11 +128,11 @@ async fn start_pods(
             }
         }
     };
-    let workers = PodWorkers::new(wcfg, runtime_name, rt, client.clone());
+    let workers = PodWorkers::new(wcfg, runtime_name, std::sync::Arc::new(rt), client.clone());
     let node_events = client
         .clone()
         .map(|c| imagegc::NodeEvents::new(ferro_runtime::events::Recorder::new(c, "kubelet").with_host(name), name));
-    tokio::spawn(imagegc::image_gc_loop(cri::connect_lazy(&cfg.runtime_socket), cfg.image_gc(), node_events));
+    tokio::spawn(imagegc::image_gc_loop(std::sync::Arc::new(cri::connect_lazy(&cfg.runtime_socket)), cfg.image_gc(), node_events));
     if let Some(dir) = cfg.static_pod_path.clone() {
         // The first read happens before anything is cleaned up, so running static pods are
         // recognised after a restart.

@@ -332,12 +332,13 @@ fn volumes_graceful_deletion_and_admission() {
     lab.apply(&pod_yaml(
         "graceful",
         &format!(
-            "  volumes:\n  - name: host\n    hostPath: {{path: {}, type: Directory}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"trap 'echo term > /host/term; exit 0' TERM; while true; do sleep 1; done\"]\n    lifecycle:\n      preStop:\n        exec: {{command: [\"sh\", \"-c\", \"echo prestop > /host/prestop\"]}}\n    volumeMounts:\n    - {{name: host, mountPath: /host}}\n",
+            "  volumes:\n  - name: host\n    hostPath: {{path: {}, type: Directory}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"trap 'echo term > /host/term; exit 0' TERM; echo trapped > /host/trapped; while true; do sleep 1; done\"]\n    lifecycle:\n      preStop:\n        exec: {{command: [\"sh\", \"-c\", \"echo prestop > /host/prestop\"]}}\n    volumeMounts:\n    - {{name: host, mountPath: /host}}\n",
             host.display()
         ),
     ));
     lab.wait_pod("graceful", "Running", MIN, |p| phase(p) == "Running");
-    std::thread::sleep(Duration::from_secs(1));
+    // The shell has set its trap once it wrote the marker.
+    lab.wait("the TERM trap set", MIN, |_| (read(&host.join("trapped")).as_deref() == Some("trapped")).then_some(()));
     let t = std::time::Instant::now();
     lab.kubectl_ok(&["delete", "pod", "graceful", "--wait=true", "--timeout=60s"]);
     let took = t.elapsed();
@@ -387,8 +388,11 @@ fn volumes_graceful_deletion_and_admission() {
     assert_eq!(p["status"]["reason"], "DeadlineExceeded", "{}", p["status"]);
     lab.kubectl_ok(&["delete", "pod", "cmpod", "huge", "inline", "pvc", "deadline", "--wait=true", "--timeout=60s"]);
     lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
-    let left: Vec<_> = std::fs::read_dir(lab.dir.path().join("agent/pods")).map(|d| d.flatten().count()).into_iter().collect();
-    assert_eq!(left.iter().sum::<usize>(), 0, "pod dirs left behind");
+    // The agent removes a pod's directory after its containers and sandbox (a moment later).
+    let pods_dir = lab.dir.path().join("agent/pods");
+    lab.wait("no pod dirs left behind", MIN, |_| {
+        (std::fs::read_dir(&pods_dir).map(|d| d.flatten().count()).unwrap_or(0) == 0).then_some(())
+    });
 }
 
 /// `ls -lnd PATH` (or `-lnL`) inside the container: (mode string, uid, gid).

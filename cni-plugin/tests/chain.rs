@@ -314,13 +314,16 @@ fn ferro_portmap_bandwidth_conflist_add_check_del() {
     );
 
     // The forwarded port: the client connects to the node's address, the pod answers.
+    let (bound_tx, bound) = std::sync::mpsc::channel();
     let listener = pod.spawn_in(move || {
         let l = TcpListener::bind(("0.0.0.0", CONTAINER_PORT)).unwrap();
+        bound_tx.send(()).unwrap();
         let (mut s, peer) = l.accept().unwrap();
         s.write_all(b"hello from the pod").unwrap();
         peer
     });
-    std::thread::sleep(Duration::from_millis(200));
+    // Connect once the pod listens.
+    bound.recv().unwrap();
     let reply = client
         .spawn_in(|| {
             let addr: SocketAddr = format!("192.168.231.1:{HOST_PORT}").parse().unwrap();

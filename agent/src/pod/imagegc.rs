@@ -291,7 +291,7 @@ pub fn fs_usage(path: &Path) -> Result<FsUsage, ImageGcError> {
 /// Runs a GC round every `cfg.period` (the first one at once) until the task is dropped.
 /// Errors are logged (repeated ones also as ImageGCFailed events) and the next round tries
 /// again.
-pub async fn image_gc_loop(rt: cri::Runtime, cfg: ImageGcConfig, events: Option<NodeEvents>) {
+pub async fn image_gc_loop(rt: std::sync::Arc<dyn cri::Cri>, cfg: ImageGcConfig, events: Option<NodeEvents>) {
     if cfg.disabled() {
         tracing::info!("imageGCHighThresholdPercent is 100: image garbage collection disabled");
         return;
@@ -347,7 +347,7 @@ pub fn aged_out(images: &[ImageInfo], max_age: Duration, began: Instant, now: In
 }
 
 struct ImageGc {
-    rt: cri::Runtime,
+    rt: std::sync::Arc<dyn cri::Cri>,
     cfg: ImageGcConfig,
     records: Records,
     /// When the loop started (imageMaximumGCAge waits that long before removing anything).

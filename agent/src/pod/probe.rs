@@ -12,7 +12,9 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use crate::clock::Clock;
 
 use http::header::{HeaderName, HeaderValue, ACCEPT, HOST, LOCATION, USER_AGENT};
 use http::{HeaderMap, Uri};
@@ -602,6 +604,7 @@ pub struct ProbeManager {
     notify: mpsc::UnboundedSender<String>,
     pods: Mutex<HashMap<String, PodProbes>>,
     failures: Option<mpsc::UnboundedSender<ProbeFailure>>,
+    clock: Clock,
 }
 
 /// One failed probe run (for upstream's `Unhealthy` events).
@@ -639,12 +642,18 @@ const KINDS: [ProbeKind; 3] = [ProbeKind::Startup, ProbeKind::Liveness, ProbeKin
 
 impl ProbeManager {
     pub fn new(exec: Arc<dyn Exec>, notify: mpsc::UnboundedSender<String>) -> Self {
-        ProbeManager { exec, notify, pods: Mutex::new(HashMap::new()), failures: None }
+        ProbeManager { exec, notify, pods: Mutex::new(HashMap::new()), failures: None, clock: Clock::System }
     }
 
     /// Also reports every failed probe run on `failures`.
     pub fn with_failures(mut self, failures: mpsc::UnboundedSender<ProbeFailure>) -> Self {
         self.failures = Some(failures);
+        self
+    }
+
+    /// Measures initial delays against `clock` (the system's by default).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
         self
     }
 
@@ -720,6 +729,7 @@ impl ProbeManager {
                 shared: pod_probes.shared.clone(),
                 notify: self.notify.clone(),
                 failures: self.failures.clone(),
+                clock: self.clock.clone(),
             };
             let span = tracing::debug_span!("probe", pod = %uid, container = %name, kind = kind.as_str());
             let task = tokio::spawn(run.run().instrument(span));
@@ -755,6 +765,7 @@ struct WorkerRun {
     shared: Arc<Mutex<Shared>>,
     notify: mpsc::UnboundedSender<String>,
     failures: Option<mpsc::UnboundedSender<ProbeFailure>>,
+    clock: Clock,
 }
 
 impl WorkerRun {
@@ -767,7 +778,7 @@ impl WorkerRun {
                 }
             }
         }
-        let now_ns = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        let now_ns = self.clock.now_ns();
         let since_start = Duration::from_nanos(u64::try_from(now_ns.saturating_sub(self.started_at)).unwrap_or(0));
         if !state.should_probe(since_start) {
             tokio::time::sleep(state.initial_delay().saturating_sub(since_start)).await;
@@ -1243,7 +1254,7 @@ pub(crate) mod tests {
     }
 
     fn now_ns() -> i64 {
-        i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()).unwrap()
+        i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()).unwrap()
     }
 
     fn running(id: &str) -> Vec<(String, String, i64)> {

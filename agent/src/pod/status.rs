@@ -73,6 +73,10 @@ pub struct StatusInput<'a> {
     /// activeDeadlineSeconds, or the reason of an eviction. Gives phase Failed with that
     /// reason/message.
     pub failed: Option<(String, String)>,
+    /// The status the agent wrote last for this pod, if any: the base to compute from, as
+    /// upstream's status manager prefers its own copy to the API's (which may lag behind). The
+    /// conditions the agent does not own still come from the API's copy.
+    pub previous: Option<&'a PodStatus>,
 }
 
 /// A Kubernetes `Time` from unix nanoseconds, truncated to whole seconds as the API stores
@@ -87,7 +91,7 @@ pub fn compute(input: &StatusInput) -> PodStatus {
     let pod = input.pod;
     let default_spec = PodSpec::default();
     let spec = pod.spec.as_ref().unwrap_or(&default_spec);
-    let old = pod.status.clone().unwrap_or_default();
+    let old = base_status(pod.status.as_ref(), input.previous);
     let ctx = Ctx {
         runtime: input.runtime,
         probes: input.probes,
@@ -151,6 +155,25 @@ pub fn compute(input: &StatusInput) -> PodStatus {
     }
     s.qos_class = Some(qos_class(pod).as_str().to_string());
     s
+}
+
+/// The status to compute from: the agent's last written one when there is one, with the
+/// conditions it does not own taken from the API's copy (the control plane may have added
+/// them since); else the API's.
+fn base_status(api: Option<&PodStatus>, previous: Option<&PodStatus>) -> PodStatus {
+    let Some(prev) = previous else {
+        return api.cloned().unwrap_or_default();
+    };
+    let mut old = prev.clone();
+    let ours = prev.conditions.iter().flatten().filter(|c| KUBELET_CONDITIONS.contains(&c.type_.as_str()));
+    let theirs = api
+        .and_then(|a| a.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| !KUBELET_CONDITIONS.contains(&c.type_.as_str()));
+    let merged: Vec<PodCondition> = theirs.chain(ours).cloned().collect();
+    old.conditions = (!merged.is_empty()).then_some(merged);
+    old
 }
 
 /// The status of a pod the agent refused at admission: phase Failed with `reason` (e.g.
@@ -869,6 +892,7 @@ mod tests {
                 host_ips: &self.host_ips,
                 now: self.now,
                 failed: self.failed.clone(),
+                previous: None,
             })
         }
     }

@@ -12,24 +12,53 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use ferro_runtime::{Next, WorkQueue};
 
-use crate::cri::{self, CriError, Runtime};
+use crate::clock::Clock;
+use crate::cri::{self, Cri, CriError};
 use crate::pod::backoff::{self, Backoff};
 use crate::pod::model::{
     self, ContainerKind, ContainerObs, ContainerState, Objects, PodRuntime, Sandbox, SandboxState,
     Waiting,
 };
+use crate::pod::plan::admission::{self, Rejection, Room};
+use crate::pod::plan::deadline::{self, grace_left, grace_seconds, Deadline};
+use crate::pod::plan::image::{self as image_plan, ImageStep};
 use crate::pod::plan::{self, Actions, PlanInput, Start};
 use crate::pod::hooks;
 use crate::pod::probe::{self, ProbeManager, Target};
 use crate::pod::spec::{self, NodeContext};
 use crate::pod::status::{self, StatusInput};
 use crate::pod::volumes;
+
+/// Why a sync of a pod failed (it is retried with the queue's back-off).
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error(transparent)]
+    Cri(#[from] CriError),
+    #[error("RunPodSandbox: {0}")]
+    Sandbox(String),
+    #[error(transparent)]
+    Spec(#[from] spec::SpecError),
+    #[error(transparent)]
+    Volume(#[from] volumes::VolumeError),
+    #[error(transparent)]
+    Csi(#[from] crate::csi::mounter::CsiError),
+    #[error("{what} {}: {source}", path.display())]
+    File { what: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("{what}: {source}")]
+    Api { what: &'static str, source: kube::Error },
+}
+
+fn file_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> SyncError + 'a {
+    move |source| SyncError::File { what, path: path.to_path_buf(), source }
+}
 
 /// Where a pod came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +82,8 @@ pub struct WorkerConfig {
     pub allocatable_memory: i64,
     /// Prefix of the pod cgroups (--cgroup-root), "" for the root.
     pub cgroup_root: String,
+    /// The wall clock (the system's; tokio's in tests on paused time).
+    pub clock: Clock,
 }
 
 /// The agent's own state of one pod, beyond what the runtime and the API hold.
@@ -62,7 +93,7 @@ struct PodState {
     /// The status last written (or read from the API).
     last_status: Option<PodStatus>,
     /// Admission decided: Ok (runs) or Err((reason, message)) (rejected, phase Failed).
-    admitted: Option<Result<(), (String, String)>>,
+    admitted: Option<Result<(), Rejection>>,
     /// When the agent first saw the pod being deleted (for the remaining grace period).
     deletion_seen: Option<Instant>,
     /// Set when the pod's deadline passed or it was evicted: (reason, message).
@@ -74,7 +105,7 @@ struct PodState {
 struct Inner {
     cfg: WorkerConfig,
     runtime_name: String,
-    rt: Runtime,
+    rt: Arc<dyn Cri>,
     kube: Option<kube::Client>,
     desired: RwLock<BTreeMap<String, (Arc<Pod>, Source)>>,
     states: Mutex<BTreeMap<String, PodState>>,
@@ -87,6 +118,8 @@ struct Inner {
     events: Option<ferro_runtime::events::Recorder>,
     /// Mounts persistentVolumeClaim volumes through CSI drivers (set once by main).
     csi: std::sync::OnceLock<Arc<crate::csi::mounter::CsiMounter>>,
+    /// The runtime relist task (ended by [`PodWorkers::stop`]).
+    relist: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 /// The pod workers of this node.
@@ -97,7 +130,7 @@ pub struct PodWorkers {
 
 /// CRI ExecSync for probes and hooks.
 struct CriExec {
-    rt: Runtime,
+    rt: Arc<dyn Cri>,
 }
 
 impl probe::Exec for CriExec {
@@ -107,14 +140,10 @@ impl probe::Exec for CriExec {
         cmd: Vec<String>,
         timeout: Duration,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(i32, Vec<u8>), String>> + Send>> {
-        let mut rt = self.rt.clone();
+        let rt = self.rt.clone();
         let id = container_id.to_string();
         Box::pin(async move { rt.exec_sync(&id, cmd, timeout).await.map_err(|e| e.message()) })
     }
-}
-
-fn now_ns() -> i64 {
-    jiff::Timestamp::now().as_nanosecond().try_into().unwrap_or(i64::MAX)
 }
 
 fn uid_of(pod: &Pod) -> String {
@@ -150,73 +179,12 @@ fn container_state(s: i32) -> ContainerState {
     }
 }
 
-/// What `used_secs` leave of a grace period of `grace` seconds: at least 2 s (upstream's
-/// minimum), except that a grace period of 0 stays 0.
-fn grace_left(grace: i64, used_secs: u64) -> i64 {
-    let used = i64::try_from(used_secs).unwrap_or(i64::MAX);
-    if grace == 0 {
-        0
-    } else {
-        grace.saturating_sub(used).max(2)
-    }
-}
-
-fn grace_seconds(pod: &Pod) -> i64 {
-    pod.metadata
-        .deletion_grace_period_seconds
-        .or_else(|| pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
-        .unwrap_or(30)
-}
-
 fn spec_container<'a>(pod: &'a Pod, kind: ContainerKind, name: &str) -> Option<&'a Container> {
     let spec = pod.spec.as_ref()?;
     match kind {
         ContainerKind::App => spec.containers.iter().find(|c| c.name == name),
         ContainerKind::Init => spec.init_containers.iter().flatten().find(|c| c.name == name),
     }
-}
-
-/// A quantity times `scale`, rounded up exactly as upstream's ScaledValue (the scheduler's
-/// arithmetic: admission and scheduling agree).
-fn millis_of(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>, scale: i128) -> i64 {
-    q.and_then(|q| k8s_semantics::quantity::scaled(&q.0, scale))
-        .map(|v| i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX }))
-        .unwrap_or(0)
-}
-
-/// The pod's effective requests (cpu milli, memory bytes), as upstream's PodRequests with
-/// sidecars: the larger of the app containers plus every sidecar (they run together), and of
-/// each init container plus the sidecars declared before it (already running when it runs).
-pub fn pod_requests(pod: &Pod) -> (i64, i64) {
-    let Some(spec) = pod.spec.as_ref() else {
-        return (0, 0);
-    };
-    let req = |c: &Container| {
-        let one = |name: &str, scale: i128| {
-            millis_of(
-                c.resources.as_ref().and_then(|r| {
-                    r.requests
-                        .as_ref()
-                        .and_then(|m| m.get(name))
-                        .or_else(|| r.limits.as_ref().and_then(|m| m.get(name)))
-                }),
-                scale,
-            )
-        };
-        (one("cpu", 1000), one("memory", 1))
-    };
-    let app = spec.containers.iter().map(req).fold((0, 0), |(c, m), (x, y)| (c + x, m + y));
-    let mut sidecars = (0, 0);
-    let mut init = (0, 0);
-    for c in spec.init_containers.iter().flatten() {
-        let (x, y) = req(c);
-        let during = (sidecars.0 + x, sidecars.1 + y);
-        if model::is_sidecar(c) {
-            sidecars = during;
-        }
-        init = (init.0.max(during.0), init.1.max(during.1));
-    }
-    ((app.0 + sidecars.0).max(init.0), (app.1 + sidecars.1).max(init.1))
 }
 
 impl PodWorkers {
@@ -227,13 +195,14 @@ impl PodWorkers {
         }
     }
 
-    pub fn new(cfg: WorkerConfig, runtime_name: String, rt: Runtime, kube: Option<kube::Client>) -> Self {
+    pub fn new(cfg: WorkerConfig, runtime_name: String, rt: Arc<dyn Cri>, kube: Option<kube::Client>) -> Self {
         let events = kube
             .as_ref()
             .map(|c| ferro_runtime::events::Recorder::new(c.clone(), "kubelet").with_host(&cfg.node.node_name));
         let (notify_tx, mut notify_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let (failure_tx, mut failure_rx) = tokio::sync::mpsc::unbounded_channel::<probe::ProbeFailure>();
         let exec: Arc<dyn probe::Exec> = Arc::new(CriExec { rt: rt.clone() });
+        let probes = ProbeManager::new(exec, notify_tx).with_failures(failure_tx).with_clock(cfg.clock.clone());
         let queue = WorkQueue::new();
         let inner = Arc::new(Inner {
             cfg,
@@ -245,10 +214,11 @@ impl PodWorkers {
             observed: RwLock::new(BTreeMap::new()),
             crash_backoff: Mutex::new(Backoff::new(backoff::INITIAL, backoff::MAX)),
             pull_backoff: Mutex::new(Backoff::new(backoff::INITIAL, backoff::MAX)),
-            probes: ProbeManager::new(exec, notify_tx).with_failures(failure_tx),
+            probes,
             queue: queue.clone(),
             events,
             csi: std::sync::OnceLock::new(),
+            relist: Mutex::new(None),
         });
         tokio::spawn(async move {
             while let Some(uid) = notify_rx.recv().await {
@@ -277,7 +247,27 @@ impl PodWorkers {
             async move { this.sync(&uid).await }
         });
         let this = self.clone();
-        tokio::spawn(async move { this.relist_loop().await });
+        let relist = tokio::spawn(async move { this.relist_loop().await });
+        *self.inner.relist.lock().unwrap_or_else(|p| p.into_inner()) = Some(relist.abort_handle());
+    }
+
+    /// Stops the workers, the relist and the probes (what a restart of the agent ends); the
+    /// containers keep running. Syncs under way finish.
+    pub fn stop(&self) {
+        self.inner.queue.shut_down();
+        if let Some(h) = self.inner.relist.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            h.abort();
+        }
+        let uids: Vec<String> = self.inner.desired.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        for uid in uids {
+            self.inner.probes.remove_pod(&uid);
+        }
+    }
+
+    /// The status last written for pod `uid` (or, without an API client, the one that would
+    /// have been written).
+    pub fn last_status(&self, uid: &str) -> Option<PodStatus> {
+        self.inner.states.lock().unwrap_or_else(|p| p.into_inner()).get(uid).and_then(|s| s.last_status.clone())
     }
 
     /// A pod was added or changed (from the API or the manifest dir).
@@ -322,7 +312,7 @@ impl PodWorkers {
     pub async fn queue_all(&self) {
         let mut uids: BTreeSet<String> =
             self.inner.desired.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
-        let mut rt = self.inner.rt.clone();
+        let rt = self.inner.rt.clone();
         if let Ok(sbs) = rt.list_sandboxes(managed()).await {
             uids.extend(sbs.iter().filter_map(|s| s.labels.get(model::LABEL_POD_UID).cloned()));
         }
@@ -338,7 +328,7 @@ impl PodWorkers {
     /// state changed.
     async fn relist_loop(&self) {
         let mut last: BTreeMap<String, (String, i32)> = BTreeMap::new();
-        let mut rt = self.inner.rt.clone();
+        let rt = self.inner.rt.clone();
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
             let (Ok(cs), Ok(sbs)) = (rt.list_containers(managed()).await, rt.list_sandboxes(managed()).await) else {
@@ -375,7 +365,7 @@ impl PodWorkers {
 
     /// Everything the runtime holds for pod `uid`, newest first.
     async fn observe(&self, uid: &str) -> Result<PodRuntime, CriError> {
-        let mut rt = self.inner.rt.clone();
+        let rt = self.inner.rt.clone();
         let sel = HashMap::from([
             (model::LABEL_POD_UID.to_string(), uid.to_string()),
             (model::LABEL_MANAGED_BY.to_string(), model::MANAGED_BY.to_string()),
@@ -474,20 +464,21 @@ impl PodWorkers {
         }
     }
 
+    fn now_ns(&self) -> i64 {
+        self.inner.cfg.clock.now_ns()
+    }
+
     fn with_state<T>(&self, uid: &str, f: impl FnOnce(&mut PodState) -> T) -> T {
         let mut s = self.inner.states.lock().unwrap_or_else(|p| p.into_inner());
         f(s.entry(uid.to_string()).or_default())
     }
 
-    /// Admission as upstream: room for one more pod, requests within what admitted pods leave
-    /// of allocatable, volumes of supported types.
-    fn admit(&self, uid: &str, pod: &Pod, running: bool) -> Result<(), (String, String)> {
+    /// Admission as upstream ([`admission::admit`]) against the pods admitted before that
+    /// have not finished.
+    fn admit(&self, uid: &str, pod: &Pod, running: bool) -> Result<(), Rejection> {
         if running {
             // Already running (the agent restarted): it was admitted before.
             return Ok(());
-        }
-        if let Err(e) = volumes::validate(pod) {
-            return Err(("UnsupportedVolume".into(), e.to_string()));
         }
         let states = self.inner.states.lock().unwrap_or_else(|p| p.into_inner());
         let desired = self.inner.desired.read().unwrap_or_else(|p| p.into_inner());
@@ -500,33 +491,12 @@ impl PodWorkers {
                 !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
             })
             .collect();
-        if admitted.len() + 1 > self.inner.cfg.max_pods {
-            return Err(("OutOfpods".into(), format!("Node didn't have enough resource: pods, requested: 1, used: {}, capacity: {}", admitted.len(), self.inner.cfg.max_pods)));
-        }
-        let (used_cpu, used_mem) = admitted.iter().fold((0, 0), |(c, m), p| {
-            let (pc, pm) = pod_requests(p);
-            (c + pc, m + pm)
-        });
-        let (cpu, mem) = pod_requests(pod);
-        if cpu > 0 && used_cpu + cpu > self.inner.cfg.allocatable_cpu_milli {
-            return Err((
-                "OutOfcpu".into(),
-                format!(
-                    "Node didn't have enough resource: cpu, requested: {cpu}, used: {used_cpu}, capacity: {}",
-                    self.inner.cfg.allocatable_cpu_milli
-                ),
-            ));
-        }
-        if mem > 0 && used_mem + mem > self.inner.cfg.allocatable_memory {
-            return Err((
-                "OutOfmemory".into(),
-                format!(
-                    "Node didn't have enough resource: memory, requested: {mem}, used: {used_mem}, capacity: {}",
-                    self.inner.cfg.allocatable_memory
-                ),
-            ));
-        }
-        Ok(())
+        let room = Room {
+            max_pods: self.inner.cfg.max_pods,
+            allocatable_cpu_milli: self.inner.cfg.allocatable_cpu_milli,
+            allocatable_memory: self.inner.cfg.allocatable_memory,
+        };
+        admission::admit(pod, &admitted, &room)
     }
 
     /// Fetches the ConfigMaps and Secrets the pod refers to (absent ones are left out).
@@ -571,9 +541,9 @@ impl PodWorkers {
     }
 
     /// One sync of pod `uid`.
-    async fn sync(&self, uid: &str) -> Result<Next, String> {
+    async fn sync(&self, uid: &str) -> Result<Next, SyncError> {
         let desired = self.inner.desired.read().unwrap_or_else(|p| p.into_inner()).get(uid).cloned();
-        let observed = self.observe(uid).await.map_err(|e| e.to_string())?;
+        let observed = self.observe(uid).await?;
         let Some((pod, source)) = desired else {
             return self.cleanup(uid, &observed).await.map(|_| Next::Done);
         };
@@ -589,15 +559,15 @@ impl PodWorkers {
                 } else {
                     self.admit(uid, &pod, any_running)
                 };
-                if let Err((reason, message)) = &a {
-                    tracing::warn!(pod = %pod_label(&pod), %reason, %message, "pod rejected");
+                if let Err(r) = &a {
+                    tracing::warn!(pod = %pod_label(&pod), reason = %r.reason, message = %r.message, "pod rejected");
                 }
                 self.with_state(uid, |s| s.admitted = Some(a.clone()));
                 a
             }
         };
-        if let Err((reason, message)) = admission {
-            let st = status::rejected(&pod, &reason, &message, now_ns());
+        if let Err(r) = admission {
+            let st = status::rejected(&pod, &r.reason, &r.message, self.now_ns());
             self.write_status(uid, &pod, source, st).await?;
             // Nothing ever ran: a deletion is final at once.
             if pod.metadata.deletion_timestamp.is_some() && source == Source::Api {
@@ -613,27 +583,24 @@ impl PodWorkers {
                 s.deletion_seen.get_or_insert_with(Instant::now);
             });
         }
-        let mut deadline_in: Option<Duration> = None;
-        if let (Some(deadline), Some(start)) = (
-            pod.spec.as_ref().and_then(|s| s.active_deadline_seconds),
-            pod.status.as_ref().and_then(|s| s.start_time.as_ref()),
-        ) {
-            let started: i64 = start.0.as_nanosecond().try_into().unwrap_or(0);
-            let left = started + deadline.saturating_mul(1_000_000_000) - now_ns();
-            if left > 0 {
-                deadline_in = Some(Duration::from_nanos(left.unsigned_abs()) + Duration::from_millis(100));
-            }
-            if left <= 0 {
+        let last = self.with_state(uid, |s| s.last_status.clone());
+        let start_time = last.as_ref().or(pod.status.as_ref()).and_then(|s| s.start_time.as_ref());
+        let deadline_in = match deadline::active_deadline(&pod, start_time, self.now_ns()) {
+            Deadline::In(d) => Some(d),
+            Deadline::None => None,
+            Deadline::Exceeded => {
                 self.with_state(uid, |s| {
                     s.failed.get_or_insert_with(|| {
-                        ("DeadlineExceeded".into(), "Pod was active on the node longer than the specified deadline".into())
+                        (deadline::DEADLINE_REASON.into(), deadline::DEADLINE_MESSAGE.into())
                     });
                 });
+                None
             }
-        }
+        };
         let failed = self.with_state(uid, |s| s.failed.clone());
+        // Terminal by the status the agent wrote last, else the API's copy.
         let terminal_phase = matches!(
-            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            last.as_ref().or(pod.status.as_ref()).and_then(|s| s.phase.as_deref()),
             Some("Succeeded" | "Failed")
         );
         let terminating = deleting || failed.is_some() || terminal_phase;
@@ -656,7 +623,7 @@ impl PodWorkers {
         let observed = if did_nothing {
             observed
         } else {
-            self.observe(uid).await.map_err(|e| e.to_string())?
+            self.observe(uid).await?
         };
         let pod_ip = observed.sandbox().and_then(|s| s.ip.clone());
         // The newest attempts of running app containers and init containers (the probe manager
@@ -676,7 +643,7 @@ impl PodWorkers {
         self.inner.observed.write().unwrap_or_else(|p| p.into_inner()).insert(uid.to_string(), observed.clone());
         let probes = self.inner.probes.results(uid);
         let waiting = self.with_state(uid, |s| s.waiting.clone());
-        let failed = self.with_state(uid, |s| s.failed.clone());
+        let (failed, previous) = self.with_state(uid, |s| (s.failed.clone(), s.last_status.clone()));
         let st = status::compute(&StatusInput {
             pod: &pod,
             runtime: &observed,
@@ -684,8 +651,9 @@ impl PodWorkers {
             waiting: &waiting,
             runtime_name: &self.inner.runtime_name,
             host_ips: &self.inner.cfg.node.host_ips,
-            now: now_ns(),
+            now: self.now_ns(),
             failed,
+            previous: previous.as_ref(),
         });
         self.write_status(uid, &pod, source, st).await?;
 
@@ -700,13 +668,17 @@ impl PodWorkers {
         // set the volumes up when it started something in this one).
         let volumes_done = actions.create_sandbox || !actions.start.is_empty();
         if !terminating && !volumes_done && !observed.sandboxes.is_empty() {
-            let _ = volumes::setup(
+            if let Err(e) = volumes::setup(
                 &self.inner.cfg.root_dir,
                 &pod,
                 &objects,
                 self.inner.cfg.allocatable_cpu_milli,
                 self.inner.cfg.allocatable_memory,
-            );
+            ) {
+                // The running containers keep the contents they have; the next sync tries again.
+                tracing::warn!(pod = %pod_label(&pod), error = %e, "refreshing volumes failed");
+                self.event(&pod, "Warning", "FailedMount", format!("MountVolume.SetUp failed: {e}"));
+            }
         }
         Ok(Next::After(next))
     }
@@ -758,8 +730,8 @@ impl PodWorkers {
         observed: &PodRuntime,
         actions: &Actions,
         objects: &Objects,
-    ) -> Result<Option<Duration>, String> {
-        let mut rt = self.inner.rt.clone();
+    ) -> Result<Option<Duration>, SyncError> {
+        let rt = self.inner.rt.clone();
         let mut soon: Option<Duration> = None;
         if actions.kill_pod {
             self.kill_pod(uid, pod, observed).await?;
@@ -808,7 +780,7 @@ impl PodWorkers {
             }
         };
         let mut sandbox_config =
-            spec::sandbox_config(pod, actions.sandbox_attempt, &self.inner.cfg.node).map_err(|e| e.to_string())?;
+            spec::sandbox_config(pod, actions.sandbox_attempt, &self.inner.cfg.node)?;
         if self.inner.cfg.node.cgroup_driver == spec::CgroupDriver::Cgroupfs && !self.inner.cfg.cgroup_root.is_empty() {
             if let Some(l) = sandbox_config.linux.as_mut() {
                 l.cgroup_parent = format!("{}{}", self.inner.cfg.cgroup_root, l.cgroup_parent);
@@ -816,7 +788,8 @@ impl PodWorkers {
         }
         let pod_dir = volumes::pod_dir(&self.inner.cfg.root_dir, uid);
         let (sandbox_id, pod_ips) = if actions.create_sandbox {
-            let _ = std::fs::create_dir_all(spec::pod_log_dir(pod, &self.inner.cfg.node));
+            let log_dir = spec::pod_log_dir(pod, &self.inner.cfg.node);
+            std::fs::create_dir_all(&log_dir).map_err(file_error("creating", &log_dir))?;
             tracing::info!(pod = %pod_label(pod), attempt = actions.sandbox_attempt, "creating pod sandbox");
             let id = match rt.run_sandbox(sandbox_config.clone()).await {
                 Ok(id) => id,
@@ -828,10 +801,10 @@ impl PodWorkers {
                             s.waiting.insert(c.name.clone(), Waiting { reason: "ContainerCreating".into(), message: format!("Failed to create pod sandbox: {msg}") });
                         }
                     });
-                    return Err(format!("RunPodSandbox: {msg}"));
+                    return Err(SyncError::Sandbox(msg));
                 }
             };
-            let st = rt.sandbox_status(&id).await.map_err(|e| e.to_string())?;
+            let st = rt.sandbox_status(&id).await?;
             let ips: Vec<String> = st
                 .and_then(|s| s.network)
                 .map(|n| std::iter::once(n.ip).chain(n.additional_ips.into_iter().map(|p| p.ip)).filter(|i| !i.is_empty()).collect())
@@ -853,7 +826,7 @@ impl PodWorkers {
             None
         } else {
             let content = spec::hosts_file(pod, &pod_ips, &self.inner.cfg.node);
-            std::fs::write(&hosts_path, content).map_err(|e| format!("writing {}: {e}", hosts_path.display()))?;
+            std::fs::write(&hosts_path, content).map_err(file_error("writing", &hosts_path))?;
             Some(hosts_path.as_path())
         };
         for start in &actions.start {
@@ -879,11 +852,11 @@ impl PodWorkers {
         hosts: Option<&Path>,
         pod_ips: &[String],
         objects: &Objects,
-    ) -> Result<Option<Duration>, String> {
+    ) -> Result<Option<Duration>, SyncError> {
         let Some(c) = spec_container(pod, start.kind, &start.name) else {
             return Ok(None);
         };
-        let mut rt = self.inner.rt.clone();
+        let rt = self.inner.rt.clone();
         let hash = plan::container_hash(c);
         let name = c.name.clone();
         let set_waiting = |reason: &str, message: String| {
@@ -894,7 +867,7 @@ impl PodWorkers {
         // Crash-loop backoff.
         let key = backoff::container_key(uid, &c.name, hash);
         if start.previous_finished_at > 0 {
-            let now = now_ns();
+            let now = self.now_ns();
             let mut b = self.inner.crash_backoff.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(rem) = b.in_backoff(&key, start.previous_finished_at, now) {
                 let cur = b.current(&key).unwrap_or(backoff::INITIAL);
@@ -916,37 +889,26 @@ impl PodWorkers {
         }
         // Image.
         let image = c.image.clone().unwrap_or_default();
-        if image.is_empty() {
-            set_waiting("InvalidImageName", format!("Failed to apply default image tag {image:?}: couldn't parse image name"));
-            return Ok(None);
-        }
-        let policy = c.image_pull_policy.clone().unwrap_or_else(|| {
-            if image.ends_with(":latest") || !image.rsplit('/').next().unwrap_or("").contains(':') {
-                "Always".into()
-            } else {
-                "IfNotPresent".into()
-            }
-        });
-        // One ImageStatus: whether to pull, and (unless a pull follows) the image's user.
-        let mut status = rt.image_status(&image).await.map_err(|e| e.to_string())?;
+        // One ImageStatus: whether to pull, and (unless a pull follows) the image's user. (No
+        // name, nothing to ask: image_step refuses it.)
+        let mut status =
+            if image.is_empty() { None } else { rt.image_status(&image).await? };
         let present = status.is_some();
-        let must_pull = match policy.as_str() {
-            "Always" => true,
-            "Never" => {
-                if !present {
-                    set_waiting(
-                        "ErrImageNeverPull",
-                        format!("Container image {image:?} is not present with pull policy of Never"),
-                    );
-                    return Ok(Some(Duration::from_secs(5)));
-                }
-                false
+        let must_pull = match image_plan::image_step(&image, image_plan::pull_policy(c), present) {
+            ImageStep::Pull => true,
+            ImageStep::UsePresent => false,
+            ImageStep::Invalid(msg) => {
+                set_waiting("InvalidImageName", msg);
+                return Ok(None);
             }
-            _ => !present,
+            ImageStep::NeverPullAbsent(msg) => {
+                set_waiting("ErrImageNeverPull", msg);
+                return Ok(Some(Duration::from_secs(5)));
+            }
         };
         if must_pull {
             let pkey = format!("pull/{uid}/{image}");
-            let now = now_ns();
+            let now = self.now_ns();
             {
                 let b = self.inner.pull_backoff.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(rem) = b.in_backoff(&pkey, now, now) {
@@ -1001,9 +963,9 @@ impl PodWorkers {
             }
         };
         let term_dir = volumes::pod_dir(&self.inner.cfg.root_dir, uid).join("containers").join(&c.name);
-        std::fs::create_dir_all(&term_dir).map_err(|e| format!("creating {}: {e}", term_dir.display()))?;
+        std::fs::create_dir_all(&term_dir).map_err(file_error("creating", &term_dir))?;
         let term_file = term_dir.join(format!("{}", start.restart_count));
-        std::fs::write(&term_file, b"").map_err(|e| format!("creating {}: {e}", term_file.display()))?;
+        std::fs::write(&term_file, b"").map_err(file_error("creating", &term_file))?;
         let spec_vols: BTreeMap<String, spec::VolumePath> = vols
             .iter()
             .map(|(k, v)| (k.clone(), spec::VolumePath { host_path: v.host_path.clone(), read_only: v.read_only }))
@@ -1063,7 +1025,9 @@ impl PodWorkers {
             let exec = CriExec { rt: self.inner.rt.clone() };
             if let Err(msg) = hooks::run_handler(h, &target, &exec, Duration::from_secs(grace_seconds(pod).max(2).unsigned_abs())).await {
                 tracing::warn!(pod = %pod_label(pod), container = %c.name, error = %msg, "postStart hook failed; killing the container");
-                let _ = rt.stop_container(&id, 2).await;
+                if let Err(e) = CriError::gone_ok(rt.stop_container(&id, 2).await) {
+                    tracing::warn!(pod = %pod_label(pod), container = %c.name, error = %e, "stopping after a failed postStart hook");
+                }
                 set_waiting("PostStartHookError", msg);
             }
         }
@@ -1074,7 +1038,7 @@ impl PodWorkers {
     /// attempt and one dead attempt before it are kept, older exited ones are removed; sandboxes
     /// other than the newest are removed once they hold no containers.
     async fn gc_containers(&self, observed: &PodRuntime) {
-        let mut rt = self.inner.rt.clone();
+        let rt = self.inner.rt.clone();
         let mut seen: BTreeMap<(bool, &str), usize> = BTreeMap::new();
         let mut kept_sandboxes: BTreeSet<&str> = observed.sandbox().map(|s| s.id.as_str()).into_iter().collect();
         for c in &observed.containers {
@@ -1103,7 +1067,7 @@ impl PodWorkers {
     /// are stopped first, all at once; then the sidecars one at a time in reverse order of their
     /// declaration, each with what is left of the grace period (at least 2 s). The sidecars'
     /// preStop hooks run at the start, next to the app containers' ones (as upstream).
-    async fn kill_pod(&self, uid: &str, pod: &Pod, observed: &PodRuntime) -> Result<(), String> {
+    async fn kill_pod(&self, uid: &str, pod: &Pod, observed: &PodRuntime) -> Result<(), SyncError> {
         let grace = grace_seconds(pod);
         let elapsed = self.with_state(uid, |s| s.deletion_seen.map(|t| t.elapsed().as_secs())).unwrap_or(0);
         let remaining = grace_left(grace, elapsed);
@@ -1130,7 +1094,7 @@ impl PodWorkers {
         for c in &sidecars {
             self.stop_in_pod(pod, c, left()).await?;
         }
-        let mut rt = self.inner.rt.clone();
+        let rt = self.inner.rt.clone();
         for s in observed.sandboxes.iter().filter(|s| s.state == SandboxState::Ready) {
             tracing::info!(pod = %pod_label(pod), sandbox = %s.id, "stopping pod sandbox");
             CriError::gone_ok(rt.stop_sandbox(&s.id).await)?;
@@ -1160,16 +1124,16 @@ impl PodWorkers {
     }
 
     /// StopContainer for container `c` of `pod` with `grace` seconds.
-    async fn stop_in_pod(&self, pod: &Pod, c: &ContainerObs, grace: i64) -> Result<(), String> {
-        let mut rt = self.inner.rt.clone();
+    async fn stop_in_pod(&self, pod: &Pod, c: &ContainerObs, grace: i64) -> Result<(), SyncError> {
+        let rt = self.inner.rt.clone();
         tracing::info!(pod = %pod_label(pod), container = %c.name, grace, "stopping container");
         self.event(pod, "Normal", "Killing", format!("Stopping container {}", c.name));
-        CriError::gone_ok(rt.stop_container(&c.id, grace).await)
+        Ok(CriError::gone_ok(rt.stop_container(&c.id, grace).await)?)
     }
 
     /// The pod is deleted in the API and stopped here: write the final status and delete the
     /// object with grace 0 (uid precondition), as upstream's status manager.
-    async fn finalize_deletion(&self, uid: &str, pod: &Pod) -> Result<(), String> {
+    async fn finalize_deletion(&self, uid: &str, pod: &Pod) -> Result<(), SyncError> {
         if self.with_state(uid, |s| s.finalized) {
             return Ok(());
         }
@@ -1186,7 +1150,7 @@ impl PodWorkers {
         match api.delete(pod.metadata.name.as_deref().unwrap_or(""), &dp).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-            Err(e) => return Err(format!("deleting pod: {e}")),
+            Err(source) => return Err(SyncError::Api { what: "deleting pod", source }),
         }
         tracing::info!(pod = %pod_label(pod), "pod terminated and deleted");
         self.with_state(uid, |s| s.finalized = true);
@@ -1195,8 +1159,8 @@ impl PodWorkers {
 
     /// Pod `uid` is no longer wanted: stop and remove its containers and sandboxes, unmount its
     /// volumes, forget it.
-    async fn cleanup(&self, uid: &str, observed: &PodRuntime) -> Result<(), String> {
-        let mut rt = self.inner.rt.clone();
+    async fn cleanup(&self, uid: &str, observed: &PodRuntime) -> Result<(), SyncError> {
+        let rt = self.inner.rt.clone();
         self.inner.probes.remove_pod(uid);
         if !observed.containers.is_empty() || !observed.sandboxes.is_empty() {
             tracing::info!(uid = %uid, pod = %format!("{}/{}", observed.namespace, observed.name), "removing a pod that is no longer bound here");
@@ -1213,12 +1177,17 @@ impl PodWorkers {
         }
         // CSI volumes through their driver first (unpublish, unstage), then the rest.
         if let Some(csi) = self.inner.csi.get() {
-            csi.teardown(uid).await.map_err(|e| e.to_string())?;
+            csi.teardown(uid).await?;
         }
-        volumes::teardown(&self.inner.cfg.root_dir, uid).map_err(|e| e.to_string())?;
+        volumes::teardown(&self.inner.cfg.root_dir, uid)?;
         if !observed.name.is_empty() {
             let logs = self.inner.cfg.node.pod_log_root.join(format!("{}_{}_{uid}", observed.namespace, observed.name));
-            let _ = std::fs::remove_dir_all(logs);
+            match std::fs::remove_dir_all(&logs) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!(dir = %logs.display(), error = %e, "removing the pod's logs");
+                }
+                _ => {}
+            }
         }
         if self.inner.cfg.node.cgroup_driver == spec::CgroupDriver::Cgroupfs {
             remove_pod_cgroups(Path::new("/sys/fs/cgroup"), &self.inner.cfg.cgroup_root, uid);
@@ -1229,7 +1198,7 @@ impl PodWorkers {
     }
 
     /// Writes `st` through the status subresource when it differs from what was last written.
-    async fn write_status(&self, uid: &str, pod: &Pod, source: Source, st: PodStatus) -> Result<(), String> {
+    async fn write_status(&self, uid: &str, pod: &Pod, source: Source, st: PodStatus) -> Result<(), SyncError> {
         let last = self.with_state(uid, |s| s.last_status.clone()).or_else(|| pod.status.clone());
         if !status::changed(last.as_ref(), &st) {
             return Ok(());
@@ -1252,7 +1221,7 @@ impl PodWorkers {
                 Ok(())
             }
             Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(format!("writing pod status: {e}")),
+            Err(source) => Err(SyncError::Api { what: "writing pod status", source }),
         }
     }
 }
@@ -1367,39 +1336,6 @@ fn humanize(d: Duration) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn grace_left_keeps_two_seconds_unless_zero() {
-        assert_eq!(grace_left(30, 0), 30);
-        assert_eq!(grace_left(30, 10), 20);
-        assert_eq!(grace_left(30, 29), 2);
-        assert_eq!(grace_left(5, 60), 2);
-        assert_eq!(grace_left(0, 0), 0);
-        assert_eq!(grace_left(0, 3), 0);
-    }
-
-    #[test]
-    fn requests_take_the_larger_of_apps_and_init() {
-        let pod: Pod = serde_json::from_value(serde_json::json!({"spec":{
-            "initContainers":[{"name":"i","resources":{"requests":{"cpu":"2","memory":"1Gi"}}}],
-            "containers":[{"name":"a","resources":{"requests":{"cpu":"500m","memory":"2Gi"}}},
-                          {"name":"b","resources":{"limits":{"cpu":"1"}}}]}}))
-        .unwrap();
-        assert_eq!(pod_requests(&pod), (2000, 2 * 1024 * 1024 * 1024));
-    }
-
-    #[test]
-    fn requests_count_sidecars_next_to_the_app_containers_and_later_init_containers() {
-        let pod: Pod = serde_json::from_value(serde_json::json!({"spec":{
-            "initContainers":[
-                {"name":"i1","resources":{"requests":{"cpu":"1","memory":"100"}}},
-                {"name":"s","restartPolicy":"Always","resources":{"requests":{"cpu":"300m","memory":"50"}}},
-                {"name":"i2","resources":{"requests":{"cpu":"900m","memory":"10"}}}],
-            "containers":[{"name":"a","resources":{"requests":{"cpu":"500m","memory":"20"}}}]}}))
-        .unwrap();
-        // cpu: max(500 + 300, 1000, 300 + 900) = 1200; memory: max(20 + 50, 100, 50 + 10) = 100.
-        assert_eq!(pod_requests(&pod), (1200, 100));
-    }
 
     #[test]
     fn termination_messages() {

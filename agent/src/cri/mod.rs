@@ -1,9 +1,11 @@
-//! The agent's CRI client: runtime.v1 RuntimeService and ImageService over a `unix://` socket.
+//! The agent's CRI client: runtime.v1 RuntimeService and ImageService over a `unix://` socket,
+//! and the [`Cri`] trait the pod workers use (with [`fake::FakeCri`] for tests without a runtime).
 //!
 //! The channel is the same one crates/lab/src/cri.rs opens (k8s-cri's tonic clients on a unix
 //! stream). It is a small copy rather than shared so that the agent does not depend on the test
 //! lab (and the lab not on the agent's kube stack).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,6 +18,8 @@ use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::node::{self, Health, RuntimeCondition};
+
+pub mod fake;
 
 /// How long one CRI call may take before the runtime counts as down.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -127,9 +131,9 @@ impl CriError {
     }
 
     /// A stop or remove of something already gone is success (as upstream treats NotFound).
-    pub fn gone_ok(r: Result<(), CriError>) -> Result<(), String> {
+    pub fn gone_ok(r: Result<(), CriError>) -> Result<(), CriError> {
         match r {
-            Err(e) if !e.is_not_found() => Err(e.to_string()),
+            Err(e) if !e.is_not_found() => Err(e),
             _ => Ok(()),
         }
     }
@@ -186,7 +190,7 @@ impl Runtime {
 impl Runtime {
     pub async fn list_sandboxes(
         &mut self,
-        labels: std::collections::HashMap<String, String>,
+        labels: HashMap<String, String>,
     ) -> Result<Vec<api::PodSandbox>, CriError> {
         let req = api::ListPodSandboxRequest {
             filter: Some(api::PodSandboxFilter { label_selector: labels, ..Default::default() }),
@@ -201,7 +205,7 @@ impl Runtime {
 
     pub async fn list_containers(
         &mut self,
-        labels: std::collections::HashMap<String, String>,
+        labels: HashMap<String, String>,
     ) -> Result<Vec<api::Container>, CriError> {
         let req = api::ListContainersRequest {
             filter: Some(api::ContainerFilter { label_selector: labels, ..Default::default() }),
@@ -305,7 +309,7 @@ impl Runtime {
 
     /// RuntimeService.Status with verbose=true: the runtime's info map (containerd puts its CRI
     /// plugin config JSON under `config`).
-    pub async fn status_info(&mut self) -> Result<std::collections::HashMap<String, String>, CriError> {
+    pub async fn status_info(&mut self) -> Result<HashMap<String, String>, CriError> {
         Ok(call_within("Status", CALL_TIMEOUT * 5, self.runtime.status(StatusRequest { verbose: true })).await?.info)
     }
 
@@ -317,6 +321,107 @@ impl Runtime {
             sandbox_config: sandbox,
         };
         Ok(call_within("PullImage", PULL_TIMEOUT, self.image.pull_image(req)).await?.image_ref)
+    }
+}
+
+/// The CRI calls the pod workers and the image GC make, as one narrow trait: [`Runtime`] (the
+/// containerd client) is one implementation, [`fake::FakeCri`] (an in-memory runtime that
+/// records every call) the other, so the pod lifecycle is tested without root or containerd.
+#[async_trait::async_trait]
+pub trait Cri: Send + Sync + 'static {
+    async fn list_sandboxes(&self, labels: HashMap<String, String>) -> Result<Vec<api::PodSandbox>, CriError>;
+    async fn sandbox_status(&self, id: &str) -> Result<Option<api::PodSandboxStatus>, CriError>;
+    async fn list_containers(&self, labels: HashMap<String, String>) -> Result<Vec<api::Container>, CriError>;
+    async fn container_status(&self, id: &str) -> Result<Option<api::ContainerStatus>, CriError>;
+    async fn run_sandbox(&self, config: api::PodSandboxConfig) -> Result<String, CriError>;
+    async fn stop_sandbox(&self, id: &str) -> Result<(), CriError>;
+    async fn remove_sandbox(&self, id: &str) -> Result<(), CriError>;
+    async fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: api::ContainerConfig,
+        sandbox_config: api::PodSandboxConfig,
+    ) -> Result<String, CriError>;
+    async fn start_container(&self, id: &str) -> Result<(), CriError>;
+    /// StopContainer with a grace period in seconds (SIGTERM, then SIGKILL).
+    async fn stop_container(&self, id: &str, grace_seconds: i64) -> Result<(), CriError>;
+    async fn remove_container(&self, id: &str) -> Result<(), CriError>;
+    /// ExecSync: (exit code, stdout + stderr).
+    async fn exec_sync(&self, id: &str, cmd: Vec<String>, timeout: Duration) -> Result<(i32, Vec<u8>), CriError>;
+    async fn image_status(&self, image: &str) -> Result<Option<api::Image>, CriError>;
+    /// The image's id when present on the node.
+    async fn image_present(&self, image: &str) -> Result<Option<String>, CriError> {
+        Ok(self.image_status(image).await?.map(|i| i.id))
+    }
+    async fn pull_image(&self, image: &str, sandbox: Option<api::PodSandboxConfig>) -> Result<String, CriError>;
+    async fn list_images(&self) -> Result<Vec<api::Image>, CriError>;
+    async fn remove_image(&self, image: &str) -> Result<(), CriError>;
+    async fn image_fs_info(&self) -> Result<Vec<api::FilesystemUsage>, CriError>;
+    /// RuntimeService.Status's verbose info map.
+    async fn status_info(&self) -> Result<HashMap<String, String>, CriError>;
+}
+
+/// Every call on a clone of the client (tonic clients are cheap handles on one channel).
+#[async_trait::async_trait]
+impl Cri for Runtime {
+    async fn list_sandboxes(&self, labels: HashMap<String, String>) -> Result<Vec<api::PodSandbox>, CriError> {
+        Runtime::list_sandboxes(&mut self.clone(), labels).await
+    }
+    async fn sandbox_status(&self, id: &str) -> Result<Option<api::PodSandboxStatus>, CriError> {
+        Runtime::sandbox_status(&mut self.clone(), id).await
+    }
+    async fn list_containers(&self, labels: HashMap<String, String>) -> Result<Vec<api::Container>, CriError> {
+        Runtime::list_containers(&mut self.clone(), labels).await
+    }
+    async fn container_status(&self, id: &str) -> Result<Option<api::ContainerStatus>, CriError> {
+        Runtime::container_status(&mut self.clone(), id).await
+    }
+    async fn run_sandbox(&self, config: api::PodSandboxConfig) -> Result<String, CriError> {
+        Runtime::run_sandbox(&mut self.clone(), config).await
+    }
+    async fn stop_sandbox(&self, id: &str) -> Result<(), CriError> {
+        Runtime::stop_sandbox(&mut self.clone(), id).await
+    }
+    async fn remove_sandbox(&self, id: &str) -> Result<(), CriError> {
+        Runtime::remove_sandbox(&mut self.clone(), id).await
+    }
+    async fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: api::ContainerConfig,
+        sandbox_config: api::PodSandboxConfig,
+    ) -> Result<String, CriError> {
+        Runtime::create_container(&mut self.clone(), sandbox_id, config, sandbox_config).await
+    }
+    async fn start_container(&self, id: &str) -> Result<(), CriError> {
+        Runtime::start_container(&mut self.clone(), id).await
+    }
+    async fn stop_container(&self, id: &str, grace_seconds: i64) -> Result<(), CriError> {
+        Runtime::stop_container(&mut self.clone(), id, grace_seconds).await
+    }
+    async fn remove_container(&self, id: &str) -> Result<(), CriError> {
+        Runtime::remove_container(&mut self.clone(), id).await
+    }
+    async fn exec_sync(&self, id: &str, cmd: Vec<String>, timeout: Duration) -> Result<(i32, Vec<u8>), CriError> {
+        Runtime::exec_sync(&mut self.clone(), id, cmd, timeout).await
+    }
+    async fn image_status(&self, image: &str) -> Result<Option<api::Image>, CriError> {
+        Runtime::image_status(&mut self.clone(), image).await
+    }
+    async fn pull_image(&self, image: &str, sandbox: Option<api::PodSandboxConfig>) -> Result<String, CriError> {
+        Runtime::pull_image(&mut self.clone(), image, sandbox).await
+    }
+    async fn list_images(&self) -> Result<Vec<api::Image>, CriError> {
+        Runtime::list_images(&mut self.clone()).await
+    }
+    async fn remove_image(&self, image: &str) -> Result<(), CriError> {
+        Runtime::remove_image(&mut self.clone(), image).await
+    }
+    async fn image_fs_info(&self) -> Result<Vec<api::FilesystemUsage>, CriError> {
+        Runtime::image_fs_info(&mut self.clone()).await
+    }
+    async fn status_info(&self) -> Result<HashMap<String, String>, CriError> {
+        Runtime::status_info(&mut self.clone()).await
     }
 }
 

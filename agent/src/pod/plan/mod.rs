@@ -20,6 +20,14 @@
 //!    running ones whose spec hash changed or whose liveness/startup probe failed.
 //! 5. No app container running and none to start: the pod is done and stopped, sidecars
 //!    included (they are not restarted then).
+//!
+//! The other decisions of a sync are here too, each pure: whether the pod is admitted
+//! ([`admission`]), its deadline and grace periods ([`deadline`]), what a start does about the
+//! image ([`image`]); the crash-loop and pull back-off is [`crate::pod::backoff`].
+
+pub mod admission;
+pub mod deadline;
+pub mod image;
 
 use std::time::Duration;
 

@@ -1,0 +1,435 @@
+//! The pod lifecycle of ferro-agent's pod workers against the recording fake runtime
+//! ([`FakeCri`]) on tokio's paused clock: init containers, sidecars, restarts and their
+//! back-off, restart policies, probes' effects, termination order and preStop hooks, image
+//! pulls, recovery after a restart of the agent, clean-up. No root, no containerd, no network
+//! namespace: part of plain `cargo test`. The same behaviours are proven against containerd in
+//! tests/pods.rs (privileged tier).
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferro_agent::clock::Clock;
+use ferro_agent::cri::fake::{Call, FakeCri, Run};
+use ferro_agent::pod::spec::{CgroupDriver, NodeContext};
+use ferro_agent::pod::worker::{PodWorkers, Source, WorkerConfig};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
+use serde_json::{json, Value};
+
+const IMAGE: &str = "registry.test/busybox:1.36";
+const GIB: i64 = 1 << 30;
+
+struct Node {
+    fake: Arc<FakeCri>,
+    clock: Clock,
+    dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Node {
+        let clock = Clock::tokio();
+        let fake = Arc::new(FakeCri::new(clock.clone()));
+        fake.add_image(IMAGE);
+        Node { fake, clock, dir: tempfile::tempdir().unwrap() }
+    }
+
+    /// A started set of pod workers on this node (a second call is the agent after a restart).
+    fn agent(&self) -> PodWorkers {
+        let cfg = WorkerConfig {
+            root_dir: self.dir.path().join("root"),
+            node: NodeContext {
+                node_name: "node-a".into(),
+                host_ips: vec!["10.0.0.1".into()],
+                cluster_dns: vec!["10.96.0.10".into()],
+                cluster_domain: "cluster.local".into(),
+                cgroup_driver: CgroupDriver::Systemd,
+                pod_log_root: self.dir.path().join("logs"),
+                allocatable_cpu_milli: 2000,
+                allocatable_memory: 4 * GIB,
+                memory_capacity: 4 * GIB,
+            },
+            resync: Duration::from_secs(60),
+            workers: 4,
+            max_pods: 110,
+            allocatable_cpu_milli: 2000,
+            allocatable_memory: 4 * GIB,
+            cgroup_root: String::new(),
+            clock: self.clock.clone(),
+        };
+        let w = PodWorkers::new(cfg, "fake".into(), self.fake.clone(), None);
+        w.start();
+        w
+    }
+
+    fn now(&self) -> i64 {
+        self.clock.now_ns()
+    }
+}
+
+fn pod(name: &str, spec: Value) -> Pod {
+    let mut spec = spec;
+    spec["nodeName"] = json!("node-a");
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn container(name: &str) -> Value {
+    json!({"name": name, "image": IMAGE, "imagePullPolicy": "IfNotPresent"})
+}
+
+/// Waits (on tokio's clock, which the test has paused: waiting costs no real time) until
+/// `f` holds; fails after ten minutes of the paused clock.
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let limit = tokio::time::Instant::now() + Duration::from_secs(600);
+    while !f() {
+        assert!(tokio::time::Instant::now() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Lets the paused clock run for `d` (to show that something does not happen).
+async fn idle(d: Duration) {
+    tokio::time::sleep(d).await;
+}
+
+fn status(w: &PodWorkers, name: &str) -> PodStatus {
+    w.last_status(&format!("uid-{name}")).unwrap_or_default()
+}
+
+fn phase(w: &PodWorkers, name: &str) -> String {
+    status(w, name).phase.unwrap_or_default()
+}
+
+fn app_status(w: &PodWorkers, pod: &str, c: &str) -> Option<ContainerStatus> {
+    status(w, pod).container_statuses?.into_iter().find(|s| s.name == c)
+}
+
+fn init_status(w: &PodWorkers, pod: &str, c: &str) -> Option<ContainerStatus> {
+    status(w, pod).init_container_statuses?.into_iter().find(|s| s.name == c)
+}
+
+fn condition(w: &PodWorkers, pod: &str, t: &str) -> Option<String> {
+    status(w, pod).conditions?.into_iter().find(|c| c.type_ == t).map(|c| c.status)
+}
+
+/// Index of the first call matching `f`.
+fn position(calls: &[Call], f: impl Fn(&Call) -> bool) -> usize {
+    calls.iter().position(f).unwrap_or_else(|| panic!("no such call in {calls:#?}"))
+}
+
+fn is_start(c: &Call, name: &str) -> bool {
+    matches!(c, Call::StartContainer { container, .. } if container == name)
+}
+
+fn is_stop(c: &Call, name: &str) -> bool {
+    matches!(c, Call::StopContainer { container, .. } if container == name)
+}
+
+/// Marks `p` deleted now with its grace period (what the API server does on a delete).
+fn deleted(mut p: Pod, now_ns: i64, grace: i64) -> Pod {
+    let secs = now_ns / 1_000_000_000;
+    p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        jiff::Timestamp::from_second(secs).unwrap(),
+    ));
+    p.metadata.deletion_grace_period_seconds = Some(grace);
+    p
+}
+
+#[tokio::test(start_paused = true)]
+async fn init_containers_run_one_at_a_time_then_the_app_containers() {
+    let node = Node::new();
+    node.fake.set_run("migrate", Run::Exit { code: 0, after: Duration::from_secs(5) });
+    node.fake.set_run("warm", Run::Exit { code: 0, after: Duration::from_secs(3) });
+    let w = node.agent();
+    w.upsert(
+        pod("web", json!({"initContainers": [container("migrate"), container("warm")], "containers": [container("app"), container("log")]})),
+        Source::Api,
+    );
+    until("both app containers running", || node.fake.running("web") == ["app", "log"]).await;
+    until("phase Running", || phase(&w, "web") == "Running").await;
+
+    let calls = node.fake.calls_at();
+    let at = |f: &dyn Fn(&Call) -> bool| calls.iter().find(|(_, c)| f(c)).map(|(t, _)| *t).unwrap();
+    let migrate = at(&|c| is_start(c, "migrate"));
+    let warm = at(&|c| is_start(c, "warm"));
+    let app = at(&|c| is_start(c, "app"));
+    let log = at(&|c| is_start(c, "log"));
+    // Each waits for the one before to exit 0.
+    assert!(warm >= migrate + 5_000_000_000, "warm started {} ns after migrate", warm - migrate);
+    assert!(app >= warm + 3_000_000_000 && log >= warm + 3_000_000_000);
+    assert_eq!(node.fake.starts("web", "migrate"), 1);
+    assert_eq!(node.fake.starts("web", "warm"), 1);
+
+    let m = init_status(&w, "web", "migrate").unwrap();
+    let t = m.state.unwrap().terminated.unwrap();
+    assert_eq!((t.exit_code, t.reason.as_deref()), (0, Some("Completed")));
+    assert_eq!(condition(&w, "web", "Initialized").as_deref(), Some("True"));
+    assert_eq!(condition(&w, "web", "Ready").as_deref(), Some("True"));
+    let app = app_status(&w, "web", "app").unwrap();
+    assert!(app.ready && app.state.unwrap().running.is_some());
+    assert!(app.container_id.unwrap().starts_with("fake://"));
+    assert_eq!(status(&w, "web").pod_ip.as_deref().map(|ip| ip.starts_with("10.88.")), Some(true));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_init_container_is_retried_and_holds_the_apps_back() {
+    let node = Node::new();
+    node.fake.set_run("wait-db", Run::Exit { code: 1, after: Duration::from_secs(1) });
+    let w = node.agent();
+    w.upsert(pod("api", json!({"initContainers": [container("wait-db")], "containers": [container("app")]})), Source::Api);
+    until("wait-db restarted twice", || node.fake.starts("api", "wait-db") >= 3).await;
+    assert_eq!(node.fake.starts("api", "app"), 0, "app containers wait for init containers");
+    assert_eq!(phase(&w, "api"), "Pending");
+    assert_eq!(condition(&w, "api", "Initialized").as_deref(), Some("False"));
+    // Now it succeeds: the app starts.
+    node.fake.set_run("wait-db", Run::Exit { code: 0, after: Duration::from_secs(1) });
+    until("app running", || node.fake.running("api") == ["app"]).await;
+    assert!(init_status(&w, "api", "wait-db").unwrap().restart_count >= 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn crashing_containers_restart_with_doubling_back_off() {
+    let node = Node::new();
+    node.fake.set_run("crash", Run::Exit { code: 2, after: Duration::from_secs(1) });
+    let w = node.agent();
+    w.upsert(pod("loop", json!({"containers": [container("crash")]})), Source::Api);
+    until("five starts", || node.fake.starts("loop", "crash") >= 5).await;
+    let starts: Vec<i64> = node
+        .fake
+        .calls_at()
+        .into_iter()
+        .filter(|(_, c)| is_start(c, "crash"))
+        .map(|(t, _)| t)
+        .collect();
+    // Start k+1 comes the back-off after the k-th exit (1 s after its start): none after the
+    // first exit, then 10 s, 20 s, 40 s (upstream's 10 s doubling up to 5 min). The worker
+    // notices an exit within the relist period (1 s).
+    let backoffs = [0, 10, 20, 40];
+    for (k, b) in backoffs.iter().enumerate() {
+        let gap = Duration::from_nanos(u64::try_from(starts[k + 1] - starts[k]).unwrap());
+        let least = Duration::from_secs(1 + b);
+        assert!(gap >= least && gap <= least + Duration::from_secs(2), "restart {}: {gap:?} after the start before, expected {least:?}..+2s", k + 1);
+    }
+    // While it waits: CrashLoopBackOff, with the restart count and the last exit.
+    until("CrashLoopBackOff", || {
+        app_status(&w, "loop", "crash")
+            .and_then(|s| s.state)
+            .and_then(|s| s.waiting)
+            .is_some_and(|wt| wt.reason.as_deref() == Some("CrashLoopBackOff"))
+    })
+    .await;
+    let s = app_status(&w, "loop", "crash").unwrap();
+    let msg = s.state.unwrap().waiting.unwrap().message.unwrap();
+    assert!(msg.starts_with("back-off ") && msg.contains("restarting failed container=crash pod=loop_default(uid-loop)"), "{msg}");
+    assert!(s.restart_count >= 4, "{}", s.restart_count);
+    assert_eq!(s.last_state.unwrap().terminated.unwrap().exit_code, 2);
+    assert_eq!(phase(&w, "loop"), "Running");
+}
+
+#[tokio::test(start_paused = true)]
+async fn restart_policies_never_and_on_failure() {
+    let node = Node::new();
+    node.fake.set_run("fails", Run::Exit { code: 3, after: Duration::from_secs(2) });
+    node.fake.set_run("succeeds", Run::Exit { code: 0, after: Duration::from_secs(2) });
+    let w = node.agent();
+    w.upsert(pod("never", json!({"restartPolicy": "Never", "containers": [container("fails")]})), Source::Api);
+    w.upsert(pod("onfail", json!({"restartPolicy": "OnFailure", "containers": [container("succeeds")]})), Source::Api);
+    w.upsert(pod("onfail-crash", json!({"restartPolicy": "OnFailure", "containers": [container("fails")]})), Source::Api);
+    until("never: Failed", || phase(&w, "never") == "Failed").await;
+    until("onfail: Succeeded", || phase(&w, "onfail") == "Succeeded").await;
+    until("onfail-crash restarted", || node.fake.starts("onfail-crash", "fails") >= 2).await;
+    idle(Duration::from_secs(120)).await;
+    assert_eq!(node.fake.starts("never", "fails"), 1, "restartPolicy Never runs a container once");
+    assert_eq!(node.fake.starts("onfail", "succeeds"), 1, "OnFailure does not restart a success");
+    assert_eq!(phase(&w, "never"), "Failed");
+    assert_eq!(phase(&w, "onfail"), "Succeeded");
+    assert_eq!(phase(&w, "onfail-crash"), "Running");
+    let t = app_status(&w, "never", "fails").unwrap().state.unwrap().terminated.unwrap();
+    assert_eq!((t.exit_code, t.reason.as_deref()), (3, Some("Error")));
+    // A finished pod's sandbox is stopped (its IP kept in the status).
+    let calls = node.fake.calls();
+    assert!(calls.contains(&Call::StopSandbox { pod: "never".into() }), "{calls:#?}");
+    assert!(status(&w, "never").pod_ip.is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn sidecars_start_in_order_keep_running_and_stop_after_the_apps() {
+    let node = Node::new();
+    node.fake.set_run("setup", Run::Exit { code: 0, after: Duration::from_secs(2) });
+    let w = node.agent();
+    let mut proxy = container("proxy");
+    proxy["restartPolicy"] = json!("Always");
+    let mut app = container("app");
+    app["lifecycle"] = json!({"preStop": {"exec": {"command": ["sh", "-c", "drain"]}}});
+    let p = pod("mesh", json!({"terminationGracePeriodSeconds": 30, "initContainers": [proxy, container("setup")], "containers": [app]}));
+    w.upsert(p.clone(), Source::Api);
+    until("app and sidecar running", || node.fake.running("mesh") == ["app", "proxy"]).await;
+    let calls = node.fake.calls();
+    // The sidecar starts first; the next init container runs next to it; the apps after both.
+    assert!(position(&calls, |c| is_start(c, "proxy")) < position(&calls, |c| is_start(c, "setup")));
+    assert!(position(&calls, |c| is_start(c, "setup")) < position(&calls, |c| is_start(c, "app")));
+    until("Running and Ready", || phase(&w, "mesh") == "Running" && condition(&w, "mesh", "Ready").as_deref() == Some("True")).await;
+
+    // A crashed sidecar is restarted whatever the pod's restartPolicy.
+    assert!(node.fake.exit("mesh", "proxy", 137));
+    until("sidecar restarted", || node.fake.starts("mesh", "proxy") == 2).await;
+
+    // Deletion: the app's preStop hook, the app stopped with the grace left, then the sidecar,
+    // then the sandbox.
+    let t0 = node.now();
+    w.upsert(deleted(p, t0, 30), Source::Api);
+    until("everything stopped", || node.fake.running("mesh").is_empty()).await;
+    until("sandbox stopped", || node.fake.calls().contains(&Call::StopSandbox { pod: "mesh".into() })).await;
+    let calls = node.fake.calls();
+    let hook = position(&calls, |c| matches!(c, Call::ExecSync { container, cmd, .. } if container == "app" && cmd == &["sh", "-c", "drain"]));
+    let stop_app = position(&calls, |c| is_stop(c, "app"));
+    let stop_proxy = position(&calls, |c| is_stop(c, "proxy"));
+    let stop_sandbox = position(&calls, |c| *c == Call::StopSandbox { pod: "mesh".into() });
+    assert!(hook < stop_app && stop_app < stop_proxy && stop_proxy < stop_sandbox, "{calls:#?}");
+    let Call::StopContainer { grace, .. } = &calls[stop_app] else { unreachable!() };
+    assert!((28..=30).contains(grace), "the app gets what is left of 30 s: {grace}");
+    assert_eq!(node.fake.starts("mesh", "proxy"), 2, "a terminating pod's sidecar is not restarted");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_liveness_probe_restarts_the_container_and_readiness_gates_ready() {
+    let node = Node::new();
+    let healthy = Arc::new(AtomicBool::new(true));
+    let ready = Arc::new(AtomicBool::new(false));
+    {
+        let (healthy, ready) = (healthy.clone(), ready.clone());
+        node.fake.set_exec(move |_, cmd| {
+            let ok = match cmd.first().map(String::as_str) {
+                Some("live") => healthy.load(Ordering::SeqCst),
+                Some("ready") => ready.load(Ordering::SeqCst),
+                _ => true,
+            };
+            (i32::from(!ok), Vec::new())
+        });
+    }
+    let w = node.agent();
+    let mut c = container("srv");
+    c["livenessProbe"] = json!({"exec": {"command": ["live"]}, "periodSeconds": 2, "failureThreshold": 3});
+    c["readinessProbe"] = json!({"exec": {"command": ["ready"]}, "periodSeconds": 1});
+    w.upsert(pod("probed", json!({"terminationGracePeriodSeconds": 10, "containers": [c]})), Source::Api);
+    until("running", || node.fake.running("probed") == ["srv"]).await;
+    until("phase Running", || phase(&w, "probed") == "Running").await;
+    idle(Duration::from_secs(5)).await;
+    assert_eq!(condition(&w, "probed", "Ready").as_deref(), Some("False"), "not ready before its readiness probe passes");
+    ready.store(true, Ordering::SeqCst);
+    until("Ready", || condition(&w, "probed", "Ready").as_deref() == Some("True")).await;
+    assert_eq!(node.fake.starts("probed", "srv"), 1);
+
+    healthy.store(false, Ordering::SeqCst);
+    until("restarted", || node.fake.starts("probed", "srv") == 2).await;
+    healthy.store(true, Ordering::SeqCst);
+    let calls = node.fake.calls_at();
+    let first_fail = calls.iter().filter(|(_, c)| matches!(c, Call::ExecSync { cmd, .. } if cmd == &["live"])).count();
+    assert!(first_fail >= 3, "three failed runs before the kill");
+    let (_, stop) = calls.iter().find(|(_, c)| is_stop(c, "srv")).unwrap();
+    assert_eq!(*stop, Call::StopContainer { pod: "probed".into(), container: "srv".into(), grace: 10 });
+    until("restart counted", || app_status(&w, "probed", "srv").is_some_and(|s| s.restart_count == 1)).await;
+    idle(Duration::from_secs(30)).await;
+    assert_eq!(node.fake.starts("probed", "srv"), 2, "healthy again: no further restarts");
+}
+
+#[tokio::test(start_paused = true)]
+async fn images_are_pulled_per_policy_and_failed_pulls_back_off() {
+    let node = Node::new();
+    let w = node.agent();
+    let mut c = container("app");
+    c["image"] = json!("registry.test/new:1");
+    w.upsert(pod("pull", json!({"containers": [c]})), Source::Api);
+    until("running after a pull", || node.fake.running("pull") == ["app"]).await;
+    assert!(node.fake.calls().contains(&Call::PullImage { image: "registry.test/new:1".into() }));
+
+    // Present and IfNotPresent: no pull. Never and absent: ErrImageNeverPull.
+    let mut never = container("app");
+    never["image"] = json!("registry.test/absent:1");
+    never["imagePullPolicy"] = json!("Never");
+    w.upsert(pod("never", json!({"containers": [never]})), Source::Api);
+    until("ErrImageNeverPull", || {
+        app_status(&w, "never", "app")
+            .and_then(|s| s.state?.waiting?.reason)
+            .as_deref()
+            == Some("ErrImageNeverPull")
+    })
+    .await;
+
+    // A pull that fails: ErrImagePull, then ImagePullBackOff; retried later; runs once it works.
+    node.fake.fail_pulls("registry.test/broken:1", "manifest unknown");
+    let mut broken = container("app");
+    broken["image"] = json!("registry.test/broken:1");
+    w.upsert(pod("broken", json!({"containers": [broken]})), Source::Api);
+    let reason = |w: &PodWorkers| app_status(w, "broken", "app").and_then(|s| s.state?.waiting?.reason);
+    until("ErrImagePull", || reason(&w).as_deref() == Some("ErrImagePull")).await;
+    until("ImagePullBackOff", || reason(&w).as_deref() == Some("ImagePullBackOff")).await;
+    let pulls = || node.fake.calls().iter().filter(|c| **c == Call::PullImage { image: "registry.test/broken:1".into() }).count();
+    until("pulled again", || pulls() >= 2).await;
+    assert_eq!(node.fake.starts("never", "app") + node.fake.starts("broken", "app"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_agent_adopts_running_containers_without_restarting_them() {
+    let node = Node::new();
+    let first = node.agent();
+    let p = pod("keep", json!({"containers": [container("app")]}));
+    first.upsert(p.clone(), Source::Api);
+    until("running", || first.last_status("uid-keep").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+    let written = first.last_status("uid-keep").unwrap();
+    first.stop();
+
+    // The new agent gets the pod from the API, with the status the first one wrote.
+    let second = node.agent();
+    let mut p = p;
+    p.status = Some(written.clone());
+    second.upsert(p, Source::Api);
+    second.queue_all().await;
+    idle(Duration::from_secs(30)).await;
+    assert_eq!(node.fake.starts("keep", "app"), 1);
+    assert!(!node.fake.calls().iter().any(|c| is_stop(c, "app") || matches!(c, Call::RunSandbox { attempt: 1.., .. })));
+    assert_eq!(node.fake.running("keep"), ["app"]);
+    // Nothing changed, so nothing to write: the status it would write equals the first one's.
+    let s = second.last_status("uid-keep").unwrap_or(written.clone());
+    assert_eq!(s.start_time, written.start_time);
+    assert_eq!(s.container_statuses, written.container_statuses);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_gone_from_the_node_is_stopped_and_removed() {
+    let node = Node::new();
+    let w = node.agent();
+    w.upsert(pod("gone", json!({"containers": [container("a"), container("b")]})), Source::Api);
+    until("running", || node.fake.running("gone") == ["a", "b"]).await;
+    let pod_dir = node.dir.path().join("root/pods/uid-gone");
+    assert!(pod_dir.exists());
+    w.remove("uid-gone");
+    until("containers and sandbox removed", || node.fake.objects() == (0, 0)).await;
+    until("pod directory removed", || !pod_dir.exists()).await;
+    let calls = node.fake.calls();
+    assert!(position(&calls, |c| is_stop(c, "a")) < position(&calls, |c| matches!(c, Call::RemoveSandbox { .. })));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_container_that_cannot_start_reports_why_and_is_retried() {
+    let node = Node::new();
+    node.fake.set_run("bad", Run::FailStart { message: "exec: \"nope\": executable file not found in $PATH".into() });
+    let w = node.agent();
+    w.upsert(pod("bad", json!({"containers": [container("bad")]})), Source::Api);
+    until("RunContainerError or back-off", || {
+        app_status(&w, "bad", "bad")
+            .and_then(|s| s.state?.waiting?.reason)
+            .is_some_and(|r| r == "RunContainerError" || r == "CrashLoopBackOff")
+    })
+    .await;
+    until("retried", || node.fake.starts("bad", "bad") >= 2).await;
+    let s = app_status(&w, "bad", "bad").unwrap();
+    let last = s.last_state.and_then(|l| l.terminated).or_else(|| s.state.and_then(|st| st.terminated));
+    assert!(last.is_some_and(|t| t.exit_code == 128), "the failed start shows as exit 128");
+}
