@@ -7,6 +7,14 @@
 //! `--oci-runtime` makes containerd's runc shim run another OCI runtime binary (its
 //! `BinaryName` option) instead of runc.
 //!
+//! The floor: first, in the same lab, the same N pods are created straight through CRI by this
+//! program (RunPodSandbox, CreateContainer, StartContainer per pod, all N at once, image
+//! present, the same containerd and CNI), without API server or agent; their latencies (from
+//! the first call to StartContainer's answer) are what the runtime alone costs on this machine.
+//! ferro's figures are then put next to them as ratios, and each ferro pod's path is broken
+//! down (created -> scheduled -> the agent has the pod -> first CRI call -> container started ->
+//! status observed) from the watch and the agent's log.
+//!
 //! Latency follows the upstream SLI: from the pod's creation to the watch observing all its
 //! containers started (image already present). creationTimestamp has a resolution of one
 //! second, so the start is taken on the client, right before the create request is sent; the
@@ -23,7 +31,10 @@ mod bench_util;
 use bench_util::{arg, cpu_ticks, pct};
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_cri::v1 as api;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
@@ -54,7 +65,121 @@ fn all_started(p: &Pod) -> bool {
     cs.len() == n && cs.iter().all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
 }
 
-async fn burst(client: kube::Client, n: usize) -> Vec<f64> {
+fn unix_ns(t: SystemTime) -> i64 {
+    i64::try_from(t.duration_since(UNIX_EPOCH).unwrap().as_nanos()).unwrap()
+}
+
+/// The floor: `n` pods straight through CRI at once (sandbox, container, start each), timed
+/// from the first call to StartContainer's answer; then removed.
+async fn floor(socket: PathBuf, n: usize, cgroup_root: String, logs: PathBuf) -> Vec<f64> {
+    let (rt, _) = ferro_lab::cri::connect(&socket).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let mut rt = rt.clone();
+        let (cgroup_root, logs) = (cgroup_root.clone(), logs.clone());
+        tasks.push(tokio::spawn(async move {
+            let t0 = Instant::now();
+            let sandbox_config = api::PodSandboxConfig {
+                metadata: Some(api::PodSandboxMetadata {
+                    name: format!("floor-{i}"),
+                    uid: format!("f100{i:04}-0000-4000-8000-000000000000"),
+                    namespace: "floor".into(),
+                    attempt: 0,
+                }),
+                hostname: format!("floor-{i}"),
+                log_directory: logs.join(format!("floor-{i}")).display().to_string(),
+                linux: Some(api::LinuxPodSandboxConfig {
+                    cgroup_parent: format!("{cgroup_root}/floor/pod{i}"),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let sandbox = rt
+                .run_pod_sandbox(api::RunPodSandboxRequest { config: Some(sandbox_config.clone()), runtime_handler: String::new() })
+                .await
+                .unwrap()
+                .into_inner()
+                .pod_sandbox_id;
+            let container = rt
+                .create_container(api::CreateContainerRequest {
+                    pod_sandbox_id: sandbox.clone(),
+                    config: Some(api::ContainerConfig {
+                        metadata: Some(api::ContainerMetadata { name: "app".into(), attempt: 0 }),
+                        image: Some(api::ImageSpec { image: lab::BUSYBOX.into(), ..Default::default() }),
+                        command: vec!["sleep".into(), "3600".into()],
+                        log_path: "app/0.log".into(),
+                        linux: Some(api::LinuxContainerConfig::default()),
+                        ..Default::default()
+                    }),
+                    sandbox_config: Some(sandbox_config),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .container_id;
+            rt.start_container(api::StartContainerRequest { container_id: container }).await.unwrap();
+            (t0.elapsed().as_secs_f64(), sandbox)
+        }));
+    }
+    let mut out = Vec::new();
+    let mut sandboxes = Vec::new();
+    for t in tasks {
+        let (l, sb) = t.await.unwrap();
+        out.push(l);
+        sandboxes.push(sb);
+    }
+    let mut rt = rt;
+    for sb in sandboxes {
+        rt.stop_pod_sandbox(api::StopPodSandboxRequest { pod_sandbox_id: sb.clone() }).await.unwrap();
+        rt.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: sb }).await.unwrap();
+    }
+    out.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    out
+}
+
+/// What the client saw of one pod (Unix ns).
+#[derive(Debug, Default, Clone)]
+struct Seen {
+    created: i64,
+    scheduled: Option<i64>,
+    started: Option<i64>,
+}
+
+/// The time (Unix ns) of the agent's first log line with `message` about pod `default/<name>`,
+/// for every pod (ANSI colours stripped).
+fn agent_times(log: &str, message: &str) -> BTreeMap<String, i64> {
+    let mut out = BTreeMap::new();
+    for raw in log.lines() {
+        let mut line = String::with_capacity(raw.len());
+        let mut chars = raw.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                for d in chars.by_ref() {
+                    if d == 'm' {
+                        break;
+                    }
+                }
+            } else {
+                line.push(c);
+            }
+        }
+        if !line.contains(message) {
+            continue;
+        }
+        let Some(pod) = line.split_whitespace().find_map(|w| w.strip_prefix("pod=default/")) else { continue };
+        let Some(ts) = line.split_whitespace().next().and_then(|t| t.parse::<jiff::Timestamp>().ok()) else { continue };
+        let ns = i64::try_from(ts.as_nanosecond()).unwrap();
+        out.entry(pod.to_string()).or_insert(ns);
+    }
+    out
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    pct(&v, 50.0)
+}
+
+async fn burst(client: kube::Client, n: usize) -> (Vec<f64>, BTreeMap<String, Seen>) {
     let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), "default");
     let mut stream = watcher::watcher(pods.clone(), watcher::Config::default()).boxed();
     // Wait until the watch is established (the initial list is done).
@@ -64,6 +189,7 @@ async fn burst(client: kube::Client, n: usize) -> Vec<f64> {
         }
     }
     let mut created: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
     let mut tasks = Vec::new();
     for i in 0..n {
         let name = format!("burst-{i}");
@@ -73,6 +199,7 @@ async fn burst(client: kube::Client, n: usize) -> Vec<f64> {
             "spec": {"terminationGracePeriodSeconds": 1, "containers": [{"name": "app", "image": lab::BUSYBOX, "command": ["sleep", "3600"]}]}
         }))
         .unwrap();
+        seen.insert(name.clone(), Seen { created: unix_ns(SystemTime::now()), ..Default::default() });
         created.insert(name, Instant::now());
         let pods = pods.clone();
         tasks.push(tokio::spawn(async move { pods.create(&Default::default(), &pod).await.unwrap() }));
@@ -86,15 +213,24 @@ async fn burst(client: kube::Client, n: usize) -> Vec<f64> {
         let ev = tokio::time::timeout_at(deadline, stream.next()).await.expect("pods did not all start within 300 s");
         let Some(Ok(watcher::Event::Apply(p))) = ev else { continue };
         let name = p.metadata.name.clone().unwrap_or_default();
+        let now = unix_ns(SystemTime::now());
+        if let Some(s) = seen.get_mut(&name) {
+            if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
+                s.scheduled.get_or_insert(now);
+            }
+        }
         if let Some(t0) = created.get(&name) {
             if all_started(&p) && !latencies.contains_key(&name) {
-                latencies.insert(name, t0.elapsed().as_secs_f64());
+                latencies.insert(name.clone(), t0.elapsed().as_secs_f64());
+                if let Some(s) = seen.get_mut(&name) {
+                    s.started = Some(now);
+                }
             }
         }
     }
     let mut v: Vec<f64> = latencies.into_values().collect();
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v
+    (v, seen)
 }
 
 fn main() {
@@ -111,12 +247,24 @@ fn main() {
     std::thread::sleep(Duration::from_secs(5));
     let (rss0, cpu0) = footprint(pid, idle);
 
+    // The floor, in the same lab, before ferro's burst.
     let ctrd_pid = lab.ctrd.pid().unwrap();
+    let ctrd_f0 = cpu_ticks(ctrd_pid);
+    let floor_wall0 = Instant::now();
+    let floor_latencies = {
+        let (socket, cg, logs) = (lab.ctrd.socket(), lab.cgroup_root.clone(), lab.dir.path().join("floor-logs"));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(floor(socket, n, cg, logs))
+    };
+    let floor_wall = floor_wall0.elapsed().as_secs_f64();
+    let floor_ctrd_cpu = (cpu_ticks(ctrd_pid) - ctrd_f0) as f64 / 100.0;
+    std::thread::sleep(Duration::from_secs(5));
+
     let (agent_t0, ctrd_t0, wall0) = (cpu_ticks(pid), cpu_ticks(ctrd_pid), Instant::now());
     // The client lives in the lab namespace: a thread that entered it runs the runtime.
     let ns_path = lab.ns.path();
     let kubeconfig = lab.admin_kubeconfig();
-    let latencies = std::thread::spawn(move || {
+    let (latencies, seen) = std::thread::spawn(move || {
         let f = std::fs::File::open(ns_path).unwrap();
         nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -135,15 +283,53 @@ fn main() {
     let (rss_n, cpu_n) = footprint(pid, idle);
 
     println!("pod startup latency, {n} pods created at once on one node (image present):");
+    let row = |what: &str, v: &[f64]| {
+        println!(
+            "  {what:<28} p50 {:.3} s   p90 {:.3} s   p99 {:.3} s   max {:.3} s",
+            pct(v, 50.0),
+            pct(v, 90.0),
+            pct(v, 99.0),
+            v.last().copied().unwrap_or(f64::NAN)
+        )
+    };
+    row("floor (CRI only):", &floor_latencies);
+    row("ferro (API, scheduler, agent):", &latencies);
     println!(
-        "  p50 {:.3} s   p90 {:.3} s   p99 {:.3} s   max {:.3} s",
-        pct(&latencies, 50.0),
-        pct(&latencies, 90.0),
-        pct(&latencies, 99.0),
-        latencies.last().copied().unwrap_or(f64::NAN)
+        "  ferro / floor: p50 {:.2}x   p99 {:.2}x   (floor burst {floor_wall:.2} s wall, containerd {floor_ctrd_cpu:.2} CPU-s)",
+        pct(&latencies, 50.0) / pct(&floor_latencies, 50.0),
+        pct(&latencies, 99.0) / pct(&floor_latencies, 99.0)
     );
+    // Where a ferro pod's time goes (medians over the pods; client and agent share the clock).
+    let log = lab.agent_log();
+    let (added, first_cri, started) =
+        (agent_times(&log, "pod added"), agent_times(&log, "creating pod sandbox"), agent_times(&log, "started container"));
+    let mut steps: [Vec<f64>; 5] = Default::default();
+    for (name, s) in &seen {
+        let (Some(sched), Some(done)) = (s.scheduled, s.started) else { continue };
+        let (Some(a), Some(c), Some(st)) = (added.get(name), first_cri.get(name), started.get(name)) else { continue };
+        let ms = |from: i64, to: i64| (to - from) as f64 / 1e6;
+        steps[0].push(ms(s.created, sched));
+        steps[1].push(ms(sched, *a));
+        steps[2].push(ms(*a, *c));
+        steps[3].push(ms(*c, *st));
+        steps[4].push(ms(*st, done));
+    }
+    println!("  breakdown of a ferro pod (median ms over {} pods):", steps[0].len());
+    for (i, what) in [
+        "created -> scheduled (API + scheduler, seen by watch)",
+        "scheduled -> the agent has the pod",
+        "the agent has the pod -> RunPodSandbox",
+        "RunPodSandbox -> container started",
+        "container started -> running status seen by watch",
+    ]
+    .iter()
+    .enumerate()
+    {
+        println!("    {what:<56} {:8.1}", median(steps[i].clone()));
+    }
     println!(
-        "CPU during the burst ({burst_wall:.2} s wall): ferro-agent {agent_cpu:.2} s, containerd {ctrd_cpu:.2} s (shims, runc and the CNI plugin not counted)"
+        "CPU during the burst ({burst_wall:.2} s wall): ferro-agent {agent_cpu:.2} s ({:.1} ms per pod), containerd {ctrd_cpu:.2} s (shims, runc and the CNI plugin not counted)",
+        agent_cpu * 1000.0 / n as f64
     );
     println!("ferro-agent footprint (idle window of {} s):", idle.as_secs());
     println!("  0 pods:  RSS {:.1} MiB   CPU {:.2} % of a core", rss0 as f64 / 1024.0, cpu0);

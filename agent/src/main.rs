@@ -9,7 +9,7 @@ use ferro_agent::config::{AgentConfig, Flags, KubeletConfiguration};
 use ferro_agent::cri::{self, Prober};
 use ferro_agent::pod::{imagegc, source};
 use ferro_agent::pod::spec::{CgroupDriver, NodeContext};
-use ferro_agent::pod::worker::{PodWorkers, Source, WorkerConfig};
+use ferro_agent::pod::exec::{PodWorkers, Source, WorkerConfig};
 use ferro_agent::node::{self, HostFacts, NodeInput};
 use ferro_agent::server;
 use ferro_agent::status;

@@ -50,7 +50,7 @@ fn import_own_image(lab: &Lab, name: &str, content: &str, reference: &str) {
     let rootfs = work.join("rootfs");
     std::fs::create_dir_all(&rootfs).unwrap();
     std::fs::write(rootfs.join(format!("{name}.txt")), content).unwrap();
-    let tar = ferro_lab::images::image(&work, name, &rootfs, &["/nothing"], reference).unwrap();
+    let tar = ferro_lab::images::image(&work, name, &rootfs, &["/nothing"], &[], reference).unwrap();
     lab.ctrd.import(&tar).unwrap();
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use ferro_agent::clock::Clock;
 use ferro_agent::cri::fake::{Call, FakeCri, Run};
 use ferro_agent::pod::spec::{CgroupDriver, NodeContext};
-use ferro_agent::pod::worker::{PodWorkers, Source, WorkerConfig};
+use ferro_agent::pod::exec::{PodWorkers, Source, WorkerConfig};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 use serde_json::{json, Value};
 

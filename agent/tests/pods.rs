@@ -74,6 +74,31 @@ fn pods_run_network_init_and_status() {
     let page = lab.kubectl_ok(&["exec", "web", "--", "cat", "/www/index.html"]);
     assert_eq!(page.trim(), "hello-from-web");
 
+    // The lab's busybox image is shaped as the one users know (no entrypoint, Cmd ["sh"], every
+    // applet): `kubectl run -i -- sh -c ...` runs the command with kubectl's stdin attached
+    // (the command waits for its input, so it is still running when kubectl attaches), and
+    // `kubectl cp` finds tar.
+    let run = lab.kubectl_stdin(
+        &["run", "hi", "-i", "--restart=Never", "--image", BUSYBOX, "--", "sh", "-c", "read x; echo hi-from-run-$x"],
+        "stdin\n",
+    );
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success() && out.contains("hi-from-run-stdin"),
+        "kubectl run -i: {out:?} {:?}\nlogs: {}\npod: {}",
+        String::from_utf8_lossy(&run.stderr),
+        String::from_utf8_lossy(&lab.kubectl(&["logs", "hi"]).stdout),
+        lab.kubectl_ok(&["get", "pod", "hi", "-o", "json"])
+    );
+    let local = lab.dir.path().join("cp-in.txt");
+    std::fs::write(&local, "copied by kubectl cp\n").unwrap();
+    lab.kubectl_ok(&["cp", local.to_str().unwrap(), "web:/tmp/cp-in.txt"]);
+    assert_eq!(lab.kubectl_ok(&["exec", "web", "--", "cat", "/tmp/cp-in.txt"]), "copied by kubectl cp\n");
+    let back = lab.dir.path().join("cp-out.txt");
+    lab.kubectl_ok(&["cp", "web:/tmp/cp-in.txt", back.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(&back).unwrap(), "copied by kubectl cp\n");
+    lab.kubectl_ok(&["delete", "pod", "hi", "--wait=false"]);
+
     // A second pod fetches from the first over the bridge and completes.
     lab.apply(&pod_yaml(
         "client",
@@ -462,7 +487,7 @@ fn fs_group_sub_path_expr_and_run_as_non_root() {
     let work = lab.dir.path().join("images");
     let image = "registry.ferro.test/busybox-user:1";
     let rootfs = work.join("busybox-rootfs");
-    let tar = ferro_lab::images::image_as(&work, "busybox-user", &rootfs, &["/bin/sh"], image, Some("1000")).unwrap();
+    let tar = ferro_lab::images::image_as(&work, "busybox-user", &rootfs, &[], &["sh"], image, Some("1000")).unwrap();
     lab.ctrd.import(&tar).unwrap();
     lab.apply(&pod_yaml(
         "imageuser",

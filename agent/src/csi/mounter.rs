@@ -32,8 +32,8 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::registry::{channel, Drivers, RegistryError};
-use crate::pod::ownership::{self, ChangePolicy};
-use crate::pod::volumes::VolumePath;
+use crate::pod::volume::ownership::{self, ChangePolicy};
+use crate::pod::volume::VolumePath;
 
 /// The plugin directory name of CSI volumes in a pod's volume dir.
 pub const CSI_DIR: &str = "kubernetes.io~csi";
@@ -69,7 +69,7 @@ pub enum CsiError {
         source: std::io::Error,
     },
     #[error("{0}")]
-    Volume(#[from] crate::pod::volumes::VolumeError),
+    Volume(#[from] crate::pod::volume::VolumeError),
 }
 
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CsiError {

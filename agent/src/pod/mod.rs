@@ -1,9 +1,9 @@
 //! Pods on this node: the model of what the runtime holds ([`model`]), the planner of one
 //! sync ([`plan`]) with its crash-loop backoff ([`backoff`]), the pod status ([`status`]),
-//! the CRI sandbox and container configs ([`spec`]), volumes ([`volumes`],
-//! [`atomic_writer`], their fsGroup ownership in [`ownership`]), probes and lifecycle hooks
+//! the CRI sandbox and container configs ([`spec`]), volumes ([`volume`], with
+//! [`volume::atomic_writer`] and their fsGroup ownership in [`volume::ownership`]), probes and lifecycle hooks
 //! ([`probe`]), where pods come from ([`source`]), image garbage collection ([`imagegc`]) and
-//! the executor that ties them together ([`worker`]).
+//! the executor that ties them together ([`exec`]).
 
 pub mod backoff;
 pub mod model;
@@ -13,8 +13,6 @@ pub mod status;
 pub mod hooks;
 pub mod imagegc;
 pub mod probe;
-pub mod atomic_writer;
-pub mod ownership;
 pub mod source;
-pub mod volumes;
-pub mod worker;
+pub mod exec;
+pub mod volume;

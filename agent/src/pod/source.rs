@@ -10,7 +10,7 @@ use ferro_runtime::{Change, Informer};
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 use kube::runtime::watcher;
 
-use crate::pod::worker::{PodWorkers, Source};
+use crate::pod::exec::{PodWorkers, Source};
 
 /// Annotations upstream puts on static pods.
 pub const ANN_CONFIG_SOURCE: &str = "kubernetes.io/config.source";

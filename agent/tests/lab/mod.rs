@@ -302,6 +302,24 @@ impl Lab {
             .unwrap()
     }
 
+    /// kubectl with `input` on its stdin.
+    pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> Output {
+        use std::io::Write as _;
+        let mut child = self
+            .ns
+            .command("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.admin_kubeconfig())
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
     /// kubectl that must succeed; its stdout.
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);
@@ -440,7 +458,7 @@ impl Drop for Lab {
         for h in hierarchies {
             let root = h.join(rel);
             if !rel.is_empty() && root.is_dir() {
-                ferro_agent::pod::worker::remove_cgroup_tree(&root);
+                ferro_agent::pod::exec::remove_cgroup_tree(&root);
             }
         }
     }

@@ -19,11 +19,16 @@ pub const PAUSE_IMAGE: &str = "registry.ferro.test/pause:1";
 /// The name of the busybox image.
 pub const BUSYBOX_IMAGE: &str = "registry.ferro.test/busybox:1";
 
-/// busybox applets linked in the busybox image's /bin.
-const APPLETS: &[&str] = &[
-    "sh", "ash", "cat", "echo", "ls", "sleep", "wget", "nc", "httpd", "ip", "ping", "hostname",
-    "ps", "true", "false", "env", "id", "mkdir", "rm",
-];
+/// Every applet `busybox` offers (`busybox --list`).
+fn applets(busybox: &Path) -> Result<Vec<String>> {
+    let out = run(Command::new(busybox).arg("--list"))?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|a| !a.is_empty() && *a != "busybox" && !a.contains('/'))
+        .map(str::to_string)
+        .collect())
+}
 
 /// The workspace root (this crate is `crates/lab`).
 pub fn workspace_root() -> PathBuf {
@@ -106,7 +111,7 @@ pub fn build_images(work: &Path, pause_bin: &Path) -> Result<ImageTars> {
     let pause_root = work.join("pause-rootfs");
     std::fs::create_dir_all(&pause_root)?;
     std::fs::copy(pause_bin, pause_root.join("pause"))?;
-    let pause = image(work, "pause", &pause_root, &["/pause"], PAUSE_IMAGE)?;
+    let pause = image(work, "pause", &pause_root, &["/pause"], &[], PAUSE_IMAGE)?;
 
     let bb_root = work.join("busybox-rootfs");
     let bin = bb_root.join("bin");
@@ -115,26 +120,29 @@ pub fn build_images(work: &Path, pause_bin: &Path) -> Result<ImageTars> {
         std::fs::create_dir_all(bb_root.join(d))?;
     }
     std::fs::copy(busybox, bin.join("busybox"))?;
-    for a in APPLETS {
+    // As the busybox image users know: every applet, no entrypoint, Cmd ["sh"].
+    for a in applets(busybox)? {
         symlink("busybox", bin.join(a))?;
     }
     std::fs::write(bb_root.join("etc/passwd"), "root:x:0:0:root:/:/bin/sh\n")?;
     std::fs::write(bb_root.join("etc/group"), "root:x:0:\n")?;
-    let busybox = image(work, "busybox", &bb_root, &["/bin/sh"], BUSYBOX_IMAGE)?;
+    let busybox = image(work, "busybox", &bb_root, &[], &["sh"], BUSYBOX_IMAGE)?;
     Ok(ImageTars { pause, busybox })
 }
 
-/// One image: OCI layout `<work>/<name>-oci:<name>` with `rootfs` as its only layer and
-/// `entrypoint`, then `skopeo copy` to `<work>/<name>.tar` named `reference`. Public so that a
-/// test can make an image of its own (e.g. one that no container uses).
+/// One image: OCI layout `<work>/<name>-oci:<name>` with `rootfs` as its only layer,
+/// `entrypoint` and `cmd` (each left unset when empty), then `skopeo copy` to
+/// `<work>/<name>.tar` named `reference`. Public so that a test can make an image of its own
+/// (e.g. one that no container uses).
 pub fn image(
     work: &Path,
     name: &str,
     rootfs: &Path,
     entrypoint: &[&str],
+    cmd: &[&str],
     reference: &str,
 ) -> Result<PathBuf> {
-    image_as(work, name, rootfs, entrypoint, reference, None)
+    image_as(work, name, rootfs, entrypoint, cmd, reference, None)
 }
 
 /// As [`image`], with the image config's `User` set to `user` (e.g. `1000`) when given.
@@ -143,6 +151,7 @@ pub fn image_as(
     name: &str,
     rootfs: &Path,
     entrypoint: &[&str],
+    cmd: &[&str],
     reference: &str,
     user: Option<&str>,
 ) -> Result<PathBuf> {
@@ -160,6 +169,9 @@ pub fn image_as(
     config.args(["config", "--image", &img]);
     for e in entrypoint {
         config.arg(format!("--config.entrypoint={e}"));
+    }
+    for c in cmd {
+        config.arg(format!("--config.cmd={c}"));
     }
     if let Some(u) = user {
         config.arg(format!("--config.user={u}"));

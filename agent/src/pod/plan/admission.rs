@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::pod::model;
-use crate::pod::volumes;
+use crate::pod::volume;
 
 /// What the node offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +29,7 @@ fn reject(reason: &str, message: String) -> Rejection {
 /// Whether `pod` may run next to `admitted` (the pods admitted before it that have not
 /// finished).
 pub fn admit(pod: &Pod, admitted: &[&Pod], room: &Room) -> Result<(), Rejection> {
-    if let Err(e) = volumes::validate(pod) {
+    if let Err(e) = volume::validate(pod) {
         return Err(reject("UnsupportedVolume", e.to_string()));
     }
     if admitted.len() + 1 > room.max_pods {

@@ -21,7 +21,7 @@ use std::os::unix::fs::{symlink, DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::ownership::{self, ChangePolicy};
-use super::volumes::VolumeError;
+use super::VolumeError;
 
 /// The symlink to the current payload directory.
 pub const DATA_DIR: &str = "..data";

@@ -19,11 +19,11 @@
 //! emptyDir.sizeLimit).
 //!
 //! With the pod's fsGroup, volumes get its group as upstream's SetVolumeOwnership gives it (see
-//! [`super::ownership`]): an emptyDir once, when it is set up (until its `ready` marker exists,
+//! [`ownership`]): an emptyDir once, when it is set up (until its `ready` marker exists,
 //! or when its tmpfs had to be mounted again); the atomic-writer volumes on every new payload.
 //!
 //! [`validate`] is pure and runs at admission; [`setup`] is idempotent and runs on every sync
-//! (a changed ConfigMap or Secret is swapped in atomically, see [`super::atomic_writer`]);
+//! (a changed ConfigMap or Secret is swapped in atomically, see [`atomic_writer`]);
 //! [`teardown`] unmounts what is mounted under the pod directory and removes it.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -37,9 +37,12 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::{Container, DownwardAPIVolumeFile, KeyToPath, Pod, Volume};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
-use super::atomic_writer::{self, write_payload, FileProjection};
+pub mod atomic_writer;
+pub mod ownership;
+
+use atomic_writer::{write_payload, FileProjection};
 use super::model::Objects;
-use super::ownership::{self, ChangePolicy};
+use ownership::ChangePolicy;
 
 /// Where the mounts of this process are listed.
 pub const MOUNTINFO: &str = "/proc/self/mountinfo";

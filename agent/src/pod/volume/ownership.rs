@@ -16,7 +16,7 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use super::volumes::VolumeError;
+use super::VolumeError;
 
 /// Group read-write (upstream rwMask).
 const RW_MASK: u32 = 0o660;

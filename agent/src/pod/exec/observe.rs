@@ -1,0 +1,208 @@
+//! Observing the runtime: one pod's sandboxes and containers as the agent models them, and the
+//! relist (upstream's PLEG) that queues pods whose runtime state changed.
+
+use super::*;
+
+impl PodWorkers {
+    /// Upstream's PLEG: relist containers and sandboxes every second and queue the pods whose
+    /// state changed.
+    pub(super) async fn relist_loop(&self) {
+        let mut last: BTreeMap<String, (String, i32)> = BTreeMap::new();
+        let rt = self.inner.rt.clone();
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let (Ok(cs), Ok(sbs)) = (rt.list_containers(managed()).await, rt.list_sandboxes(managed()).await) else {
+                continue;
+            };
+            let mut now: BTreeMap<String, (String, i32)> = BTreeMap::new();
+            for c in &cs {
+                if let Some(uid) = c.labels.get(model::LABEL_POD_UID) {
+                    now.insert(c.id.clone(), (uid.clone(), c.state));
+                }
+            }
+            for s in &sbs {
+                if let Some(uid) = s.labels.get(model::LABEL_POD_UID) {
+                    now.insert(s.id.clone(), (uid.clone(), 100 + s.state));
+                }
+            }
+            let mut changed: BTreeSet<String> = BTreeSet::new();
+            for (id, v) in &now {
+                if last.get(id) != Some(v) {
+                    changed.insert(v.0.clone());
+                }
+            }
+            for (id, v) in &last {
+                if !now.contains_key(id) {
+                    changed.insert(v.0.clone());
+                }
+            }
+            for uid in changed {
+                self.inner.queue.add(uid);
+            }
+            last = now;
+        }
+    }
+
+    /// Everything the runtime holds for pod `uid`, newest first.
+    pub(super) async fn observe(&self, uid: &str) -> Result<PodRuntime, CriError> {
+        let rt = self.inner.rt.clone();
+        let sel = HashMap::from([
+            (model::LABEL_POD_UID.to_string(), uid.to_string()),
+            (model::LABEL_MANAGED_BY.to_string(), model::MANAGED_BY.to_string()),
+        ]);
+        let mut out = PodRuntime { uid: uid.to_string(), ..Default::default() };
+        let mut sbs = rt.list_sandboxes(sel.clone()).await?;
+        sbs.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        for (i, s) in sbs.iter().enumerate() {
+            let md = s.metadata.clone().unwrap_or_default();
+            out.name = md.name.clone();
+            out.namespace = md.namespace.clone();
+            let state = sandbox_state(s.state);
+            let (mut ip, mut additional) = (None, Vec::new());
+            if i == 0 && state == SandboxState::Ready {
+                if let Some(st) = rt.sandbox_status(&s.id).await? {
+                    if let Some(n) = st.network {
+                        ip = Some(n.ip).filter(|x| !x.is_empty());
+                        additional = n.additional_ips.into_iter().map(|p| p.ip).collect();
+                    }
+                }
+            }
+            out.sandboxes.push(Sandbox {
+                id: s.id.clone(),
+                attempt: md.attempt,
+                state,
+                created_at: s.created_at,
+                ip,
+                additional_ips: additional,
+            });
+        }
+        let mut cs = rt.list_containers(sel).await?;
+        cs.sort_by_key(|c| std::cmp::Reverse(c.created_at));
+        for c in cs {
+            let Some(st) = (match rt.container_status(&c.id).await {
+                Ok(s) => s,
+                Err(e) if e.is_not_found() => None,
+                Err(e) => return Err(e),
+            }) else {
+                continue;
+            };
+            let md = c.metadata.clone().unwrap_or_default();
+            let kind = if c.annotations.get(model::ANN_CONTAINER_TYPE).map(String::as_str) == Some("init") {
+                ContainerKind::Init
+            } else {
+                ContainerKind::App
+            };
+            let name = c.labels.get(model::LABEL_CONTAINER_NAME).cloned().unwrap_or(md.name.clone());
+            let restart_count: u32 =
+                c.annotations.get(model::ANN_RESTART_COUNT).and_then(|h| h.parse().ok()).unwrap_or(0);
+            let mut message = st.message;
+            if container_state(st.state) == ContainerState::Exited {
+                let fallback = c.annotations.get(model::ANN_TERMINATION_MESSAGE_POLICY).map(String::as_str)
+                    == Some("FallbackToLogsOnError");
+                let log = self
+                    .inner
+                    .cfg
+                    .node
+                    .pod_log_root
+                    .join(format!("{}_{}_{uid}", out.namespace, out.name))
+                    .join(&name)
+                    .join(format!("{restart_count}.log"));
+                let term = volume::pod_dir(&self.inner.cfg.root_dir, uid)
+                    .join("containers")
+                    .join(&name)
+                    .join(restart_count.to_string());
+                if let Some(m) = termination_message(&term, fallback && st.exit_code != 0, &log) {
+                    message = m;
+                }
+            }
+            out.containers.push(ContainerObs {
+                id: c.id.clone(),
+                sandbox_id: c.pod_sandbox_id.clone(),
+                name,
+                kind,
+                attempt: md.attempt,
+                state: container_state(st.state),
+                created_at: st.created_at,
+                started_at: st.started_at,
+                finished_at: st.finished_at,
+                exit_code: st.exit_code,
+                reason: st.reason,
+                message,
+                image: st.image.map(|i| i.image).unwrap_or_default(),
+                image_ref: st.image_ref,
+                hash: c.annotations.get(model::ANN_CONTAINER_HASH).and_then(|h| h.parse().ok()).unwrap_or(0),
+                restart_count,
+            });
+        }
+        Ok(out)
+    }
+}
+
+pub(super) fn sandbox_state(s: i32) -> SandboxState {
+    if s == cri::api::PodSandboxState::SandboxReady as i32 {
+        SandboxState::Ready
+    } else {
+        SandboxState::NotReady
+    }
+}
+
+pub(super) fn container_state(s: i32) -> ContainerState {
+    match cri::api::ContainerState::try_from(s) {
+        Ok(cri::api::ContainerState::ContainerCreated) => ContainerState::Created,
+        Ok(cri::api::ContainerState::ContainerRunning) => ContainerState::Running,
+        Ok(cri::api::ContainerState::ContainerExited) => ContainerState::Exited,
+        _ => ContainerState::Unknown,
+    }
+}
+
+/// The termination message of an exited container: the file it wrote at its
+/// terminationMessagePath (at most 4096 bytes), or with FallbackToLogsOnError and a failure,
+/// the end of its log (at most 80 lines / 2048 bytes), as upstream.
+pub fn termination_message(file: &Path, fallback_to_log: bool, log: &Path) -> Option<String> {
+    if let Ok(b) = std::fs::read(file) {
+        let b = &b[..b.len().min(4096)];
+        if !b.is_empty() {
+            return Some(String::from_utf8_lossy(b).into_owned());
+        }
+    }
+    if !fallback_to_log {
+        return None;
+    }
+    let text = std::fs::read_to_string(log).ok()?;
+    // CRI log lines: "<time> <stream> <P|F> <content>"; P parts join the next record.
+    let mut lines: Vec<String> = Vec::new();
+    let mut partial = String::new();
+    for l in text.lines() {
+        let mut it = l.splitn(4, ' ');
+        let (_, _, tag, content) = (it.next(), it.next(), it.next(), it.next().unwrap_or(""));
+        partial.push_str(content);
+        if tag != Some("P") {
+            lines.push(std::mem::take(&mut partial));
+        }
+    }
+    let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+    let start = tail.len().saturating_sub(2048);
+    let start = (start..=tail.len()).find(|i| tail.is_char_boundary(*i)).unwrap_or(tail.len());
+    let msg = tail[start..].to_string();
+    (!msg.is_empty()).then_some(msg)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn termination_messages() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("0");
+        let log = d.path().join("0.log");
+        std::fs::write(&log, "2026-01-01T00:00:00.1Z stdout P part\n2026-01-01T00:00:00.2Z stdout F ial\n2026-01-01T00:00:00.3Z stderr F boom\n").unwrap();
+        assert_eq!(termination_message(&file, false, &log), None);
+        assert_eq!(termination_message(&file, true, &log).as_deref(), Some("partial\nboom"));
+        std::fs::write(&file, "bye").unwrap();
+        assert_eq!(termination_message(&file, true, &log).as_deref(), Some("bye"));
+        std::fs::write(&file, "x".repeat(5000)).unwrap();
+        assert_eq!(termination_message(&file, false, &log).unwrap().len(), 4096);
+    }
+}
