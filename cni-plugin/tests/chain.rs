@@ -13,9 +13,10 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use ferro_lab::netns::NetNs;
 use serde_json::{json, Value};
 
 const REF_DIR: &str = "/usr/lib/cni";
@@ -44,61 +45,13 @@ fn require_root_and_plugins() {
     }
 }
 
-struct Ns {
-    name: String,
-}
-
-impl Ns {
-    fn new(tag: &str) -> Ns {
-        let name = format!("fcchain-{tag}-{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        ok(&["ip", "netns", "add", &name]);
-        ok(&["ip", "-n", &name, "link", "set", "lo", "up"]);
-        Ns { name }
-    }
-    fn path(&self) -> String {
-        format!("/run/netns/{}", self.name)
-    }
-    fn exec(&self, args: &[&str]) -> String {
-        let mut full = vec!["ip", "netns", "exec", &self.name];
-        full.extend_from_slice(args);
-        ok(&full)
-    }
-    /// Runs `f` on a thread that has entered this namespace.
-    fn spawn_in<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> std::thread::JoinHandle<T> {
-        let file = std::fs::File::open(self.path()).unwrap();
-        std::thread::spawn(move || {
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            f()
-        })
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+fn ns(tag: &str) -> NetNs {
+    NetNs::new(&format!("fcchain-{tag}-{}", std::process::id())).unwrap()
 }
 
 /// The conflist executor: runs plugins in the node namespace as a runtime would.
 struct Runtime<'a> {
-    node: &'a Ns,
+    node: &'a NetNs,
     list: Value,
     runtime_config: Value,
 }
@@ -138,8 +91,9 @@ impl Runtime<'_> {
 
     fn exec(&self, command: &str, id: &str, netns: &str, conf: &Value) -> Output {
         let ty = conf["type"].as_str().unwrap();
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.node.name, &Self::binary(ty)])
+        let mut child = self
+            .node
+            .command(&Self::binary(ty))
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("CNI_COMMAND", command)
@@ -195,23 +149,20 @@ impl Runtime<'_> {
     }
 }
 
-fn nat_save(node: &Ns) -> String {
-    node.exec(&["iptables-save", "-t", "nat"])
+fn nat_save(node: &NetNs) -> String {
+    node.exec_ok(&["iptables-save", "-t", "nat"]).unwrap()
 }
 
 #[test]
 #[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn ferro_portmap_bandwidth_conflist_add_check_del() {
     require_root_and_plugins();
-    let node = Ns::new("node");
-    let pod = Ns::new("pod");
-    let client = Ns::new("client");
+    let node = ns("node");
+    let pod = ns("pod");
+    let client = ns("client");
     let data = tempfile::tempdir().unwrap();
     // The client reaches the node over its own link; nothing in the root namespace.
-    ok(&[
-        "ip",
-        "-n",
-        &node.name,
+    node.ip(&[
         "link",
         "add",
         "fcch-n",
@@ -221,40 +172,19 @@ fn ferro_portmap_bandwidth_conflist_add_check_del() {
         "name",
         "fcch-c",
         "netns",
-        &client.name,
-    ]);
-    ok(&[
-        "ip",
-        "-n",
-        &node.name,
-        "addr",
-        "add",
-        "192.168.231.1/24",
-        "dev",
-        "fcch-n",
-    ]);
-    ok(&["ip", "-n", &node.name, "link", "set", "fcch-n", "up"]);
-    ok(&[
-        "ip",
-        "-n",
-        &client.name,
-        "addr",
-        "add",
-        "192.168.231.2/24",
-        "dev",
-        "fcch-c",
-    ]);
-    ok(&["ip", "-n", &client.name, "link", "set", "fcch-c", "up"]);
-    ok(&[
-        "ip",
-        "-n",
-        &client.name,
-        "route",
-        "add",
-        "default",
-        "via",
-        "192.168.231.1",
-    ]);
+        client.name(),
+    ])
+    .unwrap();
+    node.ip(&["addr", "add", "192.168.231.1/24", "dev", "fcch-n"])
+        .unwrap();
+    node.ip(&["link", "set", "fcch-n", "up"]).unwrap();
+    client
+        .ip(&["addr", "add", "192.168.231.2/24", "dev", "fcch-c"])
+        .unwrap();
+    client.ip(&["link", "set", "fcch-c", "up"]).unwrap();
+    client
+        .ip(&["route", "add", "default", "via", "192.168.231.1"])
+        .unwrap();
 
     let list = json!({
         "cniVersion": "1.0.0",
@@ -301,13 +231,15 @@ fn ferro_portmap_bandwidth_conflist_add_check_del() {
     );
     // bandwidth's qdiscs: tbf on the host veth (traffic towards the pod) and an ingress
     // qdisc redirecting the pod's traffic to its ifb device.
-    let qdisc = node.exec(&["tc", "qdisc", "show", "dev", &host_veth]);
+    let qdisc = node
+        .exec_ok(&["tc", "qdisc", "show", "dev", &host_veth])
+        .unwrap();
     assert!(qdisc.contains("tbf"), "no tbf on {host_veth}:\n{qdisc}");
     assert!(
         qdisc.contains("ingress"),
         "no ingress qdisc on {host_veth}:\n{qdisc}"
     );
-    let links = node.exec(&["ip", "-o", "link", "show"]);
+    let links = node.exec_ok(&["ip", "-o", "link", "show"]).unwrap();
     assert!(
         links.contains("bwp"),
         "no ifb device of bandwidth:\n{links}"
@@ -334,9 +266,10 @@ fn ferro_portmap_bandwidth_conflist_add_check_del() {
             buf
         })
         .join()
+        .unwrap()
         .unwrap();
     assert_eq!(reply, "hello from the pod");
-    let peer = listener.join().unwrap();
+    let peer = listener.join().unwrap().unwrap();
     assert_eq!(peer.ip().to_string(), "192.168.231.2", "source kept");
 
     // Debian's portmap 1.1.1 fails CHECK on an IPv4-only attachment (it looks for the
@@ -348,7 +281,7 @@ fn ferro_portmap_bandwidth_conflist_add_check_del() {
     let nat = nat_save(&node);
     assert!(!nat.contains(&pod_ip), "portmap rules left:\n{nat}");
     assert!(!nat.contains("CNI-DN-"), "portmap chain left:\n{nat}");
-    let links = node.exec(&["ip", "-o", "link", "show"]);
+    let links = node.exec_ok(&["ip", "-o", "link", "show"]).unwrap();
     assert!(!links.contains("bwp"), "ifb device left:\n{links}");
     assert!(!links.contains(&host_veth), "host veth left:\n{links}");
     // A second DEL of the whole list is fine (idempotent everywhere).

@@ -3,16 +3,16 @@
 //! Needs root (the suite runs as root in CI). Without root every test FAILS with a clear
 //! message; none is skipped. Each test builds its own world: a "node" namespace the plugin
 //! runs in (`ip netns exec`), one namespace per container, and a temp IPAM data dir. Nothing
-//! is changed in the machine's root namespace; `NsGuard` deletes the namespaces on drop, also
-//! on panic.
+//! is changed in the machine's root namespace; `ferro_lab::netns::NetNs` deletes the
+//! namespaces on drop, also on panic.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
+use ferro_lab::netns::NetNs;
 use serde_json::{json, Value};
 
 const BRIDGE: &str = "fcbr0";
@@ -34,83 +34,34 @@ fn require_root() {
     );
 }
 
-static COUNTER: AtomicUsize = AtomicUsize::new(0);
-
-/// A network namespace created by the test; deleted on drop.
-struct NsGuard {
-    name: String,
-    deleted: bool,
+/// A fresh namespace of a unique name, `lo` down: what a container runtime hands to the
+/// plugin (ADD must bring `lo` up itself). Deleted on drop.
+fn new_ns() -> NetNs {
+    require_root();
+    NetNs::new_bare(&NetNs::unique_name("ferro-cni-test")).unwrap()
 }
 
-impl NsGuard {
-    fn new() -> NsGuard {
-        require_root();
-        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let name = format!("ferro-cni-test-{}-{n}", std::process::id());
-        let out = Command::new("ip")
-            .args(["netns", "add", &name])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ip netns add {name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        NsGuard {
-            name,
-            deleted: false,
-        }
+/// `ip -n <ns> -j ARGS` as JSON (`[]` for no output).
+fn ip_json(ns: &NetNs, args: &[&str]) -> Value {
+    let mut full = vec!["-j"];
+    full.extend_from_slice(args);
+    let out = ns.ip(&full).unwrap();
+    if out.trim().is_empty() {
+        return json!([]);
     }
-
-    fn path(&self) -> String {
-        format!("/run/netns/{}", self.name)
-    }
-
-    fn delete(&mut self) {
-        if !self.deleted {
-            let _ = Command::new("ip")
-                .args(["netns", "del", &self.name])
-                .output();
-            self.deleted = true;
-        }
-    }
-
-    /// `ip -n <ns> -j ARGS` as JSON.
-    fn ip_json(&self, args: &[&str]) -> Value {
-        let out = Command::new("ip")
-            .args(["-n", &self.name, "-j"])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ip -n {} {args:?}: {}",
-            self.name,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        if out.stdout.iter().all(u8::is_ascii_whitespace) {
-            return json!([]);
-        }
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-}
-
-impl Drop for NsGuard {
-    fn drop(&mut self) {
-        self.delete();
-    }
+    serde_json::from_str(&out).unwrap()
 }
 
 /// One node: its namespace, an IPAM data dir and the network config.
 struct Node {
-    ns: NsGuard,
+    ns: NetNs,
     data: tempfile::TempDir,
 }
 
 impl Node {
     fn new() -> Node {
         Node {
-            ns: NsGuard::new(),
+            ns: new_ns(),
             data: tempfile::tempdir().unwrap(),
         }
     }
@@ -142,7 +93,7 @@ impl Node {
             .args([
                 "netns",
                 "exec",
-                &self.ns.name,
+                self.ns.name(),
                 env!("CARGO_BIN_EXE_ferro-cni"),
             ])
             .env_clear()
@@ -161,7 +112,7 @@ impl Node {
         child.wait_with_output().unwrap()
     }
 
-    fn add(&self, id: &str, c: &NsGuard) -> Value {
+    fn add(&self, id: &str, c: &NetNs) -> Value {
         let out = self.plugin("ADD", id, &c.path());
         assert!(
             out.status.success(),
@@ -176,7 +127,7 @@ impl Node {
         self.del_with(id, netns, &self.conf());
     }
 
-    fn add_with(&self, id: &str, c: &NsGuard, conf: &str) -> Value {
+    fn add_with(&self, id: &str, c: &NetNs, conf: &str) -> Value {
         let out = self.plugin_with("ADD", id, &c.path(), conf);
         assert!(
             out.status.success(),
@@ -219,8 +170,7 @@ impl Node {
 
     /// Links enslaved to the bridge (veth host ends).
     fn bridge_ports(&self) -> Vec<String> {
-        self.ns
-            .ip_json(&["link", "show", "master", BRIDGE])
+        ip_json(&self.ns, &["link", "show", "master", BRIDGE])
             .as_array()
             .unwrap()
             .iter()
@@ -234,7 +184,7 @@ impl Node {
             .args([
                 "netns",
                 "exec",
-                &self.ns.name,
+                self.ns.name(),
                 "iptables",
                 "-t",
                 "nat",
@@ -246,7 +196,7 @@ impl Node {
             out.status.success(),
             "iptables -t nat -S in {} failed (ipMasq tests need iptables with the nf_tables \
              backend: apt-get install -y iptables; scripts/lib.sh installs it for CI): {}",
-            self.ns.name,
+            self.ns.name(),
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout)
@@ -272,8 +222,7 @@ impl Node {
 
     /// All veth links in the node namespace.
     fn veths(&self) -> Vec<String> {
-        self.ns
-            .ip_json(&["link", "show", "type", "veth"])
+        ip_json(&self.ns, &["link", "show", "type", "veth"])
             .as_array()
             .unwrap()
             .iter()
@@ -341,10 +290,10 @@ fn ping_cmd() -> Vec<String> {
     panic!("no ping on this machine: install iputils-ping (apt-get install -y iputils-ping) or busybox");
 }
 
-fn ping(from: &NsGuard, ip: &str) -> bool {
+fn ping(from: &NetNs, ip: &str) -> bool {
     let cmd = ping_cmd();
     Command::new("ip")
-        .args(["netns", "exec", &from.name])
+        .args(["netns", "exec", from.name()])
         .args(&cmd)
         .args(["-c1", "-W1", ip])
         .output()
@@ -357,7 +306,7 @@ fn ping(from: &NsGuard, ip: &str) -> bool {
 #[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn add_configures_container_and_result_matches() {
     let node = Node::new();
-    let c = NsGuard::new();
+    let c = new_ns();
     let r = node.add("ctr-a", &c);
     assert_eq!(r["cniVersion"], "1.0.0");
     let ifaces = r["interfaces"].as_array().unwrap();
@@ -376,7 +325,7 @@ fn add_configures_container_and_result_matches() {
     assert_eq!(r["routes"], json!([{"dst": "0.0.0.0/0", "gw": GATEWAY}]));
 
     // The container side as the kernel sees it.
-    let link = c.ip_json(&["addr", "show", "dev", "eth0"]);
+    let link = ip_json(&c, &["addr", "show", "dev", "eth0"]);
     let link = &link[0];
     assert_eq!(link["address"], ifaces[2]["mac"]);
     assert_eq!(link["mtu"], 1400);
@@ -389,14 +338,14 @@ fn add_configures_container_and_result_matches() {
         .map(|a| a["local"].as_str().unwrap())
         .collect();
     assert_eq!(addrs, vec![ip.as_str()]);
-    let routes = c.ip_json(&["route", "show", "default"]);
+    let routes = ip_json(&c, &["route", "show", "default"]);
     assert_eq!(routes[0]["gateway"], GATEWAY);
     assert_eq!(routes[0]["dev"], "eth0");
-    let lo = c.ip_json(&["link", "show", "lo"]);
+    let lo = ip_json(&c, &["link", "show", "lo"]);
     assert!(lo[0]["flags"].as_array().unwrap().contains(&json!("UP")));
 
     // The node side: bridge with the gateway address, veth on it with the reported MACs.
-    let br = node.ns.ip_json(&["addr", "show", "dev", BRIDGE]);
+    let br = ip_json(&node.ns, &["addr", "show", "dev", BRIDGE]);
     assert_eq!(br[0]["address"], ifaces[0]["mac"]);
     assert!(br[0]["addr_info"]
         .as_array()
@@ -407,15 +356,16 @@ fn add_configures_container_and_result_matches() {
         node.bridge_ports(),
         vec![ifaces[1]["name"].as_str().unwrap()]
     );
-    let veth = node
-        .ns
-        .ip_json(&["link", "show", ifaces[1]["name"].as_str().unwrap()]);
+    let veth = ip_json(
+        &node.ns,
+        &["link", "show", ifaces[1]["name"].as_str().unwrap()],
+    );
     assert_eq!(veth[0]["address"], ifaces[1]["mac"]);
     let fwd = Command::new("ip")
         .args([
             "netns",
             "exec",
-            &node.ns.name,
+            node.ns.name(),
             "cat",
             "/proc/sys/net/ipv4/ip_forward",
         ])
@@ -429,7 +379,7 @@ fn add_configures_container_and_result_matches() {
 #[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn containers_ping_each_other_and_the_gateway() {
     let node = Node::new();
-    let (c1, c2) = (NsGuard::new(), NsGuard::new());
+    let (c1, c2) = (new_ns(), new_ns());
     let ip1 = result_ip(&node.add("ctr-1", &c1));
     let ip2 = result_ip(&node.add("ctr-2", &c2));
     assert_ne!(ip1, ip2);
@@ -442,13 +392,13 @@ fn containers_ping_each_other_and_the_gateway() {
 #[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn add_twice_returns_the_same_ip() {
     let node = Node::new();
-    let c = NsGuard::new();
+    let c = new_ns();
     let first = node.add("ctr-twice", &c);
     let second = node.add("ctr-twice", &c);
     assert_eq!(first["ips"], second["ips"]);
     assert_eq!(node.ip_files().len(), 1);
     assert_eq!(node.bridge_ports().len(), 1);
-    let addrs = c.ip_json(&["-4", "addr", "show", "dev", "eth0"]);
+    let addrs = ip_json(&c, &["-4", "addr", "show", "dev", "eth0"]);
     assert_eq!(addrs[0]["addr_info"].as_array().unwrap().len(), 1);
 }
 
@@ -456,21 +406,20 @@ fn add_twice_returns_the_same_ip() {
 #[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn del_releases_ip_removes_veth_and_is_idempotent() {
     let node = Node::new();
-    let c = NsGuard::new();
+    let c = new_ns();
     node.add("ctr-del", &c);
     assert_eq!(node.ip_files().len(), 1);
     node.del("ctr-del", &c.path());
     assert!(node.ip_files().is_empty());
     let left = node.settled_veths();
     assert!(left.is_empty(), "veth left: {left:?}");
-    assert!(c
-        .ip_json(&["link", "show", "type", "veth"])
+    assert!(ip_json(&c, &["link", "show", "type", "veth"])
         .as_array()
         .unwrap()
         .is_empty());
     node.del("ctr-del", &c.path());
     // The released address is handed out again.
-    let c2 = NsGuard::new();
+    let c2 = new_ns();
     node.add("ctr-del-2", &c2);
     assert_eq!(node.ip_files().len(), 1);
 }
@@ -479,7 +428,7 @@ fn del_releases_ip_removes_veth_and_is_idempotent() {
 #[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn add_right_after_del_keeps_its_new_pair_from_the_old_pairs_reaper() {
     let node = Node::new();
-    let c = NsGuard::new();
+    let c = new_ns();
     node.add("ctr-readd", &c);
     node.del("ctr-readd", &c.path());
     // At once, while the detached child of that DEL may still be deleting the old pair.
@@ -488,7 +437,7 @@ fn add_right_after_del_keeps_its_new_pair_from_the_old_pairs_reaper() {
     let host = node.veths();
     assert_eq!(host.len(), 1, "{host:?}");
     assert_eq!(r["interfaces"][1]["name"], host[0]);
-    let addrs = c.ip_json(&["-4", "addr", "show", "dev", "eth0"]);
+    let addrs = ip_json(&c, &["-4", "addr", "show", "dev", "eth0"]);
     assert_eq!(addrs[0]["addr_info"][0]["local"], result_ip(&r));
     assert!(
         ping(&c, GATEWAY),
@@ -503,9 +452,9 @@ fn add_right_after_del_keeps_its_new_pair_from_the_old_pairs_reaper() {
 #[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn the_link_reaper_deletes_only_the_link_it_was_given() {
     let node = Node::new();
-    let c = NsGuard::new();
+    let c = new_ns();
     node.add("ctr-reap", &c);
-    let links = node.ns.ip_json(&["link", "show", "type", "veth"]);
+    let links = ip_json(&node.ns, &["link", "show", "type", "veth"]);
     let name = links[0]["ifname"].as_str().unwrap().to_string();
     let index = links[0]["ifindex"].as_u64().unwrap().to_string();
     let reap = |args: &[&str]| {
@@ -513,7 +462,7 @@ fn the_link_reaper_deletes_only_the_link_it_was_given() {
             .args([
                 "netns",
                 "exec",
-                &node.ns.name,
+                node.ns.name(),
                 env!("CARGO_BIN_EXE_ferro-cni"),
             ])
             .arg(ferro_cni::dataplane::REAP_ARG)
@@ -537,8 +486,7 @@ fn the_link_reaper_deletes_only_the_link_it_was_given() {
     let out = reap(&[&index, &name]);
     assert!(out.status.success(), "{out:?}");
     assert!(node.veths().is_empty());
-    assert!(c
-        .ip_json(&["link", "show", "type", "veth"])
+    assert!(ip_json(&c, &["link", "show", "type", "veth"])
         .as_array()
         .unwrap()
         .is_empty());
@@ -552,10 +500,10 @@ fn the_link_reaper_deletes_only_the_link_it_was_given() {
 #[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn del_after_the_container_netns_is_gone_succeeds() {
     let node = Node::new();
-    let mut c = NsGuard::new();
+    let mut c = new_ns();
     node.add("ctr-gone", &c);
     let path = c.path();
-    c.delete();
+    c.delete().unwrap();
     node.del("ctr-gone", &path);
     assert!(node.ip_files().is_empty());
     let left = node.settled_veths();
@@ -602,7 +550,7 @@ fn require_iptables() {
 fn ip_masq_add_installs_chain_and_jump_and_del_removes_them() {
     require_iptables();
     let node = Node::new();
-    let c = NsGuard::new();
+    let c = new_ns();
     let conf = node.conf_with(true);
     let id = "ctr-masq";
     let ip = result_ip(&node.add_with(id, &c, &conf));
@@ -645,7 +593,7 @@ fn ip_masq_add_installs_chain_and_jump_and_del_removes_them() {
 fn ip_masq_failed_add_leaves_no_chain() {
     require_iptables();
     let node = Node::new();
-    let c = NsGuard::new();
+    let c = new_ns();
     let conf = node.conf_with(true);
     // Occupy the container-side name so the veth step fails after the reservation.
     node.add_with("ctr-first", &c, &conf);
@@ -679,7 +627,7 @@ fn parallel_adds_then_dels(ip_masq: bool) {
     const N: usize = 100;
     let node = Node::new();
     let conf = node.conf_with(ip_masq);
-    let ctrs: Vec<NsGuard> = (0..N).map(|_| NsGuard::new()).collect();
+    let ctrs: Vec<NetNs> = (0..N).map(|_| new_ns()).collect();
     let ips: Vec<String> = std::thread::scope(|s| {
         let handles: Vec<_> = ctrs
             .iter()
@@ -712,8 +660,13 @@ fn parallel_adds_then_dels(ip_masq: bool) {
     }
     // Every container got its address on eth0.
     for (c, ip) in ctrs.iter().zip(&ips) {
-        let addrs = c.ip_json(&["-4", "addr", "show", "dev", "eth0"]);
-        assert_eq!(addrs[0]["addr_info"][0]["local"], ip.as_str(), "{}", c.name);
+        let addrs = ip_json(c, &["-4", "addr", "show", "dev", "eth0"]);
+        assert_eq!(
+            addrs[0]["addr_info"][0]["local"],
+            ip.as_str(),
+            "{}",
+            c.name()
+        );
     }
     std::thread::scope(|s| {
         for (i, c) in ctrs.iter().enumerate() {
@@ -734,14 +687,13 @@ fn parallel_adds_then_dels(ip_masq: bool) {
     assert!(left.is_empty(), "leaked: {left:?}");
     assert!(node.bridge_ports().is_empty());
     for c in &ctrs {
-        let links: Vec<String> = c
-            .ip_json(&["link", "show"])
+        let links: Vec<String> = ip_json(c, &["link", "show"])
             .as_array()
             .unwrap()
             .iter()
             .map(|l| l["ifname"].as_str().unwrap().to_string())
             .collect();
-        assert_eq!(links, vec!["lo"], "{} keeps links", c.name);
+        assert_eq!(links, vec!["lo"], "{} keeps links", c.name());
     }
 }
 
@@ -749,7 +701,7 @@ fn parallel_adds_then_dels(ip_masq: bool) {
 #[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn check_passes_after_add_and_fails_once_the_address_is_gone() {
     let node = Node::new();
-    let c = NsGuard::new();
+    let c = new_ns();
     let result = node.add("ctr-check", &c);
     let mut conf: Value = serde_json::from_str(&node.conf()).unwrap();
     conf["prevResult"] = result;
@@ -764,7 +716,7 @@ fn check_passes_after_add_and_fails_once_the_address_is_gone() {
     assert!(out.stdout.is_empty());
     // Break the attachment inside the test container namespace only.
     let flush = Command::new("ip")
-        .args(["-n", &c.name, "addr", "flush", "dev", "eth0"])
+        .args(["-n", c.name(), "addr", "flush", "dev", "eth0"])
         .output()
         .unwrap();
     assert!(flush.status.success());
@@ -776,7 +728,7 @@ fn check_passes_after_add_and_fails_once_the_address_is_gone() {
 
 fn nat_exec(node: &Node, args: &[&str]) {
     let out = Command::new("ip")
-        .args(["netns", "exec", &node.ns.name, "iptables", "-t", "nat"])
+        .args(["netns", "exec", node.ns.name(), "iptables", "-t", "nat"])
         .args(args)
         .output()
         .unwrap();
@@ -798,7 +750,7 @@ fn with_prev(conf: &str, prev: &Value) -> String {
 fn check_verifies_the_masquerade_chain() {
     require_iptables();
     let node = Node::new();
-    let c = NsGuard::new();
+    let c = new_ns();
     let conf = node.conf_with(true);
     let id = "ctr-check-masq";
     let r = node.add_with(id, &c, &conf);
@@ -868,33 +820,37 @@ fn check_verifies_the_masquerade_chain() {
 fn gc_removes_chains_addresses_and_veths_of_stale_attachments() {
     require_iptables();
     let node = Node::new();
-    let (c1, c2) = (NsGuard::new(), NsGuard::new());
+    let (c1, c2) = (new_ns(), new_ns());
     let conf = node.conf_with(true);
     let keep_ip = result_ip(&node.add_with("ctr-keep", &c1, &conf));
     node.add_with("ctr-stale", &c2, &conf);
     // A leftover host veth of ferro's form on the bridge, and a foreign port that stays.
-    node.ns.ip_json(&[
-        "link",
-        "add",
-        "vethdeadbeef",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "fcgc-p1",
-    ]);
-    node.ns.ip_json(&[
-        "link",
-        "add",
-        "fcgc-other",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "fcgc-p2",
-    ]);
+    node.ns
+        .ip(&[
+            "link",
+            "add",
+            "vethdeadbeef",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "fcgc-p1",
+        ])
+        .unwrap();
+    node.ns
+        .ip(&[
+            "link",
+            "add",
+            "fcgc-other",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "fcgc-p2",
+        ])
+        .unwrap();
     for l in ["vethdeadbeef", "fcgc-other"] {
-        node.ns.ip_json(&["link", "set", l, "master", BRIDGE]);
+        node.ns.ip(&["link", "set", l, "master", BRIDGE]).unwrap();
     }
     // Another network's chain in the same table stays too.
     let other = ferro_cni::masq::MasqSpec::new("othernet", "x", "10.99.0.2".parse().unwrap(), 24);
@@ -903,7 +859,7 @@ fn gc_removes_chains_addresses_and_veths_of_stale_attachments() {
         .args([
             "netns",
             "exec",
-            &node.ns.name,
+            node.ns.name(),
             "iptables-restore",
             "--noflush",
         ])
@@ -975,7 +931,7 @@ fn delegated_host_local_ipam_add_check_del() {
         "/usr/lib/cni/host-local is missing: apt-get install -y containernetworking-plugins"
     );
     let node = Node::new();
-    let (c1, c2) = (NsGuard::new(), NsGuard::new());
+    let (c1, c2) = (new_ns(), new_ns());
     // One address in the range: the second ADD fails with host-local's own error.
     let conf = delegated_conf(&node, "10.77.0.2");
     let r = node.add_with("ctr-hl", &c1, &conf);
@@ -1037,10 +993,10 @@ fn delegated_host_local_ipam_add_check_del() {
     );
 }
 
-fn ping6(from: &NsGuard, ip: &str) -> bool {
+fn ping6(from: &NetNs, ip: &str) -> bool {
     let cmd = ping_cmd();
     Command::new("ip")
-        .args(["netns", "exec", &from.name])
+        .args(["netns", "exec", from.name()])
         .args(&cmd)
         .args(["-6", "-c1", "-W1", ip])
         .output()
@@ -1053,7 +1009,7 @@ fn ping6(from: &NsGuard, ip: &str) -> bool {
 #[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn dual_stack_pod_gets_both_families_and_pings_both_gateways() {
     let node = Node::new();
-    let (c1, c2) = (NsGuard::new(), NsGuard::new());
+    let (c1, c2) = (new_ns(), new_ns());
     let conf = json!({
         "cniVersion": "1.0.0",
         "name": "testnet",
@@ -1089,7 +1045,10 @@ fn dual_stack_pod_gets_both_families_and_pings_both_gateways() {
         routes.contains(&json!({"dst": "::/0", "gw": "fd77::1"})),
         "{r}"
     );
-    let v6 = c1.ip_json(&["-6", "addr", "show", "dev", "eth0", "scope", "global"]);
+    let v6 = ip_json(
+        &c1,
+        &["-6", "addr", "show", "dev", "eth0", "scope", "global"],
+    );
     assert_eq!(
         v6[0]["addr_info"][0]["local"],
         ips[1].split('/').next().unwrap()
@@ -1103,7 +1062,10 @@ fn dual_stack_pod_gets_both_families_and_pings_both_gateways() {
         .next()
         .unwrap()
         .to_string();
-    let global = c1.ip_json(&["-6", "addr", "show", "dev", "eth0", "scope", "global"]);
+    let global = ip_json(
+        &c1,
+        &["-6", "addr", "show", "dev", "eth0", "scope", "global"],
+    );
     let info = &global[0]["addr_info"][0];
     assert!(info.get("tentative").is_none(), "{info}");
     assert_eq!(info["nodad"], true, "{info}");

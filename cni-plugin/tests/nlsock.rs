@@ -2,12 +2,9 @@
 //! test creates (the test thread enters it; nothing touches the root namespace).
 #![allow(clippy::unwrap_used)]
 
-use std::fs::File;
-
 use ferro_cni::nlsock::{NlSocket, Request};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::RouteNetlinkMessage;
-use nix::sched::CloneFlags;
 use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL};
 use rtnetlink::{LinkBridge, LinkUnspec};
 
@@ -31,10 +28,8 @@ fn names(links: &[RouteNetlinkMessage]) -> Vec<String> {
 #[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn a_batch_answers_every_request_in_order_and_a_failure_does_not_stop_the_rest() {
     let ns = ferro_lab::netns::NetNs::new(&format!("ferro-nls-{}", std::process::id())).unwrap();
-    let path = ns.path();
     // A thread of its own enters the namespace, so the test harness's threads stay put.
-    std::thread::spawn(move || {
-        nix::sched::setns(File::open(&path).unwrap(), CloneFlags::CLONE_NEWNET).unwrap();
+    ns.spawn_in(move || {
         let mut sock = NlSocket::open().unwrap();
         let create = || {
             Request::new(
@@ -95,6 +90,7 @@ fn a_batch_answers_every_request_in_order_and_a_failure_does_not_stop_the_rest()
         );
     })
     .join()
+    .unwrap()
     .unwrap();
     drop(ns);
 }

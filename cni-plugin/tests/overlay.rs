@@ -15,9 +15,10 @@
 use std::io::{Read, Write};
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ferro_lab::netns::NetNs;
 use serde_json::Value;
 
 const KUBECTL: &str = "kubectl";
@@ -37,23 +38,6 @@ fn require_root() {
     );
 }
 
-fn run(cmd: &mut Command) -> Output {
-    let desc = format!("{cmd:?}");
-    cmd.output()
-        .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"))
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = run(Command::new(args[0]).args(&args[1..]));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Polls `f` until it returns true or `secs` pass; panics with `what` and `diag()`.
 fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool, diag: impl Fn() -> String) {
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -65,60 +49,6 @@ fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool, diag: impl Fn() 
     }
 }
 
-/// A network namespace created by the test; deleted on drop.
-struct Ns {
-    name: String,
-}
-
-impl Ns {
-    fn new(name: String) -> Ns {
-        // A leftover of a crashed earlier run with the same pid is removed first.
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        ok(&["ip", "netns", "add", &name]);
-        let ns = Ns { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    fn path(&self) -> String {
-        format!("/run/netns/{}", self.name)
-    }
-
-    /// `ip -n <ns> ARGS`, which must succeed.
-    fn ip(&self, args: &[&str]) -> String {
-        let mut full = vec!["ip", "-n", &self.name];
-        full.extend_from_slice(args);
-        ok(&full)
-    }
-
-    /// `ip netns exec <ns> ARGS`.
-    fn exec(&self, args: &[&str]) -> Output {
-        run(Command::new("ip")
-            .args(["netns", "exec", &self.name])
-            .args(args))
-    }
-
-    fn exec_ok(&self, args: &[&str]) -> String {
-        let out = self.exec(args);
-        assert!(
-            out.status.success(),
-            "in {}: {args:?} failed: {}{}",
-            self.name,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
-}
-
 /// A process started by the test (inside a namespace with `ip netns exec`, which execs, so
 /// the pid is the program's); killed by pid on drop.
 struct Proc {
@@ -126,15 +56,14 @@ struct Proc {
 }
 
 impl Proc {
-    fn spawn(ns: &Ns, args: &[&str], log: &Path, env: &[(&str, &str)]) -> Proc {
+    fn spawn(ns: &NetNs, args: &[&str], log: &Path, env: &[(&str, &str)]) -> Proc {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .unwrap();
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &ns.name])
-            .args(args)
+        let mut cmd = ns.command(args[0]);
+        cmd.args(&args[1..])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -147,11 +76,11 @@ impl Proc {
         Proc { child }
     }
 
-    fn spawn_stdout(ns: &Ns, args: &[&str], out: &Path) -> Proc {
+    fn spawn_stdout(ns: &NetNs, args: &[&str], out: &Path) -> Proc {
         let f = std::fs::File::create(out).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns.name])
-            .args(args)
+        let child = ns
+            .command(args[0])
+            .args(&args[1..])
             .stdin(Stdio::null())
             .stdout(f)
             .stderr(Stdio::null())
@@ -215,9 +144,9 @@ struct NodeDirs {
 struct Lab {
     netd: Vec<Option<Proc>>,
     _cp: Proc,
-    pods: Vec<Ns>,
-    nodes: Vec<Ns>,
-    under: Ns,
+    pods: Vec<NetNs>,
+    nodes: Vec<NetNs>,
+    under: NetNs,
     dirs: Vec<NodeDirs>,
     dir: tempfile::TempDir,
 }
@@ -238,21 +167,39 @@ impl Lab {
             .tempdir()
             .unwrap();
         let prefix = format!("fnd{tag}{}", std::process::id());
-        let under = Ns::new(format!("{prefix}u"));
-        under.ip(&["link", "add", "br-under", "type", "bridge"]);
-        under.ip(&["link", "set", "br-under", "up"]);
-        under.ip(&["addr", "add", "192.168.77.1/24", "dev", "br-under"]);
+        let under = NetNs::new(&format!("{prefix}u")).unwrap();
+        under
+            .ip(&["link", "add", "br-under", "type", "bridge"])
+            .unwrap();
+        under.ip(&["link", "set", "br-under", "up"]).unwrap();
+        under
+            .ip(&["addr", "add", "192.168.77.1/24", "dev", "br-under"])
+            .unwrap();
         let mut ns_nodes = Vec::new();
         let mut dirs = Vec::new();
         for i in 0..nodes {
-            let n = Ns::new(format!("{prefix}n{}", i + 1));
+            let n = NetNs::new(&format!("{prefix}n{}", i + 1)).unwrap();
             let port = format!("vu{}", i + 1);
-            under.ip(&[
-                "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &n.name,
-            ]);
-            under.ip(&["link", "set", &port, "master", "br-under", "up"]);
-            n.ip(&["addr", "add", &format!("{}/24", node_ip(i)), "dev", "eth0"]);
-            n.ip(&["link", "set", "eth0", "up"]);
+            under
+                .ip(&[
+                    "link",
+                    "add",
+                    &port,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth0",
+                    "netns",
+                    n.name(),
+                ])
+                .unwrap();
+            under
+                .ip(&["link", "set", &port, "master", "br-under", "up"])
+                .unwrap();
+            n.ip(&["addr", "add", &format!("{}/24", node_ip(i)), "dev", "eth0"])
+                .unwrap();
+            n.ip(&["link", "set", "eth0", "up"]).unwrap();
             ns_nodes.push(n);
             let base = dir.path().join(node_name(i));
             dirs.push(NodeDirs {
@@ -303,6 +250,7 @@ impl Lab {
                             "get",
                             "nodes",
                         ])
+                        .unwrap()
                         .status
                         .success()
             },
@@ -325,8 +273,10 @@ impl Lab {
 
     fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
         let kc = self.kubeconfig();
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.under.name, KUBECTL, "--kubeconfig"])
+        let mut child = self
+            .under
+            .command(KUBECTL)
+            .arg("--kubeconfig")
             .arg(&kc)
             .args(args)
             .stdin(Stdio::piped())
@@ -406,10 +356,10 @@ impl Lab {
         let mut conf = list["plugins"][0].clone();
         conf["cniVersion"] = list["cniVersion"].clone();
         conf["name"] = list["name"].clone();
-        let pod = Ns::new(format!("{}p{}", self.nodes[i].name, p + 1));
+        let pod = NetNs::new(&format!("{}p{}", self.nodes[i].name(), p + 1)).unwrap();
         let id = format!("{}-pod{}", node_name(i), p + 1);
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.nodes[i].name, CNI])
+        let mut child = self.nodes[i]
+            .command(CNI)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("CNI_COMMAND", "ADD")
@@ -449,13 +399,19 @@ impl Lab {
     }
 
     fn routes(&self, i: usize) -> String {
-        self.nodes[i].ip(&["route", "show", "proto", "147"])
+        self.nodes[i]
+            .ip(&["route", "show", "proto", "147"])
+            .unwrap()
     }
     fn neigh(&self, i: usize) -> String {
-        self.nodes[i].ip(&["neigh", "show", "dev", "ferro.vxlan"])
+        self.nodes[i]
+            .ip(&["neigh", "show", "dev", "ferro.vxlan"])
+            .unwrap()
     }
     fn fdb(&self, i: usize) -> String {
-        self.nodes[i].exec_ok(&["bridge", "fdb", "show", "dev", "ferro.vxlan"])
+        self.nodes[i]
+            .exec_ok(&["bridge", "fdb", "show", "dev", "ferro.vxlan"])
+            .unwrap()
     }
     fn state(&self, i: usize) -> String {
         format!(
@@ -469,23 +425,11 @@ impl Lab {
     }
 }
 
-fn ping(from: &Ns, to: IpAddr) -> bool {
+fn ping(from: &NetNs, to: IpAddr) -> bool {
     from.exec(&["ping", "-c1", "-W2", &to.to_string()])
+        .unwrap()
         .status
         .success()
-}
-
-/// Runs `f` on a thread that has entered the network namespace at `path` (sockets it opens
-/// stay in that namespace); the test's own threads never change namespace.
-fn in_netns<T: Send + 'static>(
-    path: String,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    std::thread::spawn(move || {
-        let ns = std::fs::File::open(&path).unwrap();
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        f()
-    })
 }
 
 #[test]
@@ -542,14 +486,18 @@ fn overlay_connects_pods_across_nodes_and_converges() {
     let ann = &node_json["metadata"]["annotations"];
     assert_eq!(ann["ferro.dev/public-ip"], "192.168.77.12");
     let mac2 = ann["ferro.dev/vtep-mac"].as_str().unwrap().to_string();
-    let link2 = lab.nodes[1].ip(&["-j", "link", "show", "ferro.vxlan"]);
+    let link2 = lab.nodes[1]
+        .ip(&["-j", "link", "show", "ferro.vxlan"])
+        .unwrap();
     assert!(
         link2.contains(&mac2),
         "annotation {mac2} is not the device's MAC: {link2}"
     );
 
     // The VXLAN device as specified.
-    let details = lab.nodes[0].ip(&["-d", "addr", "show", "ferro.vxlan"]);
+    let details = lab.nodes[0]
+        .ip(&["-d", "addr", "show", "ferro.vxlan"])
+        .unwrap();
     for want in [
         "vxlan id 1",
         "local 192.168.77.11",
@@ -616,7 +564,9 @@ fn overlay_connects_pods_across_nodes_and_converges() {
     );
 
     // Masquerade chain: present once, with the expected rules.
-    let nat = lab.nodes[0].exec_ok(&["iptables-save", "-t", "nat"]);
+    let nat = lab.nodes[0]
+        .exec_ok(&["iptables-save", "-t", "nat"])
+        .unwrap();
     assert!(
         nat.contains("-A FERRO-NETD-MASQ -s 10.244.1.0/24 -d 10.244.0.0/16 -j RETURN"),
         "{nat}"
@@ -675,7 +625,7 @@ fn overlay_connects_pods_across_nodes_and_converges() {
         let (srv_ns, srv_ip) = pods[4].1; // node3, pod 1
         let (cli_ns, cli_ip) = pods[0].1; // node1, pod 1
         let (tx, rx) = std::sync::mpsc::channel();
-        let server = in_netns(lab.pods[srv_ns].path(), move || {
+        let server = lab.pods[srv_ns].spawn_in(move || {
             let l = TcpListener::bind((srv_ip, 8080)).unwrap();
             tx.send(()).unwrap();
             let (mut s, peer) = l.accept().unwrap();
@@ -685,7 +635,7 @@ fn overlay_connects_pods_across_nodes_and_converges() {
             (peer.ip(), buf)
         });
         rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        let client = in_netns(lab.pods[cli_ns].path(), move || {
+        let client = lab.pods[cli_ns].spawn_in(move || {
             let mut s = TcpStream::connect_timeout(&(srv_ip, 8080).into(), Duration::from_secs(10))
                 .unwrap();
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -694,8 +644,8 @@ fn overlay_connects_pods_across_nodes_and_converges() {
             s.read_exact(&mut buf).unwrap();
             buf
         });
-        assert_eq!(&client.join().unwrap(), b"world");
-        let (peer, got) = server.join().unwrap();
+        assert_eq!(&client.join().unwrap().unwrap(), b"world");
+        let (peer, got) = server.join().unwrap().unwrap();
         assert_eq!(&got, b"hello");
         assert_eq!(
             peer, cli_ip,
@@ -705,16 +655,18 @@ fn overlay_connects_pods_across_nodes_and_converges() {
 
     // An FDB entry deleted by hand comes back at the next resync.
     let dst2 = node_ip(1);
-    lab.nodes[0].exec_ok(&[
-        "bridge",
-        "fdb",
-        "del",
-        &mac2,
-        "dev",
-        "ferro.vxlan",
-        "dst",
-        &dst2,
-    ]);
+    lab.nodes[0]
+        .exec_ok(&[
+            "bridge",
+            "fdb",
+            "del",
+            &mac2,
+            "dev",
+            "ferro.vxlan",
+            "dst",
+            &dst2,
+        ])
+        .unwrap();
     assert!(!lab.fdb(0).contains(&mac2), "{}", lab.fdb(0));
     wait_for(
         30,
@@ -723,7 +675,7 @@ fn overlay_connects_pods_across_nodes_and_converges() {
         || lab.state(0),
     );
     // So does a route.
-    lab.nodes[0].ip(&["route", "del", "10.244.2.0/24"]);
+    lab.nodes[0].ip(&["route", "del", "10.244.2.0/24"]).unwrap();
     wait_for(
         30,
         "the deleted route to be restored",
@@ -887,7 +839,7 @@ fn unreachable_api_server_is_retried_with_backoff_not_a_crash_loop() {
         .prefix("ferro-netd-bad")
         .tempdir()
         .unwrap();
-    let ns = Ns::new(format!("fndb{}", std::process::id()));
+    let ns = NetNs::new(&format!("fndb{}", std::process::id())).unwrap();
     // Nothing listens on port 1 in the fresh namespace.
     let kc = dir.path().join("kubeconfig");
     std::fs::write(
@@ -932,21 +884,25 @@ fn unreachable_api_server_is_retried_with_backoff_not_a_crash_loop() {
     assert!(p.terminate(), "no clean exit on SIGTERM");
 
     // A kubeconfig that does not exist: a clear error and a non-zero exit.
-    let out = ns.exec(&[
-        NETD,
-        "--kubeconfig",
-        "/nonexistent/kubeconfig",
-        "--hostname-override",
-        "node1",
-        "--cni-conf-dir",
-        conf_dir.to_str().unwrap(),
-    ]);
+    let out = ns
+        .exec(&[
+            NETD,
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+            "--hostname-override",
+            "node1",
+            "--cni-conf-dir",
+            conf_dir.to_str().unwrap(),
+        ])
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/kubeconfig"), "{err}");
 
     // A bad flag: clap's or the validation's message, non-zero exit, nothing touched.
-    let out = ns.exec(&[NETD, "--vxlan-id", "0", "--hostname-override", "node1"]);
+    let out = ns
+        .exec(&[NETD, "--vxlan-id", "0", "--hostname-override", "node1"])
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--vxlan-id"));
 }
