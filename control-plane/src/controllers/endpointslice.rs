@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_semantics::resources::is_restartable_init_container;
 
 /// The value of `endpointslice.kubernetes.io/managed-by` on the slices this controller owns.
 pub const MANAGED_BY: &str = "endpointslice-controller.k8s.io";
@@ -168,7 +169,7 @@ fn find_port(pod: &Pod, sp: &ServicePort) -> Option<i32> {
                 .init_containers
                 .iter()
                 .flatten()
-                .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+                .filter(|c| is_restartable_init_container(c));
             spec.containers
                 .iter()
                 .chain(sidecars)

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_semantics::scheduling::matching_tolerations;
 
 /// Taint key for a node whose Ready condition is False.
 pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
@@ -203,23 +204,6 @@ pub fn plan_node(
     }
 }
 
-/// Whether a toleration tolerates a taint (upstream `Toleration.ToleratesTaint`).
-pub fn tolerates(t: &Toleration, taint: &Taint) -> bool {
-    let effect = t.effect.as_deref().unwrap_or("");
-    if !effect.is_empty() && effect != taint.effect {
-        return false;
-    }
-    let key = t.key.as_deref().unwrap_or("");
-    if !key.is_empty() && key != taint.key {
-        return false;
-    }
-    match t.operator.as_deref().unwrap_or("") {
-        "" | "Equal" => t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or(""),
-        "Exists" => true,
-        _ => false,
-    }
-}
-
 fn pod_bound_at(pod: &Pod) -> Option<jiff::Timestamp> {
     let scheduled = pod
         .status
@@ -271,13 +255,12 @@ pub fn plan_evictions(node: &Node, pods: &[&Pod], now: jiff::Timestamp) -> Evict
             .and_then(|s| s.tolerations.as_deref())
             .unwrap_or(&[]);
         let bound = pod_bound_at(pod).map(nanos);
+        let Some(matching) = matching_tolerations(taints.iter().copied(), tolerations) else {
+            plan.evict.push(key);
+            continue;
+        };
         let mut deadline: Option<i128> = None;
-        let mut all_tolerated = true;
-        for taint in &taints {
-            let Some(tol) = tolerations.iter().find(|t| tolerates(t, taint)) else {
-                all_tolerated = false;
-                break;
-            };
+        for (taint, tol) in taints.iter().zip(matching) {
             let Some(secs) = tol.toleration_seconds else {
                 continue;
             };
@@ -291,11 +274,10 @@ pub fn plan_evictions(node: &Node, pods: &[&Pod], now: jiff::Timestamp) -> Evict
             let d = start.saturating_add(i128::from(secs.max(0)) * 1_000_000_000);
             deadline = Some(deadline.map_or(d, |x| x.min(d)));
         }
-        match (all_tolerated, deadline) {
-            (false, _) => plan.evict.push(key),
-            (true, Some(d)) if d <= now_ns => plan.evict.push(key),
-            (true, Some(d)) => earliest = Some(earliest.map_or(d, |e| e.min(d))),
-            (true, None) => {}
+        match deadline {
+            Some(d) if d <= now_ns => plan.evict.push(key),
+            Some(d) => earliest = Some(earliest.map_or(d, |e| e.min(d))),
+            None => {}
         }
     }
     plan.recheck_after = earliest.map(|e| {

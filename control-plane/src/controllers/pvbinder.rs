@@ -12,13 +12,12 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    Node, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolume, PersistentVolumeClaim,
-};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_semantics::scheduling::NodeSelector;
 
 use crate::controllers::quantity::{self, Milli};
-use crate::selector::{LabelSelector, Operator, Requirement};
+use crate::selector::LabelSelector;
 
 /// Claim annotation: the binding was completed by the controller.
 pub const ANN_BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
@@ -223,38 +222,6 @@ enum NodeCheck<'a> {
     Name(&'a str),
 }
 
-fn node_requirement_matches(
-    r: &NodeSelectorRequirement,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    let op = match r.operator.as_str() {
-        "In" => Operator::In,
-        "NotIn" => Operator::NotIn,
-        "Exists" => Operator::Exists,
-        "DoesNotExist" => Operator::DoesNotExist,
-        "Gt" => Operator::GreaterThan,
-        "Lt" => Operator::LessThan,
-        _ => return false,
-    };
-    Requirement::new(&r.key, op, r.values.clone().unwrap_or_default())
-        .is_ok_and(|req| req.matches(labels))
-}
-
-fn term_matches(t: &NodeSelectorTerm, labels: &BTreeMap<String, String>, name: &str) -> bool {
-    let exprs = t.match_expressions.as_deref().unwrap_or(&[]);
-    let fields = t.match_fields.as_deref().unwrap_or(&[]);
-    if exprs.is_empty() && fields.is_empty() {
-        return false;
-    }
-    let name_labels = BTreeMap::from([("metadata.name".to_string(), name.to_string())]);
-    exprs.iter().all(|r| node_requirement_matches(r, labels))
-        && fields.iter().all(|r| {
-            r.key == "metadata.name"
-                && matches!(r.operator.as_str(), "In" | "NotIn")
-                && node_requirement_matches(r, &name_labels)
-        })
-}
-
 /// Whether a volume's `spec.nodeAffinity.required` admits a node with these labels and name
 /// (upstream `CheckNodeAffinity`: terms ORed, requirements ANDed; no affinity admits all).
 pub fn node_affinity_matches(
@@ -270,10 +237,7 @@ pub fn node_affinity_matches(
     else {
         return true;
     };
-    required
-        .node_selector_terms
-        .iter()
-        .any(|t| term_matches(t, labels, name))
+    NodeSelector::new(required).matches(name, labels)
 }
 
 fn node_ok(pv: &PersistentVolume, node: NodeCheck<'_>) -> bool {
@@ -624,9 +588,9 @@ pub fn plan_volume(pv: &PersistentVolume, claim: Option<&PersistentVolumeClaim>)
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
-        NodeSelector, ObjectReference, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
-        PersistentVolumeSpec, PersistentVolumeStatus, VolumeNodeAffinity,
-        VolumeResourceRequirements,
+        NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference,
+        PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, PersistentVolumeSpec,
+        PersistentVolumeStatus, VolumeNodeAffinity, VolumeResourceRequirements,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{

@@ -16,6 +16,11 @@
 //!   the lexicographically smallest name, so the result is deterministic and still spreads
 //!   identical pods over identical nodes (upstream picks a random node among the best).
 //!
+//! The Kubernetes rules the plugins apply (a pod's effective requests, resource fit, taints
+//! and tolerations, node selector terms, node affinity, topology terms) are those of
+//! `k8s_semantics::resources` and `k8s_semantics::scheduling`; this module only arranges them
+//! into filters and scores.
+//!
 //! Per-pod work is O(nodes x (containers + taints + ports + claims)): everything about the
 //! pod is computed once, and [`NodeInfo`] keeps the per-node sums incrementally.
 //!
@@ -26,18 +31,25 @@
 //! condition, `unreachable` for Unknown, effect NoSchedule), so that CNI and other DaemonSet
 //! pods that tolerate everything still land on nodes that wait for them.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    Container, Node, NodeSelector, NodeSelectorTerm, PersistentVolume, PersistentVolumeClaim, Pod,
-    Taint, Toleration, TopologySelectorTerm,
+    Node, PersistentVolume, PersistentVolumeClaim, Pod, Taint, Toleration,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_semantics::resources::{
+    is_restartable_init_container, pod_non_zero_requests, pod_requests, Resources, PODS,
+};
+use k8s_semantics::scheduling::{
+    count_intolerable_prefer_no_schedule, does_not_schedule, find_untolerated_taint,
+    match_topology_selector_terms, tolerations_tolerate_taint, NodeSelector,
+    PreferredSchedulingTerms, RequiredNodeAffinity, NO_SCHEDULE,
+};
 
 use crate::controllers::quantity::{of, Milli};
-use crate::selector::{LabelSelector, Operator, Requirement};
+use crate::selector::LabelSelector;
 
 /// The scheduler name a pod gets when `spec.schedulerName` is empty.
 pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
@@ -50,12 +62,6 @@ const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
 const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 const NO_PROVISIONER: &str = "kubernetes.io/no-provisioner";
 
-/// Scoring-only default cpu request of a container that sets none (upstream
-/// `DefaultMilliCPURequest`, 100m).
-const DEFAULT_CPU: Milli = Milli(100);
-/// Scoring-only default memory request of a container that sets none (upstream
-/// `DefaultMemoryRequest`, 200Mi), in milli-bytes.
-const DEFAULT_MEMORY: Milli = Milli(200 * 1024 * 1024 * 1000);
 const MAX_SCORE: i64 = 100;
 const MB: i128 = 1024 * 1024;
 /// ImageLocality: below this (scaled) size the score is 0 (upstream `minThreshold`).
@@ -85,175 +91,17 @@ static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 // requests
 // ---------------------------------------------------------------------------
 
-/// Resource amounts of a pod (its effective requests) or of a node (allocatable, or the sum
-/// of its pods' requests), in milli-units; `pods` counts 1000 per pod.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Requests {
-    /// Millicores.
-    pub cpu: Milli,
-    /// Milli-bytes.
-    pub memory: Milli,
-    /// Milli-bytes.
-    pub ephemeral_storage: Milli,
-    /// 1000 per pod.
-    pub pods: Milli,
-    /// Extended resources, hugepages and any other resource name; zero entries are dropped.
-    pub extended: BTreeMap<String, Milli>,
-}
-
-impl Requests {
-    /// Reads a resource list (requests, limits, overhead or allocatable). `pods` is read too
-    /// (it only appears in allocatable); `storage` is ignored.
-    fn from_list(list: &BTreeMap<String, Quantity>) -> Requests {
-        let mut r = Requests::default();
-        for (name, q) in list {
-            r.set(name, of(q));
-        }
-        r
-    }
-
-    fn set(&mut self, name: &str, v: Milli) {
-        match name {
-            "cpu" => self.cpu = v,
-            "memory" => self.memory = v,
-            "ephemeral-storage" => self.ephemeral_storage = v,
-            "pods" => self.pods = v,
-            "storage" => {}
-            other => {
-                if v == Milli(0) {
-                    self.extended.remove(other);
-                } else {
-                    self.extended.insert(other.to_string(), v);
-                }
-            }
-        }
-    }
-
-    fn add(&mut self, o: &Requests) {
-        self.cpu += o.cpu;
-        self.memory += o.memory;
-        self.ephemeral_storage += o.ephemeral_storage;
-        self.pods += o.pods;
-        for (k, v) in &o.extended {
-            let e = self.extended.entry(k.clone()).or_default();
-            *e += *v;
-            if *e == Milli(0) {
-                self.extended.remove(k);
-            }
-        }
-    }
-
-    fn sub(&mut self, o: &Requests) {
-        self.cpu -= o.cpu;
-        self.memory -= o.memory;
-        self.ephemeral_storage -= o.ephemeral_storage;
-        self.pods -= o.pods;
-        for (k, v) in &o.extended {
-            let e = self.extended.entry(k.clone()).or_default();
-            *e -= *v;
-            if *e == Milli(0) {
-                self.extended.remove(k);
-            }
-        }
-    }
-
-    /// Element-wise maximum.
-    fn max_with(&mut self, o: &Requests) {
-        self.cpu = self.cpu.max(o.cpu);
-        self.memory = self.memory.max(o.memory);
-        self.ephemeral_storage = self.ephemeral_storage.max(o.ephemeral_storage);
-        self.pods = self.pods.max(o.pods);
-        for (k, v) in &o.extended {
-            let e = self.extended.entry(k.clone()).or_default();
-            *e = (*e).max(*v);
-        }
-    }
-
-    fn is_zero(&self) -> bool {
-        self.cpu == Milli(0)
-            && self.memory == Milli(0)
-            && self.ephemeral_storage == Milli(0)
-            && self.extended.values().all(|v| *v == Milli(0))
-    }
-}
-
-/// A container's requests; a resource with a limit but no request uses the limit, as the
-/// API server's defaulting does. With `non_zero`, a missing cpu or memory request counts as
-/// the scoring default (100m, 200Mi); an explicit zero stays zero.
-fn container_requests(c: &Container, non_zero: bool) -> Requests {
-    let res = c.resources.as_ref();
-    let requests = res.and_then(|r| r.requests.as_ref());
-    let limits = res.and_then(|r| r.limits.as_ref());
-    let mut out = Requests::default();
-    let mut seen: HashSet<&str> = HashSet::new();
-    for list in [requests, limits].into_iter().flatten() {
-        for (name, q) in list {
-            if name == "pods" || !seen.insert(name.as_str()) {
-                continue;
-            }
-            out.set(name, of(q));
-        }
-    }
-    if non_zero {
-        if !seen.contains("cpu") {
-            out.cpu = DEFAULT_CPU;
-        }
-        if !seen.contains("memory") {
-            out.memory = DEFAULT_MEMORY;
-        }
-    }
-    out
-}
-
-fn is_sidecar(c: &Container) -> bool {
-    c.restart_policy.as_deref() == Some("Always")
-}
-
-/// Upstream `PodRequests`: the sum of the app containers and sidecars, at least the largest
-/// init container (plus the sidecars started before it), plus the pod overhead.
-fn requests_of(pod: &Pod, non_zero: bool) -> Requests {
-    let mut reqs = Requests::default();
-    let Some(spec) = pod.spec.as_ref() else {
-        return reqs;
-    };
-    for c in &spec.containers {
-        reqs.add(&container_requests(c, non_zero));
-    }
-    let mut sidecars = Requests::default();
-    let mut init_max = Requests::default();
-    for c in spec.init_containers.iter().flatten() {
-        let mut r = container_requests(c, non_zero);
-        if is_sidecar(c) {
-            reqs.add(&r);
-            sidecars.add(&r);
-            r = sidecars.clone();
-        } else {
-            r.add(&sidecars);
-        }
-        init_max.max_with(&r);
-    }
-    reqs.max_with(&init_max);
-    if let Some(overhead) = spec.overhead.as_ref() {
-        let mut o = Requests::from_list(overhead);
-        o.pods = Milli(0);
-        reqs.add(&o);
-    }
-    reqs
-}
-
-/// A pod's effective requests: max(sum of app containers and sidecars, largest init
-/// container with the sidecars started before it) + overhead. Missing requests count 0 (a
-/// BestEffort pod requests nothing) but every pod counts 1 toward `pods`.
-pub fn pod_requests(pod: &Pod) -> Requests {
-    let mut r = requests_of(pod, false);
+/// What a pod takes from its node: its effective requests (`k8s_semantics::pod_requests`:
+/// init containers, sidecars, overhead, limits standing in for missing requests) and one pod.
+fn pod_usage(pod: &Pod) -> Resources {
+    let mut r = pod_requests(pod);
     r.pods = Milli(1000);
     r
 }
 
-/// cpu and memory requests used for scoring, with upstream's defaults for containers that set
-/// none (upstream `GetNonzeroRequests`).
-fn pod_non_zero_requests(pod: &Pod) -> (Milli, Milli) {
-    let r = requests_of(pod, true);
+/// cpu and memory requested, with upstream's scoring defaults for containers that set none.
+fn non_zero_usage(pod: &Pod) -> (Milli, Milli) {
+    let r = pod_non_zero_requests(pod);
     (r.cpu, r.memory)
 }
 
@@ -280,7 +128,7 @@ fn host_ports(pod: &Pod) -> Vec<HostPort> {
         .init_containers
         .iter()
         .flatten()
-        .filter(|c| is_sidecar(c));
+        .filter(|c| is_restartable_init_container(c));
     let mut out = Vec::new();
     for c in spec.containers.iter().chain(sidecars) {
         for p in c.ports.iter().flatten() {
@@ -371,12 +219,12 @@ pub struct NodeInfo {
     /// The node as last observed.
     pub node: Arc<Node>,
     name: String,
-    allocatable: Requests,
+    allocatable: Resources,
     /// None when the Ready condition is True; otherwise the taint upstream would have added.
-    not_ready_taint: Option<&'static str>,
+    not_ready_taint: Option<Taint>,
     /// Normalized image name -> size in bytes.
     images: HashMap<String, i128>,
-    requested: Requests,
+    requested: Resources,
     non_zero_cpu: Milli,
     non_zero_memory: Milli,
     ports: HashMap<HostPort, u32>,
@@ -390,10 +238,10 @@ impl NodeInfo {
         let mut info = NodeInfo {
             node: node.clone(),
             name: String::new(),
-            allocatable: Requests::default(),
+            allocatable: Resources::default(),
             not_ready_taint: None,
             images: HashMap::new(),
-            requested: Requests::default(),
+            requested: Resources::default(),
             non_zero_cpu: Milli(0),
             non_zero_memory: Milli(0),
             ports: HashMap::new(),
@@ -409,7 +257,7 @@ impl NodeInfo {
         let status = node.status.as_ref();
         self.allocatable = status
             .and_then(|s| s.allocatable.as_ref())
-            .map(Requests::from_list)
+            .map(Resources::from_list)
             .unwrap_or_default();
         let ready = status
             .and_then(|s| s.conditions.as_ref())
@@ -417,8 +265,8 @@ impl NodeInfo {
             .map(|c| c.status.as_str());
         self.not_ready_taint = match ready {
             Some("True") => None,
-            Some("Unknown") => Some(TAINT_UNREACHABLE),
-            _ => Some(TAINT_NOT_READY),
+            Some("Unknown") => Some(no_schedule_taint(TAINT_UNREACHABLE)),
+            _ => Some(no_schedule_taint(TAINT_NOT_READY)),
         };
         self.images.clear();
         for image in status.and_then(|s| s.images.as_ref()).into_iter().flatten() {
@@ -432,8 +280,8 @@ impl NodeInfo {
 
     /// Adds a bound or assumed pod (the caller makes sure each pod is added once).
     pub fn add_pod(&mut self, pod: &Pod) {
-        self.requested.add(&pod_requests(pod));
-        let (cpu, memory) = pod_non_zero_requests(pod);
+        self.requested.add(&pod_usage(pod));
+        let (cpu, memory) = non_zero_usage(pod);
         self.non_zero_cpu += cpu;
         self.non_zero_memory += memory;
         for p in host_ports(pod) {
@@ -447,8 +295,8 @@ impl NodeInfo {
 
     /// Removes a pod added before.
     pub fn remove_pod(&mut self, pod: &Pod) {
-        self.requested.sub(&pod_requests(pod));
-        let (cpu, memory) = pod_non_zero_requests(pod);
+        self.requested.sub(&pod_usage(pod));
+        let (cpu, memory) = non_zero_usage(pod);
         self.non_zero_cpu -= cpu;
         self.non_zero_memory -= memory;
         for p in host_ports(pod) {
@@ -474,12 +322,12 @@ impl NodeInfo {
     }
 
     /// The sum of the requests of the node's pods (`pods` is 1000 per pod).
-    pub fn requested(&self) -> &Requests {
+    pub fn requested(&self) -> &Resources {
         &self.requested
     }
 
     /// The node's allocatable resources.
-    pub fn allocatable(&self) -> &Requests {
+    pub fn allocatable(&self) -> &Resources {
         &self.allocatable
     }
 
@@ -520,118 +368,18 @@ impl NodeInfo {
 }
 
 // ---------------------------------------------------------------------------
-// tolerations and node selectors
+// taints
 // ---------------------------------------------------------------------------
 
-/// Upstream `Toleration.ToleratesTaint`: an empty effect matches every effect, an empty key
-/// (with Exists) every key; Equal (or no operator) compares values. `tolerationSeconds` does not
-/// matter for scheduling.
-pub fn tolerates(t: &Toleration, key: &str, value: &str, effect: &str) -> bool {
-    if let Some(e) = t.effect.as_deref().filter(|e| !e.is_empty()) {
-        if e != effect {
-            return false;
-        }
+/// A NoSchedule taint without a value, as the node lifecycle controller adds for a node
+/// condition or a cordon.
+fn no_schedule_taint(key: &str) -> Taint {
+    Taint {
+        key: key.to_string(),
+        effect: NO_SCHEDULE.to_string(),
+        value: None,
+        time_added: None,
     }
-    if let Some(k) = t.key.as_deref().filter(|k| !k.is_empty()) {
-        if k != key {
-            return false;
-        }
-    }
-    match t.operator.as_deref().unwrap_or("") {
-        "" | "Equal" => t.value.as_deref().unwrap_or("") == value,
-        "Exists" => true,
-        _ => false,
-    }
-}
-
-fn tolerated(tolerations: &[Toleration], taint: &Taint) -> bool {
-    let value = taint.value.as_deref().unwrap_or("");
-    tolerations
-        .iter()
-        .any(|t| tolerates(t, &taint.key, value, &taint.effect))
-}
-
-/// One node selector term, parsed once per pod.
-#[derive(Debug)]
-struct Term {
-    labels: Vec<Requirement>,
-    /// metadata.name: (wanted, equal) — `In` needs equality, `NotIn` inequality.
-    names: Vec<(String, bool)>,
-}
-
-impl Term {
-    /// None when the term is empty (matches no node) or invalid (upstream skips it).
-    fn parse(t: &NodeSelectorTerm) -> Option<Term> {
-        let exprs = t.match_expressions.as_deref().unwrap_or(&[]);
-        let fields = t.match_fields.as_deref().unwrap_or(&[]);
-        if exprs.is_empty() && fields.is_empty() {
-            return None;
-        }
-        let mut labels = Vec::with_capacity(exprs.len());
-        for e in exprs {
-            let op = match e.operator.as_str() {
-                "In" => Operator::In,
-                "NotIn" => Operator::NotIn,
-                "Exists" => Operator::Exists,
-                "DoesNotExist" => Operator::DoesNotExist,
-                "Gt" => Operator::GreaterThan,
-                "Lt" => Operator::LessThan,
-                _ => return None,
-            };
-            labels.push(Requirement::new(&e.key, op, e.values.clone().unwrap_or_default()).ok()?);
-        }
-        let mut names = Vec::with_capacity(fields.len());
-        for f in fields {
-            if f.key != "metadata.name" {
-                return None;
-            }
-            let [value] = f.values.as_deref().unwrap_or(&[]) else {
-                return None;
-            };
-            match f.operator.as_str() {
-                "In" => names.push((value.clone(), true)),
-                "NotIn" => names.push((value.clone(), false)),
-                _ => return None,
-            }
-        }
-        Some(Term { labels, names })
-    }
-
-    fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
-        self.names.iter().all(|(v, eq)| (v == name) == *eq)
-            && self.labels.iter().all(|r| r.matches(labels))
-    }
-}
-
-/// A required node selector: the terms are ORed; no (valid, non-empty) term matches nothing.
-#[derive(Debug)]
-struct Selector(Vec<Term>);
-
-impl Selector {
-    fn parse(s: &NodeSelector) -> Selector {
-        Selector(
-            s.node_selector_terms
-                .iter()
-                .filter_map(Term::parse)
-                .collect(),
-        )
-    }
-
-    fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
-        self.0.iter().any(|t| t.matches(name, labels))
-    }
-}
-
-/// Upstream `MatchTopologySelectorTerms`: no terms match everything; an empty term nothing.
-fn topology_matches(terms: &[TopologySelectorTerm], labels: &BTreeMap<String, String>) -> bool {
-    terms.is_empty()
-        || terms.iter().any(|t| {
-            let exprs = t.match_label_expressions.as_deref().unwrap_or(&[]);
-            !exprs.is_empty()
-                && exprs
-                    .iter()
-                    .all(|e| labels.get(&e.key).is_some_and(|v| e.values.contains(v)))
-        })
 }
 
 // ---------------------------------------------------------------------------
@@ -703,7 +451,7 @@ fn pv_fits_node(pv: &PersistentVolume, node: &NodeInfo) -> bool {
         .and_then(|a| a.required.as_ref())
     {
         None => true,
-        Some(sel) => Selector::parse(sel).matches(node.name(), node.labels()),
+        Some(sel) => NodeSelector::new(sel).matches(node.name(), node.labels()),
     }
 }
 
@@ -801,7 +549,7 @@ fn find_volume<'v>(
 fn can_provision(class: &StorageClass, node: &NodeInfo) -> bool {
     !class.provisioner.is_empty()
         && class.provisioner != NO_PROVISIONER
-        && topology_matches(
+        && match_topology_selector_terms(
             class.allowed_topologies.as_deref().unwrap_or(&[]),
             node.labels(),
         )
@@ -1007,12 +755,11 @@ impl Failure {
 
 /// Everything about the pod, computed once per decision.
 struct PodFacts<'a> {
-    requests: Requests,
+    requests: Resources,
     non_zero: (Milli, Milli),
     tolerations: &'a [Toleration],
-    node_selector: Option<&'a BTreeMap<String, String>>,
-    required: Option<Selector>,
-    preferred: Vec<(i64, Term)>,
+    required: RequiredNodeAffinity,
+    preferred: PreferredSchedulingTerms,
     ports: Vec<HostPort>,
     claims: Vec<ClaimState>,
     images: Vec<String>,
@@ -1021,30 +768,14 @@ struct PodFacts<'a> {
 impl<'a> PodFacts<'a> {
     fn new(pod: &'a Pod, claims: Vec<ClaimState>) -> PodFacts<'a> {
         let spec = pod.spec.as_ref();
-        let affinity = spec
-            .and_then(|s| s.affinity.as_ref())
-            .and_then(|a| a.node_affinity.as_ref());
         PodFacts {
-            requests: pod_requests(pod),
-            non_zero: pod_non_zero_requests(pod),
+            requests: pod_usage(pod),
+            non_zero: non_zero_usage(pod),
             tolerations: spec.and_then(|s| s.tolerations.as_deref()).unwrap_or(&[]),
-            node_selector: spec.and_then(|s| s.node_selector.as_ref()),
-            required: affinity
-                .and_then(|a| {
-                    a.required_during_scheduling_ignored_during_execution
-                        .as_ref()
-                })
-                .map(Selector::parse),
-            preferred: affinity
-                .and_then(|a| {
-                    a.preferred_during_scheduling_ignored_during_execution
-                        .as_ref()
-                })
-                .into_iter()
-                .flatten()
-                .filter(|p| p.weight != 0)
-                .filter_map(|p| Term::parse(&p.preference).map(|t| (i64::from(p.weight), t)))
-                .collect(),
+            required: RequiredNodeAffinity::of(pod),
+            // upstream fails the scoring of a pod with an invalid preferred term (validation
+            // refuses one); ferro scores such a pod without preferences
+            preferred: PreferredSchedulingTerms::of(pod).unwrap_or_default(),
             ports: host_ports(pod),
             claims,
             images: pod_images(pod),
@@ -1056,27 +787,23 @@ impl<'a> PodFacts<'a> {
         let spec = node.node.spec.as_ref();
         // NodeUnschedulable
         if spec.and_then(|s| s.unschedulable) == Some(true)
-            && !self
-                .tolerations
-                .iter()
-                .any(|t| tolerates(t, TAINT_UNSCHEDULABLE, "", "NoSchedule"))
+            && !tolerations_tolerate_taint(
+                self.tolerations,
+                &no_schedule_taint(TAINT_UNSCHEDULABLE),
+            )
         {
             return Err(Failure::unresolvable(REASON_UNSCHEDULABLE));
         }
         // readiness (ferro)
-        if let Some(key) = node.not_ready_taint {
-            if !self
-                .tolerations
-                .iter()
-                .any(|t| tolerates(t, key, "", "NoSchedule"))
-            {
+        if let Some(taint) = &node.not_ready_taint {
+            if !tolerations_tolerate_taint(self.tolerations, taint) {
                 return Err(Failure::unresolvable(REASON_NOT_READY));
             }
         }
         // TaintToleration
-        if let Some(taint) = node.taints().iter().find(|t| {
-            (t.effect == "NoSchedule" || t.effect == "NoExecute") && !tolerated(self.tolerations, t)
-        }) {
+        if let Some(taint) =
+            find_untolerated_taint(node.taints(), self.tolerations, does_not_schedule)
+        {
             return Err(Failure::unresolvable(format!(
                 "node(s) had untolerated taint {{{}: {}}}",
                 taint.key,
@@ -1084,16 +811,7 @@ impl<'a> PodFacts<'a> {
             )));
         }
         // NodeAffinity
-        let labels = node.labels();
-        let selector_ok = self
-            .node_selector
-            .is_none_or(|sel| sel.iter().all(|(k, v)| labels.get(k) == Some(v)));
-        if !selector_ok
-            || self
-                .required
-                .as_ref()
-                .is_some_and(|r| !r.matches(node.name(), labels))
-        {
+        if !self.required.matches(node.name(), node.labels()) {
             return Err(Failure::unresolvable(REASON_AFFINITY));
         }
         // NodePorts
@@ -1126,38 +844,17 @@ impl<'a> PodFacts<'a> {
 
     /// Upstream `fitsRequest`: pods count first, then every requested resource.
     fn insufficient(&self, node: &NodeInfo) -> Vec<String> {
-        let mut reasons = Vec::new();
-        let alloc = &node.allocatable;
-        let used = &node.requested;
-        if used.pods + self.requests.pods > alloc.pods {
-            reasons.push(REASON_TOO_MANY_PODS.to_string());
-        }
-        if self.requests.is_zero() {
-            return reasons;
-        }
-        let r = &self.requests;
-        for (name, want, have, used) in [
-            ("cpu", r.cpu, alloc.cpu, used.cpu),
-            ("memory", r.memory, alloc.memory, used.memory),
-            (
-                "ephemeral-storage",
-                r.ephemeral_storage,
-                alloc.ephemeral_storage,
-                used.ephemeral_storage,
-            ),
-        ] {
-            if want > Milli(0) && want > have - used {
-                reasons.push(format!("Insufficient {name}"));
-            }
-        }
-        for (name, want) in &r.extended {
-            let have = alloc.extended.get(name).copied().unwrap_or_default();
-            let used = used.extended.get(name).copied().unwrap_or_default();
-            if *want > Milli(0) && *want > have - used {
-                reasons.push(format!("Insufficient {name}"));
-            }
-        }
-        reasons
+        self.requests
+            .insufficient(&node.allocatable, &node.requested)
+            .into_iter()
+            .map(|name| {
+                if name == PODS {
+                    REASON_TOO_MANY_PODS.to_string()
+                } else {
+                    format!("Insufficient {name}")
+                }
+            })
+            .collect()
     }
 }
 
@@ -1303,16 +1000,6 @@ fn best_node<'n>(facts: &PodFacts, feasible: &[&'n NodeInfo], all: &[&NodeInfo])
     let mut totals = vec![0i64; n];
     let mut affinity = vec![0i64; n];
     let mut taints = vec![0i64; n];
-    let prefer_tolerations: Vec<&Toleration> = facts
-        .tolerations
-        .iter()
-        .filter(|t| {
-            matches!(
-                t.effect.as_deref(),
-                None | Some("") | Some("PreferNoSchedule")
-            )
-        })
-        .collect();
     // ImageLocality: how many of all nodes hold each of the pod's images
     let image_spread: Vec<(&str, f64)> = facts
         .images
@@ -1371,24 +1058,8 @@ fn best_node<'n>(facts: &PodFacts, feasible: &[&'n NodeInfo], all: &[&NodeInfo])
         };
         totals[i] = least + balanced + image;
         // preferred node affinity, TaintToleration: raw, normalized below
-        let labels = node.labels();
-        affinity[i] = facts
-            .preferred
-            .iter()
-            .filter(|(_, t)| t.matches(node.name(), labels))
-            .map(|(w, _)| *w)
-            .sum();
-        taints[i] = node
-            .taints()
-            .iter()
-            .filter(|t| t.effect == "PreferNoSchedule")
-            .filter(|t| {
-                let value = t.value.as_deref().unwrap_or("");
-                !prefer_tolerations
-                    .iter()
-                    .any(|tol| tolerates(tol, &t.key, value, &t.effect))
-            })
-            .count() as i64;
+        affinity[i] = facts.preferred.score(node.name(), node.labels());
+        taints[i] = count_intolerable_prefer_no_schedule(node.taints(), facts.tolerations) as i64;
     }
     normalize(&mut affinity, false);
     normalize(&mut taints, true);
@@ -1414,6 +1085,7 @@ fn best_node<'n>(facts: &PodFacts, feasible: &[&'n NodeInfo], all: &[&NodeInfo])
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use k8s_semantics::resources::{DEFAULT_MEMORY_REQUEST, DEFAULT_MILLI_CPU_REQUEST};
     use serde_json::{json, Value};
 
     fn from<T: serde::de::DeserializeOwned>(v: Value) -> T {
@@ -1531,10 +1203,6 @@ mod tests {
             .collect()
     }
 
-    fn tol(v: Value) -> Toleration {
-        from(v)
-    }
-
     // ---- requests
 
     #[test]
@@ -1550,11 +1218,11 @@ mod tests {
             ],
             "overhead": {"cpu": "100m", "memory": "10Mi"}
         }}));
-        let r = pod_requests(&pod);
+        let r = pod_usage(&pod);
         assert_eq!(r.cpu, Milli(2100));
         assert_eq!(r.memory, Milli((1024 + 10) * MB * 1000));
         assert_eq!(r.pods, Milli(1000));
-        assert_eq!(r.extended.get("example.com/gpu"), Some(&Milli(1000)));
+        assert_eq!(r.get("example.com/gpu"), Milli(1000));
     }
 
     #[test]
@@ -1567,7 +1235,7 @@ mod tests {
             "containers": [{"name": "a", "resources": {"requests": {"cpu": "500m"}}}]
         }}));
         // app 0.5 + sidecar 1 = 1.5; init 2 + sidecar 1 = 3
-        assert_eq!(pod_requests(&pod).cpu, Milli(3000));
+        assert_eq!(pod_usage(&pod).cpu, Milli(3000));
     }
 
     #[test]
@@ -1575,7 +1243,7 @@ mod tests {
         let pod = pod_with(json!({"spec": {"containers": [
             {"name": "a", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"memory": "512Mi"}}}
         ]}}));
-        let r = pod_requests(&pod);
+        let r = pod_usage(&pod);
         assert_eq!(r.cpu, Milli(1000));
         assert_eq!(r.memory, Milli(512 * MB * 1000));
     }
@@ -1583,11 +1251,14 @@ mod tests {
     #[test]
     fn best_effort_pod_requests_nothing_but_counts_as_a_pod() {
         let pod = pod_with(json!({}));
-        let r = pod_requests(&pod);
+        let r = pod_usage(&pod);
         assert_eq!(r.cpu, Milli(0));
         assert_eq!(r.memory, Milli(0));
         assert_eq!(r.pods, Milli(1000));
-        assert_eq!(pod_non_zero_requests(&pod), (DEFAULT_CPU, DEFAULT_MEMORY));
+        assert_eq!(
+            non_zero_usage(&pod),
+            (DEFAULT_MILLI_CPU_REQUEST, DEFAULT_MEMORY_REQUEST)
+        );
         let mut n = node_with("n", json!({"status": {"allocatable": {"pods": "1"}}}));
         assert!(fits(&pod, &n));
         n.add_pod(&pod);
@@ -1598,7 +1269,7 @@ mod tests {
     #[test]
     fn explicit_zero_requests_are_not_defaulted_for_scoring() {
         let pod = pod_requesting("0", "0");
-        assert_eq!(pod_non_zero_requests(&pod), (Milli(0), Milli(0)));
+        assert_eq!(non_zero_usage(&pod), (Milli(0), Milli(0)));
     }
 
     // ---- resource fit
@@ -1722,7 +1393,7 @@ mod tests {
         assert_eq!(n.non_zero_requested(), (Milli(0), Milli(0)));
         assert_eq!(n.ports, empty_ports);
         assert!(n.ports_any_ip.is_empty());
-        assert!(n.requested().extended.is_empty());
+        assert!(n.requested().scalar.is_empty());
     }
 
     #[test]
@@ -1786,92 +1457,6 @@ mod tests {
     }
 
     // ---- taints
-
-    #[test]
-    fn toleration_matrix() {
-        let t = |v| tol(v);
-        // Exists with an empty key tolerates every taint
-        assert!(tolerates(
-            &t(json!({"operator": "Exists"})),
-            "a",
-            "b",
-            "NoSchedule"
-        ));
-        assert!(tolerates(
-            &t(json!({"operator": "Exists"})),
-            "x",
-            "",
-            "NoExecute"
-        ));
-        // Exists with an empty key but an effect only that effect
-        assert!(!tolerates(
-            &t(json!({"operator": "Exists", "effect": "NoExecute"})),
-            "a",
-            "b",
-            "NoSchedule"
-        ));
-        // Equal compares values
-        assert!(tolerates(
-            &t(json!({"key": "a", "operator": "Equal", "value": "b"})),
-            "a",
-            "b",
-            "NoSchedule"
-        ));
-        assert!(!tolerates(
-            &t(json!({"key": "a", "operator": "Equal", "value": "c"})),
-            "a",
-            "b",
-            "NoSchedule"
-        ));
-        // no operator means Equal
-        assert!(tolerates(
-            &t(json!({"key": "a", "value": "b"})),
-            "a",
-            "b",
-            "NoSchedule"
-        ));
-        assert!(!tolerates(&t(json!({"key": "a"})), "a", "b", "NoSchedule"));
-        assert!(tolerates(&t(json!({"key": "a"})), "a", "", "NoSchedule"));
-        // key mismatch
-        assert!(!tolerates(
-            &t(json!({"key": "z", "operator": "Exists"})),
-            "a",
-            "b",
-            "NoSchedule"
-        ));
-        // empty effect matches every effect
-        for effect in ["NoSchedule", "NoExecute", "PreferNoSchedule"] {
-            assert!(tolerates(
-                &t(json!({"key": "a", "operator": "Exists"})),
-                "a",
-                "b",
-                effect
-            ));
-        }
-        // effect mismatch
-        assert!(!tolerates(
-            &t(json!({"key": "a", "operator": "Exists", "effect": "NoSchedule"})),
-            "a",
-            "b",
-            "NoExecute"
-        ));
-        // tolerationSeconds does not matter
-        assert!(tolerates(
-            &t(
-                json!({"key": "a", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0})
-            ),
-            "a",
-            "b",
-            "NoExecute"
-        ));
-        // unknown operator tolerates nothing
-        assert!(!tolerates(
-            &t(json!({"key": "a", "operator": "Gt", "value": "1"})),
-            "a",
-            "2",
-            "NoSchedule"
-        ));
-    }
 
     #[test]
     fn untolerated_no_schedule_and_no_execute_taints_reject_prefer_no_schedule_does_not() {

@@ -1,12 +1,17 @@
 //! Kubernetes semantics that more than one ferro component needs, implemented once and exactly
 //! as upstream: Go's duration syntax (`metav1.Duration`, flags), resource quantities, Go-style
-//! quoting, and (as the crate grows) pod requests, tolerations and node selector terms.
-//! Components never parse these themselves.
+//! quoting, a pod's effective resource requests (init containers, sidecars, overhead) and the
+//! scheduling rules of the core types (taints and tolerations, node selector terms, required
+//! and preferred node affinity, topology selector terms). Components never parse these
+//! themselves.
 
 pub mod duration;
 pub mod quantity;
 pub mod quote;
+pub mod resources;
+pub mod scheduling;
 
 pub use duration::{format_go_duration, parse_duration, parse_go_duration, DurationError};
 pub use quantity::{Milli, Quantity, QuantityError};
 pub use quote::go_quote;
+pub use resources::{pod_non_zero_requests, pod_requests, Resources};
