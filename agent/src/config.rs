@@ -92,6 +92,10 @@ pub struct KubeletConfiguration {
     pub authentication: Option<Authentication>,
     pub authorization: Option<Authorization>,
     pub eviction_hard: Option<std::collections::BTreeMap<String, String>>,
+    pub eviction_soft: Option<std::collections::BTreeMap<String, String>>,
+    pub eviction_soft_grace_period: Option<std::collections::BTreeMap<String, String>>,
+    pub eviction_pressure_transition_period: Option<String>,
+    pub eviction_max_pod_grace_period: Option<i64>,
     pub static_pod_path: Option<PathBuf>,
     #[serde(rename = "podCIDR")]
     pub pod_cidr: Option<String>,
@@ -189,8 +193,10 @@ pub struct AgentConfig {
     pub tls_cert_file: Option<PathBuf>,
     pub tls_private_key_file: Option<PathBuf>,
     pub client_ca_file: Option<PathBuf>,
-    /// The hard eviction thresholds the pressure conditions follow.
-    pub eviction_hard: crate::node::Thresholds,
+    /// Node-pressure eviction: evictionHard (upstream's defaults when unset; a configured map
+    /// replaces them entirely), evictionSoft with evictionSoftGracePeriod,
+    /// evictionPressureTransitionPeriod (5m), evictionMaxPodGracePeriod.
+    pub eviction: crate::eviction::plan::Config,
     pub pod_cidr: Option<String>,
     pub cluster_dns: Vec<String>,
     pub cluster_domain: Option<String>,
@@ -264,6 +270,42 @@ impl AgentConfig {
                 reason: format!("must be greater than imageMinimumGCAge ({image_minimum_gc_age:?})"),
             });
         }
+        let eviction = {
+            use crate::eviction::plan::{parse_thresholds, Config, Signal};
+            let thresholds = |field: &'static str, m: Option<&std::collections::BTreeMap<String, String>>| {
+                m.map(|m| parse_thresholds(m).map_err(|reason| ConfigError::Value { field, value: format!("{m:?}"), reason }))
+                    .transpose()
+            };
+            let defaults = Config::default();
+            let mut grace = std::collections::BTreeMap::new();
+            for (k, v) in file.eviction_soft_grace_period.iter().flatten() {
+                let field = "evictionSoftGracePeriod";
+                let signal = Signal::parse(k).ok_or_else(|| ConfigError::Value {
+                    field,
+                    value: k.clone(),
+                    reason: "unknown eviction signal".into(),
+                })?;
+                let d = parse_duration(v).map_err(|reason| ConfigError::Duration { field, value: v.clone(), reason })?;
+                grace.insert(signal, d);
+            }
+            let cfg = Config {
+                hard: thresholds("evictionHard", file.eviction_hard.as_ref())?.unwrap_or(defaults.hard),
+                soft: thresholds("evictionSoft", file.eviction_soft.as_ref())?.unwrap_or_default(),
+                soft_grace: grace,
+                pressure_transition_period: dur(
+                    "evictionPressureTransitionPeriod",
+                    &file.eviction_pressure_transition_period,
+                    "5m",
+                )?,
+                max_pod_grace_period: file.eviction_max_pod_grace_period.unwrap_or(0),
+            };
+            cfg.validate().map_err(|reason| ConfigError::Value {
+                field: "evictionSoft",
+                value: format!("{:?}", file.eviction_soft),
+                reason,
+            })?;
+            cfg
+        };
         let authorization = authorization(file.authorization.as_ref(), flags.kubeconfig.is_some())?;
         Ok(AgentConfig {
             authorization,
@@ -299,14 +341,7 @@ impl AgentConfig {
                 .trim_end_matches('/')
                 .to_string(),
             pod_logs_dir: file.pod_logs_dir.unwrap_or_else(|| PathBuf::from("/var/log/pods")),
-            eviction_hard: match file.eviction_hard.as_ref() {
-                None => crate::node::Thresholds::default(),
-                Some(m) => crate::node::Thresholds::parse(m).map_err(|reason| ConfigError::Value {
-                    field: "evictionHard",
-                    value: format!("{m:?}"),
-                    reason,
-                })?,
-            },
+            eviction,
             tls_cert_file: flags.tls_cert_file.clone().or(file.tls_cert_file),
             tls_private_key_file: flags.tls_private_key_file.clone().or(file.tls_private_key_file),
             client_ca_file: flags
@@ -470,10 +505,39 @@ mod tests {
     }
 
     #[test]
+    fn eviction_settings() {
+        use crate::eviction::plan::{Signal, Threshold};
+        let parse = |body: &str| {
+            let text = format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{body}");
+            let file = KubeletConfiguration::parse(&text, Path::new("c.yaml")).unwrap();
+            AgentConfig::resolve(&flags(&[]), Some(file))
+        };
+        let c = parse("").unwrap();
+        assert_eq!(c.eviction, crate::eviction::plan::Config::default());
+        let c = parse("evictionHard: {nodefs.available: 30%}\nevictionSoft: {memory.available: 1Gi}\nevictionSoftGracePeriod: {memory.available: 1m30s}\nevictionPressureTransitionPeriod: 5s\nevictionMaxPodGracePeriod: 20\n").unwrap();
+        assert_eq!(c.eviction.hard.len(), 1, "a configured map replaces the defaults");
+        assert_eq!(c.eviction.hard[&Signal::NodefsAvailable], Threshold::Percent(30.0));
+        assert_eq!(c.eviction.soft[&Signal::MemoryAvailable], Threshold::Quantity(1 << 30));
+        assert_eq!(c.eviction.soft_grace[&Signal::MemoryAvailable], Duration::from_secs(90));
+        assert_eq!(c.eviction.pressure_transition_period, Duration::from_secs(5));
+        assert_eq!(c.eviction.max_pod_grace_period, 20);
+        for (body, want) in [
+            ("evictionHard: {memory.free: 1Gi}\n", "unknown eviction signal \"memory.free\""),
+            ("evictionHard: {nodefs.available: 120%}\n", "out of 0-100"),
+            ("evictionSoft: {memory.available: 1Gi}\n", "grace period must be specified for the soft eviction threshold memory.available"),
+            ("evictionSoftGracePeriod: {memory.available: soon}\n", "evictionSoftGracePeriod"),
+            ("evictionPressureTransitionPeriod: forever\n", "evictionPressureTransitionPeriod"),
+        ] {
+            let err = parse(body).unwrap_err().to_string();
+            assert!(err.contains(want), "{body}: {err}");
+        }
+    }
+
+    #[test]
     fn unknown_field_is_named() {
-        let text = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionSoft: {}\n";
+        let text = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionSofter: {}\n";
         let err = KubeletConfiguration::parse(text, Path::new("c.yaml")).unwrap_err().to_string();
-        assert!(err.contains("unknown field `evictionSoft`"), "{err}");
+        assert!(err.contains("unknown field `evictionSofter`"), "{err}");
         assert!(err.contains("c.yaml"), "{err}");
     }
 

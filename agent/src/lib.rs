@@ -5,6 +5,7 @@ pub mod clock;
 pub mod config;
 pub mod cri;
 pub mod csi;
+pub mod eviction;
 pub mod node;
 pub mod pod;
 pub mod server;

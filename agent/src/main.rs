@@ -128,7 +128,8 @@ async fn start_pods(
             }
         }
     };
-    let workers = PodWorkers::new(wcfg, runtime_name, std::sync::Arc::new(rt), client.clone());
+    let runtime: std::sync::Arc<dyn cri::Cri> = std::sync::Arc::new(rt);
+    let workers = PodWorkers::new(wcfg, runtime_name, runtime.clone(), client.clone());
     let node_events = client
         .clone()
         .map(|c| imagegc::NodeEvents::new(ferro_runtime::events::Recorder::new(c, "kubelet").with_host(name), name));
@@ -215,24 +216,32 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         std::time::Duration::from_secs(2),
     ));
     let mut prober = Prober::new(cfg.runtime_socket.clone());
-    let mut initial = prober.probe().await;
-    if let Some(sig) = node::Signals::read(Path::new("/proc"), &cfg.root_dir) {
-        initial.memory_pressure = sig.memory_pressure(&cfg.eviction_hard);
-        initial.disk_pressure = sig.disk_pressure(&cfg.eviction_hard);
-    }
+    let initial = prober.probe().await;
     let (health_tx, health_rx) = tokio::sync::watch::channel(initial.clone());
+    let health_tx = std::sync::Arc::new(health_tx);
+    // Node-pressure eviction: the pressure conditions of the node status and the evictions.
+    let eviction_task = tokio::spawn(
+        ferro_agent::eviction::run::Manager {
+            config: cfg.eviction.clone(),
+            proc: Path::new("/proc").to_path_buf(),
+            root_dir: cfg.root_dir.clone(),
+            pod_log_root: cfg.pod_logs_dir.clone(),
+            workers: workers.clone(),
+            cri: std::sync::Arc::new(cri::connect_lazy(&cfg.runtime_socket)),
+            health: health_tx.clone(),
+            clock: ferro_agent::clock::Clock::System,
+            period: ferro_agent::eviction::run::MONITORING_PERIOD,
+        }
+        .run(),
+    );
     let probe_every = cfg.node_status_update_frequency;
-    let root_dir = cfg.root_dir.clone();
-    let thresholds = cfg.eviction_hard.clone();
     let probe_task = tokio::spawn(async move {
         loop {
             tokio::time::sleep(probe_every).await;
             let mut h = prober.probe().await;
-            if let Some(sig) = node::Signals::read(Path::new("/proc"), &root_dir) {
-                h.memory_pressure = sig.memory_pressure(&thresholds);
-                h.disk_pressure = sig.disk_pressure(&thresholds);
-            }
             health_tx.send_if_modified(|old| {
+                // The pressure conditions are the eviction manager's.
+                (h.memory_pressure, h.disk_pressure, h.pid_pressure) = (old.memory_pressure, old.disk_pressure, old.pid_pressure);
                 let changed = *old != h;
                 if changed {
                     tracing::info!(
@@ -277,6 +286,7 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: exiting"),
     }
     probe_task.abort();
+    eviction_task.abort();
     registry_task.abort();
     server.abort();
     Ok(())

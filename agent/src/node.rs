@@ -121,12 +121,10 @@ pub fn parse_cpu_list(s: &str) -> Option<u32> {
     (n > 0).then_some(n)
 }
 
-/// MemTotal of /proc/meminfo, in KiB.
-/// The eviction signals the pressure conditions follow, with upstream's default hard
-/// thresholds: memory.available < 100Mi, nodefs.available < 10%, nodefs.inodesFree < 5%.
-/// memory.available is the kernel's MemAvailable (upstream: capacity minus the root cgroup's
-/// working set; MemAvailable is the same idea without cgroup accounting). pid.available has no
-/// default threshold upstream, so PIDPressure stays False.
+/// The node-level eviction signals (see [`crate::eviction`]). memory.available is the kernel's
+/// MemAvailable (upstream: capacity minus the root cgroup's working set; MemAvailable is the
+/// same idea without cgroup accounting); nodefs is the file system of the agent's root dir;
+/// pid.available is pid_max minus the processes that exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Signals {
     pub memory_available: u64,
@@ -136,76 +134,8 @@ pub struct Signals {
     pub nodefs_capacity: u64,
     pub nodefs_inodes_free: u64,
     pub nodefs_inodes: u64,
-}
-
-/// One eviction threshold: an absolute quantity or a percentage of capacity.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Threshold {
-    Bytes(u64),
-    Percent(f64),
-}
-
-impl Threshold {
-    fn parse(v: &str) -> Result<Threshold, String> {
-        if let Some(p) = v.strip_suffix('%') {
-            let p: f64 = p.trim().parse().map_err(|_| format!("invalid percentage {v:?}"))?;
-            if !(0.0..=100.0).contains(&p) {
-                return Err(format!("percentage {v:?} out of 0-100"));
-            }
-            return Ok(Threshold::Percent(p));
-        }
-        let n = k8s_semantics::quantity::scaled(v, 1).ok_or_else(|| format!("invalid quantity {v:?}"))?;
-        let n = u64::try_from(n).map_err(|_| format!("negative quantity {v:?}"))?;
-        Ok(Threshold::Bytes(n))
-    }
-
-    /// Whether `available` of `capacity` is below the threshold.
-    pub fn crossed(&self, available: u64, capacity: u64) -> bool {
-        match *self {
-            Threshold::Bytes(b) => available < b,
-            Threshold::Percent(p) => capacity > 0 && (available as f64) < (capacity as f64) * p / 100.0,
-        }
-    }
-}
-
-/// evictionHard: the signals ferro watches. As upstream, a configured map replaces the defaults
-/// entirely (a signal it leaves out has no threshold).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Thresholds {
-    pub memory_available: Option<Threshold>,
-    pub nodefs_available: Option<Threshold>,
-    pub nodefs_inodes_free: Option<Threshold>,
-}
-
-impl Default for Thresholds {
-    /// Upstream's defaults on Linux.
-    fn default() -> Self {
-        Thresholds {
-            memory_available: Some(Threshold::Bytes(100 * 1024 * 1024)),
-            nodefs_available: Some(Threshold::Percent(10.0)),
-            nodefs_inodes_free: Some(Threshold::Percent(5.0)),
-        }
-    }
-}
-
-impl Thresholds {
-    /// Parses evictionHard (`memory.available`, `nodefs.available`, `nodefs.inodesFree`,
-    /// `imagefs.available`, `imagefs.inodesFree`, `pid.available`; the imagefs and pid signals
-    /// are accepted and not watched). Unknown signals are errors.
-    pub fn parse(m: &std::collections::BTreeMap<String, String>) -> Result<Thresholds, String> {
-        let mut t = Thresholds { memory_available: None, nodefs_available: None, nodefs_inodes_free: None };
-        for (k, v) in m {
-            let th = Threshold::parse(v)?;
-            match k.as_str() {
-                "memory.available" => t.memory_available = Some(th),
-                "nodefs.available" => t.nodefs_available = Some(th),
-                "nodefs.inodesFree" => t.nodefs_inodes_free = Some(th),
-                "imagefs.available" | "imagefs.inodesFree" | "pid.available" => {}
-                other => return Err(format!("unknown eviction signal {other:?}")),
-            }
-        }
-        Ok(t)
-    }
+    pub pid_available: u64,
+    pub pid_capacity: u64,
 }
 
 impl Signals {
@@ -224,8 +154,14 @@ impl Signals {
         let st = nix::sys::statvfs::statvfs(root_dir).ok()?;
         #[allow(clippy::useless_conversion)]
         let frag = u64::from(st.fragment_size());
+        let (pid_max, procs) = parse_pids(
+            &std::fs::read_to_string(proc.join("sys/kernel/pid_max")).ok()?,
+            &std::fs::read_to_string(proc.join("loadavg")).ok()?,
+        )?;
         #[allow(clippy::useless_conversion)]
         Some(Signals {
+            pid_available: pid_max.saturating_sub(procs),
+            pid_capacity: pid_max,
             memory_available: kib.saturating_mul(1024),
             memory_capacity: total.saturating_mul(1024),
             nodefs_available: u64::from(st.blocks_available()).saturating_mul(frag),
@@ -235,14 +171,24 @@ impl Signals {
         })
     }
 
-    pub fn memory_pressure(&self, t: &Thresholds) -> bool {
-        t.memory_available.is_some_and(|th| th.crossed(self.memory_available, self.memory_capacity))
+    /// The signals as the eviction manager's observations.
+    pub fn observations(&self) -> crate::eviction::plan::Observations {
+        use crate::eviction::plan::{Observation, Signal};
+        let o = |available, capacity| Observation { available, capacity };
+        std::collections::BTreeMap::from([
+            (Signal::MemoryAvailable, o(self.memory_available, self.memory_capacity)),
+            (Signal::NodefsAvailable, o(self.nodefs_available, self.nodefs_capacity)),
+            (Signal::NodefsInodesFree, o(self.nodefs_inodes_free, self.nodefs_inodes)),
+            (Signal::PidAvailable, o(self.pid_available, self.pid_capacity)),
+        ])
     }
+}
 
-    pub fn disk_pressure(&self, t: &Thresholds) -> bool {
-        t.nodefs_available.is_some_and(|th| th.crossed(self.nodefs_available, self.nodefs_capacity))
-            || t.nodefs_inodes_free.is_some_and(|th| th.crossed(self.nodefs_inodes_free, self.nodefs_inodes))
-    }
+/// pid_max and the number of processes (the total of /proc/loadavg's fourth field).
+pub fn parse_pids(pid_max: &str, loadavg: &str) -> Option<(u64, u64)> {
+    let max: u64 = pid_max.trim().parse().ok()?;
+    let total: u64 = loadavg.split_whitespace().nth(3)?.split('/').nth(1)?.parse().ok()?;
+    Some((max, total))
 }
 
 pub fn parse_meminfo(text: &str) -> Option<u64> {
@@ -510,37 +456,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn eviction_signals_against_default_thresholds() {
-        let ok = Signals {
-            memory_available: 2 << 30,
-            memory_capacity: 8 << 30,
-            nodefs_available: 50,
-            nodefs_capacity: 100,
-            nodefs_inodes_free: 50,
-            nodefs_inodes: 100,
-        };
-        let d = Thresholds::default();
-        assert!(!ok.memory_pressure(&d) && !ok.disk_pressure(&d));
-        assert!(Signals { memory_available: 99 << 20, ..ok }.memory_pressure(&d));
-        assert!(!Signals { memory_available: 100 << 20, ..ok }.memory_pressure(&d));
-        assert!(Signals { nodefs_available: 9, ..ok }.disk_pressure(&d));
-        assert!(!Signals { nodefs_available: 10, ..ok }.disk_pressure(&d));
-        assert!(Signals { nodefs_inodes_free: 4, ..ok }.disk_pressure(&d));
-        assert!(!Signals { nodefs_inodes: 0, nodefs_inodes_free: 0, ..ok }.disk_pressure(&d));
-        // A configured map replaces the defaults.
-        let m: std::collections::BTreeMap<String, String> =
-            [("nodefs.available".to_string(), "1%".to_string())].into_iter().collect();
-        let t = Thresholds::parse(&m).unwrap();
-        assert!(!Signals { nodefs_available: 9, ..ok }.disk_pressure(&t));
-        assert!(Signals { nodefs_available: 0, ..ok }.disk_pressure(&t));
-        assert!(!Signals { memory_available: 1, ..ok }.memory_pressure(&t));
-        let m: std::collections::BTreeMap<String, String> =
-            [("memory.available".to_string(), "1Gi".to_string())].into_iter().collect();
-        assert!(Signals { memory_available: 1 << 29, ..ok }.memory_pressure(&Thresholds::parse(&m).unwrap()));
-        for bad in [("nodefs.available", "110%"), ("memory.available", "lots"), ("cpu.available", "1")] {
-            let m: std::collections::BTreeMap<String, String> = [(bad.0.to_string(), bad.1.to_string())].into_iter().collect();
-            assert!(Thresholds::parse(&m).is_err(), "{bad:?}");
-        }
+    fn eviction_signals() {
+        assert_eq!(parse_pids("4194304\n", "0.50 0.40 0.30 2/345 6789\n"), Some((4194304, 345)));
+        assert_eq!(parse_pids("x", "0.50 0.40 0.30 2/345 6789"), None);
+        let s = Signals { memory_available: 1, memory_capacity: 2, pid_available: 3, pid_capacity: 4, ..Default::default() };
+        let o = s.observations();
+        use crate::eviction::plan::Signal;
+        assert_eq!((o[&Signal::MemoryAvailable].available, o[&Signal::PidAvailable].capacity), (1, 4));
         let here = Signals::read(Path::new("/proc"), Path::new("/")).unwrap();
         assert!(here.memory_available > 0 && here.nodefs_capacity > 0);
     }

@@ -433,3 +433,102 @@ async fn a_container_that_cannot_start_reports_why_and_is_retried() {
     let last = s.last_state.and_then(|l| l.terminated).or_else(|| s.state.and_then(|st| st.terminated));
     assert!(last.is_some_and(|t| t.exit_code == 128), "the failed start shows as exit 128");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_evicted_pod_fails_with_the_disruption_target_and_releases_its_volumes() {
+    let node = Node::new();
+    let w = node.agent();
+    let mut c = container("app");
+    c["volumeMounts"] = json!([{"name": "data", "mountPath": "/data"}]);
+    let spec = json!({"terminationGracePeriodSeconds": 30, "volumes": [{"name": "data", "emptyDir": {}}], "containers": [c]});
+    w.upsert(pod("hog", spec), Source::Api);
+    until("running", || node.fake.running("hog") == ["app"]).await;
+    let volumes = node.dir.path().join("root/pods/uid-hog/volumes");
+    assert!(volumes.join("kubernetes.io~empty-dir/data").is_dir());
+    let message = "The node was low on resource: ephemeral-storage. Threshold quantity: 1Gi, available: 10Mi. ";
+    assert!(w.evict("uid-hog", message, 1));
+    assert!(!w.evict("uid-hog", "again", 1), "a pod is evicted once");
+    assert!(!w.evict("uid-nobody", message, 1));
+    until("stopped", || node.fake.running("hog").is_empty()).await;
+    until("Failed", || phase(&w, "hog") == "Failed").await;
+    let st = status(&w, "hog");
+    assert_eq!((st.reason.as_deref(), st.message.as_deref()), (Some("Evicted"), Some(message)));
+    let dt = st.conditions.unwrap().into_iter().find(|c| c.type_ == "DisruptionTarget").unwrap();
+    assert_eq!((dt.status.as_str(), dt.reason.as_deref(), dt.message.as_deref()), ("True", Some("TerminationByKubelet"), Some(message)));
+    // Stopped with the eviction's grace period (1 s, raised to upstream's minimum of 2 s for a
+    // StopContainer), not the pod's 30 s; never restarted.
+    assert!(node.fake.calls().contains(&Call::StopContainer { pod: "hog".into(), container: "app".into(), grace: 2 }));
+    until("volumes released", || !volumes.exists()).await;
+    idle(Duration::from_secs(60)).await;
+    assert_eq!(node.fake.starts("hog", "app"), 1);
+    assert!(w.active_pods().iter().all(|p| p.metadata.name.as_deref() != Some("hog")));
+
+    // Under memory pressure a BestEffort pod is refused; a Burstable one runs.
+    w.set_pressure(ferro_agent::pod::plan::admission::NodePressure { memory: true, ..Default::default() });
+    w.upsert(pod("late", json!({"containers": [container("app")]})), Source::Api);
+    let mut burst = container("app");
+    burst["resources"] = json!({"requests": {"memory": "10Mi"}});
+    w.upsert(pod("burst", json!({"containers": [burst]})), Source::Api);
+    until("late refused", || phase(&w, "late") == "Failed").await;
+    let st = status(&w, "late");
+    assert_eq!((st.reason.as_deref(), st.message.as_deref()), (Some("Evicted"), Some("Pod was rejected: The node had condition: [MemoryPressure]. ")));
+    until("burst running", || node.fake.running("burst") == ["app"]).await;
+    assert_eq!(node.fake.starts("late", "app"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_eviction_manager_evicts_the_pod_using_the_most_memory_above_its_request() {
+    use ferro_agent::eviction::{plan, run};
+    let node = Node::new();
+    let w = node.agent();
+    let mut small = container("small");
+    small["resources"] = json!({"requests": {"memory": "64Mi"}});
+    w.upsert(pod("small", json!({"containers": [small]})), Source::Api);
+    w.upsert(pod("big", json!({"containers": [container("big")]})), Source::Api);
+    node.fake.set_usage("small", 100 << 20, 0);
+    node.fake.set_usage("big", 300 << 20, 0);
+    until("both running", || node.fake.running("small") == ["small"] && node.fake.running("big") == ["big"]).await;
+
+    // A /proc whose MemAvailable is 50Mi: below upstream's 100Mi default.
+    let proc = node.dir.path().join("proc");
+    std::fs::create_dir_all(proc.join("sys/kernel")).unwrap();
+    std::fs::write(proc.join("meminfo"), "MemTotal:        4194304 kB\nMemAvailable:      51200 kB\n").unwrap();
+    std::fs::write(proc.join("sys/kernel/pid_max"), "4194304\n").unwrap();
+    std::fs::write(proc.join("loadavg"), "0.00 0.00 0.00 1/120 999\n").unwrap();
+    let (health, watch) = tokio::sync::watch::channel(ferro_agent::node::Health::default());
+    let mut manager = run::Manager {
+        config: plan::Config {
+            hard: std::collections::BTreeMap::from([(plan::Signal::MemoryAvailable, plan::Threshold::Quantity(100 << 20))]),
+            ..plan::Config::default()
+        },
+        proc: proc.clone(),
+        root_dir: node.dir.path().join("root"),
+        pod_log_root: node.dir.path().join("logs"),
+        workers: w.clone(),
+        cri: node.fake.clone(),
+        health: Arc::new(health),
+        clock: node.clock.clone(),
+        period: run::MONITORING_PERIOD,
+    };
+    let mut state = plan::State::default();
+    let d = manager.round(&mut state).await.unwrap();
+    assert!(d.memory_pressure && !d.disk_pressure);
+    assert!(watch.borrow().memory_pressure, "the node status gets MemoryPressure");
+    let e = d.evict.unwrap();
+    // big: 300Mi above a request of 0; small: 36Mi above 64Mi.
+    assert_eq!(e.name, "big");
+    assert_eq!(e.message, "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. Pod was using 300Mi, request is 0, has larger consumption of memory. ");
+    until("big evicted", || phase(&w, "big") == "Failed").await;
+    assert_eq!(status(&w, "big").reason.as_deref(), Some("Evicted"));
+    assert_eq!(node.fake.running("small"), ["small"]);
+
+    // Memory back: the condition holds for the transition period (5 min), then clears.
+    std::fs::write(proc.join("meminfo"), "MemTotal:        4194304 kB\nMemAvailable:    2097152 kB\n").unwrap();
+    let d = manager.round(&mut state).await.unwrap();
+    assert!(d.memory_pressure && d.evict.is_none());
+    idle(Duration::from_secs(301)).await;
+    let d = manager.round(&mut state).await.unwrap();
+    assert!(!d.memory_pressure);
+    assert!(!watch.borrow().memory_pressure);
+    assert_eq!(node.fake.running("small"), ["small"]);
+}

@@ -78,6 +78,8 @@ struct State {
     runs: HashMap<String, Run>,
     pull_failures: BTreeMap<String, String>,
     exec: Option<ExecFn>,
+    /// Working set and writable-layer bytes per container name (ListContainerStats).
+    usage: HashMap<String, (u64, u64)>,
     /// Every call with the clock's time when it was made.
     calls: Vec<(i64, Call)>,
 }
@@ -149,6 +151,12 @@ impl FakeCri {
     /// How ExecSync (probes, hooks) answers; exit 0 with no output when unset.
     pub fn set_exec(&self, f: impl Fn(&str, &[String]) -> (i32, Vec<u8>) + Send + Sync + 'static) {
         self.lock().exec = Some(Arc::new(f));
+    }
+
+    /// What ListContainerStats reports for containers named `name`: working set and
+    /// writable-layer bytes.
+    pub fn set_usage(&self, name: &str, working_set: u64, writable_layer: u64) {
+        self.lock().usage.insert(name.to_string(), (working_set, writable_layer));
     }
 
     /// The running container `name` of pod `pod` exits now with `code` (a crash, an OOM kill).
@@ -538,5 +546,36 @@ impl Cri for FakeCri {
 
     async fn status_info(&self) -> Result<HashMap<String, String>, CriError> {
         Ok(HashMap::new())
+    }
+
+    async fn list_container_stats(&self, labels: HashMap<String, String>) -> Result<Vec<api::ContainerStats>, CriError> {
+        let now = self.clock.now_ns();
+        let s = self.lock();
+        Ok(s.containers
+            .iter()
+            .filter(|(_, c)| c.state == api::ContainerState::ContainerRunning && matches(&c.config.labels, &labels))
+            .map(|(id, c)| {
+                let (ws, layer) = s.usage.get(&container_name(c)).copied().unwrap_or_default();
+                api::ContainerStats {
+                    attributes: Some(api::ContainerAttributes {
+                        id: id.clone(),
+                        metadata: c.config.metadata.clone(),
+                        labels: c.config.labels.clone(),
+                        annotations: c.config.annotations.clone(),
+                    }),
+                    memory: Some(api::MemoryUsage {
+                        timestamp: now,
+                        working_set_bytes: Some(api::UInt64Value { value: ws }),
+                        ..Default::default()
+                    }),
+                    writable_layer: Some(api::FilesystemUsage {
+                        timestamp: now,
+                        used_bytes: Some(api::UInt64Value { value: layer }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }
+            })
+            .collect())
     }
 }

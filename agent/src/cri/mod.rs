@@ -273,6 +273,14 @@ impl Runtime {
         Ok((r.exit_code, out))
     }
 
+    /// ListContainerStats of the containers with `labels`: working set, writable layer.
+    pub async fn list_container_stats(&mut self, labels: HashMap<String, String>) -> Result<Vec<api::ContainerStats>, CriError> {
+        let req = api::ListContainerStatsRequest {
+            filter: Some(api::ContainerStatsFilter { label_selector: labels, ..Default::default() }),
+        };
+        Ok(call_within("ListContainerStats", CALL_TIMEOUT * 5, self.runtime.list_container_stats(req)).await?.stats)
+    }
+
     /// The image's id when present on the node.
     pub async fn image_present(&mut self, image: &str) -> Result<Option<String>, CriError> {
         Ok(self.image_status(image).await?.map(|i| i.id))
@@ -359,6 +367,8 @@ pub trait Cri: Send + Sync + 'static {
     async fn image_fs_info(&self) -> Result<Vec<api::FilesystemUsage>, CriError>;
     /// RuntimeService.Status's verbose info map.
     async fn status_info(&self) -> Result<HashMap<String, String>, CriError>;
+    /// ListContainerStats of the containers with `labels` (the eviction manager's usage).
+    async fn list_container_stats(&self, labels: HashMap<String, String>) -> Result<Vec<api::ContainerStats>, CriError>;
 }
 
 /// Every call on a clone of the client (tonic clients are cheap handles on one channel).
@@ -422,6 +432,9 @@ impl Cri for Runtime {
     }
     async fn status_info(&self) -> Result<HashMap<String, String>, CriError> {
         Runtime::status_info(&mut self.clone()).await
+    }
+    async fn list_container_stats(&self, labels: HashMap<String, String>) -> Result<Vec<api::ContainerStats>, CriError> {
+        Runtime::list_container_stats(&mut self.clone(), labels).await
     }
 }
 

@@ -176,6 +176,24 @@ fn base_status(api: Option<&PodStatus>, previous: Option<&PodStatus>) -> PodStat
     old
 }
 
+/// Adds upstream's DisruptionTarget condition (True, `reason`, `message`) unless the status has
+/// it already.
+pub fn disruption_target(s: &mut PodStatus, reason: &str, message: &str, now: i64) {
+    let conditions = s.conditions.get_or_insert_with(Vec::new);
+    if conditions.iter().any(|c| c.type_ == "DisruptionTarget" && c.status == "True") {
+        return;
+    }
+    conditions.retain(|c| c.type_ != "DisruptionTarget");
+    conditions.push(PodCondition {
+        type_: "DisruptionTarget".into(),
+        status: "True".into(),
+        reason: non_empty(reason),
+        message: non_empty(message),
+        last_transition_time: Some(rfc3339(now)),
+        ..Default::default()
+    });
+}
+
 /// The status of a pod the agent refused at admission: phase Failed with `reason` (e.g.
 /// "OutOfcpu", "OutOfmemory", "UnexpectedAdmissionError") and the message upstream writes,
 /// "Pod was rejected: <message>" (the prefix is not doubled when `message` has it already).

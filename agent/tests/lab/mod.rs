@@ -107,6 +107,8 @@ pub struct Lab {
     pub dir: tempfile::TempDir,
     pub cgroup_root: String,
     pub agent_logs: u32,
+    /// The agent's --root-dir from the next [`Lab::start_agent`] (default `<dir>/agent`).
+    pub agent_root: Option<PathBuf>,
     /// Extra flags for ferro-agent, used from the next [`Lab::start_agent`].
     pub agent_args: Vec<String>,
 }
@@ -185,7 +187,7 @@ impl Lab {
         ctrd.import(&tars.busybox).unwrap();
 
         let cgroup_root = format!("/ferro-lab-{tag}-{}", std::process::id());
-        let mut lab = Lab { agent: Proc(None), ctrd, cp, ns, dir, cgroup_root, agent_logs: 0, agent_args: Vec::new() };
+        let mut lab = Lab { agent: Proc(None), ctrd, cp, ns, dir, cgroup_root, agent_logs: 0, agent_args: Vec::new(), agent_root: None };
         lab.start_cp();
         let kubeconfig = lab.node_kubeconfig();
         lab.write_agent_config(extra_config);
@@ -204,9 +206,11 @@ impl Lab {
         std::fs::write(
             self.dir.path().join("agent.yaml"),
             format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodCIDR: {SUBNET}\npodLogsDir: {}\nstaticPodPath: {}\n{EVICTION}{extra_config}",
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodCIDR: {SUBNET}\npodLogsDir: {}\nstaticPodPath: {}\n{}{extra_config}",
                 self.dir.path().join("logs").display(),
-                self.dir.path().join("manifests").display()
+                self.dir.path().join("manifests").display(),
+                // The lab's thresholds unless the extra lines set their own.
+                if extra_config.contains("evictionHard:") { "" } else { EVICTION }
             ),
         )
         .unwrap();
@@ -277,7 +281,7 @@ impl Lab {
             .arg(self.node_kubeconfig())
             .args(["--hostname-override", NODE, "--node-ip", "127.0.0.1"])
             .arg("--root-dir")
-            .arg(self.dir.path().join("agent"))
+            .arg(self.agent_root.clone().unwrap_or_else(|| self.dir.path().join("agent")))
             .arg("--container-runtime-endpoint")
             .arg(format!("unix://{}", self.ctrd.socket().display()))
             .arg("--config")

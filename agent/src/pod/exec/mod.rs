@@ -107,6 +107,10 @@ struct PodState {
     failed: Option<(String, String)>,
     /// The final status was written and the API object deleted.
     finalized: bool,
+    /// Evicted: the grace period its containers get, and the DisruptionTarget message.
+    evicted: Option<(i64, String)>,
+    /// The volumes of the finished pod were released (unmounted, emptyDirs removed).
+    volumes_released: bool,
 }
 
 struct Inner {
@@ -127,6 +131,8 @@ struct Inner {
     csi: std::sync::OnceLock<Arc<crate::csi::mounter::CsiMounter>>,
     /// The runtime relist task (ended by [`PodWorkers::stop`]).
     relist: Mutex<Option<tokio::task::AbortHandle>>,
+    /// The node's pressure conditions as the eviction manager last decided (admission).
+    pressure: Mutex<admission::NodePressure>,
 }
 
 /// The pod workers of this node.
@@ -209,6 +215,7 @@ impl PodWorkers {
             events,
             csi: std::sync::OnceLock::new(),
             relist: Mutex::new(None),
+            pressure: Mutex::new(admission::NodePressure::default()),
         });
         tokio::spawn(async move {
             while let Some(uid) = notify_rx.recv().await {
@@ -252,6 +259,61 @@ impl PodWorkers {
         for uid in uids {
             self.inner.probes.remove_pod(&uid);
         }
+    }
+
+    /// The node's pressure conditions, for admission (set by the eviction manager).
+    pub fn set_pressure(&self, p: admission::NodePressure) {
+        *self.inner.pressure.lock().unwrap_or_else(|p| p.into_inner()) = p;
+    }
+
+    /// Evicts pod `uid` (the eviction manager's decision): it fails with reason Evicted and
+    /// `message`, gets the DisruptionTarget condition, and its containers are stopped with
+    /// `grace_seconds`. False when the pod is unknown or already ending.
+    pub fn evict(&self, uid: &str, message: &str, grace_seconds: i64) -> bool {
+        let Some(pod) = self.inner.desired.read().unwrap_or_else(|p| p.into_inner()).get(uid).map(|(p, _)| p.clone())
+        else {
+            return false;
+        };
+        let fresh = self.with_state(uid, |s| {
+            if s.failed.is_some() {
+                return false;
+            }
+            s.failed = Some(("Evicted".into(), message.to_string()));
+            s.evicted = Some((grace_seconds, message.to_string()));
+            true
+        });
+        if fresh {
+            tracing::warn!(pod = %pod_label(&pod), grace_seconds, %message, "evicting pod");
+            self.event(&pod, "Warning", "Evicted", message.to_string());
+            self.inner.queue.add(uid.to_string());
+        }
+        fresh
+    }
+
+    /// How many containers of pod `uid` ran at the last look at the runtime.
+    pub fn running_containers(&self, uid: &str) -> usize {
+        self.inner.observed.read().unwrap_or_else(|p| p.into_inner()).get(uid).map_or(0, |o| o.running().count())
+    }
+
+    /// The pods that may run and are not ending (for the eviction manager), with the status the
+    /// agent wrote last.
+    pub fn active_pods(&self) -> Vec<Pod> {
+        let desired = self.inner.desired.read().unwrap_or_else(|p| p.into_inner());
+        let states = self.inner.states.lock().unwrap_or_else(|p| p.into_inner());
+        desired
+            .iter()
+            .filter_map(|(uid, (pod, _))| {
+                let st = states.get(uid);
+                if st.is_some_and(|s| s.failed.is_some() || matches!(s.admitted, Some(Err(_)))) {
+                    return None;
+                }
+                let mut p = (**pod).clone();
+                if let Some(last) = st.and_then(|s| s.last_status.clone()) {
+                    p.status = Some(last);
+                }
+                Some(p)
+            })
+            .collect()
     }
 
     /// The status last written for pod `uid` (or, without an API client, the one that would
@@ -359,7 +421,8 @@ impl PodWorkers {
             allocatable_cpu_milli: self.inner.cfg.allocatable_cpu_milli,
             allocatable_memory: self.inner.cfg.allocatable_memory,
         };
-        admission::admit(pod, &admitted, &room)
+        let pressure = *self.inner.pressure.lock().unwrap_or_else(|p| p.into_inner());
+        admission::admit(pod, &admitted, &room, pressure)
     }
 
     /// One sync of pod `uid`.
@@ -465,8 +528,9 @@ impl PodWorkers {
         self.inner.observed.write().unwrap_or_else(|p| p.into_inner()).insert(uid.to_string(), observed.clone());
         let probes = self.inner.probes.results(uid);
         let waiting = self.with_state(uid, |s| s.waiting.clone());
-        let (failed, previous) = self.with_state(uid, |s| (s.failed.clone(), s.last_status.clone()));
-        let st = status::compute(&StatusInput {
+        let (failed, previous, evicted) =
+            self.with_state(uid, |s| (s.failed.clone(), s.last_status.clone(), s.evicted.clone()));
+        let mut st = status::compute(&StatusInput {
             pod: &pod,
             runtime: &observed,
             probes: &probes,
@@ -477,6 +541,10 @@ impl PodWorkers {
             failed,
             previous: previous.as_ref(),
         });
+        if let Some((_, message)) = evicted {
+            status::disruption_target(&mut st, "TerminationByKubelet", &message, self.now_ns());
+        }
+        let finished = matches!(st.phase.as_deref(), Some("Succeeded" | "Failed"));
         self.write_status(uid, &pod, source, st).await?;
 
         // Deleted in the API and everything stopped: the final delete with grace 0.
@@ -485,6 +553,17 @@ impl PodWorkers {
         if deleting && all_stopped && source == Source::Api {
             self.finalize_deletion(uid, &pod).await?;
             return Ok(Next::After(Duration::from_secs(5)));
+        }
+        // A finished pod's volumes are released as upstream's volume manager does for
+        // terminated pods: unmounted, CSI volumes unpublished and unstaged, emptyDirs removed
+        // (what relieves the disk pressure an evicted pod caused). Its logs stay.
+        if finished && all_stopped && !self.with_state(uid, |s| s.volumes_released) {
+            if let Some(csi) = self.inner.csi.get() {
+                csi.teardown(uid).await?;
+            }
+            volume::release(&self.inner.cfg.root_dir, uid)?;
+            self.with_state(uid, |s| s.volumes_released = true);
+            tracing::info!(pod = %pod_label(&pod), "released the volumes of a finished pod");
         }
         // ConfigMap/Secret/downward API contents are refreshed on every sync (execute already
         // set the volumes up when it started something in this one).

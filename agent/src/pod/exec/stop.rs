@@ -39,7 +39,10 @@ impl PodWorkers {
     /// declaration, each with what is left of the grace period (at least 2 s). The sidecars'
     /// preStop hooks run at the start, next to the app containers' ones (as upstream).
     pub(super) async fn kill_pod(&self, uid: &str, pod: &Pod, observed: &PodRuntime) -> Result<(), SyncError> {
-        let grace = grace_seconds(pod);
+        // An eviction's grace period when it is shorter than the pod's own (upstream's
+        // override).
+        let evicted = self.with_state(uid, |s| s.evicted.as_ref().map(|(g, _)| *g));
+        let grace = evicted.map_or(grace_seconds(pod), |g| g.min(grace_seconds(pod)));
         let elapsed = self.with_state(uid, |s| s.deletion_seen.map(|t| t.elapsed().as_secs())).unwrap_or(0);
         let remaining = grace_left(grace, elapsed);
         let running: Vec<&ContainerObs> = observed.running().collect();

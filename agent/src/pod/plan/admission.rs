@@ -1,8 +1,10 @@
-//! Admission of a pod to this node, as upstream's kubelet admit handlers (predicate admission):
-//! the volumes must be of supported types, one more pod must fit under maxPods, and the pod's
+//! Admission of a pod to this node, as upstream's kubelet admit handlers: under node pressure
+//! (the eviction manager's admit handler) a BestEffort pod is refused while memory is short and
+//! every pod while disk or PIDs are, critical pods excepted; then (predicate admission) the
+//! volumes must be of supported types, one more pod must fit under maxPods, and the pod's
 //! requests must fit in what the pods admitted before leave of the node's allocatable.
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Pod;
 
 use crate::pod::model;
 use crate::pod::volume;
@@ -13,6 +15,14 @@ pub struct Room {
     pub max_pods: usize,
     pub allocatable_cpu_milli: i64,
     pub allocatable_memory: i64,
+}
+
+/// The node's pressure conditions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodePressure {
+    pub memory: bool,
+    pub disk: bool,
+    pub pid: bool,
 }
 
 /// Why a pod is refused: upstream's reason (the pod status' `reason`) and message.
@@ -28,7 +38,22 @@ fn reject(reason: &str, message: String) -> Rejection {
 
 /// Whether `pod` may run next to `admitted` (the pods admitted before it that have not
 /// finished).
-pub fn admit(pod: &Pod, admitted: &[&Pod], room: &Room) -> Result<(), Rejection> {
+pub fn admit(pod: &Pod, admitted: &[&Pod], room: &Room, pressure: NodePressure) -> Result<(), Rejection> {
+    if !crate::eviction::plan::is_critical(pod) {
+        let mut conditions = Vec::new();
+        if pressure.memory && model::qos_class(pod) == model::QosClass::BestEffort {
+            conditions.push("MemoryPressure");
+        }
+        if pressure.disk {
+            conditions.push("DiskPressure");
+        }
+        if pressure.pid {
+            conditions.push("PIDPressure");
+        }
+        if !conditions.is_empty() {
+            return Err(reject("Evicted", format!("The node had condition: [{}]. ", conditions.join(" "))));
+        }
+    }
     if let Err(e) = volume::validate(pod) {
         return Err(reject("UnsupportedVolume", e.to_string()));
     }
@@ -68,47 +93,16 @@ pub fn admit(pod: &Pod, admitted: &[&Pod], room: &Room) -> Result<(), Rejection>
     Ok(())
 }
 
-/// A quantity times `scale`, rounded up exactly as upstream's ScaledValue (the scheduler's
-/// arithmetic: admission and scheduling agree).
-fn millis_of(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>, scale: i128) -> i64 {
-    q.and_then(|q| k8s_semantics::quantity::scaled(&q.0, scale))
-        .map(|v| i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX }))
-        .unwrap_or(0)
+fn clamp(v: i128) -> i64 {
+    i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
 }
 
-/// The pod's effective requests (cpu milli, memory bytes), as upstream's PodRequests with
-/// sidecars: the larger of the app containers plus every sidecar (they run together), and of
-/// each init container plus the sidecars declared before it (already running when it runs).
+/// The pod's effective requests (cpu milli, memory bytes rounded up) as the scheduler counts
+/// them: [`k8s_semantics::pod_requests`] (upstream's PodRequests: app containers and sidecars
+/// together, at least each init container with the sidecars before it, plus the overhead).
 pub fn pod_requests(pod: &Pod) -> (i64, i64) {
-    let Some(spec) = pod.spec.as_ref() else {
-        return (0, 0);
-    };
-    let req = |c: &Container| {
-        let one = |name: &str, scale: i128| {
-            millis_of(
-                c.resources.as_ref().and_then(|r| {
-                    r.requests
-                        .as_ref()
-                        .and_then(|m| m.get(name))
-                        .or_else(|| r.limits.as_ref().and_then(|m| m.get(name)))
-                }),
-                scale,
-            )
-        };
-        (one("cpu", 1000), one("memory", 1))
-    };
-    let app = spec.containers.iter().map(req).fold((0, 0), |(c, m), (x, y)| (c + x, m + y));
-    let mut sidecars = (0, 0);
-    let mut init = (0, 0);
-    for c in spec.init_containers.iter().flatten() {
-        let (x, y) = req(c);
-        let during = (sidecars.0 + x, sidecars.1 + y);
-        if model::is_sidecar(c) {
-            sidecars = during;
-        }
-        init = (init.0.max(during.0), init.1.max(during.1));
-    }
-    ((app.0 + sidecars.0).max(init.0), (app.1 + sidecars.1).max(init.1))
+    let r = k8s_semantics::pod_requests(pod);
+    (clamp(r.cpu.0), clamp(r.memory.value()))
 }
 
 #[cfg(test)]
@@ -126,6 +120,24 @@ mod tests {
     }
 
     const ROOM: Room = Room { max_pods: 3, allocatable_cpu_milli: 2000, allocatable_memory: 1 << 30 };
+    const CALM: NodePressure = NodePressure { memory: false, disk: false, pid: false };
+
+    #[test]
+    fn node_pressure_refuses_besteffort_under_memory_and_everything_under_disk() {
+        let best = pod(json!({"containers": [{"name": "c"}]}));
+        let burst = with_requests("100m", "10Mi");
+        let critical = pod(json!({"priority": 2_000_000_000, "containers": [{"name": "c"}]}));
+        let mem = NodePressure { memory: true, ..CALM };
+        assert_eq!(admit(&best, &[], &ROOM, mem), Err(reject("Evicted", "The node had condition: [MemoryPressure]. ".into())));
+        assert_eq!(admit(&burst, &[], &ROOM, mem), Ok(()));
+        let disk = NodePressure { memory: true, disk: true, pid: false };
+        assert_eq!(
+            admit(&best, &[], &ROOM, disk),
+            Err(reject("Evicted", "The node had condition: [MemoryPressure DiskPressure]. ".into()))
+        );
+        assert_eq!(admit(&burst, &[], &ROOM, disk).unwrap_err().message, "The node had condition: [DiskPressure]. ");
+        assert_eq!(admit(&critical, &[], &ROOM, disk), Ok(()));
+    }
 
     #[test]
     fn requests_take_the_larger_of_apps_and_init() {
@@ -149,23 +161,34 @@ mod tests {
     }
 
     #[test]
+    fn requests_include_the_overhead_as_the_scheduler_counts_it() {
+        let p = pod(json!({
+            "overhead": {"cpu": "250m", "memory": "120Mi"},
+            "containers":[{"name":"a","resources":{"requests":{"cpu":"500m","memory":"1Mi"}}}]}));
+        assert_eq!(pod_requests(&p), (750, 121 * 1024 * 1024));
+        // Memory rounds up to a whole byte (upstream's Value), cpu to a whole millicore.
+        let p = pod(json!({"containers":[{"name":"a","resources":{"requests":{"cpu":"0.0001","memory":"1.5"}}}]}));
+        assert_eq!(pod_requests(&p), (1, 2));
+    }
+
+    #[test]
     fn fits_until_a_resource_runs_out() {
         let a = with_requests("1500m", "100Mi");
         let b = with_requests("500m", "100Mi");
-        assert_eq!(admit(&a, &[], &ROOM), Ok(()));
-        assert_eq!(admit(&b, &[&a], &ROOM), Ok(()), "exactly full fits");
+        assert_eq!(admit(&a, &[], &ROOM, CALM), Ok(()));
+        assert_eq!(admit(&b, &[&a], &ROOM, CALM), Ok(()), "exactly full fits");
         let c = with_requests("1m", "1Mi");
         assert_eq!(
-            admit(&c, &[&a, &b], &ROOM),
+            admit(&c, &[&a, &b], &ROOM, CALM),
             Err(reject("OutOfcpu", "Node didn't have enough resource: cpu, requested: 1, used: 2000, capacity: 2000".into()))
         );
         let big = with_requests("0", "2Gi");
-        assert_eq!(admit(&big, &[], &ROOM).unwrap_err().reason, "OutOfmemory");
+        assert_eq!(admit(&big, &[], &ROOM, CALM).unwrap_err().reason, "OutOfmemory");
         // A pod without requests fits anywhere there is room for one more pod.
         let none = pod(json!({"containers": [{"name": "c"}]}));
-        assert_eq!(admit(&none, &[&a, &b], &ROOM), Ok(()));
+        assert_eq!(admit(&none, &[&a, &b], &ROOM, CALM), Ok(()));
         assert_eq!(
-            admit(&none, &[&a, &b, &none], &ROOM),
+            admit(&none, &[&a, &b, &none], &ROOM, CALM),
             Err(reject("OutOfpods", "Node didn't have enough resource: pods, requested: 1, used: 3, capacity: 3".into()))
         );
     }
@@ -173,7 +196,7 @@ mod tests {
     #[test]
     fn unsupported_volumes_are_refused() {
         let p = pod(json!({"containers": [{"name": "c"}], "volumes": [{"name": "x", "emptyDir": {"medium": "HugePages"}}]}));
-        let r = admit(&p, &[], &ROOM).unwrap_err();
+        let r = admit(&p, &[], &ROOM, CALM).unwrap_err();
         assert_eq!(r.reason, "UnsupportedVolume");
         assert!(r.message.contains("HugePages"), "{}", r.message);
     }

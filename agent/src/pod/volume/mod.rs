@@ -901,6 +901,27 @@ pub fn teardown(root: &Path, uid: &str) -> Result<(), VolumeError> {
     fs::remove_dir_all(&dir).map_err(io("remove", &dir))
 }
 
+/// Releases the volumes of a finished pod: unmounts everything under its `volumes/` and
+/// `plugins/` directories and removes them (emptyDirs with their contents); the rest of the pod
+/// directory (termination messages) stays until [`teardown`].
+pub fn release(root: &Path, uid: &str) -> Result<(), VolumeError> {
+    check_uid(uid)?;
+    for sub in ["volumes", "plugins"] {
+        let dir = pod_dir(root, uid).join(sub);
+        let dir = match fs::canonicalize(&dir) {
+            Ok(d) => d,
+            Err(e) if e.kind() == ErrorKind::NotFound => continue,
+            Err(e) => return Err(io("resolve", &dir)(e)),
+        };
+        unmount_all_under(&dir)?;
+        if let Some(left) = mounts_under(&read_mountinfo()?, &dir).into_iter().next() {
+            return Err(VolumeError::StillMounted(left));
+        }
+        fs::remove_dir_all(&dir).map_err(io("remove", &dir))?;
+    }
+    Ok(())
+}
+
 /// UIDs that have a pod directory under `<root>/pods`, sorted (for orphan cleanup after a
 /// restart). Empty when there is no such directory.
 pub fn pod_uids_on_disk(root: &Path) -> Vec<String> {

@@ -1,0 +1,163 @@
+//! The eviction manager's loop: observe, decide ([`super::plan::decide`]), apply.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::plan::{self, Config, Decision, Observations, PodUsage, State};
+use crate::clock::Clock;
+use crate::cri::Cri;
+use crate::node::Health;
+use crate::pod::exec::PodWorkers;
+use crate::pod::model;
+use crate::pod::plan::admission::NodePressure;
+use crate::pod::volume;
+
+/// Upstream's evictionMonitoringPeriod.
+pub const MONITORING_PERIOD: Duration = Duration::from_secs(10);
+/// How long a round waits at most for an evicted pod's containers and volumes to go
+/// (upstream's podCleanupTimeout).
+pub const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the manager reads the node and the pods.
+pub struct Manager {
+    pub config: Config,
+    /// /proc.
+    pub proc: PathBuf,
+    /// The agent's root dir (nodefs and the pods' volumes).
+    pub root_dir: PathBuf,
+    /// /var/log/pods.
+    pub pod_log_root: PathBuf,
+    pub workers: PodWorkers,
+    pub cri: Arc<dyn Cri>,
+    /// The node health the status loop publishes; the manager owns its pressure fields.
+    pub health: Arc<tokio::sync::watch::Sender<Health>>,
+    pub clock: Clock,
+    pub period: Duration,
+}
+
+/// Bytes (allocated blocks, as `du`) and inodes under `dir` on the file system `dev`
+/// (mounts below it, such as a memory-backed emptyDir, are not counted).
+pub fn dir_usage(dir: &Path, dev: u64) -> (u64, u64) {
+    let Ok(meta) = std::fs::symlink_metadata(dir) else {
+        return (0, 0);
+    };
+    if meta.dev() != dev {
+        return (0, 0);
+    }
+    let (mut bytes, mut inodes) = (meta.blocks().saturating_mul(512), 1u64);
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let (b, i) = dir_usage(&entry.path(), dev);
+            bytes = bytes.saturating_add(b);
+            inodes = inodes.saturating_add(i);
+        }
+    }
+    (bytes, inodes)
+}
+
+/// Memory working set and writable-layer bytes of each pod's running containers, by pod UID.
+async fn runtime_usage(cri: &dyn Cri) -> HashMap<String, (u64, u64)> {
+    let selector = HashMap::from([(model::LABEL_MANAGED_BY.to_string(), model::MANAGED_BY.to_string())]);
+    let mut out: HashMap<String, (u64, u64)> = HashMap::new();
+    match cri.list_container_stats(selector).await {
+        Ok(stats) => {
+            for s in stats {
+                let Some(uid) = s.attributes.as_ref().and_then(|a| a.labels.get(model::LABEL_POD_UID)).cloned() else {
+                    continue;
+                };
+                let ws = s.memory.and_then(|m| m.working_set_bytes).map_or(0, |v| v.value);
+                let layer = s.writable_layer.and_then(|w| w.used_bytes).map_or(0, |v| v.value);
+                let e = out.entry(uid).or_default();
+                e.0 = e.0.saturating_add(ws);
+                e.1 = e.1.saturating_add(layer);
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "container stats unavailable; memory usage counts as 0"),
+    }
+    out
+}
+
+impl Manager {
+    /// Runs rounds forever.
+    pub async fn run(mut self) {
+        let mut state = State::default();
+        loop {
+            let decision = self.round(&mut state).await;
+            if let Some(e) = decision.and_then(|d| d.evict) {
+                self.wait_for_cleanup(&e.uid).await;
+            }
+            tokio::time::sleep(self.period).await;
+        }
+    }
+
+    /// The node's signals now (None when /proc or the root dir cannot be read).
+    fn observe(&self) -> Option<Observations> {
+        crate::node::Signals::read(&self.proc, &self.root_dir).map(|s| s.observations())
+    }
+
+    /// One round: observe, decide, publish the conditions, evict at most one pod.
+    pub async fn round(&mut self, state: &mut State) -> Option<Decision> {
+        let obs = self.observe()?;
+        let pods = self.workers.active_pods();
+        let runtime = runtime_usage(self.cri.as_ref()).await;
+        let dev = std::fs::metadata(&self.root_dir).map(|m| m.dev()).ok()?;
+        let usages: Vec<PodUsage> = pods.iter().map(|p| self.usage(p, &runtime, dev)).collect();
+        let d = plan::decide(&self.config, state, &obs, &usages, self.clock.now_ns());
+        let pressure = NodePressure { memory: d.memory_pressure, disk: d.disk_pressure, pid: d.pid_pressure };
+        self.workers.set_pressure(pressure);
+        self.health.send_if_modified(|h| {
+            let changed = (h.memory_pressure, h.disk_pressure, h.pid_pressure) != (pressure.memory, pressure.disk, pressure.pid);
+            if changed {
+                tracing::info!(memory = pressure.memory, disk = pressure.disk, pid = pressure.pid, met = ?d.met.iter().map(|(s, hard)| format!("{}{}", s.as_str(), if *hard { "" } else { " (soft)" })).collect::<Vec<_>>(), "node pressure changed");
+                h.memory_pressure = pressure.memory;
+                h.disk_pressure = pressure.disk;
+                h.pid_pressure = pressure.pid;
+            }
+            changed
+        });
+        if let Some(e) = &d.evict {
+            tracing::warn!(pod = %format!("{}/{}", e.namespace, e.name), signal = e.signal.as_str(), "eviction threshold met");
+            self.workers.evict(&e.uid, &e.message, e.grace_seconds);
+        }
+        Some(d)
+    }
+
+    fn usage<'a>(&self, pod: &'a Pod, runtime: &HashMap<String, (u64, u64)>, dev: u64) -> PodUsage<'a> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let (memory, layer) = runtime.get(&uid).copied().unwrap_or_default();
+        // Disk: the pod's volumes on the node's file system (emptyDirs) and its logs.
+        let (vb, vi) = dir_usage(&volume::pod_dir(&self.root_dir, &uid).join("volumes"), dev);
+        let logs = self.pod_log_root.join(format!(
+            "{}_{}_{uid}",
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+            pod.metadata.name.as_deref().unwrap_or("")
+        ));
+        let (lb, li) = dir_usage(&logs, dev);
+        PodUsage { pod, memory, disk: vb.saturating_add(lb).saturating_add(layer), inodes: vi.saturating_add(li), processes: 0 }
+    }
+
+    /// After an eviction: until the pod's containers have stopped and its volumes are released,
+    /// at most [`CLEANUP_TIMEOUT`] (upstream's waitForPodsCleanup).
+    async fn wait_for_cleanup(&self, uid: &str) {
+        let deadline = tokio::time::Instant::now() + CLEANUP_TIMEOUT;
+        let volumes = volume::pod_dir(&self.root_dir, uid).join("volumes");
+        while tokio::time::Instant::now() < deadline {
+            let running = self.workers.running_containers(uid);
+            if running == 0 && !volumes.exists() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tracing::warn!(uid, "the evicted pod was not cleaned up within 30 s");
+    }
+}
+
+/// The pod's usage by UID as a map (for tests and the log).
+pub fn by_uid<'a>(usages: &'a [PodUsage<'a>]) -> BTreeMap<String, &'a PodUsage<'a>> {
+    usages.iter().map(|u| (u.pod.metadata.uid.clone().unwrap_or_default(), u)).collect()
+}

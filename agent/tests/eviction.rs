@@ -1,0 +1,128 @@
+//! Node-pressure eviction in the lab (real ferro-control-plane, containerd + runc, ferro-agent):
+//! the agent's root dir on a small loop-mounted ext4, a pod filling its emptyDir until the
+//! node's file system crosses the nodefs.available threshold. Needs root; nothing of the
+//! machine's own disk is at risk (the file system is a 64 MiB file under /var/tmp).
+#![allow(clippy::unwrap_used)]
+
+mod lab;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use lab::{Lab, BUSYBOX};
+use serde_json::Value;
+
+const MIN: Duration = Duration::from_secs(60);
+
+fn ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A mount made inside containerd's mount namespace (where the agent and runc run), undone on
+/// drop while containerd still runs.
+struct NsMount {
+    pid: String,
+    path: PathBuf,
+}
+
+impl NsMount {
+    fn new(pid: u32, dev: &str, path: &Path) -> NsMount {
+        let pid = pid.to_string();
+        ok(Command::new("nsenter").args(["--target", &pid, "--mount", "--", "mount", dev]).arg(path));
+        NsMount { pid, path: path.to_path_buf() }
+    }
+}
+
+impl Drop for NsMount {
+    fn drop(&mut self) {
+        let out = Command::new("nsenter").args(["--target", &self.pid, "--mount", "--", "umount", "-l"]).arg(&self.path).output();
+        if !out.is_ok_and(|o| o.status.success()) {
+            eprintln!("unmounting {} in containerd's mount namespace failed", self.path.display());
+        }
+    }
+}
+
+/// `text` without ANSI colour sequences (the agent's log is coloured).
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn condition(obj: &Value, t: &str) -> Option<String> {
+    obj["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == t)?["status"].as_str().map(str::to_string)
+}
+
+#[test]
+#[ignore = "privileged: needs root, containerd and loop devices; run by scripts/test.sh"]
+fn disk_pressure_evicts_the_pod_filling_the_node_file_system() {
+    let mut lab = Lab::start("evict");
+    // Declared after the lab: dropped (unmounted, detached) before it, while containerd runs.
+    let scratch = ferro_lab::storage::Scratch::new("ferro-evict-").unwrap();
+    let img = scratch.path().join("nodefs.img");
+    std::fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
+    let dev = ok(Command::new("losetup").args(["--find", "--show"]).arg(&img));
+    ok(Command::new("mkfs.ext4").args(["-q", "-F", &dev]));
+    let root = scratch.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let _mounted = NsMount::new(lab.ctrd.pid().unwrap(), &dev, &root);
+
+    // The agent again, on that file system, with a threshold the filler crosses.
+    lab.agent.kill();
+    lab.write_agent_config("evictionHard:\n  nodefs.available: 30%\nevictionPressureTransitionPeriod: 5s\n");
+    lab.agent_root = Some(root.clone());
+    lab.start_agent();
+    lab.wait("the node Ready again", MIN, |l| {
+        let n: Value = serde_json::from_str(&l.kubectl_ok(&["get", "node", lab::NODE, "-o", "json"])).ok()?;
+        (condition(&n, "Ready").as_deref() == Some("True") && condition(&n, "DiskPressure").as_deref() == Some("False")).then_some(())
+    });
+
+    let pod = |name: &str, script: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 5\n  volumes:\n  - name: data\n    emptyDir: {{}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sh, -c, '{script}']\n    volumeMounts:\n    - {{name: data, mountPath: /data}}\n"
+        )
+    };
+    lab.apply(&pod("bystander", "echo here > /data/x; exec sleep 3600"));
+    lab.wait_pod("bystander", "Running", MIN, |p| p["status"]["phase"] == "Running");
+    lab.apply(&pod("filler", "dd if=/dev/zero of=/data/fill bs=1M count=40; exec sleep 3600"));
+
+    let evicted = lab.wait_pod("filler", "evicted", Duration::from_secs(120), |p| p["status"]["phase"] == "Failed");
+    let st = &evicted["status"];
+    assert_eq!(st["reason"], "Evicted", "{st}");
+    let msg = st["message"].as_str().unwrap();
+    assert!(msg.starts_with("The node was low on resource: ephemeral-storage. Threshold quantity: "), "{msg}");
+    assert!(msg.contains("Pod was using ") && msg.contains("has larger consumption of ephemeral-storage"), "{msg}");
+    let dt = st["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "DisruptionTarget").cloned();
+    let dt = dt.unwrap_or_else(|| panic!("no DisruptionTarget condition: {st}"));
+    assert_eq!((dt["status"].as_str(), dt["reason"].as_str()), (Some("True"), Some("TerminationByKubelet")));
+    let log = plain(&lab.agent_log());
+    assert!(log.lines().any(|l| l.contains("node pressure changed") && l.contains("disk=true")), "no DiskPressure\n{log}");
+
+    // The evicted pod's emptyDir is released, which relieves the pressure; the condition clears
+    // after the transition period; the bystander kept running.
+    let uid = evicted["metadata"]["uid"].as_str().unwrap().to_string();
+    lab.wait("the evicted pod's volumes released", MIN, |_| (!root.join("pods").join(&uid).join("volumes").exists()).then_some(()));
+    lab.wait("DiskPressure False again", MIN, |l| {
+        let n: Value = serde_json::from_str(&l.kubectl_ok(&["get", "node", lab::NODE, "-o", "json"])).ok()?;
+        (condition(&n, "DiskPressure").as_deref() == Some("False")).then_some(())
+    });
+    let b = lab.pod("bystander").unwrap();
+    assert_eq!(b["status"]["phase"], "Running", "{}", b["status"]);
+    assert_eq!(b["status"]["containerStatuses"][0]["restartCount"], 0);
+    lab.kubectl_ok(&["delete", "pod", "bystander", "filler", "--wait=true", "--timeout=60s"]);
+    lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
+}
