@@ -731,18 +731,6 @@ fn field_value(
     Ok(v)
 }
 
-fn ceil_div(n: i128, d: i128) -> i128 {
-    if d == 0 {
-        return 0;
-    }
-    let q = n / d;
-    if (n % d != 0) && ((n < 0) == (d < 0)) {
-        q + 1
-    } else {
-        q
-    }
-}
-
 fn to_i64(v: i128) -> i64 {
     i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
 }
@@ -773,37 +761,16 @@ fn request_or_limit(res: Option<&ResourceRequirements>, resource: &str, scale: i
     }
 }
 
-/// Upstream's ExtractContainerResourceValue with defaultPodLimitsForDownwardAPI: the value
-/// divided by the divisor, rounded up; limits.cpu/limits.memory default to the node's
-/// allocatable.
+/// A resourceFieldRef's value: [`k8s_semantics::resources::container_resource_value`] with
+/// the node's allocatable cpu and memory for unset limits.
 fn resource_value(container: &Container, resource: &str, divisor: Option<&str>, ctx: &NodeContext) -> Result<String, SpecError> {
-    let res = container.resources.as_ref();
-    let (limits, name) = match resource.split_once('.') {
-        Some(("limits", n)) => (true, n),
-        Some(("requests", n)) => (false, n),
-        _ => return Err(SpecError::UnsupportedResource(resource.into())),
-    };
-    let known = matches!(name, "cpu" | "memory" | "ephemeral-storage") || name.starts_with("hugepages-");
-    if !known {
-        return Err(SpecError::UnsupportedResource(resource.into()));
-    }
-    let scale = if name == "cpu" { 1000 } else { 1 };
-    let divisor = divisor.filter(|d| k8s_semantics::quantity::scaled(d, 1000).is_some_and(|v| v != 0)).unwrap_or("1");
-    let div = k8s_semantics::quantity::scaled(divisor, scale)
-        .filter(|v| *v != 0)
-        .ok_or_else(|| SpecError::InvalidQuantity { field: "divisor".into(), quantity: divisor.into() })?;
-    let value = if limits {
-        match (container_quantity(res, true, name, scale)?, name) {
-            (Some(v), _) => v,
-            (None, "cpu") => ctx.allocatable_cpu_milli,
-            (None, "memory") => ctx.allocatable_memory,
-            (None, "ephemeral-storage") => return Err(SpecError::UnknownNodeValue("allocatable ephemeral-storage")),
-            (None, _) => 0,
-        }
-    } else {
-        request_or_limit(res, name, scale)?.unwrap_or(0)
-    };
-    Ok(ceil_div(i128::from(value), div).to_string())
+    use k8s_semantics::resources::{container_resource_value, NodeAllocatable, ResourceFieldError as E};
+    let node = NodeAllocatable { cpu_milli: ctx.allocatable_cpu_milli, memory: ctx.allocatable_memory, ephemeral_storage: None };
+    container_resource_value(container, resource, divisor, &node).map_err(|e| match e {
+        E::Unsupported(r) => SpecError::UnsupportedResource(r),
+        E::InvalidQuantity { field, quantity } => SpecError::InvalidQuantity { field, quantity },
+        E::UnknownNodeValue(_) => SpecError::UnknownNodeValue("allocatable ephemeral-storage"),
+    })
 }
 
 fn propagation(p: Option<&str>) -> Result<MountPropagation, SpecError> {

@@ -278,6 +278,87 @@ pub fn pod_non_zero_requests(pod: &Pod) -> Resources {
     aggregate(pod, true)
 }
 
+/// What a `resourceFieldRef` reads for a limit the container does not set (upstream's
+/// defaultPodLimitsForDownwardAPI: the node's allocatable).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeAllocatable {
+    pub cpu_milli: i64,
+    pub memory: i64,
+    /// None when the node does not know it.
+    pub ephemeral_storage: Option<i64>,
+}
+
+/// Why a `resourceFieldRef` has no value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResourceFieldError {
+    #[error("unsupported container resource {0:?}")]
+    Unsupported(String),
+    /// A request, limit or divisor that does not parse, or is negative.
+    #[error("invalid quantity {quantity:?} for {field}")]
+    InvalidQuantity { field: String, quantity: String },
+    #[error("the node's allocatable {0} is not known")]
+    UnknownNodeValue(&'static str),
+}
+
+/// The value of a container's `resourceFieldRef` (env or downwardAPI volume), as upstream's
+/// ExtractContainerResourceValue with defaultPodLimitsForDownwardAPI: `limits.` or `requests.`
+/// of cpu, memory, ephemeral-storage or hugepages-*; divided by the divisor and rounded up (cpu
+/// in millicores against the divisor in millicores, the others in bytes; an absent or zero
+/// divisor is 1); an unset request is the limit when that is set (API defaulting), else 0; an
+/// unset cpu, memory or ephemeral-storage limit is the node's allocatable, other unset limits
+/// 0.
+pub fn container_resource_value(
+    c: &Container,
+    resource: &str,
+    divisor: Option<&str>,
+    node: &NodeAllocatable,
+) -> Result<String, ResourceFieldError> {
+    let unsupported = || ResourceFieldError::Unsupported(resource.to_string());
+    let (which, name) = resource.split_once('.').ok_or_else(unsupported)?;
+    let limits = match which {
+        "limits" => true,
+        "requests" => false,
+        _ => return Err(unsupported()),
+    };
+    if !matches!(name, CPU | MEMORY | EPHEMERAL_STORAGE) && !name.starts_with("hugepages-") {
+        return Err(unsupported());
+    }
+    let scale: i128 = if name == CPU { 1000 } else { 1 };
+    let read = |field: &str, q: &str| {
+        crate::quantity::scaled(q, scale)
+            .filter(|v| *v >= 0)
+            .ok_or_else(|| ResourceFieldError::InvalidQuantity { field: field.to_string(), quantity: q.to_string() })
+    };
+    let res = c.resources.as_ref();
+    let get = |lim: bool| {
+        res.and_then(|r| if lim { r.limits.as_ref() } else { r.requests.as_ref() }).and_then(|m| m.get(name)).map(|q| q.0.as_str())
+    };
+    let value = if limits {
+        match get(true) {
+            Some(q) => read(&format!("limits.{name}"), q)?,
+            None => match name {
+                CPU => i128::from(node.cpu_milli),
+                MEMORY => i128::from(node.memory),
+                EPHEMERAL_STORAGE => i128::from(node.ephemeral_storage.ok_or(ResourceFieldError::UnknownNodeValue(EPHEMERAL_STORAGE))?),
+                _ => 0,
+            },
+        }
+    } else {
+        match (get(false), get(true)) {
+            (Some(q), _) => read(&format!("requests.{name}"), q)?,
+            (None, Some(q)) => read(&format!("limits.{name}"), q)?,
+            (None, None) => 0,
+        }
+    };
+    // The divisor in the same unit as the value: "1" is 1000 millicores for cpu.
+    let d = match divisor {
+        Some(d) => read("divisor", d)?,
+        None => 0,
+    };
+    let d = if d == 0 { scale } else { d };
+    Ok(value.div_euclid(d).saturating_add(i128::from(value.rem_euclid(d) != 0)).to_string())
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -591,5 +672,35 @@ mod tests {
         assert!(!is_restartable_init_container(&c(
             json!({"name": "i", "restartPolicy": "Never"})
         )));
+    }
+
+    #[test]
+    fn resource_field_values_as_the_downward_api_reads_them() {
+        let c: Container = serde_json::from_value(serde_json::json!({"name": "c", "resources": {
+            "limits": {"cpu": "1500m", "memory": "64Mi", "hugepages-2Mi": "4Mi"},
+            "requests": {"cpu": "250m"}}}))
+        .unwrap();
+        let node = NodeAllocatable { cpu_milli: 4000, memory: 8 << 30, ephemeral_storage: None };
+        let v = |r: &str, d: Option<&str>| container_resource_value(&c, r, d, &node);
+        assert_eq!(v("limits.cpu", None).unwrap(), "2", "1.5 cores rounded up to whole cores");
+        assert_eq!(v("limits.cpu", Some("1m")).unwrap(), "1500");
+        assert_eq!(v("requests.cpu", Some("1m")).unwrap(), "250");
+        assert_eq!(v("requests.cpu", Some("0")).unwrap(), "1", "a zero divisor is 1");
+        assert_eq!(v("limits.memory", Some("1Mi")).unwrap(), "64");
+        assert_eq!(v("requests.memory", None).unwrap(), "67108864", "the limit stands in for the request");
+        assert_eq!(v("limits.hugepages-2Mi", Some("1Mi")).unwrap(), "4");
+        assert_eq!(v("requests.ephemeral-storage", None).unwrap(), "0");
+        let bare = Container { name: "b".into(), ..Default::default() };
+        let b = |r: &str| container_resource_value(&bare, r, None, &node);
+        assert_eq!(b("limits.cpu").unwrap(), "4", "unset limits are the node's allocatable");
+        assert_eq!(b("limits.memory").unwrap(), (8u64 << 30).to_string());
+        assert_eq!(b("limits.ephemeral-storage"), Err(ResourceFieldError::UnknownNodeValue("ephemeral-storage")));
+        assert_eq!(b("limits.hugepages-1Gi").unwrap(), "0");
+        assert_eq!(b("limits.gpu"), Err(ResourceFieldError::Unsupported("limits.gpu".into())));
+        assert_eq!(b("status.cpu"), Err(ResourceFieldError::Unsupported("status.cpu".into())));
+        assert_eq!(
+            v("limits.cpu", Some("lots")),
+            Err(ResourceFieldError::InvalidQuantity { field: "divisor".into(), quantity: "lots".into() })
+        );
     }
 }

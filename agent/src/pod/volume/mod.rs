@@ -727,10 +727,9 @@ fn container_for<'p>(pod: &'p Pod, name: Option<&str>) -> Result<&'p Container, 
         .ok_or_else(|| VolumeError::DownwardApi(format!("container {name:?} not found")))
 }
 
-/// A resourceFieldRef as a file's contents, as upstream: cpu rounded up to whole divisors of
-/// millicores, memory and ephemeral storage rounded up to whole divisors of bytes. An unset
-/// limit is the node's allocatable amount; an unset request is the limit when that is set
-/// (API defaulting), else 0.
+/// A resourceFieldRef as a file's contents:
+/// [`k8s_semantics::resources::container_resource_value`] with the node's allocatable cpu and
+/// memory for unset limits.
 fn resource_value(
     c: &Container,
     resource: &str,
@@ -738,47 +737,18 @@ fn resource_value(
     node_cpu_milli: i64,
     node_memory: i64,
 ) -> Result<String, VolumeError> {
-    let res = c.resources.as_ref();
-    let get = |which: &str, name: &str| {
-        let map = if which == "limits" { res.and_then(|r| r.limits.as_ref()) } else { res.and_then(|r| r.requests.as_ref()) };
-        map.and_then(|m| m.get(name)).map(|q| q.0.clone())
-    };
-    let (which, name) = resource
-        .split_once('.')
-        .filter(|_| RESOURCES.contains(&resource))
-        .ok_or_else(|| VolumeError::DownwardApi(format!("unsupported resource {resource:?}")))?;
-    let quantity = match which {
-        "limits" => get("limits", name),
-        _ => get("requests", name).or_else(|| get("limits", name)),
-    };
-    let bad = |q: &str| VolumeError::DownwardApi(format!("invalid quantity {q:?} for {resource}"));
-    let divisor = divisor.unwrap_or("1");
-    if name == "cpu" {
-        let milli = match quantity {
-            Some(q) => nonneg(&q, 1000).ok_or_else(|| bad(&q))?,
-            None if which == "limits" => i128::from(node_cpu_milli),
-            None => 0,
-        };
-        let d = nonneg(divisor, 1000).filter(|d| *d > 0).ok_or_else(|| bad(divisor))?;
-        return Ok(ceil_div(milli, d).to_string());
-    }
-    let bytes = match quantity {
-        Some(q) => nonneg(&q, 1).ok_or_else(|| bad(&q))?,
-        None if which == "limits" && name == "memory" => i128::from(node_memory),
-        None if which == "limits" => {
-            return Err(VolumeError::DownwardApi(format!(
+    use k8s_semantics::resources::{container_resource_value, NodeAllocatable, ResourceFieldError as E};
+    let node = NodeAllocatable { cpu_milli: node_cpu_milli, memory: node_memory, ephemeral_storage: None };
+    container_resource_value(c, resource, divisor, &node).map_err(|e| {
+        VolumeError::DownwardApi(match e {
+            E::Unsupported(_) => format!("unsupported resource {resource:?}"),
+            E::InvalidQuantity { quantity, .. } => format!("invalid quantity {quantity:?} for {resource}"),
+            E::UnknownNodeValue(_) => format!(
                 "container {:?} has no {resource} and the node's allocatable ephemeral storage is not known",
                 c.name
-            )))
-        }
-        None => 0,
-    };
-    let d = nonneg(divisor, 1).filter(|d| *d > 0).ok_or_else(|| bad(divisor))?;
-    Ok(ceil_div(bytes, d).to_string())
-}
-
-fn ceil_div(n: i128, d: i128) -> i128 {
-    (n + d - 1).div_euclid(d)
+            ),
+        })
+    })
 }
 
 /// A non-negative quantity times `scale`, rounded up (scale 1: upstream's Value, 1000: its
