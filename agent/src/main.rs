@@ -143,6 +143,10 @@ async fn start_pods(
         tokio::spawn(source::static_pods_loop(dir, name.to_string(), workers.clone(), client.clone()));
     }
     if let Some(c) = client {
+        // Every Service, for the service-link environment of the containers started here.
+        let services = ferro_runtime::Informer::<k8s_openapi::api::core::v1::Service>::new();
+        services.spawn(kube::Api::all(c.clone()), kube::runtime::watcher::Config::default());
+        workers.set_services(services);
         let informer = source::watch_api(c, name, workers.clone());
         let w = workers.clone();
         tokio::spawn(async move {

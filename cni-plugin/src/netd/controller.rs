@@ -1,14 +1,15 @@
-//! The control loop: a watcher + reflector store over Nodes; every event and every resync
-//! tick runs one full, level-triggered reconcile (observe the kernel, plan, apply).
+//! The control loop: an informer over Nodes (ferro-runtime's, as every ferro loop); every
+//! change and every resync tick runs one full, level-triggered reconcile (observe the kernel,
+//! plan, apply).
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use futures::StreamExt;
+use ferro_runtime::Informer;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::Api;
 use tracing::Instrument;
 
@@ -186,43 +187,17 @@ pub async fn run<K: Kernel>(
     shutdown: impl Future<Output = ()>,
 ) {
     let api: Api<Node> = Api::all(client);
-    let (store, writer) = reflector::store::<Node>();
+    let informer = Informer::<Node>::new();
     let notify = Arc::new(tokio::sync::Notify::new());
-    let watch = {
+    {
         let notify = notify.clone();
-        let stream = reflector(
-            writer,
-            watcher(api.clone(), watcher::Config::default()).default_backoff(),
-        );
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            let mut failing = false;
-            while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(_) => {
-                        if failing {
-                            tracing::info!("watch of nodes recovered");
-                            failing = false;
-                        }
-                        notify.notify_one();
-                    }
-                    Err(e) => {
-                        failing = true;
-                        tracing::warn!(error = %e, "watch of nodes failed; retrying with backoff");
-                    }
-                }
-            }
-        })
-    };
+        informer.on_change(move |_| notify.notify_one());
+    }
+    // The informer retries a failing watch with backoff and logs each failure.
+    let watch = informer.spawn(api.clone(), watcher::Config::default());
     let mut shutdown = std::pin::pin!(shutdown);
     tokio::select! {
-        r = store.wait_until_ready() => {
-            if r.is_err() {
-                tracing::error!("node watch ended before the first list");
-                watch.abort();
-                return;
-            }
-        }
+        () = informer.wait_synced() => {}
         () = &mut shutdown => {
             watch.abort();
             return;
@@ -230,7 +205,7 @@ pub async fn run<K: Kernel>(
     }
     tracing::info!(node = %cfg.node_name, "node list synced; reconciling");
     loop {
-        let nodes: Vec<Node> = store.state().iter().map(|n| (**n).clone()).collect();
+        let nodes: Vec<Node> = informer.list().iter().map(|n| (**n).clone()).collect();
         let span = tracing::info_span!("reconcile", node = %cfg.node_name);
         async {
             match reconcile(&cfg, &kernel, &nodes).await {

@@ -133,6 +133,8 @@ struct Inner {
     relist: Mutex<Option<tokio::task::AbortHandle>>,
     /// The node's pressure conditions as the eviction manager last decided (admission).
     pressure: Mutex<admission::NodePressure>,
+    /// The cluster's Services (the service-link environment), set once by main.
+    services: std::sync::OnceLock<Arc<ferro_runtime::Informer<k8s_openapi::api::core::v1::Service>>>,
 }
 
 /// The pod workers of this node.
@@ -216,6 +218,7 @@ impl PodWorkers {
             csi: std::sync::OnceLock::new(),
             relist: Mutex::new(None),
             pressure: Mutex::new(admission::NodePressure::default()),
+            services: std::sync::OnceLock::new(),
         });
         tokio::spawn(async move {
             while let Some(uid) = notify_rx.recv().await {
@@ -258,6 +261,14 @@ impl PodWorkers {
         let uids: Vec<String> = self.inner.desired.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
         for uid in uids {
             self.inner.probes.remove_pod(&uid);
+        }
+    }
+
+    /// Hands the workers an informer of every Service (once), read for the service-link
+    /// environment instead of a list per pod start.
+    pub fn set_services(&self, informer: Arc<ferro_runtime::Informer<k8s_openapi::api::core::v1::Service>>) {
+        if self.inner.services.set(informer).is_err() {
+            tracing::warn!("the Services informer was set twice; keeping the first");
         }
     }
 

@@ -44,13 +44,26 @@ impl PodWorkers {
         if !with_services {
             return out;
         }
-        if pod.spec.as_ref().and_then(|s| s.enable_service_links) != Some(false) {
+        let links = pod.spec.as_ref().and_then(|s| s.enable_service_links) != Some(false);
+        let need_default = ns != "default" || !links;
+        // From the Services informer once it has listed (upstream's service lister); the API
+        // until then.
+        if let Some(inf) = self.inner.services.get().filter(|i| i.is_synced()) {
+            if links {
+                out.services.extend(inf.list_namespace(&ns).iter().map(|s| (**s).clone()));
+            }
+            if need_default {
+                out.services.extend(inf.get(Some("default"), "kubernetes").map(|s| (*s).clone()));
+            }
+            return out;
+        }
+        if links {
             let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), &ns);
             if let Ok(list) = svcs.list(&Default::default()).await {
                 out.services.extend(list.items);
             }
         }
-        if ns != "default" || pod.spec.as_ref().and_then(|s| s.enable_service_links) == Some(false) {
+        if need_default {
             let def: kube::Api<Service> = kube::Api::namespaced(client, "default");
             if let Ok(Some(s)) = def.get_opt("kubernetes").await {
                 out.services.push(s);
