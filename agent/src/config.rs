@@ -96,6 +96,7 @@ pub struct KubeletConfiguration {
     pub eviction_soft_grace_period: Option<std::collections::BTreeMap<String, String>>,
     pub eviction_pressure_transition_period: Option<String>,
     pub eviction_max_pod_grace_period: Option<i64>,
+    pub volume_stats_agg_period: Option<String>,
     pub static_pod_path: Option<PathBuf>,
     #[serde(rename = "podCIDR")]
     pub pod_cidr: Option<String>,
@@ -197,6 +198,8 @@ pub struct AgentConfig {
     /// replaces them entirely), evictionSoft with evictionSoftGracePeriod,
     /// evictionPressureTransitionPeriod (5m), evictionMaxPodGracePeriod.
     pub eviction: crate::eviction::plan::Config,
+    /// volumeStatsAggPeriod (1m): how often the volumes' stats are collected for the metrics.
+    pub volume_stats_agg_period: Duration,
     pub pod_cidr: Option<String>,
     pub cluster_dns: Vec<String>,
     pub cluster_domain: Option<String>,
@@ -342,6 +345,17 @@ impl AgentConfig {
                 .to_string(),
             pod_logs_dir: file.pod_logs_dir.unwrap_or_else(|| PathBuf::from("/var/log/pods")),
             eviction,
+            volume_stats_agg_period: {
+                let d = dur("volumeStatsAggPeriod", &file.volume_stats_agg_period, "1m")?;
+                if d.is_zero() {
+                    return Err(ConfigError::Duration {
+                        field: "volumeStatsAggPeriod",
+                        value: file.volume_stats_agg_period.clone().unwrap_or_default(),
+                        reason: "must be positive (ferro does not turn the collection off)".into(),
+                    });
+                }
+                d
+            },
             tls_cert_file: flags.tls_cert_file.clone().or(file.tls_cert_file),
             tls_private_key_file: flags.tls_private_key_file.clone().or(file.tls_private_key_file),
             client_ca_file: flags
@@ -514,6 +528,9 @@ mod tests {
         };
         let c = parse("").unwrap();
         assert_eq!(c.eviction, crate::eviction::plan::Config::default());
+        assert_eq!(c.volume_stats_agg_period, Duration::from_secs(60));
+        assert_eq!(parse("volumeStatsAggPeriod: 2s\n").unwrap().volume_stats_agg_period, Duration::from_secs(2));
+        assert!(parse("volumeStatsAggPeriod: 0s\n").unwrap_err().to_string().contains("volumeStatsAggPeriod"));
         let c = parse("evictionHard: {nodefs.available: 30%}\nevictionSoft: {memory.available: 1Gi}\nevictionSoftGracePeriod: {memory.available: 1m30s}\nevictionPressureTransitionPeriod: 5s\nevictionMaxPodGracePeriod: 20\n").unwrap();
         assert_eq!(c.eviction.hard.len(), 1, "a configured map replaces the defaults");
         assert_eq!(c.eviction.hard[&Signal::NodefsAvailable], Threshold::Percent(30.0));

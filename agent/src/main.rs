@@ -195,11 +195,14 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         node: name.clone(),
         drivers: csi_drivers.clone(),
         client: client.clone(),
+        stats: std::sync::Mutex::new(Vec::new()),
     });
     workers.set_csi(mounter.clone());
     if client.is_some() {
         // kubelet's half of volume expansion (NodeExpandVolume for claims waiting on it).
-        tokio::spawn(mounter.expansion_loop(std::time::Duration::from_secs(2)));
+        tokio::spawn(mounter.clone().expansion_loop(std::time::Duration::from_secs(2)));
+        // kubelet_volume_stats_* of the published claims.
+        tokio::spawn(mounter.clone().stats_loop(cfg.volume_stats_agg_period));
     }
     let server = start_server(&cfg, &name, &facts, client.clone(), workers.clone())?;
     let Some(client) = client else {

@@ -58,6 +58,23 @@ fn a_claimed_volume_is_provisioned_mounted_and_outlives_its_pod() {
     let df = lab.kubectl_ok(&["exec", "writer", "--", "sh", "-c", "df -k /data | tail -1; stat -c %g /data"]);
     assert!(df.contains("/data"), "{df}");
     assert!(df.trim().ends_with("2000"), "fsGroup not applied: {df}");
+    // kubelet_volume_stats_* from the driver's NodeGetVolumeStats, labelled by the claim.
+    let gauge = |m: &str, name: &str| -> Option<i64> {
+        let key = format!("{name}{{namespace=\"default\",persistentvolumeclaim=\"data\"}} ");
+        m.lines().find_map(|l| l.strip_prefix(key.as_str()))?.trim().parse().ok()
+    };
+    let m = lab.wait("the claim's volume stats in the agent's metrics", MIN, |l| {
+        let m = l.agent_metrics();
+        gauge(&m, "kubelet_volume_stats_used_bytes").is_some_and(|u| u > 0).then_some(m)
+    });
+    let (cap, avail, used) = (
+        gauge(&m, "kubelet_volume_stats_capacity_bytes").unwrap(),
+        gauge(&m, "kubelet_volume_stats_available_bytes").unwrap(),
+        gauge(&m, "kubelet_volume_stats_used_bytes").unwrap(),
+    );
+    assert!(cap > 32 << 20 && cap <= 64 << 20 && avail < cap && used < cap, "{m}");
+    assert!(gauge(&m, "kubelet_volume_stats_inodes").unwrap() > 0, "{m}");
+    assert_eq!(gauge(&m, "kubelet_volume_stats_health_status_abnormal"), Some(0), "{m}");
     let agent_root = lab.dir.path().join("agent");
     let mounts = mounts_under(&lab, &agent_root);
     assert!(mounts.iter().any(|m| m.ends_with("/globalmount")), "{mounts:?}");

@@ -45,24 +45,6 @@ impl Drop for NsMount {
     }
 }
 
-/// `text` without ANSI colour sequences (the agent's log is coloured).
-fn plain(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for d in chars.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 fn condition(obj: &Value, t: &str) -> Option<String> {
     obj["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == t)?["status"].as_str().map(str::to_string)
 }
@@ -109,7 +91,7 @@ fn disk_pressure_evicts_the_pod_filling_the_node_file_system() {
     let dt = st["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "DisruptionTarget").cloned();
     let dt = dt.unwrap_or_else(|| panic!("no DisruptionTarget condition: {st}"));
     assert_eq!((dt["status"].as_str(), dt["reason"].as_str()), (Some("True"), Some("TerminationByKubelet")));
-    let log = plain(&lab.agent_log());
+    let log = lab::plain(&lab.agent_log());
     assert!(log.lines().any(|l| l.contains("node pressure changed") && l.contains("disk=true")), "no DiskPressure\n{log}");
 
     // The evicted pod's emptyDir is released, which relieves the pressure; the condition clears

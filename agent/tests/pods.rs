@@ -534,7 +534,14 @@ fn agent_restart_and_static_pods() {
         let after = log.rsplit("--- agent restarted ---").next().unwrap_or("");
         after.contains("node status posted").then_some(())
     }));
-    std::thread::sleep(Duration::from_secs(15));
+    // Every pod synced twice by the restarted agent (the first sync adopts what runs; the
+    // relist after it queues every pod again), each sync leaving a debug line.
+    lab.wait("every pod synced twice after the restart", MIN, |l| {
+        let log = lab::plain(&l.agent_log());
+        let after = log.rsplit("--- agent restarted ---").next().unwrap_or("").to_string();
+        let synced: Vec<&str> = after.lines().filter(|x| x.contains("pod synced")).collect();
+        before.keys().all(|name| synced.iter().filter(|x| x.contains(&format!("pod=default/{name}"))).count() >= 2).then_some(())
+    });
     let after = ids(&lab).unwrap_or_else(|| panic!("pods changed after the restart\n{}", lab.logs()));
     assert_eq!(before, after, "containers were restarted or replaced");
     assert_eq!(count(&lab), 40, "duplicated sandboxes or containers after the restart");

@@ -29,7 +29,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use serde::{Deserialize, Serialize};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::registry::{channel, Drivers, RegistryError};
 use crate::pod::volume::ownership::{self, ChangePolicy};
@@ -211,6 +211,38 @@ pub struct CsiMounter {
     pub node: String,
     pub drivers: Arc<Drivers>,
     pub client: Option<kube::Client>,
+    /// The last NodeGetVolumeStats of every published claim (the kubelet_volume_stats_*
+    /// metrics), refreshed by [`CsiMounter::stats_loop`].
+    pub stats: std::sync::Mutex<Vec<VolumeStats>>,
+}
+
+/// One claim's volume as NodeGetVolumeStats reports it (upstream's kubelet_volume_stats_*).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VolumeStats {
+    pub namespace: String,
+    pub claim: String,
+    pub capacity_bytes: i64,
+    pub available_bytes: i64,
+    pub used_bytes: i64,
+    pub inodes: i64,
+    pub inodes_free: i64,
+    pub inodes_used: i64,
+    /// The driver's VolumeCondition: Some(true) when it reports the volume abnormal.
+    pub abnormal: Option<bool>,
+}
+
+/// The usage of a NodeGetVolumeStats answer as [`VolumeStats`] (claim names aside).
+pub fn stats_of(resp: &csi_proto::csi::NodeGetVolumeStatsResponse) -> VolumeStats {
+    use csi_proto::csi::volume_usage::Unit;
+    let mut v = VolumeStats { abnormal: resp.volume_condition.as_ref().map(|c| c.abnormal), ..Default::default() };
+    for u in &resp.usage {
+        match u.unit() {
+            Unit::Bytes => (v.capacity_bytes, v.available_bytes, v.used_bytes) = (u.total, u.available, u.used),
+            Unit::Inodes => (v.inodes, v.inodes_free, v.inodes_used) = (u.total, u.available, u.used),
+            Unit::Unknown => {}
+        }
+    }
+    v
 }
 
 fn rpc(call: &'static str, volume: &str) -> impl FnOnce(tonic::Status) -> CsiError {
@@ -412,6 +444,53 @@ impl CsiMounter {
         Ok(grown)
     }
 
+    /// NodeGetVolumeStats of every published claim volume (once per volume), with its claim's
+    /// namespace and name from its PV. Volumes whose driver does not answer are left out.
+    pub async fn collect_stats(&self) -> Result<Vec<VolumeStats>, CsiError> {
+        let Some(client) = self.client.clone() else { return Ok(Vec::new()) };
+        let mut seen = std::collections::BTreeSet::new();
+        let mut out = Vec::new();
+        let Ok(pods) = std::fs::read_dir(self.root.join("pods")) else { return Ok(out) };
+        let pvs: Api<PersistentVolume> = Api::all(client);
+        for pod in pods.flatten() {
+            for (vol_dir, data) in read_vol_data(&pod.path().join("volumes").join(CSI_DIR)) {
+                if !seen.insert(data.spec_vol_id.clone()) {
+                    continue;
+                }
+                let Some(pv) = pvs.get_opt(&data.spec_vol_id).await? else { continue };
+                let Some(claim) = pv.spec.as_ref().and_then(|s| s.claim_ref.clone()) else { continue };
+                let (Some(namespace), Some(name)) = (claim.namespace, claim.name) else { continue };
+                let mut node = self.node_client(&data.driver_name).await?;
+                let req = csi_proto::csi::NodeGetVolumeStatsRequest {
+                    volume_id: data.volume_handle.clone(),
+                    volume_path: data.target_in(&vol_dir).to_string_lossy().into_owned(),
+                    staging_target_path: data.staging_path.to_string_lossy().into_owned(),
+                };
+                match node.node_get_volume_stats(req).await {
+                    Ok(resp) => out.push(VolumeStats { namespace, claim: name, ..stats_of(resp.get_ref()) }),
+                    Err(status) => {
+                        debug!(volume = %data.spec_vol_id, %status, "NodeGetVolumeStats failed");
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| (&a.namespace, &a.claim).cmp(&(&b.namespace, &b.claim)));
+        Ok(out)
+    }
+
+    /// Refreshes [`CsiMounter::stats`] every `period` (upstream's volumeStatsAggPeriod),
+    /// forever.
+    pub async fn stats_loop(self: Arc<Self>, period: std::time::Duration) {
+        let mut tick = tokio::time::interval(period);
+        loop {
+            tick.tick().await;
+            match self.collect_stats().await {
+                Ok(v) => *self.stats.lock().unwrap_or_else(|p| p.into_inner()) = v,
+                Err(e) => debug!(error = %e, "collecting volume stats failed; retrying"),
+            }
+        }
+    }
+
     /// Runs [`CsiMounter::expand_published`] every `period`, forever.
     pub async fn expansion_loop(self: Arc<Self>, period: std::time::Duration) {
         let mut tick = tokio::time::interval(period);
@@ -458,6 +537,24 @@ pub fn read_vol_data(dir: &Path) -> Vec<(PathBuf, VolData)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volume_stats_from_a_node_get_volume_stats_answer() {
+        use csi_proto::csi::{volume_usage::Unit, NodeGetVolumeStatsResponse, VolumeCondition, VolumeUsage};
+        let resp = NodeGetVolumeStatsResponse {
+            usage: vec![
+                VolumeUsage { available: 60, total: 100, used: 40, unit: Unit::Bytes as i32 },
+                VolumeUsage { available: 7, total: 10, used: 3, unit: Unit::Inodes as i32 },
+            ],
+            volume_condition: Some(VolumeCondition { abnormal: true, message: "backing file gone".into() }),
+        };
+        let v = stats_of(&resp);
+        assert_eq!(
+            (v.capacity_bytes, v.available_bytes, v.used_bytes, v.inodes, v.inodes_free, v.inodes_used, v.abnormal),
+            (100, 60, 40, 10, 7, 3, Some(true))
+        );
+        assert_eq!(stats_of(&NodeGetVolumeStatsResponse::default()).abnormal, None);
+    }
     use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolumeSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 

@@ -84,6 +84,10 @@ pub trait Lookup: Send + Sync + 'static {
     fn container(&self, namespace: &str, pod: &str, container: &str) -> Option<ContainerRef>;
     /// The pod's sandbox id (for port-forward).
     fn sandbox(&self, namespace: &str, pod: &str) -> Option<String>;
+    /// The last stats of the claims' volumes (the kubelet_volume_stats_* metrics).
+    fn volume_stats(&self) -> Vec<crate::csi::mounter::VolumeStats> {
+        Vec::new()
+    }
 }
 
 /// How the server is set up.
@@ -445,6 +449,41 @@ fn rss_bytes(proc_root: &Path) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Upstream's kubelet_volume_stats_* gauges, labelled by the claim.
+fn volume_metrics(s: &mut String, stats: &[crate::csi::mounter::VolumeStats]) {
+    use std::fmt::Write as _;
+    type Get = fn(&crate::csi::mounter::VolumeStats) -> i64;
+    let gauges: [(&str, &str, Get); 6] = [
+        ("kubelet_volume_stats_capacity_bytes", "Capacity in bytes of the volume", |v| v.capacity_bytes),
+        ("kubelet_volume_stats_available_bytes", "Number of available bytes in the volume", |v| v.available_bytes),
+        ("kubelet_volume_stats_used_bytes", "Number of used bytes in the volume", |v| v.used_bytes),
+        ("kubelet_volume_stats_inodes", "Maximum number of inodes in the volume", |v| v.inodes),
+        ("kubelet_volume_stats_inodes_free", "Number of free inodes in the volume", |v| v.inodes_free),
+        ("kubelet_volume_stats_inodes_used", "Number of used inodes in the volume", |v| v.inodes_used),
+    ];
+    if stats.is_empty() {
+        return;
+    }
+    for (name, help, get) in gauges {
+        let _ = writeln!(s, "# HELP {name} {help}");
+        let _ = writeln!(s, "# TYPE {name} gauge");
+        for v in stats {
+            let _ = writeln!(s, "{name}{{namespace=\"{}\",persistentvolumeclaim=\"{}\"}} {}", v.namespace, v.claim, get(v));
+        }
+    }
+    let _ = writeln!(s, "# HELP kubelet_volume_stats_health_status_abnormal Abnormal volume health status (1 abnormal, 0 normal)");
+    let _ = writeln!(s, "# TYPE kubelet_volume_stats_health_status_abnormal gauge");
+    for v in stats.iter().filter(|v| v.abnormal.is_some()) {
+        let _ = writeln!(
+            s,
+            "kubelet_volume_stats_health_status_abnormal{{namespace=\"{}\",persistentvolumeclaim=\"{}\"}} {}",
+            v.namespace,
+            v.claim,
+            u8::from(v.abnormal == Some(true))
+        );
+    }
+}
+
 /// Prometheus text: pods and running containers (as the pod workers report them), request
 /// counts, the process's resident memory.
 fn metrics_text(state: &State) -> String {
@@ -476,6 +515,7 @@ fn metrics_text(state: &State) -> String {
     for ((route, protocol), n) in state.streams.snapshot() {
         let _ = writeln!(s, "ferro_agent_stream_requests_total{{path=\"{route}\",protocol=\"{protocol}\"}} {n}");
     }
+    volume_metrics(&mut s, &state.lookup.volume_stats());
     if let Some(rss) = rss_bytes(&state.proc_root) {
         let _ = writeln!(s, "# HELP process_resident_memory_bytes Resident memory size in bytes.");
         let _ = writeln!(s, "# TYPE process_resident_memory_bytes gauge");
@@ -637,6 +677,37 @@ async fn follow(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volume_stats_metrics() {
+        use crate::csi::mounter::VolumeStats;
+        let mut s = String::new();
+        volume_metrics(&mut s, &[]);
+        assert_eq!(s, "", "no claims, no volume gauges");
+        let v = VolumeStats {
+            namespace: "db".into(),
+            claim: "data".into(),
+            capacity_bytes: 100,
+            available_bytes: 60,
+            used_bytes: 40,
+            inodes: 10,
+            inodes_free: 7,
+            inodes_used: 3,
+            abnormal: Some(false),
+        };
+        volume_metrics(&mut s, &[v.clone(), VolumeStats { claim: "logs".into(), abnormal: None, ..v }]);
+        for line in [
+            "kubelet_volume_stats_capacity_bytes{namespace=\"db\",persistentvolumeclaim=\"data\"} 100\n",
+            "kubelet_volume_stats_available_bytes{namespace=\"db\",persistentvolumeclaim=\"data\"} 60\n",
+            "kubelet_volume_stats_used_bytes{namespace=\"db\",persistentvolumeclaim=\"logs\"} 40\n",
+            "kubelet_volume_stats_inodes_free{namespace=\"db\",persistentvolumeclaim=\"data\"} 7\n",
+            "kubelet_volume_stats_health_status_abnormal{namespace=\"db\",persistentvolumeclaim=\"data\"} 0\n",
+            "# TYPE kubelet_volume_stats_inodes_used gauge\n",
+        ] {
+            assert!(s.contains(line), "{line} missing from\n{s}");
+        }
+        assert!(!s.contains("health_status_abnormal{namespace=\"db\",persistentvolumeclaim=\"logs\"}"), "no condition, no health gauge");
+    }
 
     #[test]
     fn routes() {

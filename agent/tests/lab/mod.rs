@@ -27,6 +27,24 @@ pub const EVICTION: &str = "evictionHard:\n  memory.available: 100Mi\n  nodefs.a
 /// The KubeletConfiguration line that turns image GC off (upstream: high threshold 100).
 pub const NO_IMAGE_GC: &str = "imageGCHighThresholdPercent: 100\n";
 
+/// `text` without ANSI colour sequences (the agent's log is coloured).
+pub fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The ferro-agent binary: cargo's for tests; next to the examples dir for the benchmark.
 pub fn agent_bin() -> PathBuf {
     match option_env!("CARGO_BIN_EXE_ferro-agent") {
@@ -206,7 +224,7 @@ impl Lab {
         std::fs::write(
             self.dir.path().join("agent.yaml"),
             format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodCIDR: {SUBNET}\npodLogsDir: {}\nstaticPodPath: {}\n{}{extra_config}",
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodCIDR: {SUBNET}\npodLogsDir: {}\nstaticPodPath: {}\nvolumeStatsAggPeriod: 2s\n{}{extra_config}",
                 self.dir.path().join("logs").display(),
                 self.dir.path().join("manifests").display(),
                 // The lab's thresholds unless the extra lines set their own.
@@ -294,6 +312,22 @@ impl Lab {
             .spawn()
             .unwrap();
         self.agent = Proc(Some(child));
+    }
+
+    /// The agent's /metrics (:10250, with the control plane's kubelet-client certificate).
+    pub fn agent_metrics(&self) -> String {
+        let cp = self.dir.path().join("cp");
+        let out = self
+            .ns
+            .command("curl")
+            .args(["-sk", "--max-time", "10", "--cert"])
+            .arg(cp.join("kubelet-client.crt"))
+            .arg("--key")
+            .arg(cp.join("kubelet-client.key"))
+            .arg("https://127.0.0.1:10250/metrics")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     pub fn kubectl(&self, args: &[&str]) -> Output {

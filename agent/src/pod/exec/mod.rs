@@ -592,6 +592,7 @@ impl PodWorkers {
                 self.event(&pod, "Warning", "FailedMount", format!("MountVolume.SetUp failed: {e}"));
             }
         }
+        tracing::debug!(pod = %pod_label(&pod), "pod synced");
         Ok(Next::After(next))
     }
 
@@ -651,6 +652,10 @@ impl crate::server::Lookup for PodWorkers {
     fn sandbox(&self, namespace: &str, pod: &str) -> Option<String> {
         let (_, rt) = self.runtime_of(namespace, pod)?;
         rt.sandbox().filter(|s| s.state == SandboxState::Ready).map(|s| s.id.clone())
+    }
+
+    fn volume_stats(&self) -> Vec<crate::csi::mounter::VolumeStats> {
+        self.inner.csi.get().map(|c| c.stats.lock().unwrap_or_else(|p| p.into_inner()).clone()).unwrap_or_default()
     }
 }
 
