@@ -1,7 +1,9 @@
-//! Node-pressure eviction in the lab (real ferro-control-plane, containerd + runc, ferro-agent):
-//! the agent's root dir on a small loop-mounted ext4, a pod filling its emptyDir until the
-//! node's file system crosses the nodefs.available threshold. Needs root; nothing of the
-//! machine's own disk is at risk (the file system is a 64 MiB file under /var/tmp).
+//! Node-pressure eviction in the lab (real ferro-control-plane, containerd + runc, ferro-agent).
+//! Disk: the agent's root dir on a small loop-mounted ext4, a pod filling its emptyDir until the
+//! node's file system crosses the nodefs.available threshold (nothing of the machine's own disk
+//! is at risk: the file system is a 64 MiB file under /var/tmp). Memory: a memory.available
+//! threshold set 400 MiB below what the machine has available when the test starts, crossed by
+//! a pod filling an 800 MiB memory-backed emptyDir. Needs root.
 #![allow(clippy::unwrap_used)]
 
 mod lab;
@@ -106,5 +108,53 @@ fn disk_pressure_evicts_the_pod_filling_the_node_file_system() {
     assert_eq!(b["status"]["phase"], "Running", "{}", b["status"]);
     assert_eq!(b["status"]["containerStatuses"][0]["restartCount"], 0);
     lab.kubectl_ok(&["delete", "pod", "bystander", "filler", "--wait=true", "--timeout=60s"]);
+    lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
+}
+
+fn mem_available_mib() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = text.lines().find_map(|l| l.strip_prefix("MemAvailable:")).unwrap().trim().trim_end_matches("kB").trim().parse().unwrap();
+    kib / 1024
+}
+
+#[test]
+#[ignore = "privileged: needs root and containerd; run by scripts/test.sh"]
+fn memory_pressure_evicts_the_pod_holding_the_most_memory() {
+    let mut lab = Lab::start("evictmem");
+    // A memory.available threshold 400 MiB below what the machine has available now: a pod
+    // holding 800 MiB (a memory-backed emptyDir it fills) crosses it; the machine keeps all
+    // but those 800 MiB.
+    let threshold = mem_available_mib().saturating_sub(400);
+    lab.agent.kill();
+    lab.write_agent_config(&format!("evictionHard:\n  memory.available: {threshold}Mi\nevictionPressureTransitionPeriod: 5s\n"));
+    lab.start_agent();
+    let node_condition = |l: &Lab, t: &str| {
+        let n: Value = serde_json::from_str(&l.kubectl_ok(&["get", "node", lab::NODE, "-o", "json"])).ok()?;
+        condition(&n, t)
+    };
+    lab.wait("the node Ready without MemoryPressure", MIN, |l| {
+        (node_condition(l, "Ready").as_deref() == Some("True") && node_condition(l, "MemoryPressure").as_deref() == Some("False")).then_some(())
+    });
+    lab.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: bystander\nspec:\n  terminationGracePeriodSeconds: 5\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, '3600']\n    resources:\n      requests: {{memory: 64Mi}}\n"
+    ));
+    lab.wait_pod("bystander", "Running", MIN, |p| p["status"]["phase"] == "Running");
+    lab.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: hog\nspec:\n  terminationGracePeriodSeconds: 5\n  volumes:\n  - name: mem\n    emptyDir: {{medium: Memory, sizeLimit: 1Gi}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sh, -c, 'dd if=/dev/zero of=/mem/fill bs=1M count=800; exec sleep 3600']\n    volumeMounts:\n    - {{name: mem, mountPath: /mem}}\n"
+    ));
+    let evicted = lab.wait_pod("hog", "evicted", Duration::from_secs(120), |p| p["status"]["phase"] == "Failed");
+    let st = &evicted["status"];
+    assert_eq!(st["reason"], "Evicted", "{st}");
+    let msg = st["message"].as_str().unwrap();
+    assert!(msg.starts_with("The node was low on resource: memory. Threshold quantity: "), "{msg}");
+    assert!(msg.contains("has larger consumption of memory"), "{msg}");
+    let log = lab::plain(&lab.agent_log());
+    assert!(log.lines().any(|l| l.contains("node pressure changed") && l.contains("memory=true")), "no MemoryPressure\n{log}");
+    // The hog's tmpfs goes with its volumes; the pressure clears after the transition period.
+    lab.wait("MemoryPressure False again", MIN, |l| (node_condition(l, "MemoryPressure").as_deref() == Some("False")).then_some(()));
+    let b = lab.pod("bystander").unwrap();
+    assert_eq!(b["status"]["phase"], "Running", "{}", b["status"]);
+    assert_eq!(b["status"]["containerStatuses"][0]["restartCount"], 0);
+    lab.kubectl_ok(&["delete", "pod", "bystander", "hog", "--wait=true", "--timeout=60s"]);
     lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
 }
