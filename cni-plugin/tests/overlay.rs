@@ -39,6 +39,15 @@ fn require_root() {
 }
 
 /// Polls `f` until it returns true or `secs` pass; panics with `what` and `diag()`.
+/// Whether a netlink socket of process `pid` in `ns` has joined a multicast group.
+fn subscribed(ns: &NetNs, pid: u32) -> bool {
+    let table = ns.exec_ok(&["cat", "/proc/net/netlink"]).unwrap_or_default();
+    table.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && f[2] == pid.to_string() && u64::from_str_radix(f[3], 16).is_ok_and(|g| g != 0)
+    })
+}
+
 fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool, diag: impl Fn() -> String) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !f() {
@@ -698,7 +707,14 @@ fn overlay_connects_pods_across_nodes_and_converges() {
         &["bridge", "monitor", "fdb"],
         &mon_dir.join("bridge-monitor.txt"),
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // Both monitors listen once their netlink sockets joined multicast groups (a socket whose
+    // port id is the monitor's pid with non-zero Groups in the namespace's /proc/net/netlink).
+    wait_for(
+        10,
+        "the monitors to subscribe",
+        || [&ip_mon, &br_mon].iter().all(|m| subscribed(&lab.nodes[0], m.child.id())),
+        || lab.nodes[0].exec_ok(&["cat", "/proc/net/netlink"]).unwrap_or_default(),
+    );
     let old = lab.netd[0].take().unwrap();
     assert!(
         old.terminate(),
