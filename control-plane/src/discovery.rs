@@ -179,6 +179,7 @@ fn components(group: &str, version: &str) -> Map<String, Value> {
     add!(storage::v1::CSIDriver, "csidrivers");
     add!(storage::v1::CSINode, "csinodes");
     add!(storage::v1::VolumeAttachment, "volumeattachments");
+    add!(storage::v1::CSIStorageCapacity, "csistoragecapacities");
     add!(apps::v1::Deployment, "deployments");
     add!(apps::v1::ReplicaSet, "replicasets");
     add!(apps::v1::DaemonSet, "daemonsets");

@@ -153,6 +153,8 @@ pub static RESOURCES: &[Resource] = &[
         short: [], cat: [], sub: [], gen: false),
     res!("storage.k8s.io", "v1", "VolumeAttachment", "volumeattachments", "volumeattachment", false, storage::v1::VolumeAttachment,
         short: [], cat: [], sub: [Status], gen: false),
+    res!("storage.k8s.io", "v1", "CSIStorageCapacity", "csistoragecapacities", "csistoragecapacity", true, storage::v1::CSIStorageCapacity,
+        short: [], cat: [], sub: [], gen: false),
     res!("apps", "v1", "Deployment", "deployments", "deployment", true, apps::v1::Deployment,
         short: ["deploy"], cat: ["all"], sub: [Status, Scale], gen: true),
     res!("apps", "v1", "ReplicaSet", "replicasets", "replicaset", true, apps::v1::ReplicaSet,

@@ -162,7 +162,7 @@ pub fn schema_for_kind(kind: &str) -> Option<SchemaType> {
         "ReplicaSet" | "DaemonSet" | "StatefulSet" | "ReplicationController" => T::Workload,
         "PodTemplate" => T::PodTemplate,
         "Endpoints" | "ConfigMap" | "Secret" | "Event" | "PersistentVolume" | "EndpointSlice"
-        | "Lease" | "StorageClass" | "CSIDriver" | "VolumeAttachment" | "Scale" => T::MetadataOnly,
+        | "Lease" | "StorageClass" | "CSIDriver" | "VolumeAttachment" | "CSIStorageCapacity" | "Scale" => T::MetadataOnly,
         _ => return None,
     })
 }

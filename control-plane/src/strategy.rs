@@ -579,6 +579,18 @@ pub fn validate(res: &Resource, obj: &Value) -> Vec<FieldError> {
         "storageclasses" => {
             required_str(obj, "/provisioner", "provisioner", &mut errs);
         }
+        "csistoragecapacities" => {
+            // Upstream's ValidateCSIStorageCapacity: a storage class name that is a valid
+            // object name; capacity and maximumVolumeSize, when set, not negative.
+            required_str(obj, "/storageClassName", "storageClassName", &mut errs);
+            for (ptr, field) in [("/capacity", "capacity"), ("/maximumVolumeSize", "maximumVolumeSize")] {
+                if let Some(q) = obj.pointer(ptr).and_then(|v| v.as_str()) {
+                    if k8s_semantics::quantity::scaled(q, 1).is_none_or(|v| v < 0) {
+                        errs.push(FieldError::invalid(field, json!(q), "must be greater than or equal to 0"));
+                    }
+                }
+            }
+        }
         "persistentvolumeclaims" => {
             if obj.pointer("/spec/accessModes").and_then(|a| a.as_array()).map(|a| a.is_empty()).unwrap_or(true) {
                 errs.push(FieldError::required("spec.accessModes", "at least 1 access mode is required"));

@@ -48,6 +48,14 @@ struct Args {
     /// Which services to serve.
     #[arg(long, value_enum, default_value = "all")]
     mode: Mode,
+    /// Namespace of this node's CSIStorageCapacity objects (the provisioner publishes one per
+    /// StorageClass of the driver).
+    #[arg(long, default_value = "kube-system")]
+    capacity_namespace: String,
+    /// How often the capacity is published again (also soon after a StorageClass or a volume
+    /// changes); a Go duration.
+    #[arg(long, default_value = "1m")]
+    capacity_poll_interval: String,
 }
 
 fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
@@ -103,7 +111,13 @@ async fn main() -> anyhow::Result<()> {
             .await
             .with_context(|| format!("loading kubeconfig {}", path.display()))?;
         let client = kube::Client::try_from(config).context("building the API client")?;
-        ferro_csi::provisioner::start(Arc::clone(&engine), client, args.node_id.clone()).await;
+        let capacity = ferro_csi::provisioner::CapacityConfig {
+            namespace: args.capacity_namespace.clone(),
+            poll_interval: k8s_semantics::parse_duration(&args.capacity_poll_interval)
+                .map_err(|e| anyhow::anyhow!("--capacity-poll-interval {:?}: {e}", args.capacity_poll_interval))?,
+        };
+        anyhow::ensure!(!capacity.poll_interval.is_zero(), "--capacity-poll-interval must be positive");
+        ferro_csi::provisioner::start(Arc::clone(&engine), client, args.node_id.clone(), Some(capacity)).await;
         info!(node = %args.node_id, "provisioner running");
     }
     info!(socket = %socket.display(), node = %args.node_id, mode = ?args.mode, "serving CSI");

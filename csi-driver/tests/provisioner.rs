@@ -104,7 +104,7 @@ impl Cluster {
         let child = Command::new("nsenter")
             .arg(format!("--net={}", self.ns.path()))
             .arg(env!("CARGO_BIN_EXE_ferro-csi"))
-            .args(["--node-id", NODE, "--pool-size", "1Gi"])
+            .args(["--node-id", NODE, "--pool-size", "1Gi", "--capacity-poll-interval", "2s"])
             .arg("--data-dir")
             .arg(self.data())
             .arg("--endpoint")
@@ -237,6 +237,23 @@ fn claims_are_provisioned_on_the_selected_node_and_deleted_with_their_claim() ->
     register_node(&c)?;
     c.wait("the CSIDriver object", || c.get(&["csidriver", "loop.csi.ferro.dev"], "{.spec.attachRequired}") == "false")?;
     c.apply(&storage_class("loop", "WaitForFirstConsumer"))?;
+    // Storage capacity tracking: one CSIStorageCapacity for the class, with the node's
+    // topology and what the pool still holds.
+    assert_eq!(c.get(&["csidriver", "loop.csi.ferro.dev"], "{.spec.storageCapacity}"), "true");
+    let capacity = |class: &str| {
+        c.kubectl(&[
+            "get",
+            "csistoragecapacities",
+            "-n",
+            "kube-system",
+            "-o",
+            &format!("jsonpath={{.items[?(@.storageClassName==\"{class}\")].capacity}}"),
+        ])
+        .unwrap_or_default()
+    };
+    c.wait("the class's CSIStorageCapacity", || capacity("loop") == "1Gi")?;
+    let topology = c.kubectl(&["get", "csistoragecapacities", "-n", "kube-system", "-o", "jsonpath={.items[0].nodeTopology.matchLabels}"])?;
+    assert!(topology.contains("topology.loop.csi.ferro.dev/node") && topology.contains(NODE), "{topology}");
     c.apply(&claim("data", "loop", "100Mi"))?;
     // No consumer yet: WaitForFirstConsumer leaves the claim alone.
     c.wait("the claim to wait for its consumer", || {
@@ -279,6 +296,8 @@ fn claims_are_provisioned_on_the_selected_node_and_deleted_with_their_claim() ->
     );
     let disks = c.disks();
     assert_eq!(disks.len(), 1, "{disks:?}");
+    // The volume made counts against the published capacity.
+    c.wait("the capacity to shrink by the volume", || capacity("loop") == "924Mi")?;
     assert_eq!(std::fs::metadata(&disks[0])?.len(), 100 << 20);
     let events = c.kubectl(&[
         "get",

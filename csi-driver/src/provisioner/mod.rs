@@ -6,6 +6,7 @@
 //! the node they live on. Volumes made for claims that are gone before their PV was written
 //! are swept (see [`sweep_orphans`]).
 
+pub mod capacity;
 pub mod plan;
 
 use std::collections::HashSet;
@@ -93,11 +94,22 @@ pub async fn ensure_driver_object(client: &kube::Client) -> Result<(), kube::Err
     }
 }
 
-/// Starts the informers, the workers and the resyncs; returns once the caches are synced.
+/// Where and how often this node's CSIStorageCapacity objects are published
+/// (external-provisioner's `--capacity-poll-interval`, default 1m; its namespace is the
+/// provisioner's own, ferro's default kube-system).
+#[derive(Clone, Debug)]
+pub struct CapacityConfig {
+    pub namespace: String,
+    pub poll_interval: Duration,
+}
+
+/// Starts the informers, the workers and the resyncs (and, with `capacity`, storage capacity
+/// tracking); returns once the caches are synced.
 pub async fn start<H: Host>(
     engine: Arc<Engine<H>>,
     client: kube::Client,
     node: String,
+    capacity: Option<CapacityConfig>,
 ) -> Arc<Context<H>> {
     if let Err(e) = ensure_driver_object(&client).await {
         warn!(error = %e, "cannot create the CSIDriver object; an upstream kubelet may wait for an attach step");
@@ -162,6 +174,9 @@ pub async fn start<H: Host>(
         );
         keys
     });
+    if let Some(cfg) = capacity {
+        tokio::spawn(capacity_loop(Arc::clone(&ctx), cfg));
+    }
     let sweep_ctx = Arc::clone(&ctx);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(60));
@@ -173,6 +188,56 @@ pub async fn start<H: Host>(
         }
     });
     ctx
+}
+
+/// Publishes this node's CSIStorageCapacity objects every poll interval and soon after a
+/// StorageClass or a PersistentVolume changes (a volume made or deleted changes what is left).
+async fn capacity_loop<H: Host>(ctx: Arc<Context<H>>, cfg: CapacityConfig) {
+    let changed = Arc::new(tokio::sync::Notify::new());
+    {
+        let n = Arc::clone(&changed);
+        ctx.classes.on_change(move |_c: &Change<StorageClass>| n.notify_one());
+        let n = Arc::clone(&changed);
+        ctx.volumes.on_change(move |_c: &Change<PersistentVolume>| n.notify_one());
+    }
+    let mut last_error = String::new();
+    loop {
+        let span = info_span!("reconcile", controller = "capacity", object = %ctx.node);
+        async {
+            let classes: Vec<StorageClass> = ctx.classes.list().iter().map(|c| (**c).clone()).collect();
+            let available = match engine_call(&ctx, |e| e.available()).await {
+                Ok(Ok(a)) => a,
+                Ok(Err(s)) => {
+                    warn!(status = %s, "GetCapacity failed; capacity not published");
+                    return;
+                }
+                Err(e) => {
+                    warn!(error = %e, "GetCapacity failed; capacity not published");
+                    return;
+                }
+            };
+            match capacity::sync(&ctx.client, &ctx.node, &cfg.namespace, &classes, available).await {
+                Ok(0) => last_error.clear(),
+                Ok(n) => {
+                    last_error.clear();
+                    info!(changes = n, available, "storage capacity published");
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    if msg != last_error {
+                        warn!(error = %msg, "publishing storage capacity failed; retrying");
+                        last_error = msg;
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+        tokio::select! {
+            () = changed.notified() => {}
+            () = tokio::time::sleep(cfg.poll_interval) => {}
+        }
+    }
 }
 
 /// The named reconcile: one claim or one volume, in a span carrying its key.

@@ -39,7 +39,7 @@ pub const DEFAULT_FSTYPE: &str = "ext4";
 /// The CSIDriver object describing ferro-csi to the cluster: no attach step (volumes are
 /// node-local: an upstream kubelet must not wait for a VolumeAttachment), no pod info on
 /// mount, fsGroup applied by the kubelet for ReadWriteOnce volumes with an fsType, persistent
-/// volumes only.
+/// volumes only, storage capacity published (see [`super::capacity`]).
 pub fn driver_object() -> CSIDriver {
     CSIDriver {
         metadata: ObjectMeta { name: Some(DRIVER_NAME.into()), ..Default::default() },
@@ -48,7 +48,7 @@ pub fn driver_object() -> CSIDriver {
             pod_info_on_mount: Some(false),
             fs_group_policy: Some("ReadWriteOnceWithFSType".into()),
             volume_lifecycle_modes: Some(vec!["Persistent".into()]),
-            storage_capacity: Some(false),
+            storage_capacity: Some(true),
             requires_republish: Some(false),
             ..Default::default()
         },
