@@ -108,7 +108,7 @@ fn openapi_definitions() -> serde_json::Map<String, serde_json::Value> {
         core::v1::ConfigMap, core::v1::Secret, core::v1::ServiceAccount, core::v1::Event,
         core::v1::PersistentVolume, core::v1::PersistentVolumeClaim, core::v1::Binding,
         discovery::v1::EndpointSlice, coordination::v1::Lease, storage::v1::StorageClass,
-        storage::v1::CSIDriver, storage::v1::CSINode, storage::v1::VolumeAttachment,
+        storage::v1::CSIDriver, storage::v1::CSINode, storage::v1::VolumeAttachment, storage::v1::CSIStorageCapacity,
         apps::v1::Deployment, apps::v1::ReplicaSet, apps::v1::DaemonSet, autoscaling::v1::Scale,
         policy::v1::Eviction, meta::v1::DeleteOptions,
     );

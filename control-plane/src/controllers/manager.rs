@@ -139,34 +139,34 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     let inf = Informers::new(client);
     let on = |name: &str| enabled(&opts.controllers, name);
     if on("serviceaccount") {
-        super::loops::serviceaccount::start(&inf, opts);
+        super::serviceaccount::start(&inf, opts);
     }
     if on("namespace") {
-        super::loops::namespace::start(&inf, opts);
+        super::namespace::start(&inf, opts);
     }
     if on("garbagecollector") {
-        super::loops::gc::start(&inf, opts);
+        super::gc::start(&inf, opts);
     }
     if on("replicaset") {
-        super::loops::replicaset::start(&inf, opts);
+        super::replicaset::start(&inf, opts);
     }
     if on("deployment") {
-        super::loops::deployment::start(&inf, opts);
+        super::deployment::start(&inf, opts);
     }
     if on("endpointslice") || on("endpoints") {
-        super::loops::endpointslice::start(&inf, opts, on("endpointslice"), on("endpoints"));
+        super::endpointslice::start(&inf, opts, on("endpointslice"), on("endpoints"));
     }
     if on("nodelifecycle") {
-        super::loops::nodelifecycle::start(&inf, opts);
+        super::nodelifecycle::start(&inf, opts);
     }
     if on("persistentvolume-binder") {
-        super::loops::pvbinder::start(&inf, opts);
+        super::pvbinder::start(&inf, opts);
     }
     if on("scheduler") {
-        super::loops::scheduler::start(&inf, opts);
+        super::scheduler::start(&inf, opts);
     }
     if on("nodeipam") && opts.allocate_node_cidrs {
-        super::loops::nodeipam::start(&inf, opts);
+        super::nodeipam::start(&inf, opts);
     }
     inf
 }

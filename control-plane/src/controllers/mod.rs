@@ -1,18 +1,22 @@
 //! The scheduler and the controllers: informers over the API, work queues, and pure planners
-//! from observed objects to actions. The executors under `loops/` only talk to the Kubernetes
-//! API through a kube client, so they work against any API server.
+//! from observed objects to actions. Each loop is a folder: `plan.rs` the pure planner, `mod.rs`
+//! the executor (`start`: informers -> pure `keys_for_*` mappers -> work queue -> a named
+//! `reconcile` per key, in a span carrying the key). Executors only talk to the Kubernetes API
+//! through a kube client, so they work against any API server.
 
 pub mod deployment;
 pub mod endpointslice;
 pub mod expectations;
 pub mod gc;
-pub mod loops;
 pub mod manager;
+pub mod namespace;
+pub mod nodeipam;
 pub mod nodelifecycle;
 pub mod pvbinder;
 pub mod quantity;
 pub mod replicaset;
 pub mod scheduler;
+pub mod serviceaccount;
 
 /// Why a reconcile failed; the key is retried with backoff.
 #[derive(Debug, thiserror::Error)]

@@ -3,12 +3,17 @@
 //! from the pending queue, and the binding sent in the background with the pod "assumed" on
 //! its node meanwhile (upstream's assume cache), released again if the binding fails.
 
+pub mod filter;
+pub mod plan;
+pub mod score;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use ferro_runtime::{spawn_resync, spawn_workers, Change, Next, ObjectKey, WorkQueue};
-use k8s_openapi::api::core::v1::{Binding, ObjectReference, PersistentVolumeClaim, Pod, PodCondition};
+use ferro_runtime::{spawn_resync, spawn_workers, Change, Informer, Next, ObjectKey, WorkQueue};
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, PodCondition};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt as _};
@@ -16,7 +21,7 @@ use serde_json::json;
 
 use ferro_runtime::events::Recorder;
 use crate::controllers::manager::{Informers, Options};
-use crate::controllers::scheduler::{self as plan, NodeInfo, VolumeView};
+use self::plan::{NodeInfo, VolumeView};
 use crate::controllers::{is_conflict, is_not_found, Error};
 
 pub const SCHEDULER_NAME: &str = plan::DEFAULT_SCHEDULER_NAME;
@@ -70,6 +75,29 @@ impl Shared {
 
 fn terminal(pod: &Pod) -> bool {
     matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
+/// A pod waiting for this scheduler. (Pods that fit nowhere are retried from the cache's
+/// `unschedulable` set when nodes or bound pods change, not through this mapper.)
+pub fn keys_for_pod(change: &Change<Pod>) -> Vec<ObjectKey> {
+    match change {
+        Change::Applied { new, .. } if plan::is_pending(new, SCHEDULER_NAME) => vec![ObjectKey::of(new.as_ref())],
+        _ => Vec::new(),
+    }
+}
+
+/// What the workers share.
+struct Context {
+    client: kube::Client,
+    pods: Arc<Informer<Pod>>,
+    nodes: Arc<Informer<Node>>,
+    claims: Arc<Informer<PersistentVolumeClaim>>,
+    volumes: Arc<Informer<PersistentVolume>>,
+    classes: Arc<Informer<StorageClass>>,
+    shared: Arc<Shared>,
+    recorder: Recorder,
+    /// To retry a pod whose binding failed.
+    queue: WorkQueue<ObjectKey>,
 }
 
 pub fn start(inf: &Arc<Informers>, opts: &Options) {
@@ -126,8 +154,8 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
             let node = pod.spec.as_ref().and_then(|sp| sp.node_name.clone());
             match c {
                 Change::Applied { new, .. } => {
-                    if plan::is_pending(new, SCHEDULER_NAME) {
-                        q.add(ObjectKey::of(new.as_ref()));
+                    for k in keys_for_pod(c) {
+                        q.add(k);
                     }
                     let mut cache = s.cache();
                     match node {
@@ -163,90 +191,93 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         });
     }
     let client = inf.client();
-    let recorder = Recorder::new(client.clone(), SCHEDULER_NAME);
-    let q2 = queue.clone();
-    spawn_workers("scheduler", queue, 1, move |key: ObjectKey| {
-        let (client, pods, nodes, claims, volumes, classes, shared, recorder, queue) = (
-            client.clone(),
-            pods.clone(),
-            nodes.clone(),
-            claims.clone(),
-            volumes.clone(),
-            classes.clone(),
-            shared.clone(),
-            recorder.clone(),
-            q2.clone(),
-        );
-        async move {
-            for i in [pods.is_synced(), nodes.is_synced(), claims.is_synced(), volumes.is_synced(), classes.is_synced()] {
-                if !i {
-                    return Ok::<_, Error>(Next::After(Duration::from_millis(100)));
-                }
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), SCHEDULER_NAME),
+        client,
+        pods,
+        nodes,
+        claims,
+        volumes,
+        classes,
+        shared,
+        queue: queue.clone(),
+    });
+    spawn_workers("scheduler", queue, 1, move |key: ObjectKey| reconcile(ctx.clone(), key));
+}
+
+/// One scheduling decision for a pending pod: assume it on the chosen node and bind it in the
+/// background, or mark it unschedulable.
+#[tracing::instrument(name = "reconcile", skip_all, fields(controller = "scheduler", key = %key))]
+async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
+    let Context { client, pods, nodes, claims, volumes, classes, shared, recorder, queue } = &*ctx;
+    for i in [pods.is_synced(), nodes.is_synced(), claims.is_synced(), volumes.is_synced(), classes.is_synced()] {
+        if !i {
+            return Ok(Next::After(Duration::from_millis(100)));
+        }
+    }
+    let Some(pod) = pods.get(key.namespace.as_deref(), &key.name) else { return Ok(Next::Done) };
+    if !plan::is_pending(&pod, SCHEDULER_NAME) {
+        return Ok(Next::Done);
+    }
+    let uid = pod.uid().unwrap_or_default();
+    let decision = {
+        let all_volumes = volumes.list();
+        let claim_of = |ns: &str, name: &str| -> Option<Arc<PersistentVolumeClaim>> { claims.get(Some(ns), name) };
+        let class_of = |name: &str| classes.get(None, name);
+        let view = VolumeView { claims: &claim_of, volumes: &all_volumes, class: &class_of };
+        let mut cache = shared.cache();
+        if cache.assumed.contains(&uid) {
+            return Ok(Next::Done);
+        }
+        let infos: Vec<&NodeInfo> = cache.nodes.values().collect();
+        match plan::schedule(&pod, &infos, &view) {
+            Ok(d) => {
+                let mut assumed = (*pod).clone();
+                assumed.spec.get_or_insert_with(Default::default).node_name = Some(d.node.clone());
+                cache.account(&uid, &d.node, Arc::new(assumed));
+                cache.assumed.insert(uid.clone());
+                cache.unschedulable.remove(&key);
+                Ok(d)
             }
-            let Some(pod) = pods.get(key.namespace.as_deref(), &key.name) else { return Ok(Next::Done) };
-            if !plan::is_pending(&pod, SCHEDULER_NAME) {
-                return Ok(Next::Done);
-            }
-            let uid = pod.uid().unwrap_or_default();
-            let decision = {
-                let all_volumes = volumes.list();
-                let claim_of = |ns: &str, name: &str| -> Option<Arc<PersistentVolumeClaim>> { claims.get(Some(ns), name) };
-                let class_of = |name: &str| classes.get(None, name);
-                let view = VolumeView { claims: &claim_of, volumes: &all_volumes, class: &class_of };
-                let mut cache = shared.cache();
-                if cache.assumed.contains(&uid) {
-                    return Ok(Next::Done);
-                }
-                let infos: Vec<&NodeInfo> = cache.nodes.values().collect();
-                match plan::schedule(&pod, &infos, &view) {
-                    Ok(d) => {
-                        let mut assumed = (*pod).clone();
-                        assumed.spec.get_or_insert_with(Default::default).node_name = Some(d.node.clone());
-                        cache.account(&uid, &d.node, Arc::new(assumed));
-                        cache.assumed.insert(uid.clone());
-                        cache.unschedulable.remove(&key);
-                        Ok(d)
-                    }
-                    Err(u) => {
-                        cache.unschedulable.insert(key.clone());
-                        Err(u)
-                    }
-                }
-            };
-            let ns = key.namespace.clone().unwrap_or_default();
-            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-            match decision {
-                Ok(d) => {
-                    tokio::spawn(async move {
-                        let r = bind(&client, &api, &pod, &d.node, &d.select_node_for_claims).await;
-                        match r {
-                            Ok(()) => recorder.record(
-                                pod.as_ref(),
-                                "Normal",
-                                "Scheduled",
-                                format!("Successfully assigned {}/{} to {}", ns, pod.name_any(), d.node),
-                            ),
-                            Err(e) => {
-                                tracing::info!(pod = %key, node = d.node, error = %e, "binding failed; will retry");
-                                let mut cache = shared.cache();
-                                cache.assumed.remove(&uid);
-                                cache.unaccount(&uid);
-                                drop(cache);
-                                queue.add_rate_limited(key);
-                            }
-                        }
-                    });
-                    Ok(Next::Done)
-                }
-                Err(u) => {
-                    mark_unschedulable(&api, &pod, &u.message).await?;
-                    recorder.record(pod.as_ref(), "Warning", "FailedScheduling", u.message.clone());
-                    // retried on cluster changes; and at the latest after 5 minutes, like upstream
-                    Ok(Next::After(Duration::from_secs(300)))
-                }
+            Err(u) => {
+                cache.unschedulable.insert(key.clone());
+                Err(u)
             }
         }
-    });
+    };
+    let ns = key.namespace.clone().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    match decision {
+        Ok(d) => {
+            let (client, recorder, shared, queue) = (client.clone(), recorder.clone(), shared.clone(), queue.clone());
+            tokio::spawn(async move {
+                let r = bind(&client, &api, &pod, &d.node, &d.select_node_for_claims).await;
+                match r {
+                    Ok(()) => recorder.record(
+                        pod.as_ref(),
+                        "Normal",
+                        "Scheduled",
+                        format!("Successfully assigned {}/{} to {}", ns, pod.name_any(), d.node),
+                    ),
+                    Err(e) => {
+                        tracing::info!(pod = %key, node = d.node, error = %e, "binding failed; will retry");
+                        let mut cache = shared.cache();
+                        cache.assumed.remove(&uid);
+                        cache.unaccount(&uid);
+                        drop(cache);
+                        queue.add_rate_limited(key);
+                    }
+                }
+            });
+            Ok(Next::Done)
+        }
+        Err(u) => {
+            mark_unschedulable(&api, &pod, &u.message).await?;
+            recorder.record(pod.as_ref(), "Warning", "FailedScheduling", u.message.clone());
+            // retried on cluster changes; and at the latest after 5 minutes, like upstream
+            Ok(Next::After(Duration::from_secs(300)))
+        }
+    }
 }
 
 async fn bind(client: &kube::Client, api: &Api<Pod>, pod: &Pod, node: &str, claims: &[String]) -> Result<(), Error> {
@@ -299,5 +330,26 @@ async fn mark_unschedulable(api: &Api<Pod>, pod: &Pod, message: &str) -> Result<
         Ok(_) => Ok(()),
         Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn pod(spec: serde_json::Value) -> Arc<Pod> {
+        Arc::new(serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec})).unwrap())
+    }
+
+    #[test]
+    fn only_a_pod_pending_for_this_scheduler_is_a_key() {
+        let pending = pod(json!({"containers": []}));
+        assert_eq!(keys_for_pod(&Change::Applied { old: None, new: pending.clone() }), [ObjectKey::new(Some("ns"), "p")]);
+        let bound = pod(json!({"containers": [], "nodeName": "n1"}));
+        assert!(keys_for_pod(&Change::Applied { old: Some(pending.clone()), new: bound }).is_empty());
+        let other = pod(json!({"containers": [], "schedulerName": "someone-else"}));
+        assert!(keys_for_pod(&Change::Applied { old: None, new: other }).is_empty());
+        assert!(keys_for_pod(&Change::Deleted(pending)).is_empty());
     }
 }

@@ -1,5 +1,5 @@
 //! Garbage collector planning (pure): what an owner being deleted must do for its dependents,
-//! and what happens to a dependent whose owners are gone. The executor (`loops/gc.rs`) keeps
+//! and what happens to a dependent whose owners are gone. The executor (`gc/mod.rs`) keeps
 //! the ownership graph and confirms missing owners with a live read before asking.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;

@@ -3,18 +3,21 @@
 //! repaired by the next pass), marks claims for dynamic provisioning, and moves volumes
 //! through Available / Bound / Released per their reclaim policy.
 
+pub mod plan;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use ferro_runtime::events::Recorder;
-use ferro_runtime::{spawn_resync, spawn_workers, Next, ObjectKey, WorkQueue};
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use ferro_runtime::{spawn_resync, spawn_workers, Change, Informer, Next, ObjectKey, WorkQueue};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
 use crate::controllers::manager::{Informers, Options};
-use crate::controllers::pvbinder::{self as plan, ClaimAction, VolumeAction};
+use self::plan::{ClaimAction, VolumeAction};
 use crate::controllers::{is_conflict, is_not_found, Error};
 
 /// Keys of the two kinds this loop reconciles.
@@ -33,6 +36,42 @@ impl std::fmt::Display for Key {
     }
 }
 
+/// A claim and the volume it names.
+pub fn keys_for_claim(pvc: &PersistentVolumeClaim) -> Vec<Key> {
+    let mut keys = vec![Key::Claim(ObjectKey::of(pvc))];
+    keys.extend(pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).map(Key::Volume));
+    keys
+}
+
+/// A volume and the claim its claimRef names; a new volume may also satisfy any claim not bound
+/// yet (`claims` lists them all; it is only called for a new volume).
+pub fn keys_for_volume(change: &Change<PersistentVolume>, claims: impl FnOnce() -> Vec<Arc<PersistentVolumeClaim>>) -> Vec<Key> {
+    let pv = change.object();
+    let mut keys = vec![Key::Volume(pv.name_any())];
+    if let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) {
+        keys.push(Key::Claim(ObjectKey::new(r.namespace.as_deref(), r.name.as_deref().unwrap_or_default())));
+    }
+    if let Change::Applied { old: None, .. } = change {
+        keys.extend(
+            claims()
+                .iter()
+                .filter(|pvc| pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound"))
+                .map(|pvc| Key::Claim(ObjectKey::of(pvc.as_ref()))),
+        );
+    }
+    keys
+}
+
+/// What the workers share.
+struct Context {
+    client: kube::Client,
+    claims: Arc<Informer<PersistentVolumeClaim>>,
+    volumes: Arc<Informer<PersistentVolume>>,
+    classes: Arc<Informer<StorageClass>>,
+    nodes: Arc<Informer<Node>>,
+    recorder: Recorder,
+}
+
 pub fn start(inf: &Arc<Informers>, opts: &Options) {
     let queue: WorkQueue<Key> = WorkQueue::new();
     let claims = inf.claims();
@@ -42,33 +81,16 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
     {
         let q = queue.clone();
         claims.on_change(move |c| {
-            let pvc = c.object();
-            q.add(Key::Claim(ObjectKey::of(pvc.as_ref())));
-            if let Some(v) = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()) {
-                q.add(Key::Volume(v));
+            for k in keys_for_claim(c.object()) {
+                q.add(k);
             }
         });
     }
     {
-        let q = queue.clone();
+        let (q, claims) = (queue.clone(), claims.clone());
         volumes.on_change(move |c| {
-            let pv = c.object();
-            q.add(Key::Volume(pv.name_any()));
-            if let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) {
-                q.add(Key::Claim(ObjectKey::new(r.namespace.as_deref(), r.name.as_deref().unwrap_or_default())));
-            }
-        });
-    }
-    {
-        // a new volume may satisfy a pending claim
-        let (q, claims2) = (queue.clone(), claims.clone());
-        volumes.on_change(move |c| {
-            if let ferro_runtime::Change::Applied { old: None, .. } = c {
-                for pvc in claims2.list() {
-                    if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
-                        q.add(Key::Claim(ObjectKey::of(pvc.as_ref())));
-                    }
-                }
+            for k in keys_for_volume(c, || claims.list()) {
+                q.add(k);
             }
         });
     }
@@ -79,24 +101,25 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         });
     }
     let client = inf.client();
-    let recorder = Recorder::new(client.clone(), "persistentvolume-controller");
-    spawn_workers("persistentvolume-binder", queue, 2, move |key: Key| {
-        let (client, claims, volumes, classes, nodes, recorder) =
-            (client.clone(), claims.clone(), volumes.clone(), classes.clone(), nodes.clone(), recorder.clone());
-        async move {
-            claims.wait_synced().await;
-            volumes.wait_synced().await;
-            classes.wait_synced().await;
-            let r = match key {
-                Key::Claim(k) => claim(&client, &recorder, &claims, &volumes, &classes, &nodes, &k).await,
-                Key::Volume(v) => volume(&client, &claims, &volumes, &v).await,
-            };
-            match r {
-                Err(Error::Kube(e)) if is_conflict(&e) => Ok(Next::After(Duration::from_millis(200))),
-                other => other,
-            }
-        }
-    });
+    let ctx = Arc::new(Context { recorder: Recorder::new(client.clone(), "persistentvolume-controller"), client, claims, volumes, classes, nodes });
+    spawn_workers("persistentvolume-binder", queue, 2, move |key: Key| reconcile(ctx.clone(), key));
+}
+
+/// One pass over a claim (bind, provision or wait) or a volume (phase, release, reclaim).
+#[tracing::instrument(name = "reconcile", skip_all, fields(controller = "persistentvolume-binder", key = %key))]
+async fn reconcile(ctx: Arc<Context>, key: Key) -> Result<Next, Error> {
+    let Context { client, claims, volumes, classes, nodes, recorder } = &*ctx;
+    claims.wait_synced().await;
+    volumes.wait_synced().await;
+    classes.wait_synced().await;
+    let r = match key {
+        Key::Claim(k) => claim(client, recorder, claims, volumes, classes, nodes, &k).await,
+        Key::Volume(v) => volume(client, claims, volumes, &v).await,
+    };
+    match r {
+        Err(Error::Kube(e)) if is_conflict(&e) => Ok(Next::After(Duration::from_millis(200))),
+        other => other,
+    }
 }
 
 async fn claim(
@@ -224,4 +247,61 @@ async fn volume(
         },
     }
     Ok(Next::Done)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn claim(name: &str, volume: Option<&str>, phase: &str) -> Arc<PersistentVolumeClaim> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ns"},
+                "spec": {"volumeName": volume},
+                "status": {"phase": phase}
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn volume(claim: Option<&str>) -> Arc<PersistentVolume> {
+        let claim_ref = claim.map(|c| json!({"namespace": "ns", "name": c}));
+        Arc::new(serde_json::from_value(json!({"metadata": {"name": "pv1"}, "spec": {"claimRef": claim_ref}})).unwrap())
+    }
+
+    fn c(name: &str) -> Key {
+        Key::Claim(ObjectKey::new(Some("ns"), name))
+    }
+
+    fn no_claims() -> Vec<Arc<PersistentVolumeClaim>> {
+        panic!("only a new volume looks at every claim")
+    }
+
+    #[test]
+    fn a_claim_maps_to_itself_and_its_volume() {
+        assert_eq!(keys_for_claim(&claim("data", Some("pv1"), "Bound")), [c("data"), Key::Volume("pv1".into())]);
+        assert_eq!(keys_for_claim(&claim("data", None, "Pending")), [c("data")]);
+    }
+
+    #[test]
+    fn a_volume_maps_to_itself_and_its_claim() {
+        let bound = volume(Some("data"));
+        assert_eq!(keys_for_volume(&Change::Applied { old: Some(bound.clone()), new: bound.clone() }, no_claims), [
+            Key::Volume("pv1".into()),
+            c("data")
+        ]);
+        // a deleted volume: its claim is lost
+        assert_eq!(keys_for_volume(&Change::Deleted(bound), no_claims), [Key::Volume("pv1".into()), c("data")]);
+    }
+
+    #[test]
+    fn a_new_volume_also_maps_to_every_claim_not_bound_yet() {
+        let claims = vec![claim("a", None, "Pending"), claim("b", Some("pv0"), "Bound"), claim("c", None, "Lost")];
+        assert_eq!(keys_for_volume(&Change::Applied { old: None, new: volume(None) }, || claims), [
+            Key::Volume("pv1".into()),
+            c("a"),
+            c("c")
+        ]);
+    }
 }

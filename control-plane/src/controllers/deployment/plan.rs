@@ -40,7 +40,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 
-use super::replicaset::controller_of;
+use crate::controllers::replicaset::plan::controller_of;
 
 /// The revision of a ReplicaSet, and of its Deployment (the newest ReplicaSet's).
 pub const REVISION_ANNOTATION: &str = "deployment.kubernetes.io/revision";
@@ -1523,7 +1523,7 @@ fn set_new_rs_annotations(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::controllers::replicaset as rsc;
+    use crate::controllers::replicaset::plan as rsc;
     use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
     use k8s_openapi::api::core::v1::{
         Container, EmptyDirVolumeSource, PodCondition, PodSpec, PodStatus, Volume,

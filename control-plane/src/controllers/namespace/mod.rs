@@ -28,16 +28,22 @@ pub fn namespaced_kinds() -> Vec<ApiResource> {
         .collect()
 }
 
+/// A namespace being deleted (the only ones this loop has work for).
+pub fn keys_for_namespace(change: &Change<Namespace>) -> Vec<String> {
+    match change {
+        Change::Applied { new, .. } if new.metadata.deletion_timestamp.is_some() => vec![new.name_any()],
+        _ => Vec::new(),
+    }
+}
+
 pub fn start(inf: &Arc<Informers>, opts: &Options) {
     let queue: WorkQueue<String> = WorkQueue::new();
     let namespaces = inf.namespaces();
     {
         let q = queue.clone();
         namespaces.on_change(move |c| {
-            if let Change::Applied { new, .. } = c {
-                if new.metadata.deletion_timestamp.is_some() {
-                    q.add(new.name_any());
-                }
+            for k in keys_for_namespace(c) {
+                q.add(k);
             }
         });
     }
@@ -54,6 +60,8 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
     });
 }
 
+/// One pass over a namespace being deleted: delete what is in it, then finalize it.
+#[tracing::instrument(name = "reconcile", skip_all, fields(controller = "namespace", key = %name))]
 async fn reconcile(client: kube::Client, name: &str) -> Result<Next, Error> {
     let api: Api<Namespace> = Api::all(client.clone());
     let ns = match api.get(name).await {
@@ -92,5 +100,28 @@ async fn reconcile(client: kube::Client, name: &str) -> Result<Next, Error> {
         Ok(_) => Ok(Next::Done),
         Err(e) if is_not_found(&e) => Ok(Next::Done),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn namespace(deleting: bool) -> Arc<Namespace> {
+        let mut meta = json!({"name": "team"});
+        if deleting {
+            meta["deletionTimestamp"] = json!("2024-01-01T00:00:00Z");
+        }
+        Arc::new(serde_json::from_value(json!({"metadata": meta})).unwrap())
+    }
+
+    #[test]
+    fn only_a_namespace_being_deleted_is_a_key() {
+        assert_eq!(keys_for_namespace(&Change::Applied { old: Some(namespace(false)), new: namespace(true) }), ["team"]);
+        assert!(keys_for_namespace(&Change::Applied { old: None, new: namespace(false) }).is_empty());
+        // gone already: nothing left to finalize
+        assert!(keys_for_namespace(&Change::Deleted(namespace(true))).is_empty());
     }
 }

@@ -16,9 +16,13 @@
 //!   the lexicographically smallest name, so the result is deterministic and still spreads
 //!   identical pods over identical nodes (upstream picks a random node among the best).
 //!
+//! The plugins live in [`super::filter`] and [`super::score`], one function each under
+//! upstream's plugin name; this module holds the framework around them: what is known about
+//! the pod and the nodes, the pre-filter, the loop over the nodes, the choice and the message.
+//!
 //! The Kubernetes rules the plugins apply (a pod's effective requests, resource fit, taints
 //! and tolerations, node selector terms, node affinity, topology terms) are those of
-//! `k8s_semantics::resources` and `k8s_semantics::scheduling`; this module only arranges them
+//! `k8s_semantics::resources` and `k8s_semantics::scheduling`; the plugins only arrange them
 //! into filters and scores.
 //!
 //! Per-pod work is O(nodes x (containers + taints + ports + claims)): everything about the
@@ -40,14 +44,14 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_semantics::resources::{
-    is_restartable_init_container, pod_non_zero_requests, pod_requests, Resources, PODS,
+    is_restartable_init_container, pod_non_zero_requests, pod_requests, Resources,
 };
 use k8s_semantics::scheduling::{
-    count_intolerable_prefer_no_schedule, does_not_schedule, find_untolerated_taint,
-    match_topology_selector_terms, tolerations_tolerate_taint, NodeSelector,
-    PreferredSchedulingTerms, RequiredNodeAffinity, NO_SCHEDULE,
+    match_topology_selector_terms, NodeSelector, PreferredSchedulingTerms, RequiredNodeAffinity,
+    NO_SCHEDULE,
 };
 
+use super::{filter, score};
 use crate::controllers::quantity::{of, Milli};
 use crate::selector::LabelSelector;
 
@@ -57,25 +61,11 @@ pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
 /// WaitForFirstConsumer claim's volume must be reachable from.
 pub const SELECTED_NODE_ANNOTATION: &str = "volume.kubernetes.io/selected-node";
 
-const TAINT_UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
 const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
 const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 const NO_PROVISIONER: &str = "kubernetes.io/no-provisioner";
 
-const MAX_SCORE: i64 = 100;
-const MB: i128 = 1024 * 1024;
-/// ImageLocality: below this (scaled) size the score is 0 (upstream `minThreshold`).
-const IMAGE_MIN_THRESHOLD: i128 = 23 * MB;
-/// ImageLocality: per-container size at which the score saturates (upstream
-/// `maxContainerThreshold`).
-const IMAGE_MAX_CONTAINER_THRESHOLD: i128 = 1000 * MB;
-
 // reasons, as upstream prints them
-const REASON_UNSCHEDULABLE: &str = "node(s) were unschedulable";
-const REASON_NOT_READY: &str = "node(s) were not ready";
-const REASON_AFFINITY: &str = "node(s) didn't match Pod's node affinity/selector";
-const REASON_PORTS: &str = "node(s) didn't have free ports for the requested pod ports";
-const REASON_TOO_MANY_PODS: &str = "Too many pods";
 const REASON_VOLUME_NODE_CONFLICT: &str = "node(s) had volume node affinity conflict";
 const REASON_VOLUME_BIND_CONFLICT: &str =
     "node(s) didn't find available persistent volumes to bind";
@@ -111,7 +101,7 @@ fn non_zero_usage(pod: &Pod) -> (Milli, Milli) {
 
 /// A used or wanted host port: protocol (default TCP), host IP (default 0.0.0.0), port.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct HostPort {
+pub(super) struct HostPort {
     protocol: String,
     ip: String,
     port: i32,
@@ -219,12 +209,12 @@ pub struct NodeInfo {
     /// The node as last observed.
     pub node: Arc<Node>,
     name: String,
-    allocatable: Resources,
+    pub(super) allocatable: Resources,
     /// None when the Ready condition is True; otherwise the taint upstream would have added.
-    not_ready_taint: Option<Taint>,
+    pub(super) not_ready_taint: Option<Taint>,
     /// Normalized image name -> size in bytes.
-    images: HashMap<String, i128>,
-    requested: Resources,
+    pub(super) images: HashMap<String, i128>,
+    pub(super) requested: Resources,
     non_zero_cpu: Milli,
     non_zero_memory: Milli,
     ports: HashMap<HostPort, u32>,
@@ -341,11 +331,11 @@ impl NodeInfo {
         (self.non_zero_cpu, self.non_zero_memory)
     }
 
-    fn labels(&self) -> &BTreeMap<String, String> {
+    pub(super) fn labels(&self) -> &BTreeMap<String, String> {
         self.node.metadata.labels.as_ref().unwrap_or(&NO_LABELS)
     }
 
-    fn taints(&self) -> &[Taint] {
+    pub(super) fn taints(&self) -> &[Taint] {
         self.node
             .spec
             .as_ref()
@@ -353,7 +343,7 @@ impl NodeInfo {
             .unwrap_or(&[])
     }
 
-    fn port_conflicts(&self, p: &HostPort) -> bool {
+    pub(super) fn port_conflicts(&self, p: &HostPort) -> bool {
         if p.ip == ANY_IP {
             return self
                 .ports_any_ip
@@ -373,7 +363,7 @@ impl NodeInfo {
 
 /// A NoSchedule taint without a value, as the node lifecycle controller adds for a node
 /// condition or a cordon.
-fn no_schedule_taint(key: &str) -> Taint {
+pub(super) fn no_schedule_taint(key: &str) -> Taint {
     Taint {
         key: key.to_string(),
         effect: NO_SCHEDULE.to_string(),
@@ -398,7 +388,7 @@ pub struct VolumeView<'a> {
 }
 
 /// A claim of the pod, as the volume filter sees it.
-enum ClaimState {
+pub(super) enum ClaimState {
     /// Bound to a volume (None: the volume does not exist).
     Bound(Option<Arc<PersistentVolume>>),
     /// Unbound with a WaitForFirstConsumer class.
@@ -632,13 +622,17 @@ fn resolve_claims(pod: &Pod, view: &VolumeView) -> Result<Vec<ClaimState>, Strin
 
 /// The result of the volume filter on one node.
 #[derive(Default)]
-struct VolumePlan {
-    reasons: Vec<&'static str>,
+pub(super) struct VolumePlan {
+    pub(super) reasons: Vec<&'static str>,
     /// (claim, pv) for delayed claims that an existing volume can back.
     static_bindings: Vec<(String, String)>,
 }
 
-fn plan_volumes(claims: &[ClaimState], view: &VolumeView, node: &NodeInfo) -> VolumePlan {
+pub(super) fn plan_volumes(
+    claims: &[ClaimState],
+    view: &VolumeView,
+    node: &NodeInfo,
+) -> VolumePlan {
     let mut plan = VolumePlan::default();
     let mut missing_pv = false;
     let mut conflict = false;
@@ -737,32 +731,16 @@ pub fn is_pending(pod: &Pod, scheduler_name: &str) -> bool {
         )
 }
 
-/// A failed filter: the reasons and whether preemption could help (upstream `Unschedulable`
-/// vs `UnschedulableAndUnresolvable`).
-struct Failure {
-    reasons: Vec<String>,
-    resolvable: bool,
-}
-
-impl Failure {
-    fn unresolvable(reason: impl Into<String>) -> Failure {
-        Failure {
-            reasons: vec![reason.into()],
-            resolvable: false,
-        }
-    }
-}
-
 /// Everything about the pod, computed once per decision.
-struct PodFacts<'a> {
-    requests: Resources,
-    non_zero: (Milli, Milli),
-    tolerations: &'a [Toleration],
-    required: RequiredNodeAffinity,
-    preferred: PreferredSchedulingTerms,
-    ports: Vec<HostPort>,
-    claims: Vec<ClaimState>,
-    images: Vec<String>,
+pub(super) struct PodFacts<'a> {
+    pub(super) requests: Resources,
+    pub(super) non_zero: (Milli, Milli),
+    pub(super) tolerations: &'a [Toleration],
+    pub(super) required: RequiredNodeAffinity,
+    pub(super) preferred: PreferredSchedulingTerms,
+    pub(super) ports: Vec<HostPort>,
+    pub(super) claims: Vec<ClaimState>,
+    pub(super) images: Vec<String>,
 }
 
 impl<'a> PodFacts<'a> {
@@ -780,111 +758,6 @@ impl<'a> PodFacts<'a> {
             claims,
             images: pod_images(pod),
         }
-    }
-
-    /// The filters, in upstream's plugin order; the first failing one decides.
-    fn filter(&self, node: &NodeInfo, view: &VolumeView) -> Result<(), Failure> {
-        let spec = node.node.spec.as_ref();
-        // NodeUnschedulable
-        if spec.and_then(|s| s.unschedulable) == Some(true)
-            && !tolerations_tolerate_taint(
-                self.tolerations,
-                &no_schedule_taint(TAINT_UNSCHEDULABLE),
-            )
-        {
-            return Err(Failure::unresolvable(REASON_UNSCHEDULABLE));
-        }
-        // readiness (ferro)
-        if let Some(taint) = &node.not_ready_taint {
-            if !tolerations_tolerate_taint(self.tolerations, taint) {
-                return Err(Failure::unresolvable(REASON_NOT_READY));
-            }
-        }
-        // TaintToleration
-        if let Some(taint) =
-            find_untolerated_taint(node.taints(), self.tolerations, does_not_schedule)
-        {
-            return Err(Failure::unresolvable(format!(
-                "node(s) had untolerated taint {{{}: {}}}",
-                taint.key,
-                taint.value.as_deref().unwrap_or("")
-            )));
-        }
-        // NodeAffinity
-        if !self.required.matches(node.name(), node.labels()) {
-            return Err(Failure::unresolvable(REASON_AFFINITY));
-        }
-        // NodePorts
-        if self.ports.iter().any(|p| node.port_conflicts(p)) {
-            return Err(Failure {
-                reasons: vec![REASON_PORTS.to_string()],
-                resolvable: true,
-            });
-        }
-        // NodeResourcesFit
-        let reasons = self.insufficient(node);
-        if !reasons.is_empty() {
-            return Err(Failure {
-                reasons,
-                resolvable: true,
-            });
-        }
-        // VolumeBinding
-        if !self.claims.is_empty() {
-            let plan = plan_volumes(&self.claims, view, node);
-            if !plan.reasons.is_empty() {
-                return Err(Failure {
-                    reasons: plan.reasons.into_iter().map(String::from).collect(),
-                    resolvable: false,
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Upstream `fitsRequest`: pods count first, then every requested resource.
-    fn insufficient(&self, node: &NodeInfo) -> Vec<String> {
-        self.requests
-            .insufficient(&node.allocatable, &node.requested)
-            .into_iter()
-            .map(|name| {
-                if name == PODS {
-                    REASON_TOO_MANY_PODS.to_string()
-                } else {
-                    format!("Insufficient {name}")
-                }
-            })
-            .collect()
-    }
-}
-
-/// Upstream `leastRequestedScore`.
-fn least_requested(requested: Milli, capacity: Milli) -> i64 {
-    if capacity.0 <= 0 || requested > capacity {
-        return 0;
-    }
-    i64::try_from((capacity.0 - requested.0) * i128::from(MAX_SCORE) / capacity.0).unwrap_or(0)
-}
-
-fn fraction(requested: Milli, capacity: Milli) -> Option<f64> {
-    if capacity.0 <= 0 {
-        return None;
-    }
-    Some((requested.0 as f64 / capacity.0 as f64).min(1.0))
-}
-
-/// Upstream's NormalizeScore helper: scale to 0-100 by the maximum, optionally reversed.
-fn normalize(scores: &mut [i64], reverse: bool) {
-    let max = scores.iter().copied().max().unwrap_or(0);
-    if max == 0 {
-        if reverse {
-            scores.iter_mut().for_each(|s| *s = MAX_SCORE);
-        }
-        return;
-    }
-    for s in scores.iter_mut() {
-        let v = MAX_SCORE * *s / max;
-        *s = if reverse { MAX_SCORE - v } else { v };
     }
 }
 
@@ -940,7 +813,7 @@ pub fn schedule(
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     let mut preemption: BTreeMap<String, usize> = BTreeMap::new();
     for node in nodes {
-        match facts.filter(node, volumes) {
+        match filter::run(&facts, node, volumes) {
             Ok(()) => feasible.push(node),
             Err(f) => {
                 for r in f.reasons {
@@ -993,82 +866,12 @@ pub fn schedule(
     Ok(decision)
 }
 
-/// Scores the feasible nodes; ties go to the fewest pods, then the smallest name.
+/// Picks among the feasible nodes by their total score ([`score::scores`]); ties go to the
+/// fewest pods, then the smallest name.
 fn best_node<'n>(facts: &PodFacts, feasible: &[&'n NodeInfo], all: &[&NodeInfo]) -> &'n NodeInfo {
-    let n = feasible.len();
-    let (pod_cpu, pod_mem) = facts.non_zero;
-    let mut totals = vec![0i64; n];
-    let mut affinity = vec![0i64; n];
-    let mut taints = vec![0i64; n];
-    // ImageLocality: how many of all nodes hold each of the pod's images
-    let image_spread: Vec<(&str, f64)> = facts
-        .images
-        .iter()
-        .map(|i| {
-            let holders = all.iter().filter(|n| n.images.contains_key(i)).count();
-            (i.as_str(), holders as f64 / all.len().max(1) as f64)
-        })
-        .collect();
-    let image_max = IMAGE_MAX_CONTAINER_THRESHOLD * facts.images.len() as i128;
-
-    for (i, node) in feasible.iter().enumerate() {
-        // LeastAllocated (cpu and memory, weight 1 each)
-        let (ncpu, nmem) = node.non_zero_requested();
-        let least = (least_requested(ncpu + pod_cpu, node.allocatable.cpu)
-            + least_requested(nmem + pod_mem, node.allocatable.memory))
-            / 2;
-        // BalancedAllocation (actual requests): 1 - standard deviation of the two fractions
-        let fractions: Vec<f64> = [
-            fraction(
-                node.requested.cpu + facts.requests.cpu,
-                node.allocatable.cpu,
-            ),
-            fraction(
-                node.requested.memory + facts.requests.memory,
-                node.allocatable.memory,
-            ),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        let std = if let [a, b] = fractions.as_slice() {
-            ((a - b) / 2.0).abs()
-        } else {
-            0.0
-        };
-        let balanced = ((1.0 - std) * MAX_SCORE as f64) as i64;
-        // ImageLocality
-        let image = if image_max > IMAGE_MIN_THRESHOLD {
-            let sum: i128 = image_spread
-                .iter()
-                .filter_map(|(img, spread)| {
-                    node.images
-                        .get(*img)
-                        .map(|size| (*size as f64 * spread) as i128)
-                })
-                .sum();
-            let clamped = sum.clamp(IMAGE_MIN_THRESHOLD, image_max);
-            i64::try_from(
-                i128::from(MAX_SCORE) * (clamped - IMAGE_MIN_THRESHOLD)
-                    / (image_max - IMAGE_MIN_THRESHOLD),
-            )
-            .unwrap_or(0)
-        } else {
-            0
-        };
-        totals[i] = least + balanced + image;
-        // preferred node affinity, TaintToleration: raw, normalized below
-        affinity[i] = facts.preferred.score(node.name(), node.labels());
-        taints[i] = count_intolerable_prefer_no_schedule(node.taints(), facts.tolerations) as i64;
-    }
-    normalize(&mut affinity, false);
-    normalize(&mut taints, true);
+    let totals = score::scores(facts, feasible, all);
     let mut best = 0;
-    for i in 0..n {
-        totals[i] += affinity[i] + taints[i];
-        if i == best {
-            continue;
-        }
+    for i in 1..feasible.len() {
         let (a, b) = (feasible[i], feasible[best]);
         let better = totals[i]
             .cmp(&totals[best])
@@ -1085,6 +888,7 @@ fn best_node<'n>(facts: &PodFacts, feasible: &[&'n NodeInfo], all: &[&NodeInfo])
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::controllers::scheduler::score::MB;
     use k8s_semantics::resources::{DEFAULT_MEMORY_REQUEST, DEFAULT_MILLI_CPU_REQUEST};
     use serde_json::{json, Value};
 

@@ -4,6 +4,8 @@
 //! `foregroundDeletion`) stays until its dependents are gone. The graph is built from one
 //! watch per served kind; before deleting, an owner's absence is confirmed with a live read.
 
+pub mod plan;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -15,7 +17,7 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
-use crate::controllers::gc::{self as plan, Dependent, DependentPlan, OwnerPlan};
+use self::plan::{Dependent, DependentPlan, OwnerPlan};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::{is_conflict, is_not_found, Error};
 use crate::resources::RESOURCES;
@@ -143,9 +145,19 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
 }
 
 fn on_change(gc: &Gc, queue: &WorkQueue<String>, kind: usize, change: &Change<DynamicObject>) {
+    let keys = keys_for_change(&mut gc.graph(), kind, change);
+    for k in keys {
+        queue.add(k);
+    }
+}
+
+/// Records a change of an object of `kind` in the graph and returns the uids to look at: the
+/// object itself when it has owners or is being deleted; for a deletion, its dependents (orphans
+/// now?) and its owners (waiting in the foreground?).
+fn keys_for_change(graph: &mut Graph, kind: usize, change: &Change<DynamicObject>) -> Vec<String> {
     match change {
         Change::Applied { new, .. } => {
-            let Some(uid) = new.uid() else { return };
+            let Some(uid) = new.uid() else { return Vec::new() };
             let v = Vertex {
                 kind,
                 namespace: new.namespace(),
@@ -156,26 +168,26 @@ fn on_change(gc: &Gc, queue: &WorkQueue<String>, kind: usize, change: &Change<Dy
                 finalizers: new.finalizers().to_vec(),
             };
             let interesting = !v.owners.is_empty() || v.deleting;
-            gc.graph().upsert(uid.clone(), v);
+            graph.upsert(uid.clone(), v);
             if interesting {
-                queue.add(uid);
+                vec![uid]
+            } else {
+                Vec::new()
             }
         }
         Change::Deleted(old) => {
-            let Some(uid) = old.uid() else { return };
-            let removed = gc.graph().remove(&uid);
-            // its dependents may now be orphans; owners waiting in the foreground may be done
-            let deps = gc.graph().dependents_of(&uid);
-            for (d, _) in deps {
-                queue.add(d);
-            }
-            for o in removed.map(|v| v.owners).unwrap_or_default() {
-                queue.add(o.uid);
-            }
+            let Some(uid) = old.uid() else { return Vec::new() };
+            let removed = graph.remove(&uid);
+            let mut keys: Vec<String> = graph.dependents_of(&uid).into_iter().map(|(d, _)| d).collect();
+            keys.extend(removed.map(|v| v.owners).unwrap_or_default().into_iter().map(|o| o.uid));
+            keys
         }
     }
 }
 
+/// One pass over an object of the graph: as an owner being deleted (orphan or foreground), then
+/// as a dependent whose owners may be gone.
+#[tracing::instrument(name = "reconcile", skip_all, fields(controller = "garbagecollector", key = %uid))]
 async fn reconcile(gc: &Gc, uid: &str) -> Result<Next, Error> {
     let Some(v) = gc.graph().vertices.get(uid).cloned() else { return Ok(Next::Done) };
     let dependents: Vec<(Dependent, Vertex)> = {
@@ -277,6 +289,7 @@ async fn remove_finalizer(gc: &Gc, v: &Vertex, finalizer: &str) -> Result<(), Er
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -305,5 +318,49 @@ mod tests {
         assert!(g.dependents_of("o1").is_empty());
         assert!(!g.dependents.contains_key("o1"));
         assert_eq!(g.dependents_of("o2").len(), 1);
+    }
+
+    fn object(uid: &str, owners: &[&str], deleting: bool) -> Arc<DynamicObject> {
+        let refs: Vec<_> = owners.iter().map(|o| json!({"apiVersion": "v1", "kind": "ConfigMap", "name": format!("o-{o}"), "uid": o})).collect();
+        let mut meta = json!({"name": format!("n-{uid}"), "namespace": "ns", "uid": uid, "resourceVersion": "7", "ownerReferences": refs});
+        if deleting {
+            meta["deletionTimestamp"] = json!("2024-01-01T00:00:00Z");
+        }
+        Arc::new(serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta})).unwrap())
+    }
+
+    fn applied(o: Arc<DynamicObject>) -> Change<DynamicObject> {
+        Change::Applied { old: None, new: o }
+    }
+
+    #[test]
+    fn objects_with_owners_or_being_deleted_are_keys() {
+        let mut g = Graph::default();
+        assert_eq!(keys_for_change(&mut g, 3, &applied(object("d", &["o"], false))), ["d"]);
+        assert_eq!(g.vertices["d"].kind, 3);
+        assert_eq!(g.vertices["d"].name, "n-d");
+        // an owner-less object is only remembered (it may be someone's owner)
+        assert!(keys_for_change(&mut g, 0, &applied(object("o", &[], false))).is_empty());
+        assert!(g.vertices.contains_key("o"));
+        // until it is deleted with a finalizer pending
+        assert_eq!(keys_for_change(&mut g, 0, &applied(object("o", &[], true))), ["o"]);
+        // without a uid there is nothing to track
+        let no_uid: Arc<DynamicObject> = Arc::new(serde_json::from_value(json!({"metadata": {"name": "x"}})).unwrap());
+        assert!(keys_for_change(&mut g, 0, &applied(no_uid)).is_empty());
+    }
+
+    #[test]
+    fn a_deletion_maps_to_its_dependents_and_its_owners() {
+        let mut g = Graph::default();
+        keys_for_change(&mut g, 0, &applied(object("owner", &[], false)));
+        keys_for_change(&mut g, 0, &applied(object("mid", &["owner"], false)));
+        keys_for_change(&mut g, 0, &applied(object("leaf", &["mid"], false)));
+        // mid goes: its dependent may be an orphan now, its owner may wait in the foreground
+        assert_eq!(keys_for_change(&mut g, 0, &Change::Deleted(object("mid", &["owner"], false))), ["leaf", "owner"]);
+        assert!(!g.vertices.contains_key("mid"));
+        assert!(g.dependents_of("owner").is_empty());
+        // a deletion of an owner the graph never saw still wakes its dependents
+        keys_for_change(&mut g, 0, &applied(object("x", &["ghost"], false)));
+        assert_eq!(keys_for_change(&mut g, 0, &Change::Deleted(object("ghost", &[], false))), ["x"]);
     }
 }
