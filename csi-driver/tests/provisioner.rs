@@ -309,25 +309,34 @@ fn claims_are_provisioned_on_the_selected_node_and_deleted_with_their_claim() ->
     ])?;
     assert!(events.contains("ProvisioningSucceeded"), "{events}");
 
-    // More than the pool holds: refused with an event, the claim stays Pending.
+    // More than the pool holds. WaitForFirstConsumer: the scheduler reads the published
+    // capacity and keeps the pod off the node; nothing is asked of the driver.
     c.apply(&claim("big", "loop", "5Gi"))?;
     c.apply(&pod_with("big-app", "big"))?;
-    c.wait("ProvisioningFailed on claim big", || {
+    c.wait("big-app unschedulable for want of storage", || {
+        c.get(&["pod", "big-app"], "{.status.conditions[?(@.type==\"PodScheduled\")].message}")
+            .contains("node(s) did not have enough free storage")
+    })?;
+    assert_eq!(c.get(&["pvc", "big"], "{.status.phase}"), "Pending");
+    // Immediate (no scheduler): the driver refuses it with an event, the claim stays Pending.
+    c.apply(&storage_class("loop-now", "Immediate"))?;
+    c.apply(&claim("big-now", "loop-now", "5Gi"))?;
+    c.wait("ProvisioningFailed on claim big-now", || {
         c.kubectl(&[
             "get",
             "events",
             "--field-selector",
-            "involvedObject.name=big,reason=ProvisioningFailed",
+            "involvedObject.name=big-now,reason=ProvisioningFailed",
             "-o",
             "jsonpath={.items[*].message}",
         ])
         .is_ok_and(|m| m.contains("bytes left in its pool"))
     })?;
-    assert_eq!(c.get(&["pvc", "big"], "{.status.phase}"), "Pending");
-    assert_eq!(c.disks().len(), 1, "nothing created for the refused claim");
+    assert_eq!(c.get(&["pvc", "big-now"], "{.status.phase}"), "Pending");
+    assert_eq!(c.disks().len(), 1, "nothing created for the refused claims");
+    c.kubectl(&["delete", "pvc", "big-now", "--wait=false"])?;
 
     // Immediate: taken by the only node and bound without a consumer.
-    c.apply(&storage_class("loop-now", "Immediate"))?;
     c.apply(&claim("now", "loop-now", "20Mi"))?;
     c.wait("claim now Bound", || {
         c.get(&["pvc", "now"], "{.status.phase}") == "Bound"

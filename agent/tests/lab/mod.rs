@@ -271,7 +271,7 @@ impl Lab {
         self.dir.path().join("cp/admin.kubeconfig")
     }
 
-    fn node_kubeconfig(&self) -> PathBuf {
+    pub fn node_kubeconfig(&self) -> PathBuf {
         let path = self.dir.path().join("node.kubeconfig");
         if path.exists() {
             return path;

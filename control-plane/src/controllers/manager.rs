@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
     Endpoints, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Service, ServiceAccount,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{CSIDriver, CSIStorageCapacity, StorageClass};
 use kube::runtime::watcher;
 use kube::Api;
 
@@ -124,6 +124,8 @@ informers! {
     claims: PersistentVolumeClaim,
     volumes: PersistentVolume,
     storage_classes: StorageClass,
+    csi_drivers: CSIDriver,
+    storage_capacities: CSIStorageCapacity,
     namespaces: Namespace,
     service_accounts: ServiceAccount,
 }

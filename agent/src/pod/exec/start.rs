@@ -88,9 +88,9 @@ impl PodWorkers {
     }
 
     /// The pod's persistentVolumeClaim volumes, staged and published through their CSI driver.
-    /// On error: the message and how soon to try again (soon while the claim is being bound or
-    /// the driver registered, which takes a moment after the pod is scheduled; the scheduler
-    /// does not wait for the binding as upstream's does).
+    /// On error: the message and how soon to try again (soon while the claim is not bound yet
+    /// or the driver not registered: ferro's scheduler binds a pod only once its claims are,
+    /// as upstream's PreBind, but an API server's pods may come from elsewhere).
     pub(super) async fn csi_setup(&self, pod: &Pod) -> Result<BTreeMap<String, volume::VolumePath>, (String, Duration)> {
         use crate::csi::mounter::CsiError;
         let has_claims = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(|v| v.persistent_volume_claim.is_some());

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use ferro_runtime::{spawn_resync, spawn_workers, Change, Informer, Next, ObjectKey, WorkQueue};
 use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, PodCondition};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{CSIDriver, CSIStorageCapacity, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt as _};
@@ -94,6 +94,8 @@ struct Context {
     claims: Arc<Informer<PersistentVolumeClaim>>,
     volumes: Arc<Informer<PersistentVolume>>,
     classes: Arc<Informer<StorageClass>>,
+    drivers: Arc<Informer<CSIDriver>>,
+    capacities: Arc<Informer<CSIStorageCapacity>>,
     shared: Arc<Shared>,
     recorder: Recorder,
     /// To retry a pod whose binding failed.
@@ -107,6 +109,9 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
     let claims = inf.claims();
     let volumes = inf.volumes();
     let classes = inf.storage_classes();
+    let drivers = inf.csi_drivers();
+    let capacities = inf.storage_capacities();
+
     let shared = Arc::new(Shared { cache: Mutex::default() });
     let retry_unschedulable = {
         let (s, q) = (shared.clone(), queue.clone());
@@ -117,6 +122,12 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
             }
         }
     };
+    {
+        // More capacity published (or a driver changed) may make an unschedulable pod fit.
+        let (r1, r2) = (retry_unschedulable.clone(), retry_unschedulable.clone());
+        capacities.on_change(move |_| r1());
+        drivers.on_change(move |_| r2());
+    }
     {
         let (s, retry) = (shared.clone(), retry_unschedulable.clone());
         nodes.on_change(move |c| {
@@ -199,6 +210,8 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         claims,
         volumes,
         classes,
+        drivers,
+        capacities,
         shared,
         queue: queue.clone(),
     });
@@ -209,8 +222,16 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
 /// background, or mark it unschedulable.
 #[tracing::instrument(name = "reconcile", skip_all, fields(controller = "scheduler", key = %key))]
 async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
-    let Context { client, pods, nodes, claims, volumes, classes, shared, recorder, queue } = &*ctx;
-    for i in [pods.is_synced(), nodes.is_synced(), claims.is_synced(), volumes.is_synced(), classes.is_synced()] {
+    let Context { client, pods, nodes, claims, volumes, classes, drivers, capacities, shared, recorder, queue } = &*ctx;
+    for i in [
+        pods.is_synced(),
+        nodes.is_synced(),
+        claims.is_synced(),
+        volumes.is_synced(),
+        classes.is_synced(),
+        drivers.is_synced(),
+        capacities.is_synced(),
+    ] {
         if !i {
             return Ok(Next::After(Duration::from_millis(100)));
         }
@@ -224,7 +245,15 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
         let all_volumes = volumes.list();
         let claim_of = |ns: &str, name: &str| -> Option<Arc<PersistentVolumeClaim>> { claims.get(Some(ns), name) };
         let class_of = |name: &str| classes.get(None, name);
-        let view = VolumeView { claims: &claim_of, volumes: &all_volumes, class: &class_of };
+        let all_capacities = capacities.list();
+        let driver_of = |name: &str| drivers.get(None, name);
+        let view = VolumeView {
+            claims: &claim_of,
+            volumes: &all_volumes,
+            class: &class_of,
+            driver: &driver_of,
+            capacities: &all_capacities,
+        };
         let mut cache = shared.cache();
         if cache.assumed.contains(&uid) {
             return Ok(Next::Done);
@@ -250,8 +279,9 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
     match decision {
         Ok(d) => {
             let (client, recorder, shared, queue) = (client.clone(), recorder.clone(), shared.clone(), queue.clone());
+            let claims = claims.clone();
             tokio::spawn(async move {
-                let r = bind(&client, &api, &pod, &d.node, &d.select_node_for_claims).await;
+                let r = bind(&client, &api, &claims, &pod, &d.node, &d.select_node_for_claims).await;
                 match r {
                     Ok(()) => recorder.record(
                         pod.as_ref(),
@@ -280,12 +310,61 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
     }
 }
 
-async fn bind(client: &kube::Client, api: &Api<Pod>, pod: &Pod, node: &str, claims: &[String]) -> Result<(), Error> {
+/// Upstream's bindTimeoutSeconds: how long PreBind waits for the pod's claims to be bound.
+const BIND_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// PreBind (VolumeBinding) and Bind: the claims to provision get the selected-node annotation,
+/// then the binding waits until every one of them is bound (provisioned for this node), as
+/// upstream's scheduler does, so the pod reaches its node with its volumes ready; a claim whose
+/// annotation goes away (the provisioner gave up on this node) or the timeout fails the
+/// binding, and the pod is scheduled again.
+async fn bind(
+    client: &kube::Client,
+    api: &Api<Pod>,
+    claim_cache: &Informer<PersistentVolumeClaim>,
+    pod: &Pod,
+    node: &str,
+    claims: &[String],
+) -> Result<(), Error> {
     let ns = pod.namespace().unwrap_or_default();
     let capi: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
     for c in claims {
         let patch = json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": node}}});
         capi.patch(c, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    }
+    let deadline = tokio::time::Instant::now() + BIND_TIMEOUT;
+    let mut seen_selected: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+    loop {
+        let mut pending = Vec::new();
+        for c in claims {
+            let Some(pvc) = claim_cache.get(Some(&ns), c) else {
+                return Err(Error::Other(format!("claim {ns}/{c} is gone")));
+            };
+            if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound") {
+                continue;
+            }
+            let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(plan::SELECTED_NODE_ANNOTATION));
+            // The informer may not show the annotation just written yet; once it did, its
+            // removal (or another node in it) is the provisioner asking for rescheduling.
+            match selected {
+                Some(n) if n == node => {
+                    seen_selected.insert(c.as_str());
+                }
+                Some(_) => return Err(Error::Other(format!("claim {ns}/{c} was selected for another node"))),
+                None if seen_selected.contains(c.as_str()) => {
+                    return Err(Error::Other(format!("the provisioner gave claim {ns}/{c} up on node {node}")));
+                }
+                None => {}
+            }
+            pending.push(c.as_str());
+        }
+        if pending.is_empty() {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Other(format!("timed out waiting for the claims {pending:?} to be bound")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let binding = Binding {
         metadata: ObjectMeta { name: Some(pod.name_any()), namespace: Some(ns.clone()), uid: pod.uid(), ..Default::default() },

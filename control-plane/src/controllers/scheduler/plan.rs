@@ -41,7 +41,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{
     Node, PersistentVolume, PersistentVolumeClaim, Pod, Taint, Toleration,
 };
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{CSIDriver, CSIStorageCapacity, StorageClass};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_semantics::resources::{
     is_restartable_init_container, pod_non_zero_requests, pod_requests, Resources,
@@ -72,6 +72,7 @@ const REASON_VOLUME_BIND_CONFLICT: &str =
 const REASON_PV_NOT_EXIST: &str =
     "node(s) unavailable due to one or more pvc(s) bound to non-existent pv(s)";
 const REASON_IMMEDIATE_CLAIMS: &str = "pod has unbound immediate PersistentVolumeClaims";
+const REASON_NOT_ENOUGH_SPACE: &str = "node(s) did not have enough free storage";
 const PREEMPTION_NOT_HELPFUL: &str = "Preemption is not helpful for scheduling";
 const PREEMPTION_NO_VICTIMS: &str = "No preemption victims found for incoming pod";
 
@@ -385,6 +386,11 @@ pub struct VolumeView<'a> {
     pub volumes: &'a [Arc<PersistentVolume>],
     /// Looks a storage class up by name.
     pub class: &'a dyn Fn(&str) -> Option<Arc<StorageClass>>,
+    /// Looks a CSIDriver up by name (its `storageCapacity` makes provisioning depend on the
+    /// published capacity).
+    pub driver: &'a dyn Fn(&str) -> Option<Arc<CSIDriver>>,
+    /// Every CSIStorageCapacity object.
+    pub capacities: &'a [Arc<CSIStorageCapacity>],
 }
 
 /// A claim of the pod, as the volume filter sees it.
@@ -545,6 +551,35 @@ fn can_provision(class: &StorageClass, node: &NodeInfo) -> bool {
         )
 }
 
+/// Upstream's hasEnoughCapacity: when the class's CSI driver publishes storage capacity
+/// (`storageCapacity: true`), some CSIStorageCapacity of the class whose node topology
+/// selects the node must hold the claim (its maximumVolumeSize when set, else its capacity);
+/// drivers that publish none are not checked.
+fn has_enough_capacity(claim: &PersistentVolumeClaim, class: &StorageClass, node: &NodeInfo, view: &VolumeView) -> bool {
+    let tracks = (view.driver)(&class.provisioner)
+        .is_some_and(|d| d.spec.storage_capacity == Some(true));
+    if !tracks {
+        return true;
+    }
+    let size = storage_of(claim.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref()));
+    let class_name = class.metadata.name.as_deref().unwrap_or("");
+    view.capacities.iter().any(|c| {
+        if c.storage_class_name != class_name {
+            return false;
+        }
+        // A missing or invalid topology selects no node.
+        let selects = c
+            .node_topology
+            .as_ref()
+            .and_then(|t| LabelSelector::from_api(t).ok())
+            .is_some_and(|sel| sel.matches(node.labels()));
+        let room = c.maximum_volume_size.as_ref().or(c.capacity.as_ref());
+        selects && room.is_some_and(|q| of(q) >= size)
+    })
+}
+
+
+
 /// The VolumeBinding PreFilter: resolves the pod's claims, or fails the whole pod.
 fn resolve_claims(pod: &Pod, view: &VolumeView) -> Result<Vec<ClaimState>, String> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
@@ -637,6 +672,7 @@ pub(super) fn plan_volumes(
     let mut missing_pv = false;
     let mut conflict = false;
     let mut unbindable = false;
+    let mut no_space = false;
     let mut taken: Vec<&str> = Vec::new();
     for c in claims {
         match c {
@@ -656,6 +692,8 @@ pub(super) fn plan_volumes(
                     ));
                 } else if !can_provision(class, node) {
                     unbindable = true;
+                } else if !has_enough_capacity(claim, class, node, view) {
+                    no_space = true;
                 }
             }
         }
@@ -668,6 +706,9 @@ pub(super) fn plan_volumes(
     }
     if unbindable {
         plan.reasons.push(REASON_VOLUME_BIND_CONFLICT);
+    }
+    if no_space {
+        plan.reasons.push(REASON_NOT_ENOUGH_SPACE);
     }
     plan
 }
@@ -948,6 +989,8 @@ mod tests {
         claims: Vec<Arc<PersistentVolumeClaim>>,
         volumes: Vec<Arc<PersistentVolume>>,
         classes: Vec<Arc<StorageClass>>,
+        drivers: Vec<Arc<CSIDriver>>,
+        capacities: Vec<Arc<CSIStorageCapacity>>,
     }
 
     impl Volumes {
@@ -956,6 +999,8 @@ mod tests {
                 claims: vec![],
                 volumes: vec![],
                 classes: vec![],
+                drivers: vec![],
+                capacities: vec![],
             }
         }
 
@@ -975,10 +1020,18 @@ mod tests {
                     .find(|c| c.metadata.name.as_deref() == Some(name))
                     .cloned()
             };
+            let driver = |name: &str| {
+                self.drivers
+                    .iter()
+                    .find(|d| d.metadata.name.as_deref() == Some(name))
+                    .cloned()
+            };
             f(&VolumeView {
                 claims: &claims,
                 volumes: &self.volumes,
                 class: &class,
+                driver: &driver,
+                capacities: &self.capacities,
             })
         }
     }
@@ -1700,6 +1753,56 @@ mod tests {
         })))
     }
 
+    fn driver(name: &str, capacity: bool) -> Arc<CSIDriver> {
+        Arc::new(from(json!({"metadata": {"name": name}, "spec": {"storageCapacity": capacity}})))
+    }
+
+    fn capacity(class: &str, node: &str, capacity: &str, max: Option<&str>) -> Arc<CSIStorageCapacity> {
+        let mut c = json!({
+            "metadata": {"name": format!("csisc-{node}-{class}"), "namespace": "kube-system"},
+            "storageClassName": class,
+            "nodeTopology": {"matchLabels": {"topology.example.com/node": node}},
+            "capacity": capacity,
+        });
+        if let Some(m) = max {
+            c["maximumVolumeSize"] = json!(m);
+        }
+        Arc::new(from(c))
+    }
+
+    #[test]
+    fn provisioning_needs_published_capacity_when_the_driver_tracks_it() {
+        let labelled = |n: &str| node_with(n, json!({"metadata": {"labels": {"topology.example.com/node": n}}}));
+        let (a, b) = (labelled("a"), labelled("b"));
+        let wffc = || vec![class("fast", "csi.example.com", "WaitForFirstConsumer", json!(null))];
+        // The claim asks 1Gi. a has 512Mi left, b 4Gi: only b.
+        let vols = Volumes {
+            claims: vec![pvc("data", "fast", None)],
+            classes: wffc(),
+            drivers: vec![driver("csi.example.com", true)],
+            capacities: vec![capacity("fast", "a", "512Mi", None), capacity("fast", "b", "4Gi", None)],
+            ..Volumes::none()
+        };
+        let d = sched_vol(&claim_pod(&["data"]), &[&a, &b], &vols).unwrap();
+        assert_eq!((d.node.as_str(), d.select_node_for_claims.clone()), ("b", vec!["data".to_string()]));
+        let err = sched_vol(&claim_pod(&["data"]), &[&a], &vols).unwrap_err();
+        assert_eq!(err.reasons.into_keys().collect::<Vec<_>>(), vec!["node(s) did not have enough free storage"]);
+        // maximumVolumeSize rules over capacity; another class's capacity does not count.
+        let vols = Volumes {
+            capacities: vec![capacity("fast", "b", "4Gi", Some("256Mi")), capacity("slow", "a", "8Gi", None)],
+            ..vols
+        };
+        assert!(sched_vol(&claim_pod(&["data"]), &[&a, &b], &vols).is_err());
+        // No capacity published at all: nowhere.
+        let none = Volumes { capacities: vec![], ..vols };
+        assert!(sched_vol(&claim_pod(&["data"]), &[&a, &b], &none).is_err());
+        // A driver that does not track capacity (or no CSIDriver object): not checked.
+        let untracked = Volumes { drivers: vec![driver("csi.example.com", false)], ..none };
+        assert!(sched_vol(&claim_pod(&["data"]), &[&a], &untracked).is_ok());
+        let nodriver = Volumes { drivers: vec![], ..untracked };
+        assert!(sched_vol(&claim_pod(&["data"]), &[&a], &nodriver).is_ok());
+    }
+
     #[test]
     fn missing_claim_fails_the_whole_pod() {
         let (a, b) = (node("a"), node("b"));
@@ -1718,6 +1821,7 @@ mod tests {
             claims: vec![pvc("data", "fast", None)],
             volumes: vec![],
             classes: vec![class("fast", "csi.example.com", "Immediate", json!(null))],
+            ..Volumes::none()
         };
         let err = sched_vol(&claim_pod(&["data"]), &[&a], &vols).unwrap_err();
         assert_eq!(
@@ -1742,6 +1846,7 @@ mod tests {
             claims: vec![Arc::new(claim)],
             volumes: vec![local_pv("pv1", "local", "a", "1Gi")],
             classes: vec![],
+            ..Volumes::none()
         };
         let err = sched_vol(&pod, &[&a], &vols(claim.clone())).unwrap_err();
         assert!(
@@ -1762,6 +1867,7 @@ mod tests {
             claims: vec![pvc("data", "local", Some("pv-b"))],
             volumes: vec![local_pv("pv-b", "local", "b", "1Gi")],
             classes: vec![],
+            ..Volumes::none()
         };
         let d = sched_vol(&claim_pod(&["data"]), &[&a, &b], &vols).unwrap();
         assert_eq!(d.node, "b");
@@ -1799,6 +1905,7 @@ mod tests {
                 "WaitForFirstConsumer",
                 json!(null),
             )],
+            ..Volumes::none()
         };
         let d = sched_vol(&claim_pod(&["data"]), &[&a, &b], &vols).unwrap();
         assert_eq!(d.node, "b");
@@ -1835,6 +1942,7 @@ mod tests {
                 "WaitForFirstConsumer",
                 json!(null),
             )],
+            ..Volumes::none()
         };
         let d = sched_vol(&claim_pod(&["data", "logs"]), &[&a], &vols).unwrap();
         assert_eq!(
@@ -1877,6 +1985,7 @@ mod tests {
                 "WaitForFirstConsumer",
                 json!(null),
             )],
+            ..Volumes::none()
         };
         let d = sched_vol(&claim_pod(&["data"]), &[&a, &b], &vols).unwrap();
         assert_eq!(d.node, "a");
@@ -1917,6 +2026,7 @@ mod tests {
                 "WaitForFirstConsumer",
                 json!(null),
             )],
+            ..Volumes::none()
         };
         assert!(sched_vol(&claim_pod(&["data"]), &[&a], &vols).is_err());
         pv.spec.as_mut().unwrap().claim_ref =
@@ -1963,6 +2073,7 @@ mod tests {
             claims: vec![Arc::new(claim)],
             volumes: vec![local_pv("pv1", "local", "a", "1Gi")],
             classes: vec![],
+            ..Volumes::none()
         };
         let err = sched_vol(&claim_pod(&["data"]), &[&a], &vols).unwrap_err();
         assert!(
@@ -1995,6 +2106,7 @@ mod tests {
                 "WaitForFirstConsumer",
                 json!(null),
             )],
+            ..Volumes::none()
         };
         let err = sched_vol(&claim_pod(&["bound", "waiting"]), &[&a], &vols).unwrap_err();
         assert_eq!(
