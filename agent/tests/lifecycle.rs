@@ -340,6 +340,27 @@ async fn a_failing_liveness_probe_restarts_the_container_and_readiness_gates_rea
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_liveness_probe_with_its_own_grace_period_kills_with_it() {
+    let node = Node::new();
+    let healthy = Arc::new(AtomicBool::new(true));
+    {
+        let healthy = healthy.clone();
+        node.fake.set_exec(move |_, _| (i32::from(!healthy.load(Ordering::SeqCst)), Vec::new()));
+    }
+    let w = node.agent();
+    let mut c = container("srv");
+    c["livenessProbe"] = json!({"exec": {"command": ["live"]}, "periodSeconds": 1, "failureThreshold": 1, "terminationGracePeriodSeconds": 4});
+    w.upsert(pod("quick", json!({"terminationGracePeriodSeconds": 60, "containers": [c]})), Source::Api);
+    until("running", || node.fake.running("quick") == ["srv"]).await;
+    healthy.store(false, Ordering::SeqCst);
+    until("killed", || node.fake.calls().iter().any(|c| is_stop(c, "srv"))).await;
+    healthy.store(true, Ordering::SeqCst);
+    let calls = node.fake.calls();
+    let stop = calls.iter().find(|c| is_stop(c, "srv")).unwrap();
+    assert_eq!(*stop, Call::StopContainer { pod: "quick".into(), container: "srv".into(), grace: 4 }, "the probe's 4 s, not the pod's 60 s");
+}
+
+#[tokio::test(start_paused = true)]
 async fn images_are_pulled_per_policy_and_failed_pulls_back_off() {
     let node = Node::new();
     let w = node.agent();

@@ -165,6 +165,9 @@ pub struct ProbeResults {
     /// is to be killed and restarted per restartPolicy. The value is the message upstream
     /// records (e.g. "Container app failed liveness probe, will be restarted").
     pub failed: BTreeMap<String, String>,
+    /// The failed probe's `terminationGracePeriodSeconds`, when it sets one: the grace period
+    /// of the kill instead of the pod's (upstream's probe-level grace, KEP-2238).
+    pub failed_grace: BTreeMap<String, i64>,
 }
 
 /// The ConfigMaps and Secrets (names in the pod's namespace) a pod refers to, in volumes

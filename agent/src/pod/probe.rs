@@ -575,6 +575,7 @@ impl Shared {
         self.results.readiness.remove(name);
         self.results.startup.remove(name);
         self.results.failed.remove(name);
+        self.results.failed_grace.remove(name);
         self.ids.remove(name);
         self.started.remove(name);
     }
@@ -832,6 +833,10 @@ impl WorkerRun {
             }
             ProbeKind::Liveness | ProbeKind::Startup if state.failed() => {
                 shared.results.failed.insert(self.name.clone(), failure_message(&self.name, self.kind));
+                // The probe's own terminationGracePeriodSeconds is the kill's grace (KEP-2238).
+                if let Some(g) = self.probe.termination_grace_period_seconds {
+                    shared.results.failed_grace.insert(self.name.clone(), g);
+                }
                 true
             }
             ProbeKind::Liveness | ProbeKind::Startup => false,

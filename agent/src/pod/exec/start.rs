@@ -128,7 +128,8 @@ impl PodWorkers {
         for k in &actions.kill {
             tracing::info!(pod = %pod_label(pod), container = %k.name, message = %k.message, "killing container");
             self.event(pod, "Normal", "Killing", k.message.clone());
-            let grace = grace_seconds(pod);
+            // A failed probe's own terminationGracePeriodSeconds, else the pod's.
+            let grace = k.grace.unwrap_or_else(|| grace_seconds(pod));
             let t0 = Instant::now();
             if let Some(c) = observed.containers.iter().find(|c| c.id == k.id) {
                 let pod_ip = observed.sandbox().and_then(|s| s.ip.clone());

@@ -74,6 +74,9 @@ pub struct Kill {
     pub name: String,
     /// Why (for the event and the log), as upstream words it.
     pub message: String,
+    /// The grace period of the stop when not the pod's: a failed probe's own
+    /// terminationGracePeriodSeconds.
+    pub grace: Option<i64>,
 }
 
 /// A container to create and start.
@@ -174,7 +177,13 @@ fn start(name: &str, kind: ContainerKind, previous: Option<&ContainerObs>) -> St
 }
 
 fn kill(obs: &ContainerObs, message: String) -> Kill {
-    Kill { id: obs.id.clone(), name: obs.name.clone(), message }
+    Kill { id: obs.id.clone(), name: obs.name.clone(), message, grace: None }
+}
+
+/// The kill of a container whose liveness or startup probe failed, with that probe's grace
+/// period when it sets one.
+fn probe_kill(obs: &ContainerObs, message: String, probes: &ProbeResults) -> Kill {
+    Kill { grace: probes.failed_grace.get(&obs.name).copied(), ..kill(obs, message) }
 }
 
 /// The kill that precedes replacing a container that is not running but may hold resources
@@ -303,7 +312,7 @@ fn init_actions(spec: &PodSpec, rt: &PodRuntime, probes: &ProbeResults, policy: 
                 if !started {
                     // Wait for its startup probe; a failed one kills it.
                     if let Some(m) = failed_probe {
-                        out.kill.push(kill(o, sidecar_probe_message(m)));
+                        out.kill.push(probe_kill(o, sidecar_probe_message(m), probes));
                     }
                 } else {
                     if i == last {
@@ -315,7 +324,7 @@ fn init_actions(spec: &PodSpec, rt: &PodRuntime, probes: &ProbeResults, policy: 
                         out.kill.push(kill(o, format!("Init container {} definition changed", c.name)));
                         starts.push(start(&c.name, ContainerKind::Init, Some(o)));
                     } else if let Some(m) = failed_probe {
-                        out.kill.push(kill(o, sidecar_probe_message(m)));
+                        out.kill.push(probe_kill(o, sidecar_probe_message(m), probes));
                     }
                 }
             }
@@ -426,28 +435,29 @@ pub fn plan(input: &PlanInput) -> Actions {
             }
             continue;
         };
-        let (message, restart, now) = if o.hash != container_hash(c) {
+        let (message, restart, now, probe) = if o.hash != container_hash(c) {
             // Upstream restarts a changed container whatever the restart policy, at once.
-            (format!("Container {} definition changed", c.name), true, true)
+            (format!("Container {} definition changed", c.name), true, true, false)
         } else if let Some(m) = input.probes.failed.get(&c.name) {
             // A failed liveness/startup probe is a failure of the container: it is killed
             // now and started again by a later sync once it has exited, through the
             // crash-loop backoff (which counts from its finishedAt), so a container that
             // keeps failing its probe backs off 10 s, 20 s, ... like one that keeps crashing.
-            (m.strip_suffix(WILL_RESTART).unwrap_or(m).to_string(), policy.restarts_on_failure(), false)
+            (m.strip_suffix(WILL_RESTART).unwrap_or(m).to_string(), policy.restarts_on_failure(), false, true)
         } else {
             keep += 1;
             continue;
         };
+        let make = |message: String| if probe { probe_kill(o, message, input.probes) } else { kill(o, message) };
         if restart {
-            kills.push(kill(o, format!("{message}{WILL_RESTART}")));
+            kills.push(make(format!("{message}{WILL_RESTART}")));
             if now {
                 starts.push(start(&c.name, ContainerKind::App, obs));
             } else {
                 keep += 1;
             }
         } else {
-            kills.push(kill(o, message));
+            kills.push(make(message));
         }
     }
 
@@ -844,6 +854,18 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_probe_with_its_own_grace_period_kills_with_it() {
+        let p = pod("Always", &[], &["a"]);
+        let running = obs(&p, App, "a", 0, Running, 0);
+        let mut probes = ProbeResults::default();
+        probes.failed.insert("a".into(), "Container a failed liveness probe, will be restarted".into());
+        probes.failed_grace.insert("a".into(), 3);
+        let a = run_probes(&p, &rt(vec![running]), &probes);
+        assert_eq!(a.kill.len(), 1);
+        assert_eq!(a.kill[0].grace, Some(3));
+    }
+
+    #[test]
     fn liveness_failure_kills_and_restarts_unless_never() {
         for (policy, restarts) in [("Always", true), ("OnFailure", true), ("Never", false)] {
             let p = pod(policy, &[], &["a"]);
@@ -856,6 +878,7 @@ mod tests {
                     id: "a-1".into(),
                     name: "a".into(),
                     message: "Container a failed liveness probe, will be restarted".into(),
+                    grace: None,
                 };
                 // Killed now; started by a later sync once it has exited (with the backoff).
                 assert_eq!(a, Actions { kill: vec![k], ..steady() }, "{policy}");
@@ -866,7 +889,7 @@ mod tests {
                 assert_eq!(next.start[0].previous_finished_at, dead.finished_at, "{policy}");
             } else {
                 let k =
-                    Kill { id: "a-1".into(), name: "a".into(), message: "Container a failed liveness probe".into() };
+                    Kill { id: "a-1".into(), name: "a".into(), message: "Container a failed liveness probe".into(), grace: None };
                 // Nothing left to run: the pod is done.
                 assert_eq!(a, Actions { kill: vec![k], kill_pod: true, pod_done: true, ..steady() }, "{policy}");
             }
@@ -907,6 +930,7 @@ mod tests {
                 id: "a-0".into(),
                 name: "a".into(),
                 message: "Container a definition changed, will be restarted".into(),
+                grace: None,
             };
             let s = Start { restart_count: 1, attempt: 1, ..first("a", App) };
             assert_eq!(a, Actions { kill: vec![k], start: vec![s], ..steady() }, "{policy}");
@@ -1167,7 +1191,7 @@ mod tests {
         // Failed: killed (upstream's message), started again by a later sync through the backoff.
         let mut probes = ProbeResults::default();
         probes.failed.insert("s".into(), "Container s failed startup probe, will be restarted".into());
-        let k = Kill { id: "s-0".into(), name: "s".into(), message: "Init container s failed startup probe".into() };
+        let k = Kill { id: "s-0".into(), name: "s".into(), message: "Init container s failed startup probe".into(), grace: None };
         assert_eq!(run_probes(&p, &runtime, &probes), Actions { kill: vec![k], ..steady() });
         let dead = obs(&p, Init, "s", 0, Exited, 137);
         let a = run(&p, &rt(vec![dead.clone()]));
@@ -1224,7 +1248,7 @@ mod tests {
         let mut probes = ProbeResults::default();
         probes.failed.insert("s".into(), "Container s failed liveness probe, will be restarted".into());
         let a = run_probes(&p, &rt(vec![app.clone(), obs(&p, Init, "s", 1, Running, 0)]), &probes);
-        let k = Kill { id: "s-1".into(), name: "s".into(), message: "Init container s failed liveness probe".into() };
+        let k = Kill { id: "s-1".into(), name: "s".into(), message: "Init container s failed liveness probe".into(), grace: None };
         assert_eq!(a, Actions { kill: vec![k], ..steady() });
         let dead = obs(&p, Init, "s", 1, Exited, 137);
         let a = run(&p, &rt(vec![app, dead.clone()]));
@@ -1239,7 +1263,7 @@ mod tests {
         new.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].image = Some("img-s:v2".into());
         let running = obs(&old, Init, "s", 0, Running, 0);
         let a = run(&new, &rt(vec![obs(&old, App, "a", 0, Running, 0), running.clone()]));
-        let k = Kill { id: "s-0".into(), name: "s".into(), message: "Init container s definition changed".into() };
+        let k = Kill { id: "s-0".into(), name: "s".into(), message: "Init container s definition changed".into(), grace: None };
         assert_eq!(a, Actions { kill: vec![k], start: vec![restarted(&running)], ..steady() });
     }
 
