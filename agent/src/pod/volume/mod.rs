@@ -858,11 +858,16 @@ fn unmount_all_under(dir: &Path) -> Result<(), VolumeError> {
 /// Nothing to do when it does not exist. Refuses to remove anything while a mount remains.
 pub fn teardown(root: &Path, uid: &str) -> Result<(), VolumeError> {
     check_uid(uid)?;
-    let dir = pod_dir(root, uid);
-    let dir = match fs::canonicalize(&dir) {
+    unmount_and_remove(&pod_dir(root, uid))
+}
+
+/// Unmounts everything mounted at or under `dir` (deepest first) and removes it. Nothing to do
+/// when it does not exist; refuses to remove anything while a mount remains.
+fn unmount_and_remove(dir: &Path) -> Result<(), VolumeError> {
+    let dir = match fs::canonicalize(dir) {
         Ok(d) => d,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io("resolve", &dir)(e)),
+        Err(e) => return Err(io("resolve", dir)(e)),
     };
     unmount_all_under(&dir)?;
     if let Some(left) = mounts_under(&read_mountinfo()?, &dir).into_iter().next() {
@@ -877,17 +882,7 @@ pub fn teardown(root: &Path, uid: &str) -> Result<(), VolumeError> {
 pub fn release(root: &Path, uid: &str) -> Result<(), VolumeError> {
     check_uid(uid)?;
     for sub in ["volumes", "plugins"] {
-        let dir = pod_dir(root, uid).join(sub);
-        let dir = match fs::canonicalize(&dir) {
-            Ok(d) => d,
-            Err(e) if e.kind() == ErrorKind::NotFound => continue,
-            Err(e) => return Err(io("resolve", &dir)(e)),
-        };
-        unmount_all_under(&dir)?;
-        if let Some(left) = mounts_under(&read_mountinfo()?, &dir).into_iter().next() {
-            return Err(VolumeError::StillMounted(left));
-        }
-        fs::remove_dir_all(&dir).map_err(io("remove", &dir))?;
+        unmount_and_remove(&pod_dir(root, uid).join(sub))?;
     }
     Ok(())
 }
