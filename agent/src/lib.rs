@@ -1,5 +1,8 @@
-//! ferro-agent: the node side of ferro, a kubelet. This first slice registers the Node, keeps
-//! its Lease renewed and reports node status from the CRI runtime's Version and Status; pods come later.
+//! ferro-agent: the node side of ferro, a kubelet. It registers the Node and keeps its Lease
+//! and status ([`node`], [`status`]), runs the pods bound to it through CRI ([`pod`], over the
+//! [`cri::Cri`] trait), mounts their volumes ([`pod::volume`], CSI in [`csi`]), evicts under
+//! node pressure ([`eviction`]) and serves logs, exec, attach, port-forward and metrics on
+//! :10250 ([`server`]). docs/design/agent.md describes it.
 
 pub mod clock;
 pub mod config;

@@ -1,5 +1,5 @@
 //! The pod workers: the executor that turns the pure decisions of [`plan`], [`status`],
-//! [`spec`] and [`volumes`] into CRI calls and API writes.
+//! [`spec`] and [`volume`] into CRI calls and API writes.
 //!
 //! One work queue keyed by pod UID (ferro-runtime's client-go style queue: a key is synced by
 //! one worker at a time, so each pod has in effect its own worker). A pod is queued when its
