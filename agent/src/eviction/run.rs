@@ -1,6 +1,6 @@
 //! The eviction manager's loop: observe, decide ([`super::plan::decide`]), apply.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -155,9 +155,4 @@ impl Manager {
         }
         tracing::warn!(uid, "the evicted pod was not cleaned up within 30 s");
     }
-}
-
-/// The pod's usage by UID as a map (for tests and the log).
-pub fn by_uid<'a>(usages: &'a [PodUsage<'a>]) -> BTreeMap<String, &'a PodUsage<'a>> {
-    usages.iter().map(|u| (u.pod.metadata.uid.clone().unwrap_or_default(), u)).collect()
 }
