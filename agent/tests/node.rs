@@ -306,6 +306,7 @@ async fn containerd_runtime_status_drives_ready() {
         ],
         cni_configs: Vec::new(),
         runtime_binary: None,
+        root_fs_bytes: None,
     };
     let ctrd = Containerd::start(&ns, &opts).unwrap();
 

@@ -234,6 +234,7 @@ fn kubectl_logs_exec_and_port_forward_through_the_agent_server() {
             .collect(),
         cni_configs: vec![("10-bridge.conflist".into(), conflist.to_string())],
         runtime_binary: None,
+        root_fs_bytes: None,
     };
     let ctrd = Containerd::start(&ns, &opts).unwrap();
     ctrd.import(&tars.pause).unwrap();

@@ -55,6 +55,7 @@ fn containerd_cri_pod_sandbox_gets_and_releases_an_address_from_ferro_cni() {
         ],
         cni_configs: vec![("10-ferro.conflist".into(), conflist.to_string())],
         runtime_binary: None,
+        root_fs_bytes: None,
     };
     let ctrd = Containerd::start(&node, &opts).unwrap();
     ctrd.import(&tars.pause).unwrap();

@@ -166,6 +166,13 @@ impl Lab {
     /// As [`Lab::start_with`], with containerd's runc shim running `runtime_binary` (e.g.
     /// crun) instead of runc.
     pub fn start_full(tag: &str, extra_config: &str, runtime_binary: Option<PathBuf>) -> Lab {
+        Self::start_on(tag, extra_config, runtime_binary, None)
+    }
+
+    /// As [`Lab::start_full`], with containerd's root (the image filesystem) on an ext4 of
+    /// `root_fs_bytes` of its own when given, so that its usage does not depend on the host's
+    /// disk.
+    pub fn start_on(tag: &str, extra_config: &str, runtime_binary: Option<PathBuf>, root_fs_bytes: Option<u64>) -> Lab {
         ferro_lab::require_root().unwrap();
         ferro_lab::require_bin("nsenter", "util-linux").unwrap();
         ferro_lab::require_bin("kubectl", "kubernetes-client").unwrap();
@@ -199,6 +206,7 @@ impl Lab {
             ],
             cni_configs: vec![("10-ferro.conflist".into(), conflist.to_string())],
             runtime_binary,
+            root_fs_bytes,
         };
         let ctrd = Containerd::start(&ns, &opts).unwrap();
         ctrd.import(&tars.pause).unwrap();

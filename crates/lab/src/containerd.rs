@@ -41,6 +41,11 @@ pub struct Options {
     /// The OCI runtime binary the runc shim runs (its `BinaryName` option, e.g. crun);
     /// `None` is runc from `PATH`.
     pub runtime_binary: Option<PathBuf>,
+    /// containerd's `root` (the image filesystem the CRI plugin reports) on an ext4 of this
+    /// many bytes on a loop device of its own, mounted in containerd's mount namespace only and
+    /// detached at stop: a disk whose usage the test controls. `None`: the temp dir's
+    /// filesystem, the host's disk.
+    pub root_fs_bytes: Option<u64>,
 }
 
 /// Where a containerd keeps its things. The fixture puts everything under one temp dir
@@ -258,6 +263,8 @@ pub fn start_script(mountinfo: &str, config: &Path, shim_dir: Option<&Path>) -> 
 pub struct Containerd {
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// The loop device under `root` ([`Options::root_fs_bytes`]), detached at stop.
+    root_loop: Option<String>,
 }
 
 impl Containerd {
@@ -286,7 +293,24 @@ impl Containerd {
         let config = d.join("config.toml");
         std::fs::write(&config, render_config(&Layout::under(d), opts))?;
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-        std::fs::write(d.join("start.sh"), start_script(&mountinfo, &config, None))?;
+        let mut script = start_script(&mountinfo, &config, None);
+        // From here on, Drop undoes what was made (the loop device, the process).
+        let mut c = Containerd { dir, child: None, root_loop: None };
+        if let Some(bytes) = opts.root_fs_bytes {
+            require_bin("losetup", "util-linux")?;
+            require_bin("mkfs.ext4", "e2fsprogs")?;
+            let img = c.dir.path().join("root.img");
+            std::fs::File::create(&img)?.set_len(bytes)?;
+            let out = run(Command::new("losetup").args(["--find", "--show"]).arg(&img))?;
+            let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            c.root_loop = Some(dev.clone());
+            run(Command::new("mkfs.ext4").args(["-q", "-F", &dev]))?;
+            // Mounted by the start script: in containerd's mount namespace only.
+            let exec = script.rfind("exec containerd").context("start script without exec")?;
+            script.insert_str(exec, &format!("mount {dev} {}\n", c.dir.path().join("root").display()));
+        }
+        let d = c.dir.path();
+        std::fs::write(d.join("start.sh"), script)?;
         let log = std::fs::File::create(d.join("containerd.log"))?;
         let child = ns
             .command("sh")
@@ -300,10 +324,7 @@ impl Containerd {
             .stderr(log)
             .spawn()
             .context("start containerd")?;
-        let mut c = Containerd {
-            dir,
-            child: Some(child),
-        };
+        c.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(child) = c.child.as_mut() {
@@ -444,6 +465,15 @@ impl Containerd {
         for m in mounts {
             let _ = Command::new("umount").args(["-l", &m]).output();
         }
+        // Its only mount was in containerd's namespace, gone with it; were a process still
+        // holding it, the kernel detaches the device when the last user goes (autoclear).
+        if let Some(dev) = self.root_loop.take() {
+            match Command::new("losetup").arg("--detach").arg(&dev).output() {
+                Ok(o) if o.status.success() => {}
+                Ok(o) => eprintln!("losetup --detach {dev}: {}", String::from_utf8_lossy(&o.stderr).trim()),
+                Err(e) => eprintln!("losetup --detach {dev}: {e}"),
+            }
+        }
     }
 }
 
@@ -465,6 +495,7 @@ mod tests {
             cni_plugins: Vec::new(),
             cni_configs: Vec::new(),
             runtime_binary: None,
+            root_fs_bytes: None,
         };
         let layout = Layout::under(Path::new("/tmp/x"));
         assert!(!render_config(&layout, &opts).contains("BinaryName"));

@@ -203,6 +203,7 @@ fn main() -> anyhow::Result<()> {
                 cni_plugins: Vec::new(),
                 cni_configs: Vec::new(),
                 runtime_binary: None,
+                root_fs_bytes: None,
             };
             print!("{}", containerd::render_config(&layout, &opts));
         }
