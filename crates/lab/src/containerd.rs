@@ -517,6 +517,7 @@ mod tests {
             cni_plugins: Vec::new(),
             cni_configs: Vec::new(),
             runtime_binary: None,
+            root_fs_bytes: None,
         };
         let text = render_config(&Layout::under(Path::new("/tmp/x")), &opts);
         for want in [
@@ -543,6 +544,7 @@ mod tests {
             cni_plugins: Vec::new(),
             cni_configs: Vec::new(),
             runtime_binary: None,
+            root_fs_bytes: None,
         };
         let layout = Layout::split(
             Path::new("/var/lib/l/containerd"),
