@@ -755,6 +755,156 @@ async fn snapshot_of_a_mounted_volume_restores_into_a_larger_one() {
     d.stop().await;
 }
 
+/// The volume context kubelet sends with an inline volume of a podInfoOnMount driver.
+fn inline_context(attrs: &[(&str, &str)]) -> HashMap<String, String> {
+    let mut c: HashMap<String, String> = [
+        ("csi.storage.k8s.io/pod.name", "app"),
+        ("csi.storage.k8s.io/pod.namespace", "default"),
+        ("csi.storage.k8s.io/pod.uid", "u1"),
+        ("csi.storage.k8s.io/serviceAccount.name", "default"),
+        ("csi.storage.k8s.io/ephemeral", "true"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    c.extend(attrs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    c
+}
+
+impl Driver {
+    /// NodePublishVolume of an inline volume, as kubelet calls it (no staging path).
+    async fn publish_inline(
+        &mut self,
+        handle: &str,
+        target: &str,
+        fs: &str,
+        attrs: &[(&str, &str)],
+    ) -> Result<(), tonic::Status> {
+        self.node
+            .node_publish_volume(NodePublishVolumeRequest {
+                volume_id: handle.into(),
+                target_path: target.into(),
+                volume_capability: Some(mount_cap(fs)),
+                volume_context: inline_context(attrs),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+    }
+
+    /// Entries of a directory under the data dir (none when it does not exist).
+    fn data_entries(&self, dir: &str) -> Vec<String> {
+        std::fs::read_dir(self.data().join(dir))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: loop devices, mkfs and mounts"]
+async fn an_inline_volume_lives_from_publish_to_unpublish() {
+    use ferro_csi::volume::names::ephemeral_volume_id;
+    use ferro_csi::volume::names::Layout;
+    use ferro_csi::volume::record::{Journal, State};
+
+    let mut d = Driver::start("ferro-csi-inline-", 512 << 20).await;
+    let handle = "csi-5ab1e0c0ffee";
+    let target = d.kubelet("pods/u1/volumes/kubernetes.io~csi/scratch/mount");
+    let size = [("size", "64Mi")];
+    for _ in 0..2 {
+        d.publish_inline(handle, &target, "", &size)
+            .await
+            .expect("publish (twice: idempotent)");
+    }
+    let m = mounted(&target).expect("the target is mounted");
+    assert!(m.starts_with("ext4 /dev/loop"), "{m}");
+    std::fs::write(Path::new(&target).join("f"), b"scratch").expect("write through the target");
+    let id = ephemeral_volume_id(handle);
+    let disk = backing(&d, &id);
+    assert_eq!(std::fs::metadata(&disk).expect("backing file").len(), 64 << 20);
+    assert_eq!(loops_of(&disk).len(), 1);
+    let stats = d
+        .node
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: handle.into(),
+            volume_path: target.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("stats by the CO's volume id")
+        .into_inner();
+    let bytes = stats
+        .usage
+        .iter()
+        .find(|u| u.unit == volume_usage::Unit::Bytes as i32)
+        .expect("bytes");
+    assert!(bytes.total > 32 * MIB && bytes.total <= 64 * MIB && bytes.used > 0, "{bytes:?}");
+    assert_eq!(stats.volume_condition.map(|c| c.abnormal), Some(false));
+
+    // Conflicts and bad requests: the spec's codes, nothing made, the volume untouched.
+    assert_eq!(
+        code(d.publish_inline(handle, &target, "", &[("size", "128Mi")]).await),
+        Code::AlreadyExists
+    );
+    let other = d.kubelet("pods/u2/volumes/kubernetes.io~csi/x/mount");
+    assert_eq!(
+        code(d.publish_inline("csi-other", &other, "", &[("colour", "blue")]).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(d.publish_inline("csi-other", &other, "", &[("size", "1Gi")]).await),
+        Code::ResourceExhausted,
+        "beyond the pool"
+    );
+    assert!(!Path::new(&other).exists(), "nothing created for a refused publish");
+    assert_eq!(d.data_entries("volumes"), vec![id.clone()]);
+    let vols = d
+        .ctl
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .expect("list")
+        .into_inner();
+    assert!(vols.entries.is_empty(), "an inline volume is not the Controller's");
+
+    // Unpublish takes everything away; a second one answers OK.
+    for _ in 0..2 {
+        d.unpublish(handle, &target).await.expect("unpublish (twice)");
+    }
+    assert!(mounted(&target).is_none());
+    assert!(!Path::new(&target).exists(), "the target path is removed");
+    assert!(!disk.exists(), "the backing file is removed");
+    wait_until("the inline volume's loop device detached", || {
+        loops_of(&disk).is_empty()
+    });
+    assert!(d.data_entries("volumes").is_empty(), "{:?}", d.data_entries("volumes"));
+    assert!(d.data_entries("staging").is_empty(), "{:?}", d.data_entries("staging"));
+    assert!(d.scratch.mounts().is_empty(), "{:?}", d.scratch.mounts());
+
+    // A crash in the middle of an unpublish (its intent recorded, nothing undone yet): the
+    // restarted driver's recovery finishes it.
+    d.publish_inline(handle, &target, "xfs", &[("size", "300Mi")])
+        .await
+        .expect("publish an xfs one");
+    assert!(mounted(&target).expect("mounted").starts_with("xfs /dev/loop"));
+    let scratch = d.stop().await;
+    let journal = Journal::new(Layout::new(scratch.path().join("data")));
+    let mut rec = journal.volume(&id).expect("read").expect("record");
+    assert!(rec.ephemeral && rec.state == State::Ready, "{rec:?}");
+    rec.state = State::Deleting;
+    journal.put_volume(&rec).expect("put");
+    let d = Driver::start_in(scratch, 1 << 30).await;
+    assert!(mounted(&target).is_none(), "recovery unmounted the target");
+    assert!(!disk.exists());
+    wait_until("no loop device left", || loops_of(&disk).is_empty());
+    assert!(d.data_entries("volumes").is_empty() && d.data_entries("staging").is_empty());
+    assert!(d.scratch.mounts().is_empty(), "{:?}", d.scratch.mounts());
+    d.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "privileged: loop devices and mounts"]
 async fn bad_input_gets_the_spec_code_and_creates_nothing() {

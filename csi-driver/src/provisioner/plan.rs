@@ -37,17 +37,18 @@ pub const PARAM_FSTYPE: &str = "csi.storage.k8s.io/fstype";
 pub const DEFAULT_FSTYPE: &str = "ext4";
 
 /// The CSIDriver object describing ferro-csi to the cluster: no attach step (volumes are
-/// node-local: an upstream kubelet must not wait for a VolumeAttachment), no pod info on
-/// mount, fsGroup applied by the kubelet for ReadWriteOnce volumes with an fsType, persistent
-/// volumes only, storage capacity published (see [`super::capacity`]).
+/// node-local: an upstream kubelet must not wait for a VolumeAttachment), pod info on mount
+/// (its `csi.storage.k8s.io/ephemeral` key tells inline volumes apart), fsGroup applied by
+/// the kubelet for ReadWriteOnce volumes with an fsType, persistent and inline (ephemeral)
+/// volumes, storage capacity published (see [`super::capacity`]).
 pub fn driver_object() -> CSIDriver {
     CSIDriver {
         metadata: ObjectMeta { name: Some(DRIVER_NAME.into()), ..Default::default() },
         spec: CSIDriverSpec {
             attach_required: Some(false),
-            pod_info_on_mount: Some(false),
+            pod_info_on_mount: Some(true),
             fs_group_policy: Some("ReadWriteOnceWithFSType".into()),
-            volume_lifecycle_modes: Some(vec!["Persistent".into()]),
+            volume_lifecycle_modes: Some(vec!["Persistent".into(), "Ephemeral".into()]),
             storage_capacity: Some(true),
             requires_republish: Some(false),
             ..Default::default()

@@ -94,12 +94,13 @@ impl<H: Host> Node for NodeService<H> {
         let r = req.into_inner();
         let id = r.volume_id.clone();
         blocking(&self.engine, "NodePublishVolume", &id, move |e| {
-            e.publish(
+            e.node_publish(
                 &r.volume_id,
                 &r.staging_target_path,
                 &r.target_path,
                 r.volume_capability.as_ref(),
                 r.readonly,
+                &r.volume_context,
             )
         })
         .await?;

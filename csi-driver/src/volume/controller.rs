@@ -53,10 +53,25 @@ impl<H: Host> Engine<H> {
             params,
             access: wanted.access,
             source: req.source,
+            ephemeral: false,
         };
         let _claim = self.claim(&want.id)?;
         let existing = self.journal.volume(&want.id)?;
-        let rec = match plan::decide_create(existing.as_ref(), &want)? {
+        let decision = plan::decide_create(existing.as_ref(), &want)?;
+        self.realize(decision, &want, source_size.is_some_and(|s| s < want.size))
+    }
+
+    /// Brings a volume the planner decided on to Ready, the caller holding its claim: one that
+    /// exists as it is, a half-made one finished, a new one taken from the pool
+    /// (ResourceExhausted when it does not fit, nothing written), recorded `Creating`, its
+    /// backing file made, recorded `Ready`; a failed fill is rolled back.
+    pub(super) fn realize(
+        &self,
+        decision: CreateDecision,
+        want: &CreateWant,
+        grow_pending: bool,
+    ) -> Result<VolumeRecord, EngineError> {
+        let rec = match decision {
             CreateDecision::Exists(rec) => return Ok(rec),
             CreateDecision::Finish(rec) => rec,
             CreateDecision::Make => {
@@ -79,10 +94,11 @@ impl<H: Host> Engine<H> {
                     source: want.source.clone(),
                     created: now(),
                     formatted: None,
-                    grow_pending: source_size.is_some_and(|s| s < want.size),
+                    grow_pending,
                     staged: None,
                     published: Vec::new(),
                     parameters: want.params.to_map(),
+                    ephemeral: want.ephemeral,
                 };
                 self.journal.put_volume(&rec)?;
                 rec
@@ -93,7 +109,7 @@ impl<H: Host> Engine<H> {
                 let mut done = rec;
                 done.state = State::Ready;
                 self.journal.put_volume(&done)?;
-                info!(volume = %done.id, name = %done.name, size = done.size, "volume created");
+                info!(volume = %done.id, name = %done.name, size = done.size, ephemeral = done.ephemeral, "volume created");
                 Ok(done)
             }
             Err(e) => {
@@ -154,13 +170,14 @@ impl<H: Host> Engine<H> {
         }
     }
 
+    /// A Ready volume of the Controller's (inline volumes are the Node's alone).
     pub(super) fn ready_volume(&self, id: &str) -> Result<VolumeRecord, EngineError> {
         let rec = is_volume_id(id)
             .then(|| self.journal.volume(id))
             .transpose()?
             .flatten();
         match rec {
-            Some(r) if r.state == State::Ready => Ok(r),
+            Some(r) if r.state == State::Ready && !r.ephemeral => Ok(r),
             _ => Err(PlanError::NotFound(format!("volume {id:?} does not exist")).into()),
         }
     }
@@ -189,6 +206,12 @@ impl<H: Host> Engine<H> {
         let Some(mut rec) = self.journal.volume(id)? else {
             return Ok(());
         };
+        if rec.ephemeral {
+            return Err(PlanError::FailedPrecondition(format!(
+                "volume {id} is an inline volume of the Node: NodeUnpublishVolume removes it"
+            ))
+            .into());
+        }
         let disk = self.layout().volume_disk(id);
         let devices = self.host.loops_of(&disk)?;
         let mounts = self.host.mounts()?;
@@ -260,12 +283,14 @@ impl<H: Host> Engine<H> {
         Ok((rec.size, rec.access == AccessKind::Mount))
     }
 
+    /// The Controller's Ready volumes (ListVolumes, the provisioner's sweep): inline volumes
+    /// are not listed (they count against the pool all the same).
     pub fn volumes(&self) -> Result<Vec<VolumeRecord>, EngineError> {
         Ok(self
             .journal
             .volumes()?
             .into_iter()
-            .filter(|r| r.state == State::Ready)
+            .filter(|r| r.state == State::Ready && !r.ephemeral)
             .collect())
     }
 

@@ -203,6 +203,7 @@ impl<H: Host> Engine<H> {
             Op::MakeDir { path } => self.host.make_dir(path),
             Op::MakeFile { path } => self.host.make_file(path),
             Op::RemovePath { path } => self.host.remove_path(path),
+            Op::RemoveFile { path } => self.host.remove_file(path),
             Op::Mount(spec) => self.host.mount(spec),
             Op::Unmount { target } => self.host.unmount(target),
         }
@@ -238,10 +239,11 @@ impl<H: Host> Engine<H> {
         })
     }
 
-    /// Start-up recovery: a create or delete cut off by a crash is rolled back or finished, a
-    /// directory a crash left without record is removed, and every volume the journal says is
-    /// staged gets its loop device back if it lost it (a reboot, `losetup -D`). Nothing is
-    /// formatted, unmounted or deleted that the journal does not say was being deleted.
+    /// Start-up recovery: a create or delete cut off by a crash is rolled back or finished (an
+    /// inline volume's removal too: its mounts, device, staging dir, file), a directory a
+    /// crash left without record is removed, and every volume the journal says is staged gets
+    /// its loop device back if it lost it (a reboot, `losetup -D`). Nothing is formatted,
+    /// unmounted or deleted that the journal does not say was being deleted.
     pub fn recover(&self) -> Result<RecoveryReport, EngineError> {
         let mut report = RecoveryReport::default();
         let root = self.layout().root();
@@ -260,6 +262,18 @@ impl<H: Host> Engine<H> {
                     self.host.remove_file(&disk)?;
                     self.journal.remove_volume(&rec.id)?;
                     report.rolled_back.push(rec.id);
+                }
+                State::Deleting if rec.ephemeral => {
+                    // NodeUnpublishVolume (or a failed publish's roll-back) was cut short:
+                    // its targets and staging dir may still be mounted. A removal that cannot
+                    // go on (a mount ferro-csi does not know uses the device) is left to the
+                    // next call on the volume rather than keep ferro-csi from starting.
+                    match self.remove_ephemeral(&rec) {
+                        Ok(()) => report.deleted.push(rec.id),
+                        Err(e) => {
+                            warn!(volume = %rec.id, error = %e, "finishing the removal of an inline volume failed; the next call on it retries");
+                        }
+                    }
                 }
                 State::Deleting => {
                     for d in self.host.loops_of(&disk)? {

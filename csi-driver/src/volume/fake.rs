@@ -89,6 +89,11 @@ impl RecordingHost {
             .collect()
     }
 
+    /// Directories made through the host (staging and target dirs).
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        self.lock().dirs.keys().cloned().collect()
+    }
+
     pub fn frozen(&self) -> Vec<PathBuf> {
         self.lock().frozen.clone()
     }
@@ -227,6 +232,14 @@ impl Host for RecordingHost {
 
     fn detach(&self, device: &Path) -> Result<(), HostError> {
         let mut st = self.call("detach", device.display())?;
+        // The kernel keeps a mounted loop device (LOOP_CLR_FD only sets autoclear): a detach
+        // under a mount would leave it attached, so the fake refuses it outright.
+        if st.mounts.iter().any(|m| m.source == device.to_string_lossy()) {
+            return Err(HostError::Unexpected(format!(
+                "{} is mounted: not detached",
+                device.display()
+            )));
+        }
         st.loops.remove(device);
         st.loop_sizes.remove(device);
         Ok(())
@@ -435,6 +448,12 @@ impl Host for RecordingHost {
 
     fn remove_path(&self, path: &Path) -> Result<(), HostError> {
         let mut st = self.call("remove_path", path.display())?;
+        if st.mounts.iter().any(|m| m.target == path) {
+            return Err(HostError::Unexpected(format!(
+                "{} is a mount point (EBUSY)",
+                path.display()
+            )));
+        }
         st.dirs.remove(path);
         st.files.remove(path);
         Ok(())

@@ -27,6 +27,16 @@ pub fn volume_id(name: &str) -> String {
     format!("{VOLUME_PREFIX}{}", digest_hex(name))
 }
 
+/// The ID ferro-csi keeps an inline (CSI "Ephemeral") volume under, for the volume ID the CO
+/// chose (kubelet: `csi-<sha256(pod uid + volume name)>`). The CO's ID is any string, so it
+/// never names a path itself; the prefix keeps these IDs apart from those of CreateVolume
+/// names.
+pub fn ephemeral_volume_id(co_volume_id: &str) -> String {
+    volume_id(&format!("{EPHEMERAL_NAME_PREFIX}{co_volume_id}"))
+}
+
+const EPHEMERAL_NAME_PREFIX: &str = "ephemeral:";
+
 /// The snapshot ID of the snapshot made for request name `name`.
 pub fn snapshot_id(name: &str) -> String {
     format!("{SNAPSHOT_PREFIX}{}", digest_hex(name))
@@ -51,8 +61,10 @@ pub fn is_snapshot_id(id: &str) -> bool {
     well_formed(id, SNAPSHOT_PREFIX)
 }
 
-/// The data dir's layout: `volumes/<id>/{record.json,disk.img}` and
-/// `snapshots/<id>/{record.json,disk.img}`.
+/// The data dir's layout: `volumes/<id>/{record.json,disk.img}`,
+/// `snapshots/<id>/{record.json,disk.img}` and `staging/<id>`, where an inline volume's
+/// filesystem is mounted (the CO stages only persistent volumes). Staging dirs live outside
+/// the volume dirs: removing a volume dir never walks into a mounted filesystem.
 #[derive(Clone, Debug)]
 pub struct Layout {
     root: PathBuf,
@@ -86,6 +98,11 @@ impl Layout {
     }
     pub fn snapshot_disk(&self, id: &str) -> PathBuf {
         self.snapshot_dir(id).join("disk.img")
+    }
+    /// Where an inline volume is staged; `id` must have passed [`is_volume_id`].
+    pub fn staging_dir(&self, id: &str) -> PathBuf {
+        debug_assert!(is_volume_id(id));
+        self.root.join("staging").join(id)
     }
 }
 
@@ -122,6 +139,19 @@ mod tests {
     }
 
     #[test]
+    fn ephemeral_ids_are_volume_ids_apart_from_create_names() {
+        let co = "csi-0123456789abcdef";
+        let id = ephemeral_volume_id(co);
+        assert!(is_volume_id(&id), "{id}");
+        assert_eq!(id, ephemeral_volume_id(co));
+        assert_ne!(id, volume_id(co), "a CreateVolume named like the CO's ID is another volume");
+        assert_ne!(id, ephemeral_volume_id("csi-other"));
+        for hostile in ["../../etc", "", "/dev/sda"] {
+            assert!(is_volume_id(&ephemeral_volume_id(hostile)));
+        }
+    }
+
+    #[test]
     fn layout_keeps_each_object_in_its_own_directory() {
         let l = Layout::new("/var/lib/ferro/csi");
         let id = volume_id("x");
@@ -134,5 +164,10 @@ mod tests {
             l.snapshot_dir(&s),
             PathBuf::from(format!("/var/lib/ferro/csi/snapshots/{s}"))
         );
+        assert_eq!(
+            l.staging_dir(&id),
+            PathBuf::from(format!("/var/lib/ferro/csi/staging/{id}"))
+        );
+        assert!(!l.staging_dir(&id).starts_with(l.volume_dir(&id)));
     }
 }

@@ -2,12 +2,13 @@
 //! mounts), their undoing, online growth and usage. Each call settles step by step from fresh
 //! observations, so it is idempotent and resumes wherever a try before it stopped.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use super::engine::{Engine, EngineError};
 use super::host::{Content, FsStats, Host};
 use super::names::is_volume_id;
-use super::plan::{self, PlanError};
+use super::plan::{self, ephemeral, PlanError};
 use super::record::{AccessKind, FsType, State, VolumeRecord};
 use crate::proto::VolumeCapability;
 
@@ -60,7 +61,8 @@ pub fn allowed<'a>(
 }
 
 impl<H: Host> Engine<H> {
-    /// The record of a volume a node call names: NotFound when there is none.
+    /// The record of a (persistent) volume a node call names: NotFound when there is none.
+    /// An inline volume is named by the CO's ID, never by the ID ferro-csi keeps it under.
     fn node_volume(&self, id: &str) -> Result<VolumeRecord, EngineError> {
         if id.is_empty() {
             return Err(PlanError::InvalidArgument("volume id missing".into()).into());
@@ -68,7 +70,8 @@ impl<H: Host> Engine<H> {
         let rec = is_volume_id(id)
             .then(|| self.journal.volume(id))
             .transpose()?
-            .flatten();
+            .flatten()
+            .filter(|r| !r.ephemeral);
         match rec {
             Some(r) if r.state == State::Ready => Ok(r),
             Some(r) => {
@@ -104,9 +107,20 @@ impl<H: Host> Engine<H> {
         let rec = self.node_volume(id)?;
         let wanted = plan::capability(cap)?;
         let _claim = self.claim(id)?;
-        let disk = self.layout().volume_disk(id);
+        self.stage_at(&rec, &wanted, staging).map(drop)
+    }
+
+    /// Stages `rec` at a checked `staging` path, the caller holding its claim; records where
+    /// and with what filesystem. Returns the record as it is now.
+    pub(super) fn stage_at(
+        &self,
+        rec: &VolumeRecord,
+        wanted: &plan::Use,
+        staging: &Path,
+    ) -> Result<VolumeRecord, EngineError> {
+        let disk = self.layout().volume_disk(&rec.id);
         let seen = self.settle("NodeStageVolume", &disk, staging, None, |seen| {
-            plan::stage_step(&rec, &wanted, staging, seen)
+            plan::stage_step(rec, wanted, staging, seen)
         })?;
         let mut updated = rec.clone();
         updated.staged = Some(staging.to_path_buf());
@@ -120,10 +134,10 @@ impl<H: Host> Engine<H> {
             }
             updated.grow_pending = false;
         }
-        if updated != rec {
+        if &updated != rec {
             self.journal.put_volume(&updated)?;
         }
-        Ok(())
+        Ok(updated)
     }
 
     pub fn unstage(&self, id: &str, staging: &str) -> Result<(), EngineError> {
@@ -164,9 +178,22 @@ impl<H: Host> Engine<H> {
             AccessKind::Block => None,
         };
         let _claim = self.claim(id)?;
-        let disk = self.layout().volume_disk(id);
+        self.publish_at(rec, &wanted, readonly, target, staging)
+    }
+
+    /// Publishes `rec` at a checked `target` (from its staging mount, or its device node for a
+    /// block volume), the caller holding its claim; records the target.
+    pub(super) fn publish_at(
+        &self,
+        rec: VolumeRecord,
+        wanted: &plan::Use,
+        readonly: bool,
+        target: &Path,
+        staging: Option<&Path>,
+    ) -> Result<(), EngineError> {
+        let disk = self.layout().volume_disk(&rec.id);
         self.settle("NodePublishVolume", &disk, target, staging, |seen| {
-            plan::publish_step(&rec, &wanted, readonly, target, seen)
+            plan::publish_step(&rec, wanted, readonly, target, seen)
         })?;
         if !rec.published.iter().any(|p| p == target) {
             let mut updated = rec;
@@ -176,8 +203,33 @@ impl<H: Host> Engine<H> {
         Ok(())
     }
 
+    /// NodePublishVolume: an inline volume when the volume context says so
+    /// (`csi.storage.k8s.io/ephemeral: "true"`), else a persistent volume staged before.
+    pub fn node_publish(
+        &self,
+        id: &str,
+        staging: &str,
+        target: &str,
+        cap: Option<&VolumeCapability>,
+        readonly: bool,
+        context: &HashMap<String, String>,
+    ) -> Result<(), EngineError> {
+        if ephemeral::is_ephemeral(context)? {
+            return self.publish_ephemeral(id, target, cap, readonly, context);
+        }
+        self.publish(id, staging, target, cap, readonly)
+    }
+
+    /// NodeUnpublishVolume: an inline volume's takes the whole volume away; an ID that names
+    /// nothing and is not shaped like a CreateVolume's is an inline volume already gone.
     pub fn unpublish(&self, id: &str, target: &str) -> Result<(), EngineError> {
         let target = allowed(target, "target path", &self.config.allowed_roots)?;
+        if let Some(rec) = self.ephemeral_record(id)? {
+            return self.unpublish_ephemeral(rec, target);
+        }
+        if !id.is_empty() && !is_volume_id(id) {
+            return self.unpublish_gone(id, target);
+        }
         let rec = self.node_volume(id)?;
         let _claim = self.claim(id)?;
         let disk = self.layout().volume_disk(id);
@@ -229,8 +281,18 @@ impl<H: Host> Engine<H> {
     /// its backing file or, while staged, its loop device is gone).
     pub fn stats(&self, id: &str, volume_path: &str) -> Result<(Usage, Condition), EngineError> {
         let path = allowed(volume_path, "volume path", &self.config.allowed_roots)?;
-        let rec = self.node_volume(id)?;
-        let disk = self.layout().volume_disk(id);
+        let rec = match self.ephemeral_record(id)? {
+            Some(r) if r.state == State::Ready => r,
+            Some(r) => {
+                return Err(PlanError::FailedPrecondition(format!(
+                    "inline volume {id:?} is {:?}",
+                    r.state
+                ))
+                .into())
+            }
+            None => self.node_volume(id)?,
+        };
+        let disk = self.layout().volume_disk(&rec.id);
         let seen = self.observe_volume_path(&disk, path)?;
         let condition = match (&seen.backing, &seen.device) {
             (None, _) => Condition { abnormal: true, message: format!("backing file {} is gone", disk.display()) },

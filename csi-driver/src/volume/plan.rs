@@ -17,6 +17,8 @@ use super::record::{
     AccessKind, FsType, Provisioning, SnapshotRecord, Source, State, VolumeRecord,
 };
 
+pub mod ephemeral;
+
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 /// The size of a volume whose request names none (the spec lets the plugin choose).
@@ -229,6 +231,8 @@ pub struct CreateWant {
     pub params: Params,
     pub access: AccessKind,
     pub source: Option<Source>,
+    /// An inline volume made by NodePublishVolume ([`ephemeral`]).
+    pub ephemeral: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -266,6 +270,12 @@ pub fn decide_create(
         diffs.push(format!(
             "provisioning {:?} (asked {:?})",
             rec.provisioning, want.params.provisioning
+        ));
+    }
+    if rec.ephemeral != want.ephemeral {
+        diffs.push(format!(
+            "ephemeral {} (asked {})",
+            rec.ephemeral, want.ephemeral
         ));
     }
     if rec.source != want.source {
@@ -350,6 +360,10 @@ pub enum Op {
         path: PathBuf,
     },
     RemovePath {
+        path: PathBuf,
+    },
+    /// Removes a backing file (an inline volume's, at NodeUnpublishVolume).
+    RemoveFile {
         path: PathBuf,
     },
     Mount(MountSpec),

@@ -98,6 +98,11 @@ pub struct VolumeRecord {
     pub published: Vec<PathBuf>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub parameters: BTreeMap<String, String>,
+    /// An inline volume (CSI's "Ephemeral" lifecycle): made by NodePublishVolume, staged by
+    /// ferro-csi itself under its data dir, gone after NodeUnpublishVolume. Its `name` is the
+    /// volume ID the CO chose. No Controller call sees it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ephemeral: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -288,6 +293,7 @@ mod tests {
             staged: None,
             published: Vec::new(),
             parameters: BTreeMap::new(),
+            ephemeral: false,
         }
     }
 
@@ -303,6 +309,13 @@ mod tests {
         a.formatted = Some(FsType::Xfs);
         j.put_volume(&a).expect("replace");
         assert_eq!(j.volume(&a.id).expect("read"), Some(a.clone()));
+        let text = std::fs::read_to_string(j.layout().volume_dir(&a.id).join(RECORD)).expect("read");
+        assert!(!text.contains("ephemeral"), "a persistent record is written as before: {text}");
+        let mut e = record("inline");
+        e.ephemeral = true;
+        j.put_volume(&e).expect("put");
+        assert_eq!(j.volume(&e.id).expect("read"), Some(e.clone()));
+        j.remove_volume(&e.id).expect("remove");
         let ids: Vec<String> = j
             .volumes()
             .expect("list")

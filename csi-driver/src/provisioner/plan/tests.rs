@@ -346,5 +346,9 @@ fn the_driver_object_says_there_is_no_attach_step() {
     assert_eq!(d.metadata.name.as_deref(), Some(DRIVER_NAME));
     assert_eq!(d.spec.attach_required, Some(false));
     assert_eq!(d.spec.fs_group_policy.as_deref(), Some("ReadWriteOnceWithFSType"));
-    assert_eq!(d.spec.volume_lifecycle_modes, Some(vec!["Persistent".to_string()]));
+    assert_eq!(
+        d.spec.volume_lifecycle_modes,
+        Some(vec!["Persistent".to_string(), "Ephemeral".to_string()])
+    );
+    assert_eq!(d.spec.pod_info_on_mount, Some(true), "inline volumes are told apart by it");
 }

@@ -50,6 +50,7 @@ fn rec(access: AccessKind) -> VolumeRecord {
         staged: None,
         published: Vec::new(),
         parameters: BTreeMap::new(),
+        ephemeral: false,
     }
 }
 
@@ -188,6 +189,7 @@ fn want(size: u64) -> CreateWant {
         params: Params::default(),
         access: AccessKind::Mount,
         source: None,
+        ephemeral: false,
     }
 }
 
@@ -220,6 +222,11 @@ fn create_is_new_a_retry_a_resumption_or_a_conflict() {
         decide_create(Some(&r), &from),
         Err(PlanError::AlreadyExists(_))
     ));
+    let mut inline = want(r.size);
+    inline.ephemeral = true;
+    assert!(
+        matches!(decide_create(Some(&r), &inline), Err(PlanError::AlreadyExists(m)) if m.contains("ephemeral"))
+    );
     let mut going = r.clone();
     going.state = State::Deleting;
     assert!(matches!(
