@@ -194,3 +194,122 @@ fn a_raw_block_claim_is_a_block_device_in_the_container() {
     lab.wait_nothing_left();
     csi.kill();
 }
+
+/// The `kubectl get -o jsonpath` of one object, trimmed.
+fn field(lab: &Lab, what: &[&str], path: &str) -> String {
+    let mut args: Vec<&str> = vec!["get"];
+    args.extend_from_slice(what);
+    let jp = format!("jsonpath={path}");
+    args.extend_from_slice(&["-o", &jp]);
+    String::from_utf8_lossy(&lab.kubectl(&args).stdout).trim().to_string()
+}
+
+#[test]
+#[ignore = "privileged: needs root, containerd and loop devices; run by scripts/test.sh"]
+fn a_snapshot_of_a_claim_restores_into_a_new_claim_with_the_data_of_that_moment() {
+    let scratch = Scratch::new("ferro-agent-csi-snap-").unwrap();
+    let lab = Lab::start("csisnap");
+    let data = scratch.path().join("csi");
+    let mut csi = lab.start_csi(&data, "1Gi");
+    let csi_log_path = lab.dir.path().join("csi.log");
+    let csi_log = || std::fs::read_to_string(&csi_log_path).unwrap_or_default();
+    lab.wait_csi_registered();
+    lab.apply("apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: loop\nprovisioner: loop.csi.ferro.dev\nvolumeBindingMode: WaitForFirstConsumer\nreclaimPolicy: Delete\n");
+    lab.apply("apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshotClass\nmetadata:\n  name: loop\n  annotations:\n    snapshot.storage.kubernetes.io/is-default-class: \"true\"\ndriver: loop.csi.ferro.dev\ndeletionPolicy: Delete\n");
+    lab.apply("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: data\nspec:\n  storageClassName: loop\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 64Mi\n");
+    lab.apply(&pod_with_claim("writer", "data", "echo at-snapshot > /data/f && sync && sleep 3600"));
+    lab.wait_pod("writer", "Running", MIN, |p| phase(p) == "Running");
+    lab.wait("the file written", MIN, |l| {
+        let out = l.kubectl(&["exec", "writer", "--", "cat", "/data/f"]);
+        (String::from_utf8_lossy(&out.stdout) == "at-snapshot\n").then_some(())
+    });
+
+    // Bad input first: both sources: refused by the API with the CRD rule's message,
+    // nothing stored.
+    let both = lab.kubectl_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata:\n  name: bad\nspec:\n  source:\n    persistentVolumeClaimName: data\n    volumeSnapshotContentName: x\n",
+    );
+    let err = String::from_utf8_lossy(&both.stderr);
+    assert!(!both.status.success() && err.contains("Exactly one of persistentVolumeClaimName and volumeSnapshotContentName should be specified"), "{err}");
+    // A snapshot of a claim that does not exist says so in its status and an event.
+    lab.apply("apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata:\n  name: orphan\nspec:\n  source:\n    persistentVolumeClaimName: nothing\n");
+    lab.wait("the missing claim in the snapshot's status", MIN, |l| {
+        field(l, &["volumesnapshot", "orphan"], "{.status.error.message}").contains("persistentvolumeclaim \"nothing\" not found").then_some(())
+    });
+
+    // The snapshot: the default class, a content taken by this node, ready.
+    lab.apply("apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata:\n  name: s1\nspec:\n  source:\n    persistentVolumeClaimName: data\n");
+    lab.wait("the snapshot ready to use", MIN, |l| (field(l, &["volumesnapshot", "s1"], "{.status.readyToUse}") == "true").then_some(()));
+    let uid = field(&lab, &["volumesnapshot", "s1"], "{.metadata.uid}");
+    let content = format!("snapcontent-{uid}");
+    assert_eq!(field(&lab, &["volumesnapshot", "s1"], "{.spec.volumeSnapshotClassName}"), "loop");
+    assert_eq!(field(&lab, &["volumesnapshot", "s1"], "{.status.boundVolumeSnapshotContentName}"), content);
+    assert_eq!(field(&lab, &["volumesnapshot", "s1"], "{.status.restoreSize}"), "64Mi");
+    let handle = field(&lab, &["volumesnapshotcontent", &content], "{.status.snapshotHandle}");
+    assert!(handle.starts_with("snap-"), "{handle}");
+    assert_eq!(field(&lab, &["vsc", &content], "{.metadata.annotations.loop\\.csi\\.ferro\\.dev/node}"), lab::NODE);
+    assert!(data.join("snapshots").join(&handle).join("disk.img").is_file(), "{}", csi_log());
+    // kubectl get prints the CRDs' columns.
+    let table = lab::plain(&lab.kubectl_ok(&["get", "vs", "s1"]));
+    let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "READYTOUSE", "SOURCEPVC", "SOURCESNAPSHOTCONTENT", "RESTORESIZE", "SNAPSHOTCLASS", "SNAPSHOTCONTENT", "CREATIONTIME", "AGE"]);
+    let row: Vec<&str> = table.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    assert_eq!(&row[..6], ["s1", "true", "data", "64Mi", "loop", content.as_str()], "{table}");
+    let events = lab.kubectl_ok(&["get", "events", "--field-selector", "involvedObject.name=s1", "-o", "jsonpath={.items[*].reason}"]);
+    for reason in ["CreatingSnapshot", "SnapshotCreated", "SnapshotReady"] {
+        assert!(events.contains(reason), "{events}");
+    }
+    // The claim was protected only while the snapshot was being taken.
+    lab.wait("the claim's snapshot finalizer gone", MIN, |l| {
+        (!field(l, &["pvc", "data"], "{.metadata.finalizers}").contains("pvc-as-source-protection")).then_some(())
+    });
+
+    // Written after the snapshot: not in what is restored.
+    lab.kubectl_ok(&["exec", "writer", "--", "sh", "-c", "echo after >> /data/f"]);
+    let restore = |name: &str, size: &str| {
+        format!("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {name}\nspec:\n  storageClassName: loop\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: {size}\n  dataSource:\n    apiGroup: snapshot.storage.k8s.io\n    kind: VolumeSnapshot\n    name: s1\n")
+    };
+    lab.apply(&restore("restored", "128Mi"));
+    lab.apply(&pod_with_claim("reader", "restored", "sleep 3600"));
+    lab.wait_pod("reader", "Running", MIN, |p| phase(p) == "Running");
+    assert_eq!(lab.kubectl_ok(&["exec", "reader", "--", "cat", "/data/f"]), "at-snapshot\n", "{}", csi_log());
+    // Restored into a larger volume: the filesystem was grown to it.
+    let df = lab.kubectl_ok(&["exec", "reader", "--", "sh", "-c", "df -k /data | tail -1"]);
+    let kib: u64 = df.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!(kib > 100 * 1024, "{df}");
+
+    // A restore smaller than the snapshot is refused with upstream's words, and stays Pending.
+    lab.apply(&restore("small", "32Mi"));
+    lab.apply(&pod_with_claim("small-reader", "small", "sleep 3600"));
+    lab.wait("the small restore refused", MIN, |l| {
+        let ev = l.kubectl_ok(&["get", "events", "--field-selector", "involvedObject.name=small", "-o", "jsonpath={.items[*].message}"]);
+        ev.contains("requested volume size 33554432 is less than the size 67108864 for the source snapshot s1").then_some(())
+    });
+    assert_eq!(field(&lab, &["pvc", "small"], "{.status.phase}"), "Pending");
+    lab.kubectl_ok(&["delete", "pod", "small-reader", "--wait=true", "--timeout=60s"]);
+    lab.kubectl_ok(&["delete", "pvc", "small", "--wait=true", "--timeout=60s"]);
+
+    // Deleting the snapshot (policy Delete) deletes its content and the storage snapshot; the
+    // restored claim keeps its data.
+    lab.kubectl_ok(&["delete", "volumesnapshot", "s1", "orphan", "--wait=true", "--timeout=60s"]);
+    lab.wait("the content deleted", MIN, |l| {
+        let out = l.kubectl(&["get", "volumesnapshotcontents", "-o", "name"]);
+        String::from_utf8_lossy(&out.stdout).trim().is_empty().then_some(())
+    });
+    assert!(!data.join("snapshots").join(&handle).exists(), "{}", csi_log());
+    assert_eq!(lab.kubectl_ok(&["exec", "reader", "--", "cat", "/data/f"]), "at-snapshot\n");
+
+    for pod in ["writer", "reader"] {
+        lab.kubectl_ok(&["delete", "pod", pod, "--wait=true", "--timeout=60s"]);
+    }
+    lab.kubectl_ok(&["delete", "pvc", "data", "restored", "--wait=false"]);
+    lab.wait("the PVs deleted", MIN, |l| {
+        let out = l.kubectl(&["get", "pv", "-o", "name"]);
+        String::from_utf8_lossy(&out.stdout).trim().is_empty().then_some(())
+    });
+    let volumes: Vec<_> = std::fs::read_dir(data.join("volumes")).unwrap().flatten().collect();
+    assert!(volumes.is_empty(), "volumes left: {volumes:?}\n{}", csi_log());
+    lab.wait_nothing_left();
+    csi.kill();
+}

@@ -180,6 +180,9 @@ fn components(group: &str, version: &str) -> Map<String, Value> {
     add!(storage::v1::CSINode, "csinodes");
     add!(storage::v1::VolumeAttachment, "volumeattachments");
     add!(storage::v1::CSIStorageCapacity, "csistoragecapacities");
+    add!(api_ext::snapshot::v1::VolumeSnapshotClass, "volumesnapshotclasses");
+    add!(api_ext::snapshot::v1::VolumeSnapshot, "volumesnapshots");
+    add!(api_ext::snapshot::v1::VolumeSnapshotContent, "volumesnapshotcontents");
     add!(apps::v1::Deployment, "deployments");
     add!(apps::v1::ReplicaSet, "replicasets");
     add!(apps::v1::DaemonSet, "daemonsets");

@@ -1,5 +1,6 @@
 //! The table of served resources: names, scope, subresources and typed decoding.
 
+use api_ext::snapshot;
 use k8s_openapi::api::{apps, coordination, core, discovery, storage};
 use serde_json::Value;
 
@@ -155,6 +156,13 @@ pub static RESOURCES: &[Resource] = &[
         short: [], cat: [], sub: [Status], gen: false),
     res!("storage.k8s.io", "v1", "CSIStorageCapacity", "csistoragecapacities", "csistoragecapacity", true, storage::v1::CSIStorageCapacity,
         short: [], cat: [], sub: [], gen: false),
+    // Upstream serves these from the external-snapshotter's CustomResourceDefinitions.
+    res!("snapshot.storage.k8s.io", "v1", "VolumeSnapshotClass", "volumesnapshotclasses", "volumesnapshotclass", false, snapshot::v1::VolumeSnapshotClass,
+        short: ["vsclass", "vsclasses"], cat: [], sub: [], gen: true),
+    res!("snapshot.storage.k8s.io", "v1", "VolumeSnapshot", "volumesnapshots", "volumesnapshot", true, snapshot::v1::VolumeSnapshot,
+        short: ["vs"], cat: [], sub: [Status], gen: true),
+    res!("snapshot.storage.k8s.io", "v1", "VolumeSnapshotContent", "volumesnapshotcontents", "volumesnapshotcontent", false, snapshot::v1::VolumeSnapshotContent,
+        short: ["vsc", "vscs"], cat: [], sub: [Status], gen: true),
     res!("apps", "v1", "Deployment", "deployments", "deployment", true, apps::v1::Deployment,
         short: ["deploy"], cat: ["all"], sub: [Status, Scale], gen: true),
     res!("apps", "v1", "ReplicaSet", "replicasets", "replicaset", true, apps::v1::ReplicaSet,

@@ -599,6 +599,12 @@ pub fn validate(res: &Resource, obj: &Value) -> Vec<FieldError> {
                 errs.push(FieldError::required("spec.resources[storage]", ""));
             }
         }
+        "volumesnapshotclasses" => {
+            required_str(obj, "/driver", "driver", &mut errs);
+            deletion_policy(obj, "/deletionPolicy", "deletionPolicy", &mut errs);
+        }
+        "volumesnapshots" => validate_volume_snapshot(obj, &mut errs),
+        "volumesnapshotcontents" => validate_volume_snapshot_content(obj, &mut errs),
         "persistentvolumes" => {
             if obj.pointer("/spec/capacity/storage").is_none() {
                 errs.push(FieldError::required("spec.capacity", ""));
@@ -610,6 +616,70 @@ pub fn validate(res: &Resource, obj: &Value) -> Vec<FieldError> {
         _ => {}
     }
     errs
+}
+
+/// A snapshot deletionPolicy: required, Delete or Retain (the CRDs' enum).
+fn deletion_policy(obj: &Value, ptr: &str, field: &str, errs: &mut Vec<FieldError>) {
+    match obj.pointer(ptr).and_then(Value::as_str) {
+        None | Some("") => errs.push(FieldError::required(field, "")),
+        Some("Delete" | "Retain") => {}
+        Some(other) => errs.push(FieldError::not_supported(field, json!(other), &["Delete", "Retain"])),
+    }
+}
+
+/// Exactly one of two optional strings under `ptr` (the snapshot CRDs' CEL rules).
+fn exactly_one(obj: &Value, ptr: &str, field: &str, keys: [&str; 2], message: &str, errs: &mut Vec<FieldError>) {
+    let set = |k: &str| obj.pointer(&format!("{ptr}/{k}")).is_some_and(|v| !v.is_null());
+    if set(keys[0]) == set(keys[1]) {
+        errs.push(FieldError::invalid(field, json!("object"), message));
+    }
+}
+
+/// The VolumeSnapshot CRD's validation: a source with exactly one of its fields, a class name
+/// that is not empty when set.
+fn validate_volume_snapshot(obj: &Value, errs: &mut Vec<FieldError>) {
+    if obj.pointer("/spec/source").is_none() {
+        errs.push(FieldError::required("spec.source", ""));
+        return;
+    }
+    exactly_one(
+        obj,
+        "/spec/source",
+        "spec.source",
+        ["persistentVolumeClaimName", "volumeSnapshotContentName"],
+        "Exactly one of persistentVolumeClaimName and volumeSnapshotContentName should be specified",
+        errs,
+    );
+    if obj.pointer("/spec/volumeSnapshotClassName").and_then(Value::as_str) == Some("") {
+        errs.push(FieldError::invalid(
+            "spec.volumeSnapshotClassName",
+            json!(""),
+            "volumeSnapshotClassName must not be the empty string when set",
+        ));
+    }
+}
+
+/// The VolumeSnapshotContent CRD's validation: driver, deletion policy, exactly one source,
+/// the snapshot it belongs to named with its namespace.
+fn validate_volume_snapshot_content(obj: &Value, errs: &mut Vec<FieldError>) {
+    required_str(obj, "/spec/driver", "spec.driver", errs);
+    deletion_policy(obj, "/spec/deletionPolicy", "spec.deletionPolicy", errs);
+    exactly_one(
+        obj,
+        "/spec/source",
+        "spec.source",
+        ["volumeHandle", "snapshotHandle"],
+        "volumeHandle or snapshotHandle must be set",
+        errs,
+    );
+    let named = |k: &str| obj.pointer(&format!("/spec/volumeSnapshotRef/{k}")).and_then(Value::as_str).is_some_and(|v| !v.is_empty());
+    if !(named("name") && named("namespace")) {
+        errs.push(FieldError::invalid(
+            "spec.volumeSnapshotRef",
+            json!("object"),
+            "both spec.volumeSnapshotRef.name and spec.volumeSnapshotRef.namespace must be set",
+        ));
+    }
 }
 
 fn immutable(old: &Value, new: &Value, ptr: &str, field: &str, errs: &mut Vec<FieldError>) {
@@ -703,6 +773,26 @@ pub fn validate_update(res: &Resource, old: &Value, new: &Value) -> Vec<FieldErr
         }
         "csidrivers" => immutable(old, new, "/spec/attachRequired", "spec.attachRequired", &mut errs),
         "volumeattachments" => immutable(old, new, "/spec", "spec", &mut errs),
+        "volumesnapshots" => {
+            for (ptr, f) in [
+                ("/spec/source/persistentVolumeClaimName", "persistentVolumeClaimName"),
+                ("/spec/source/volumeSnapshotContentName", "volumeSnapshotContentName"),
+            ] {
+                if old.pointer(ptr) != new.pointer(ptr) {
+                    errs.push(FieldError::invalid("spec.source", json!("object"), format!("{f} is immutable")));
+                }
+            }
+        }
+        "volumesnapshotcontents" => {
+            for (ptr, f) in [("/spec/source/volumeHandle", "volumeHandle"), ("/spec/source/snapshotHandle", "snapshotHandle")] {
+                if old.pointer(ptr) != new.pointer(ptr) {
+                    errs.push(FieldError::invalid("spec.source", json!("object"), format!("{f} is immutable")));
+                }
+            }
+            if old.pointer("/spec/sourceVolumeMode") != new.pointer("/spec/sourceVolumeMode") {
+                errs.push(FieldError::invalid("spec", json!("object"), "sourceVolumeMode is immutable"));
+            }
+        }
         _ => {}
     }
     errs
@@ -769,6 +859,41 @@ pub fn spec_changed(old: &Value, new: &Value) -> bool {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn snapshot_kinds_are_validated_as_their_crds_rules_say() {
+        let res = |plural: &str| crate::resources::find("snapshot.storage.k8s.io", "v1", plural).unwrap();
+        let messages = |plural: &str, obj: Value| -> Vec<String> { validate(res(plural), &obj).iter().map(FieldError::message).collect() };
+        let meta = json!({"name": "s", "namespace": "default"});
+        assert!(messages("volumesnapshots", json!({"metadata": meta, "spec": {"source": {"persistentVolumeClaimName": "data"}}})).is_empty());
+        let both = messages(
+            "volumesnapshots",
+            json!({"metadata": meta, "spec": {"source": {"persistentVolumeClaimName": "a", "volumeSnapshotContentName": "b"}}}),
+        );
+        assert_eq!(both, ["spec.source: Invalid value: \"object\": Exactly one of persistentVolumeClaimName and volumeSnapshotContentName should be specified"]);
+        assert_eq!(messages("volumesnapshots", json!({"metadata": meta, "spec": {"source": {}}})).len(), 1);
+        assert_eq!(messages("volumesnapshots", json!({"metadata": meta, "spec": {}})), ["spec.source: Required value"]);
+        let empty_class = messages("volumesnapshots", json!({"metadata": meta, "spec": {"source": {"persistentVolumeClaimName": "a"}, "volumeSnapshotClassName": ""}}));
+        assert!(empty_class[0].contains("must not be the empty string"), "{empty_class:?}");
+
+        let cmeta = json!({"name": "c"});
+        let good = json!({"metadata": cmeta, "spec": {"driver": "d", "deletionPolicy": "Delete", "source": {"volumeHandle": "v"},
+                                                     "volumeSnapshotRef": {"name": "s", "namespace": "default"}}});
+        assert!(messages("volumesnapshotcontents", good.clone()).is_empty());
+        let bad = messages("volumesnapshotcontents", json!({"metadata": cmeta, "spec": {"deletionPolicy": "Keep", "source": {"volumeHandle": "v", "snapshotHandle": "s"},
+                                                                                       "volumeSnapshotRef": {"name": "s"}}}));
+        assert_eq!(bad.len(), 4, "{bad:?}");
+        assert!(bad.iter().any(|m| m == "spec.deletionPolicy: Unsupported value: \"Keep\": supported values: \"Delete\", \"Retain\""), "{bad:?}");
+        let mut moved = good.clone();
+        moved["spec"]["source"]["volumeHandle"] = json!("other");
+        let update: Vec<String> = validate_update(res("volumesnapshotcontents"), &good, &moved).iter().map(FieldError::message).collect();
+        assert_eq!(update, ["spec.source: Invalid value: \"object\": volumeHandle is immutable"]);
+
+        assert_eq!(
+            messages("volumesnapshotclasses", json!({"metadata": cmeta})),
+            ["driver: Required value", "deletionPolicy: Required value"]
+        );
+    }
 
     #[test]
     fn qos() {

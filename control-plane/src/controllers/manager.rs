@@ -4,6 +4,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use api_ext::snapshot::v1::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
 use ferro_runtime::Informer;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -28,6 +29,7 @@ pub const ALL: &[&str] = &[
     "persistentvolume-binder",
     "serviceaccount",
     "nodeipam",
+    "volumesnapshot",
 ];
 
 /// Options of the loops (flags of ferro-control-plane).
@@ -128,6 +130,9 @@ informers! {
     storage_capacities: CSIStorageCapacity,
     namespaces: Namespace,
     service_accounts: ServiceAccount,
+    volume_snapshots: VolumeSnapshot,
+    volume_snapshot_contents: VolumeSnapshotContent,
+    volume_snapshot_classes: VolumeSnapshotClass,
 }
 
 impl Informers {
@@ -163,6 +168,9 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     }
     if on("persistentvolume-binder") {
         super::pvbinder::start(&inf, opts);
+    }
+    if on("volumesnapshot") {
+        super::snapshot::start(&inf, opts);
     }
     if on("scheduler") {
         super::scheduler::start(&inf, opts);

@@ -17,6 +17,7 @@ pub mod quantity;
 pub mod replicaset;
 pub mod scheduler;
 pub mod serviceaccount;
+pub mod snapshot;
 
 /// Why a reconcile failed; the key is retried with backoff.
 #[derive(Debug, thiserror::Error)]

@@ -458,7 +458,8 @@ fn unpacked_and_packed_repeated_scalars() {
 
 #[test]
 fn every_served_kind_has_a_root() {
-    for r in crate::resources::RESOURCES {
+    // The snapshot kinds are CustomResourceDefinitions upstream: JSON only.
+    for r in crate::resources::RESOURCES.iter().filter(|r| r.group != "snapshot.storage.k8s.io") {
         assert!(
             schema::ROOTS.iter().any(|x| x.kind == r.kind && x.api_version == r.api_version()),
             "{} {} has no protobuf schema: run the generator",

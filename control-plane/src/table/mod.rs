@@ -15,7 +15,8 @@
 //! This module holds the machinery: the column type, the dispatch by resource, the Table itself,
 //! durations, JSON access, quantities, and the column descriptions several groups share. The
 //! columns and printers of each API group's kinds are in their own file (`core`, `apps`,
-//! `batch`, `networking`, `storage`, `cluster`).
+//! `batch`, `networking`, `storage`, `cluster`, and `snapshot` for the kinds upstream serves
+//! from CustomResourceDefinitions).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -29,6 +30,7 @@ mod batch;
 mod networking;
 mod storage;
 mod cluster;
+mod snapshot;
 
 use self::core::*;
 use self::apps::*;
@@ -36,6 +38,7 @@ use self::batch::*;
 use self::networking::*;
 use self::storage::*;
 use self::cluster::*;
+use self::snapshot::*;
 
 /// A `meta.k8s.io/v1` TableColumnDefinition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +122,9 @@ fn printer_columns(resource: &str) -> Option<&'static [Column]> {
         "csinodes" => CSI_NODE_COLUMNS,
         "csidrivers" => CSI_DRIVER_COLUMNS,
         "csistoragecapacities" => CSI_STORAGE_CAPACITY_COLUMNS,
+        "volumesnapshotclasses" => VOLUME_SNAPSHOT_CLASS_COLUMNS,
+        "volumesnapshots" => VOLUME_SNAPSHOT_COLUMNS,
+        "volumesnapshotcontents" => VOLUME_SNAPSHOT_CONTENT_COLUMNS,
         "mutatingwebhookconfigurations" | "validatingwebhookconfigurations" => WEBHOOK_COLUMNS,
         _ => return None,
     })
@@ -181,6 +187,9 @@ pub fn cells(resource: &str, obj: &Value, now: Timestamp) -> Vec<Value> {
         "csinodes" => csi_node_cells(obj, now),
         "csidrivers" => csi_driver_cells(obj, now),
         "csistoragecapacities" => csi_storage_capacity_cells(obj),
+        "volumesnapshotclasses" => volume_snapshot_class_cells(obj, now),
+        "volumesnapshots" => volume_snapshot_cells(obj, now),
+        "volumesnapshotcontents" => volume_snapshot_content_cells(obj, now),
         "mutatingwebhookconfigurations" | "validatingwebhookconfigurations" => webhook_cells(obj, now),
         _ => default_cells(obj),
     }

@@ -1057,3 +1057,40 @@ fn include_object_values() {
     }
     assert!(!valid_include_object("object"));
 }
+
+#[test]
+fn volume_snapshots_print_the_crds_printer_columns() {
+    let cols: Vec<&str> = columns("volumesnapshots").iter().map(|c| c.name).collect();
+    assert_eq!(
+        cols,
+        ["Name", "ReadyToUse", "SourcePVC", "SourceSnapshotContent", "RestoreSize", "SnapshotClass", "SnapshotContent", "CreationTime", "Age"]
+    );
+    let s = json!({
+        "metadata": meta("s1"),
+        "spec": {"source": {"persistentVolumeClaimName": "data"}, "volumeSnapshotClassName": "loop"},
+        "status": {"boundVolumeSnapshotContentName": "snapcontent-u-1", "readyToUse": true, "restoreSize": "64Mi",
+                   "creationTime": ago(3600)},
+    });
+    assert_eq!(
+        cells_of("volumesnapshots", &s),
+        vec![json!("s1"), json!(true), json!("data"), Value::Null, json!("64Mi"), json!("loop"), json!("snapcontent-u-1"), json!("60m"), json!("5d")]
+    );
+    // Nothing known yet: empty cells, not "<none>" (the CRD convertor's nil).
+    let fresh = json!({"metadata": meta("s2"), "spec": {"source": {"volumeSnapshotContentName": "imported"}}});
+    let c = cells_of("volumesnapshots", &fresh);
+    assert_eq!((&c[1], &c[2], &c[3], &c[7]), (&Value::Null, &Value::Null, &json!("imported"), &Value::Null));
+
+    let content = json!({
+        "metadata": meta("snapcontent-u-1"),
+        "spec": {"volumeSnapshotRef": {"name": "s1", "namespace": "default"}, "deletionPolicy": "Delete",
+                 "driver": "loop.csi.ferro.dev", "volumeSnapshotClassName": "loop", "source": {"volumeHandle": "loop-1"}},
+        "status": {"readyToUse": true, "restoreSize": 67_108_864},
+    });
+    assert_eq!(
+        cells_of("volumesnapshotcontents", &content),
+        vec![json!("snapcontent-u-1"), json!(true), json!(67_108_864), json!("Delete"), json!("loop.csi.ferro.dev"), json!("loop"), json!("s1"), json!("default"), json!("5d")]
+    );
+    let class = json!({"metadata": meta("loop"), "driver": "loop.csi.ferro.dev", "deletionPolicy": "Retain"});
+    assert_eq!(cells_of("volumesnapshotclasses", &class), vec![json!("loop"), json!("loop.csi.ferro.dev"), json!("Retain"), json!("5d")]);
+    assert_eq!(columns("volumesnapshotcontents").iter().find(|c| c.name == "RestoreSize").map(|c| c.type_), Some("integer"));
+}

@@ -4,7 +4,10 @@
 //! has to be routed to another node. Claims with an Immediate class are taken by the first node
 //! whose annotation update wins. Released volumes with reclaim policy Delete are deleted by
 //! the node they live on. Volumes made for claims that are gone before their PV was written
-//! are swept (see [`sweep_orphans`]).
+//! are swept (see [`sweep_orphans`]). The CSI snapshotter's job is here too: the node holding
+//! a VolumeSnapshotContent's source takes the snapshot, writes the content's status and deletes
+//! the storage snapshot with its content ([`plan::snapshot`]); claims restore from
+//! VolumeSnapshots whose storage is on their node.
 
 pub mod capacity;
 pub mod plan;
@@ -29,6 +32,8 @@ use crate::volume::controller::CreateRequest;
 use crate::volume::engine::{Engine, EngineError};
 use crate::volume::host::Host;
 use crate::volume::names::DRIVER_NAME;
+use api_ext::snapshot::v1::{self as snap, VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
+use plan::snapshot::{ContentDecision, ANN_SNAPSHOT_NODE};
 use plan::{ClaimDecision, VolumeDecision, ANN_SELECTED_NODE, PV_FINALIZER};
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +50,7 @@ pub enum ProvisionError {
 pub enum Key {
     Claim(ObjectKey),
     Volume(String),
+    Content(String),
 }
 
 impl fmt::Display for Key {
@@ -52,6 +58,7 @@ impl fmt::Display for Key {
         match self {
             Key::Claim(k) => write!(f, "claim {k}"),
             Key::Volume(n) => write!(f, "volume {n}"),
+            Key::Content(n) => write!(f, "volumesnapshotcontent {n}"),
         }
     }
 }
@@ -64,6 +71,9 @@ pub struct Context<H: Host> {
     pub claims: Arc<Informer<PersistentVolumeClaim>>,
     pub volumes: Arc<Informer<PersistentVolume>>,
     pub classes: Arc<Informer<StorageClass>>,
+    pub snapshots: Arc<Informer<VolumeSnapshot>>,
+    pub contents: Arc<Informer<VolumeSnapshotContent>>,
+    pub snapshot_classes: Arc<Informer<VolumeSnapshotClass>>,
 }
 
 fn class_name(pvc: &PersistentVolumeClaim) -> Option<String> {
@@ -122,6 +132,9 @@ pub async fn start<H: Host>(
         claims: Informer::new(),
         volumes: Informer::new(),
         classes: Informer::new(),
+        snapshots: Informer::new(),
+        contents: Informer::new(),
+        snapshot_classes: Informer::new(),
     });
     let queue: WorkQueue<Key> = WorkQueue::new();
     {
@@ -147,16 +160,36 @@ pub async fn start<H: Host>(
                 q.add(Key::Claim(k));
             }
         });
+        let q = queue.clone();
+        ctx.contents.on_change(move |c: &Change<VolumeSnapshotContent>| q.add(Key::Content(c.object().name_any())));
+        // A snapshot becoming ready may unblock the claims restoring from it.
+        let q = queue.clone();
+        let claims = Arc::clone(&ctx.claims);
+        ctx.snapshots.on_change(move |c: &Change<VolumeSnapshot>| {
+            let s = c.object();
+            let ns = s.namespace();
+            for pvc in claims.list().iter().filter(|p| p.namespace() == ns) {
+                if restore_source(pvc) == Some(s.name_any().as_str()) {
+                    q.add(Key::Claim(ObjectKey::of(pvc.as_ref())));
+                }
+            }
+        });
     }
     ctx.claims
         .spawn(Api::all(client.clone()), watcher::Config::default());
     ctx.volumes
         .spawn(Api::all(client.clone()), watcher::Config::default());
     ctx.classes
-        .spawn(Api::all(client), watcher::Config::default());
+        .spawn(Api::all(client.clone()), watcher::Config::default());
+    ctx.snapshots.spawn(Api::all(client.clone()), watcher::Config::default());
+    ctx.contents.spawn(Api::all(client.clone()), watcher::Config::default());
+    ctx.snapshot_classes.spawn(Api::all(client), watcher::Config::default());
     ctx.claims.wait_synced().await;
     ctx.volumes.wait_synced().await;
     ctx.classes.wait_synced().await;
+    ctx.snapshots.wait_synced().await;
+    ctx.contents.wait_synced().await;
+    ctx.snapshot_classes.wait_synced().await;
     let worker_ctx = Arc::clone(&ctx);
     spawn_workers("provisioner", queue.clone(), 2, move |key: Key| {
         let ctx = Arc::clone(&worker_ctx);
@@ -172,6 +205,7 @@ pub async fn start<H: Host>(
                 .iter()
                 .map(|pv| Key::Volume(pv.name_any())),
         );
+        keys.extend(keys_ctx.contents.list().iter().map(|c| Key::Content(c.name_any())));
         keys
     });
     if let Some(cfg) = capacity {
@@ -247,6 +281,7 @@ pub async fn reconcile<H: Host>(ctx: Arc<Context<H>>, key: Key) -> Result<Next, 
         match &key {
             Key::Claim(k) => reconcile_claim(&ctx, k).await,
             Key::Volume(name) => reconcile_volume(&ctx, name).await,
+            Key::Content(name) => reconcile_content(&ctx, name).await,
         }
     }
     .instrument(span)
@@ -281,6 +316,15 @@ async fn reconcile_claim<H: Host>(
         let csi = pv.spec.as_ref()?.csi.as_ref()?;
         (csi.driver == DRIVER_NAME).then(|| csi.volume_handle.clone())
     };
+    let source_snapshot = |name: &str| {
+        let snapshot = ctx.snapshots.get(Some(&ns), name);
+        let content = snapshot
+            .as_ref()
+            .and_then(|s| s.status.as_ref())
+            .and_then(|st| st.bound_volume_snapshot_content_name.as_deref())
+            .and_then(|c| ctx.contents.get(None, c));
+        plan::snapshot::snapshot_source(name, snapshot.as_deref(), content.as_deref(), &ctx.node)
+    };
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
     let bound_pv = pvc
         .spec
@@ -293,7 +337,7 @@ async fn reconcile_claim<H: Host>(
             None => Ok(Next::Done),
         };
     }
-    match plan::decide_claim(&pvc, class.as_deref(), &ctx.node, pv_exists, &source_volume) {
+    match plan::decide_claim(&pvc, class.as_deref(), &ctx.node, pv_exists, &source_volume, &source_snapshot) {
         ClaimDecision::Ignore => Ok(Next::Done),
         ClaimDecision::Take => {
             // Guarded by resourceVersion: of several nodes, the first update wins.
@@ -587,4 +631,141 @@ pub async fn sweep_orphans<H: Host>(
         }
     }
     Ok(swept)
+}
+
+/// The VolumeSnapshot a claim restores from (`dataSourceRef`, else `dataSource`).
+fn restore_source(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    let spec = pvc.spec.as_ref()?;
+    let r = spec
+        .data_source_ref
+        .as_ref()
+        .map(|r| (r.api_group.as_deref(), r.kind.as_str(), r.name.as_str()))
+        .or_else(|| spec.data_source.as_ref().map(|r| (r.api_group.as_deref(), r.kind.as_str(), r.name.as_str())))?;
+    match r {
+        (Some(snap::GROUP), "VolumeSnapshot", name) => Some(name),
+        _ => None,
+    }
+}
+
+/// The snapshotter's reconcile of one VolumeSnapshotContent (see [`plan::snapshot`]).
+async fn reconcile_content<H: Host>(ctx: &Context<H>, name: &str) -> Result<Next, ProvisionError> {
+    let Some(c) = ctx.contents.get(None, name) else {
+        return Ok(Next::Done);
+    };
+    if c.spec.driver != DRIVER_NAME {
+        return Ok(Next::Done);
+    }
+    let volume = c.spec.source.volume_handle.clone();
+    let snapshot = c.spec.source.snapshot_handle.clone();
+    let (holds_volume, holds_snapshot) = match engine_call(ctx, move |e| {
+        let v = match volume {
+            Some(id) if crate::volume::names::is_volume_id(&id) => e.journal().volume(&id)?.is_some(),
+            _ => false,
+        };
+        let s = match snapshot {
+            Some(id) if crate::volume::names::is_snapshot_id(&id) => e.journal().snapshot(&id)?.is_some(),
+            _ => false,
+        };
+        Ok((v, s))
+    })
+    .await?
+    {
+        Ok(held) => held,
+        Err(st) => return Err(ProvisionError::Volume(st)),
+    };
+    let params = c
+        .spec
+        .volume_snapshot_class_name
+        .as_deref()
+        .and_then(|k| ctx.snapshot_classes.get(None, k))
+        .and_then(|k| k.parameters.clone());
+    let api: Api<VolumeSnapshotContent> = Api::all(ctx.client.clone());
+    let pp = PatchParams::default();
+    match plan::snapshot::decide_content(&c, &ctx.node, holds_volume, holds_snapshot, params.as_ref()) {
+        ContentDecision::Ignore => Ok(Next::Done),
+        ContentDecision::Take => {
+            let patch = json!({"metadata": {"resourceVersion": c.resource_version(), "annotations": {ANN_SNAPSHOT_NODE: ctx.node}}});
+            match api.patch(name, &pp, &Patch::Merge(&patch)).await {
+                Ok(_) => info!(node = %ctx.node, "took the snapshot content"),
+                Err(kube::Error::Api(e)) if e.code == 409 => info!("the content changed; taking it again later"),
+                Err(e) => return Err(e.into()),
+            }
+            Ok(Next::Done)
+        }
+        ContentDecision::Fail(message) => {
+            ctx.recorder.record(c.as_ref(), "Warning", "SnapshotCreationFailed", message.clone());
+            let status = json!({"status": {"readyToUse": false, "error": {"time": jiff::Timestamp::now().to_string(), "message": message}}});
+            api.patch_status(name, &pp, &Patch::Merge(&status)).await?;
+            Ok(Next::Done)
+        }
+        ContentDecision::Create { name: csi_name, source_volume } => {
+            let source = source_volume.clone();
+            let made = engine_call(ctx, move |e| e.create_snapshot(&source, &csi_name)).await?;
+            match made {
+                Ok(rec) => {
+                    let status = content_status(&rec);
+                    api.patch_status(name, &pp, &Patch::Merge(&status)).await?;
+                    info!(snapshot = %rec.id, volume = %source_volume, bytes = rec.size, "snapshot taken");
+                    Ok(Next::Done)
+                }
+                Err(st) => {
+                    let message = format!("failed to take snapshot of the volume {source_volume}: {}", st.message());
+                    ctx.recorder.record(c.as_ref(), "Warning", "SnapshotCreationFailed", message.clone());
+                    let status = json!({"status": {"readyToUse": false, "error": {"time": jiff::Timestamp::now().to_string(), "message": message}}});
+                    api.patch_status(name, &pp, &Patch::Merge(&status)).await?;
+                    Err(ProvisionError::Volume(st))
+                }
+            }
+        }
+        ContentDecision::Check { snapshot_id } => {
+            let id = snapshot_id.clone();
+            let rec = match engine_call(ctx, move |e| Ok(e.journal().snapshot(&id)?)).await? {
+                Ok(rec) => rec,
+                Err(st) => return Err(ProvisionError::Volume(st)),
+            };
+            let status = match rec {
+                Some(rec) => content_status(&rec),
+                None => json!({"status": {"readyToUse": false, "error": {
+                    "time": jiff::Timestamp::now().to_string(),
+                    "message": format!("snapshot {snapshot_id} not found on node {}", ctx.node)}}}),
+            };
+            api.patch_status(name, &pp, &Patch::Merge(&status)).await?;
+            Ok(Next::Done)
+        }
+        ContentDecision::Delete { snapshot_id } => {
+            if let Some(id) = snapshot_id {
+                let sid = id.clone();
+                if let Err(st) = engine_call(ctx, move |e| e.delete_snapshot(&sid)).await? {
+                    ctx.recorder.record(c.as_ref(), "Warning", "SnapshotDeleteError", format!("failed to delete snapshot {id}: {}", st.message()));
+                    return Err(ProvisionError::Volume(st));
+                }
+                info!(snapshot = %id, "snapshot deleted");
+            }
+            release_content(&api, &c).await
+        }
+        ContentDecision::Release => release_content(&api, &c).await,
+    }
+}
+
+/// A content's status from the snapshot record: handle, creation time (ns), size, ready.
+fn content_status(rec: &crate::volume::record::SnapshotRecord) -> serde_json::Value {
+    let created = rec.created.parse::<jiff::Timestamp>().map(|t| t.as_nanosecond()).unwrap_or(0);
+    json!({"status": {
+        "snapshotHandle": rec.id,
+        "creationTime": i64::try_from(created).unwrap_or(0),
+        "restoreSize": i64::try_from(rec.size).unwrap_or(i64::MAX),
+        "readyToUse": rec.state == crate::volume::record::State::Ready,
+        "error": null,
+    }})
+}
+
+/// Removes the bound-protection finalizer so the API server lets the content go.
+async fn release_content(api: &Api<VolumeSnapshotContent>, c: &VolumeSnapshotContent) -> Result<Next, ProvisionError> {
+    let finalizers: Vec<&String> = c.finalizers().iter().filter(|f| *f != snap::CONTENT_BOUND_FINALIZER).collect();
+    let patch = json!({"metadata": {"resourceVersion": c.resource_version(), "finalizers": finalizers}});
+    match api.patch(&c.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(Next::Done),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Next::Done),
+        Err(e) => Err(e.into()),
+    }
 }

@@ -109,13 +109,15 @@ pub fn is_ours(class: &StorageClass) -> bool {
 
 /// Decides about one claim. `pv_exists` says whether the claim's PV (`pvc-<uid>`) exists;
 /// `source_volume` resolves a PersistentVolumeClaim data source (same namespace) to the
-/// volume handle of the PV it is bound to, when that PV is this driver's.
+/// volume handle of the PV it is bound to, when that PV is this driver's; `source_snapshot`
+/// resolves a VolumeSnapshot data source (see [`snapshot::snapshot_source`]).
 pub fn decide_claim(
     pvc: &PersistentVolumeClaim,
     class: Option<&StorageClass>,
     node: &str,
     pv_exists: bool,
     source_volume: &dyn Fn(&str) -> Option<String>,
+    source_snapshot: &dyn Fn(&str) -> Result<snapshot::SnapshotSource, String>,
 ) -> ClaimDecision {
     let Some(class) = class.filter(|c| is_ours(c)) else {
         return ClaimDecision::Ignore;
@@ -217,9 +219,20 @@ pub fn decide_claim(
                 ))
             }
         },
+        Some((Some(api_ext::snapshot::v1::GROUP), "VolumeSnapshot", name)) => match source_snapshot(name) {
+            Ok(s) if s.restore_size > required_bytes => {
+                // Upstream's external-provisioner, word for word.
+                return ClaimDecision::Refuse(format!(
+                    "requested volume size {required_bytes} is less than the size {} for the source snapshot {name}",
+                    s.restore_size
+                ));
+            }
+            Ok(s) => Some(Source::Snapshot(s.snapshot_id)),
+            Err(why) => return ClaimDecision::Refuse(why),
+        },
         Some((group, kind, _)) => {
             return ClaimDecision::Refuse(format!(
-            "data source {}/{kind} is not supported (a PersistentVolumeClaim of this driver is)",
+            "data source {}/{kind} is not supported (a PersistentVolumeClaim or a VolumeSnapshot of this driver is)",
             group.unwrap_or("")
         ))
         }
@@ -419,3 +432,5 @@ pub fn decide_volume(pv: &PersistentVolume, node: &str) -> VolumeDecision {
 
 #[cfg(test)]
 mod tests;
+
+pub mod snapshot;

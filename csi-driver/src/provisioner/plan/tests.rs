@@ -57,6 +57,10 @@ fn claim(size: &str, selected: Option<&str>) -> PersistentVolumeClaim {
     }
 }
 
+fn no_snapshot(name: &str) -> Result<super::snapshot::SnapshotSource, String> {
+    Err(format!("data source VolumeSnapshot {name:?} not found"))
+}
+
 fn no_source(_: &str) -> Option<String> {
     None
 }
@@ -75,7 +79,7 @@ fn a_claim_selected_for_this_node_is_provisioned_as_asked() {
         Some(&class(true)),
         "n1",
         false,
-        &no_source,
+        &no_source, &no_snapshot,
     ));
     assert_eq!(r.name, "pvc-u-1");
     assert_eq!((r.required_bytes, r.limit_bytes), (1 << 30, 0));
@@ -98,36 +102,36 @@ fn a_claim_selected_for_this_node_is_provisioned_as_asked() {
 fn claims_of_other_nodes_provisioners_or_states_are_ignored() {
     let c = claim("1Gi", Some("n2"));
     assert_eq!(
-        decide_claim(&c, Some(&class(true)), "n1", false, &no_source),
+        decide_claim(&c, Some(&class(true)), "n1", false, &no_source, &no_snapshot),
         ClaimDecision::Ignore,
         "another node"
     );
     let c = claim("1Gi", None);
     assert_eq!(
-        decide_claim(&c, Some(&class(true)), "n1", false, &no_source),
+        decide_claim(&c, Some(&class(true)), "n1", false, &no_source, &no_snapshot),
         ClaimDecision::Ignore,
         "WFFC, no node yet"
     );
     let c = claim("1Gi", Some("n1"));
     assert_eq!(
-        decide_claim(&c, Some(&class(true)), "n1", true, &no_source),
+        decide_claim(&c, Some(&class(true)), "n1", true, &no_source, &no_snapshot),
         ClaimDecision::Ignore,
         "PV exists"
     );
     let mut other = class(true);
     other.provisioner = "example.com/nfs".into();
     assert_eq!(
-        decide_claim(&c, Some(&other), "n1", false, &no_source),
+        decide_claim(&c, Some(&other), "n1", false, &no_source, &no_snapshot),
         ClaimDecision::Ignore
     );
     assert_eq!(
-        decide_claim(&c, None, "n1", false, &no_source),
+        decide_claim(&c, None, "n1", false, &no_source, &no_snapshot),
         ClaimDecision::Ignore
     );
     let mut bound = c.clone();
     bound.spec.as_mut().expect("spec").volume_name = Some("pv-x".into());
     assert_eq!(
-        decide_claim(&bound, Some(&class(true)), "n1", false, &no_source),
+        decide_claim(&bound, Some(&class(true)), "n1", false, &no_source, &no_snapshot),
         ClaimDecision::Ignore
     );
     let mut unhanded = c.clone();
@@ -138,7 +142,7 @@ fn claims_of_other_nodes_provisioners_or_states_are_ignored() {
         .expect("ann")
         .remove(ANN_STORAGE_PROVISIONER);
     assert_eq!(
-        decide_claim(&unhanded, Some(&class(true)), "n1", false, &no_source),
+        decide_claim(&unhanded, Some(&class(true)), "n1", false, &no_source, &no_snapshot),
         ClaimDecision::Ignore
     );
 }
@@ -151,7 +155,7 @@ fn an_immediate_claim_is_taken_first() {
             Some(&class(false)),
             "n1",
             false,
-            &no_source
+            &no_source, &no_snapshot
         ),
         ClaimDecision::Take
     );
@@ -161,7 +165,7 @@ fn an_immediate_claim_is_taken_first() {
             Some(&class(false)),
             "n1",
             false,
-            &no_source
+            &no_source, &no_snapshot
         ),
         ClaimDecision::Provision(_)
     ));
@@ -174,7 +178,7 @@ fn claims_that_cannot_be_provisioned_say_why() {
         Some(&class(true)),
         "n1",
         false,
-        &no_source,
+        &no_source, &no_snapshot,
     ) {
         ClaimDecision::Refuse(why) => why,
         other => panic!("expected Refuse, got {other:?}"),
@@ -203,7 +207,7 @@ fn claims_that_cannot_be_provisioned_say_why() {
         Some(&class(true)),
         "n1",
         false,
-        &no_source,
+        &no_source, &no_snapshot,
     ));
     assert_eq!(
         r.capability.access_mode.map(|m| m.mode),
@@ -220,7 +224,7 @@ fn a_claim_cloned_from_a_claim_names_the_source_volume() {
         name: "src".into(),
     });
     let lookup = |name: &str| (name == "src").then(|| "loop-abc".to_string());
-    let r = provision(decide_claim(&c, Some(&class(true)), "n1", false, &lookup));
+    let r = provision(decide_claim(&c, Some(&class(true)), "n1", false, &lookup, &no_snapshot));
     assert_eq!(r.source, Some(Source::Volume("loop-abc".into())));
     c.spec
         .as_mut()
@@ -230,7 +234,7 @@ fn a_claim_cloned_from_a_claim_names_the_source_volume() {
         .expect("ds")
         .name = "other".into();
     assert!(matches!(
-        decide_claim(&c, Some(&class(true)), "n1", false, &lookup),
+        decide_claim(&c, Some(&class(true)), "n1", false, &lookup, &no_snapshot),
         ClaimDecision::Refuse(_)
     ));
 }
@@ -239,7 +243,7 @@ fn a_claim_cloned_from_a_claim_names_the_source_volume() {
 fn the_volume_object_is_prebound_pinned_and_finalized() {
     let c = claim("1Gi", Some("n1"));
     let cls = class(true);
-    let r = provision(decide_claim(&c, Some(&cls), "n1", false, &no_source));
+    let r = provision(decide_claim(&c, Some(&cls), "n1", false, &no_source, &no_snapshot));
     let pv = volume_object(&c, &cls, &r, "loop-1", 1 << 30, &HashMap::new(), "n1");
     assert_eq!(pv.metadata.name.as_deref(), Some("pvc-u-1"));
     assert_eq!(pv.metadata.finalizers, Some(vec![PV_FINALIZER.to_string()]));
@@ -274,7 +278,7 @@ fn the_volume_object_is_prebound_pinned_and_finalized() {
 fn only_released_deletable_volumes_of_this_node_are_deleted() {
     let c = claim("1Gi", Some("n1"));
     let cls = class(true);
-    let r = provision(decide_claim(&c, Some(&cls), "n1", false, &no_source));
+    let r = provision(decide_claim(&c, Some(&cls), "n1", false, &no_source, &no_snapshot));
     let mut pv = volume_object(&c, &cls, &r, "loop-1", 1 << 30, &HashMap::new(), "n1");
     assert_eq!(
         decide_volume(&pv, "n1"),
@@ -307,7 +311,7 @@ fn only_released_deletable_volumes_of_this_node_are_deleted() {
 fn a_bound_claim_asking_for_more_is_resized_on_its_node() {
     let c = claim("1Gi", Some("n1"));
     let cls = class(true);
-    let r = provision(decide_claim(&c, Some(&cls), "n1", false, &no_source));
+    let r = provision(decide_claim(&c, Some(&cls), "n1", false, &no_source, &no_snapshot));
     let pv = volume_object(&c, &cls, &r, "loop-1", 1 << 30, &HashMap::new(), "n1");
     let mut bound = claim("1Gi", Some("n1"));
     bound.spec.as_mut().expect("spec").volume_name = Some("pvc-u-1".into());
