@@ -9,7 +9,8 @@
 #   4. ferro-control-plane on 127.0.0.1:6443 inside the namespace;
 #   5. one node: ferro-agent in containerd's network and mount namespaces;
 #   6. ferro-proxy (iptables mode) in the namespace, the node's kube-proxy;
-#   7. ferro-csi (loop.csi.ferro.dev) next to the agent, and the default StorageClass "loop";
+#   7. ferro-csi (loop.csi.ferro.dev) next to the agent, the default StorageClass "loop" and
+#      the default VolumeSnapshotClass "loop";
 #   8. waits for the node to be Ready, deploys a demo (2 busybox httpd pods behind a ClusterIP
 #      Service, and a pod keeping a log of its starts on a persistent volume) and prints the
 #      kubectl commands to look at them.
@@ -212,7 +213,7 @@ node_ready() {
 wait_for "node $LAB_NODE becoming Ready" 90 "$LAB_STATE/agent.log" node_ready
 "${KUBECTL[@]}" get nodes -o wide
 
-step "ferro-csi (loop.csi.ferro.dev) in containerd's network and mount namespaces, StorageClass loop (default)"
+step "ferro-csi (loop.csi.ferro.dev) in containerd's network and mount namespaces, StorageClass and VolumeSnapshotClass loop (default)"
 if [ ! -s "$NODE_DIR/csi.kubeconfig" ]; then
   # No RBAC yet (issue 16): the provisioner's identity gets system:masters in the lab, as
   # kube-proxy's does, instead of upstream's external-provisioner ClusterRole.
@@ -249,6 +250,14 @@ provisioner: loop.csi.ferro.dev
 volumeBindingMode: WaitForFirstConsumer
 reclaimPolicy: Delete
 allowVolumeExpansion: true
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata:
+  name: loop
+  annotations: {snapshot.storage.kubernetes.io/is-default-class: "true"}
+driver: loop.csi.ferro.dev
+deletionPolicy: Delete
 YAML
 csi_registered() {
   [ "$("${KUBECTL[@]}" get csinode "$LAB_NODE" -o 'jsonpath={.spec.drivers[*].name}' 2>/dev/null)" = loop.csi.ferro.dev ]
