@@ -38,7 +38,6 @@ fn require_root() {
     );
 }
 
-/// Polls `f` until it returns true or `secs` pass; panics with `what` and `diag()`.
 /// Whether a netlink socket of process `pid` in `ns` has joined a multicast group.
 fn subscribed(ns: &NetNs, pid: u32) -> bool {
     let table = ns.exec_ok(&["cat", "/proc/net/netlink"]).unwrap_or_default();
@@ -48,6 +47,7 @@ fn subscribed(ns: &NetNs, pid: u32) -> bool {
     })
 }
 
+/// Polls `f` until it returns true or `secs` pass; panics with `what` and `diag()`.
 fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool, diag: impl Fn() -> String) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !f() {
@@ -883,18 +883,31 @@ fn unreachable_api_server_is_retried_with_backoff_not_a_crash_loop() {
         &log,
         &[("RUST_LOG", "info")],
     );
-    std::thread::sleep(Duration::from_secs(5));
+    // Four failed attempts of the Node watch, then the times the log gives them: a back-off
+    // spaces them out (kube's default: 0.8 s, doubling), a crash loop or a tight retry would
+    // not. Only a lower bound on the spacing is asserted: a slow machine only widens it.
+    let retry_times = || -> Vec<jiff::Timestamp> {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.lines()
+            .map(strip_ansi)
+            .filter(|l| l.contains("watch failed; retrying") && l.contains("Node"))
+            .filter_map(|l| l.split_whitespace().next().and_then(|t| t.parse().ok()))
+            .collect()
+    };
+    wait_for(120, "four failed Node watch attempts", || retry_times().len() >= 4, || {
+        std::fs::read_to_string(&log).unwrap_or_default()
+    });
     assert!(
         p.running(),
         "ferro-netd exited: {}",
         std::fs::read_to_string(&log).unwrap()
     );
-    let text = std::fs::read_to_string(&log).unwrap();
-    let failures = text.lines().filter(|l| l.contains("watch failed; retrying") && l.contains("Node")).count();
-    assert!(failures >= 1, "no retry log line: {text}");
+    let times = retry_times();
+    let spread = times[3].duration_since(times[0]);
     assert!(
-        failures <= 10,
-        "{failures} failures in 5s: the retry is not backing off\n{text}"
+        spread >= jiff::SignedDuration::from_secs(2),
+        "4 attempts within {spread:?}: the retry is not backing off\n{}",
+        std::fs::read_to_string(&log).unwrap()
     );
     assert!(!conf_dir.exists(), "nothing is written without a node");
     assert!(p.terminate(), "no clean exit on SIGTERM");
@@ -921,4 +934,22 @@ fn unreachable_api_server_is_retried_with_backoff_not_a_crash_loop() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--vxlan-id"));
+}
+
+/// `line` without its ANSI colour sequences (`ESC [ ... m`).
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::time::Duration;
 
 use common::fake::eventually;
 use common::Server;
@@ -139,12 +138,21 @@ async fn nodes_get_pod_cidrs_and_disabled_loops_stay_off() {
     cidrs.sort();
     cidrs.dedup();
     assert_eq!(cidrs.len(), 3, "every node has its own subnet: {cidrs:?}");
-    // serviceaccount loop is off: a new namespace gets no default account
+    // The serviceaccount loop is off: the server says which loops it started (the list is
+    // written once they all are), and a new namespace has no default account.
+    let loops = eventually("the list of started loops in the log", || async {
+        s.log().lines().find(|l| l.contains("controller loops started")).map(str::to_string)
+    })
+    .await;
+    // Without the colours of a terminal log.
+    let loops: String = loops.split('\u{1b}').map(|part| part.split_once('m').filter(|(code, _)| code.starts_with('[')).map_or(part, |(_, rest)| rest)).collect();
+    let names: Vec<&str> = loops.rsplit("loops=").next().unwrap_or_default().split_whitespace().next().unwrap_or_default().split(',').collect();
+    assert!(names.contains(&"nodeipam") && names.contains(&"scheduler"), "{loops}");
+    assert!(!names.contains(&"serviceaccount"), "{loops}");
     let nss: Api<Namespace> = Api::all(client.clone());
     nss.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "quiet"}})).unwrap())
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
     let sas: Api<ServiceAccount> = Api::namespaced(client, "quiet");
     assert!(sas.get_opt("default").await.unwrap().is_none());
     // an unknown loop name is refused at start

@@ -178,6 +178,12 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     if on("nodeipam") && opts.allocate_node_cidrs {
         super::nodeipam::start(&inf, opts);
     }
+    let running: Vec<&str> = ALL
+        .iter()
+        .copied()
+        .filter(|n| on(n) && (*n != "nodeipam" || opts.allocate_node_cidrs))
+        .collect();
+    tracing::info!(loops = %running.join(","), "controller loops started");
     inf
 }
 
