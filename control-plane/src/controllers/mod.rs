@@ -4,6 +4,7 @@
 //! `reconcile` per key, in a span carrying the key). Executors only talk to the Kubernetes API
 //! through a kube client, so they work against any API server.
 
+pub mod daemonset;
 pub mod deployment;
 pub mod endpointslice;
 pub mod expectations;

@@ -1,0 +1,3 @@
+//! DaemonSet executor (work in progress).
+
+pub mod plan;
