@@ -394,10 +394,22 @@ fn volumes_graceful_deletion_and_admission() {
 
     // A volume of a type the agent does not support: rejected, nothing started.
     lab.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: nfs\nspec:\n  nodeName: {NODE}\n  volumes:\n  - name: data\n    nfs: {{server: nfs.example, path: /}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n"
+    ));
+    let p = lab.wait_pod("nfs", "rejected", MIN, |p| phase(p) == "Failed");
+    assert!(p["status"]["message"].as_str().unwrap().contains("nfs volumes are not supported"), "{}", p["status"]);
+    // An inline CSI volume of a driver without a CSIDriver object (so, as upstream, without
+    // the Ephemeral mode): the pod waits in ContainerCreating, saying why.
+    lab.apply(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: inline\nspec:\n  nodeName: {NODE}\n  volumes:\n  - name: data\n    csi: {{driver: some.csi.example}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n"
     ));
-    let p = lab.wait_pod("inline", "rejected", MIN, |p| phase(p) == "Failed");
-    assert!(p["status"]["message"].as_str().unwrap().contains("csi volumes are not supported"), "{}", p["status"]);
+    let p = lab.wait_pod("inline", "waiting for an Ephemeral-capable driver", MIN, |p| {
+        container_status(p, "app").and_then(|c| c["state"]["waiting"]["message"].as_str()).is_some_and(|m| {
+            m.contains("volume mode \"Ephemeral\" not supported by driver some.csi.example (no CSIDriver object)")
+        })
+    });
+    assert_eq!(waiting_reason(&p, "app"), Some("ContainerCreating"), "{}", p["status"]);
+    assert_eq!(phase(&p), "Pending");
     // A claim that does not exist: the pod waits in ContainerCreating, saying why.
     lab.apply(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: pvc\nspec:\n  nodeName: {NODE}\n  volumes:\n  - name: data\n    persistentVolumeClaim: {{claimName: nothing}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n"
@@ -411,7 +423,7 @@ fn volumes_graceful_deletion_and_admission() {
     lab.apply(&pod_yaml("deadline", &format!("  activeDeadlineSeconds: 3\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n")));
     let p = lab.wait_pod("deadline", "DeadlineExceeded", MIN, |p| phase(p) == "Failed");
     assert_eq!(p["status"]["reason"], "DeadlineExceeded", "{}", p["status"]);
-    lab.kubectl_ok(&["delete", "pod", "cmpod", "huge", "inline", "pvc", "deadline", "--wait=true", "--timeout=60s"]);
+    lab.kubectl_ok(&["delete", "pod", "cmpod", "huge", "nfs", "inline", "pvc", "deadline", "--wait=true", "--timeout=60s"]);
     lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
     // The agent removes a pod's directory after its containers and sandbox (a moment later).
     let pods_dir = lab.dir.path().join("agent/pods");

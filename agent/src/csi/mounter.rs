@@ -1,16 +1,21 @@
-//! kubelet's CSI volume mounting for persistentVolumeClaim volumes: claim -> bound PV -> the
+//! kubelet's CSI volume mounting. persistentVolumeClaim volumes: claim -> bound PV -> the
 //! registered driver -> NodeStageVolume at the volume's global mount -> NodePublishVolume at
-//! the pod's volume dir, with upstream's paths:
+//! the pod's volume dir. Inline `csi:` volumes (lifecycle mode "Ephemeral", only for drivers
+//! whose CSIDriver lists it): no stage, NodePublishVolume of the handle
+//! `csi-<sha256(pod uid + volume name)>` with the volume's attributes. Upstream's paths:
 //!
 //! ```text
 //! <root>/plugins/kubernetes.io/csi/<driver>/<sha256(volume handle)>/globalmount   staging
-//! <root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount                          target
-//! <root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>/vol_data.json                  what to undo
+//! <root>/pods/<uid>/volumes/kubernetes.io~csi/<pv or volume name>/mount           target
+//! <root>/pods/<uid>/volumes/kubernetes.io~csi/<pv or volume name>/vol_data.json   what to undo
 //! ```
 //!
-//! vol_data.json is written before the volume is staged, so teardown (also after an agent
-//! restart, from the files alone) always knows what to unpublish and unstage. The volume is
-//! unstaged when no other pod's vol_data.json names it. [`plan_mount`] is pure.
+//! vol_data.json is written before the volume is staged or published, so teardown (also after
+//! an agent restart, from the files alone) always knows what to unpublish and unstage. A
+//! persistent volume is unstaged when no other pod's vol_data.json names it. With the
+//! CSIDriver's podInfoOnMount the volume context carries the pod's name, namespace, uid,
+//! service account and whether the volume is ephemeral, as upstream. [`plan_mount`],
+//! [`plan_inline`], [`check_lifecycle_mode`] and [`pod_info`] are pure.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,7 +30,8 @@ use csi_proto::csi::{
     CapacityRange, NodeExpandVolumeRequest, NodeGetCapabilitiesRequest, NodePublishVolumeRequest,
     NodeStageVolumeRequest, NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
 };
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{CSIVolumeSource, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::CSIDriver;
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use serde::{Deserialize, Serialize};
@@ -38,6 +44,16 @@ use crate::pod::volume::VolumePath;
 /// The plugin directory name of CSI volumes in a pod's volume dir.
 pub const CSI_DIR: &str = "kubernetes.io~csi";
 const VOL_DATA: &str = "vol_data.json";
+/// The lifecycle mode of a persistentVolumeClaim's CSI volume.
+pub const PERSISTENT: &str = "Persistent";
+/// The lifecycle mode of an inline `csi:` volume.
+pub const EPHEMERAL: &str = "Ephemeral";
+/// The volume context keys of podInfoOnMount (upstream's).
+pub const POD_NAME_KEY: &str = "csi.storage.k8s.io/pod.name";
+pub const POD_NAMESPACE_KEY: &str = "csi.storage.k8s.io/pod.namespace";
+pub const POD_UID_KEY: &str = "csi.storage.k8s.io/pod.uid";
+pub const SERVICE_ACCOUNT_KEY: &str = "csi.storage.k8s.io/serviceAccount.name";
+pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CsiError {
@@ -51,8 +67,11 @@ pub enum CsiError {
     NotCsi(String),
     #[error("driver name {0} not found in the list of registered CSI drivers")]
     DriverNotRegistered(String),
-    #[error("persistentVolumeClaim volumes need the API server (the agent runs without --kubeconfig)")]
+    #[error("persistentVolumeClaim and csi volumes need the API server (the agent runs without --kubeconfig)")]
     NoApi,
+    /// The driver does not offer the volume's lifecycle mode (upstream's NewMounter check).
+    #[error("MountVolume.NewMounter initialization failed for volume {volume:?} : volume mode {mode:?} not supported by driver {driver} ({})", supported_text(.supported))]
+    LifecycleMode { volume: String, driver: String, mode: String, supported: Option<Vec<String>> },
     #[error("volume {0:?}: the claim's and the persistent volume's volumeMode differ")]
     ModeMismatch(String),
     #[error("{call} failed for volume {volume:?}: {}", status.message())]
@@ -72,6 +91,20 @@ pub enum CsiError {
     Volume(#[from] crate::pod::volume::VolumeError),
 }
 
+/// What a driver supports, as upstream words it.
+fn supported_text(supported: &Option<Vec<String>>) -> String {
+    match supported {
+        Some(modes) => format!("only supports {}", go_quoted(modes)),
+        None => "no CSIDriver object".to_string(),
+    }
+}
+
+/// A list as Go's `%q` prints a string slice: `["Persistent" "Ephemeral"]`.
+fn go_quoted(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|i| format!("{i:?}")).collect();
+    format!("[{}]", quoted.join(" "))
+}
+
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CsiError {
     let path = path.to_path_buf();
     move |source| CsiError::Io { op, path, source }
@@ -87,6 +120,8 @@ pub struct VolData {
     pub spec_vol_id: String,
     pub node_name: String,
     pub volume_lifecycle_mode: String,
+    /// Where a persistent volume is staged (empty for an inline volume: never staged).
+    #[serde(default, skip_serializing_if = "path_is_empty")]
     pub staging_path: PathBuf,
     /// "Block" for a raw block volume (published as a device node at `<dir>/dev`), else a
     /// filesystem published at `<dir>/mount`.
@@ -94,14 +129,23 @@ pub struct VolData {
     pub volume_mode: String,
 }
 
+fn path_is_empty(p: &Path) -> bool {
+    p.as_os_str().is_empty()
+}
+
 impl VolData {
+    /// Whether this is an inline (ephemeral) volume: published only, never staged.
+    pub fn is_ephemeral(&self) -> bool {
+        self.volume_lifecycle_mode == EPHEMERAL
+    }
+
     /// Where the volume is published, given its directory.
     pub fn target_in(&self, dir: &Path) -> PathBuf {
         dir.join(if self.volume_mode == "Block" { "dev" } else { "mount" })
     }
 }
 
-/// One persistentVolumeClaim volume of a pod, planned.
+/// One CSI volume of a pod (a persistentVolumeClaim's or an inline one), planned.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MountPlan {
     pub volume: String,
@@ -109,8 +153,21 @@ pub struct MountPlan {
     pub target: PathBuf,
     pub capability: VolumeCapability,
     pub readonly: bool,
+    /// The volume's attributes: NodeStageVolume's context, and NodePublishVolume's under
+    /// [`MountPlan::pod_info`].
     pub volume_context: std::collections::HashMap<String, String>,
     pub fs_type: String,
+    /// podInfoOnMount's keys ([`pod_info`]), for NodePublishVolume only, as upstream.
+    pub pod_info: BTreeMap<String, String>,
+}
+
+impl MountPlan {
+    /// NodePublishVolume's volume context: the attributes, the pod info over them.
+    pub fn publish_context(&self) -> std::collections::HashMap<String, String> {
+        let mut ctx = self.volume_context.clone();
+        ctx.extend(self.pod_info.iter().map(|(k, v)| (k.clone(), v.clone())));
+        ctx
+    }
 }
 
 fn hex_sha256(s: &str) -> String {
@@ -175,7 +232,7 @@ pub fn plan_mount(
             volume_handle: csi.volume_handle.clone(),
             spec_vol_id: pv_name,
             node_name: node.to_string(),
-            volume_lifecycle_mode: "Persistent".into(),
+            volume_lifecycle_mode: PERSISTENT.into(),
             staging_path: staging_path(root, &csi.driver, &csi.volume_handle),
             volume_mode: volume_mode.clone(),
         },
@@ -184,7 +241,90 @@ pub fn plan_mount(
         readonly: claim_readonly || csi.read_only == Some(true),
         volume_context: csi.volume_attributes.clone().unwrap_or_default().into_iter().collect(),
         fs_type,
+        pod_info: BTreeMap::new(),
     })
+}
+
+/// upstream's makeVolumeHandle: an inline volume's handle, `csi-` + hex SHA-256 of the pod's
+/// UID followed by the volume's name.
+pub fn inline_handle(pod_uid: &str, volume: &str) -> String {
+    format!("csi-{}", hex_sha256(&format!("{pod_uid}{volume}")))
+}
+
+/// upstream's supportsVolumeLifecycleMode: the driver's CSIDriver must list the mode in
+/// `volumeLifecycleModes` (["Persistent"] when unset, as the API server defaults it); a
+/// driver without a CSIDriver object supports Persistent only.
+pub fn check_lifecycle_mode(volume: &str, driver_name: &str, driver: Option<&CSIDriver>, mode: &str) -> Result<(), CsiError> {
+    let err = |supported| CsiError::LifecycleMode {
+        volume: volume.to_string(),
+        driver: driver_name.to_string(),
+        mode: mode.to_string(),
+        supported,
+    };
+    let Some(driver) = driver else {
+        return if mode == PERSISTENT { Ok(()) } else { Err(err(None)) };
+    };
+    let modes = driver.spec.volume_lifecycle_modes.clone().unwrap_or_else(|| vec![PERSISTENT.to_string()]);
+    if modes.iter().any(|m| m == mode) {
+        Ok(())
+    } else {
+        Err(err(Some(modes)))
+    }
+}
+
+/// upstream's podAttributes: with the CSIDriver's podInfoOnMount, the pod's name, namespace,
+/// uid, service account name and whether the volume is ephemeral go into the volume context
+/// (over any attribute of the same key); nothing otherwise, or without a CSIDriver object.
+pub fn pod_info(pod: &Pod, driver: Option<&CSIDriver>, ephemeral: bool) -> BTreeMap<String, String> {
+    if driver.and_then(|d| d.spec.pod_info_on_mount) != Some(true) {
+        return BTreeMap::new();
+    }
+    BTreeMap::from([
+        (POD_NAME_KEY.to_string(), pod.metadata.name.clone().unwrap_or_default()),
+        (POD_NAMESPACE_KEY.to_string(), pod.metadata.namespace.clone().unwrap_or_default()),
+        (POD_UID_KEY.to_string(), pod.metadata.uid.clone().unwrap_or_default()),
+        (
+            SERVICE_ACCOUNT_KEY.to_string(),
+            pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
+        ),
+        (EPHEMERAL_KEY.to_string(), ephemeral.to_string()),
+    ])
+}
+
+/// Plans one inline `csi:` volume as upstream's csi mounter does for the Ephemeral mode: the
+/// handle from the pod's UID and the volume's name, no staging, published at
+/// `.../kubernetes.io~csi/<volume>/mount` as a filesystem (upstream always asks
+/// ReadWriteOnce, so SINGLE_NODE_WRITER) with the volume's fsType, read-only when it says so,
+/// its volumeAttributes as the volume context (pod info is added by [`pod_info`]).
+pub fn plan_inline(root: &Path, uid: &str, node: &str, volume: &str, csi: &CSIVolumeSource) -> MountPlan {
+    let fs_type = csi.fs_type.clone().unwrap_or_default();
+    let capability = VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs_type.clone(),
+            mount_flags: Vec::new(),
+            volume_mount_group: String::new(),
+        })),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    };
+    let dir = pod_csi_dir(root, uid).join(volume);
+    MountPlan {
+        volume: volume.to_string(),
+        data: VolData {
+            driver_name: csi.driver.clone(),
+            volume_handle: inline_handle(uid, volume),
+            spec_vol_id: volume.to_string(),
+            node_name: node.to_string(),
+            volume_lifecycle_mode: EPHEMERAL.into(),
+            staging_path: PathBuf::new(),
+            volume_mode: String::new(),
+        },
+        target: dir.join("mount"),
+        capability,
+        readonly: csi.read_only == Some(true),
+        volume_context: csi.volume_attributes.clone().unwrap_or_default().into_iter().collect(),
+        fs_type,
+        pod_info: BTreeMap::new(),
+    }
 }
 
 /// Whether the kubelet applies the pod's fsGroup to a CSI volume, per its CSIDriver's
@@ -256,17 +396,17 @@ impl CsiMounter {
         Ok(NodeClient::new(channel(&d.endpoint).await?))
     }
 
-    /// Sets up every persistentVolumeClaim volume of `pod`; returns their host paths by
-    /// volume name. Idempotent (the CSI calls are).
+    /// Sets up every CSI volume of `pod` (persistentVolumeClaim and inline `csi:` volumes);
+    /// returns their host paths by volume name. Idempotent (the CSI calls are).
     pub async fn setup(&self, pod: &Pod) -> Result<BTreeMap<String, VolumePath>, CsiError> {
         let mut out = BTreeMap::new();
-        let claims: Vec<_> = pod
+        let volumes: Vec<_> = pod
             .spec
             .iter()
             .flat_map(|s| s.volumes.iter().flatten())
-            .filter_map(|v| v.persistent_volume_claim.as_ref().map(|c| (v.name.clone(), c.clone())))
+            .filter(|v| v.persistent_volume_claim.is_some() || v.csi.is_some())
             .collect();
-        if claims.is_empty() {
+        if volumes.is_empty() {
             return Ok(out);
         }
         let client = self.client.clone().ok_or(CsiError::NoApi)?;
@@ -283,25 +423,44 @@ impl CsiMounter {
             _ => ChangePolicy::Always,
         };
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
-        let pvs: Api<PersistentVolume> = Api::all(client);
-        for (volume, src) in claims {
-            let pvc = pvcs.get_opt(&src.claim_name).await?.ok_or_else(|| CsiError::ClaimNotFound(src.claim_name.clone()))?;
-            let phase = pvc.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
-            let pv_name = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).unwrap_or_default();
-            if phase != "Bound" || pv_name.is_empty() {
-                return Err(CsiError::ClaimNotBound { claim: format!("{ns}/{}", src.claim_name), phase, volume: pv_name });
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        let csi_drivers: Api<CSIDriver> = Api::all(client);
+        // The CSIDriver objects, read once per setup (upstream reads them from an informer).
+        let mut drivers: BTreeMap<String, Option<CSIDriver>> = BTreeMap::new();
+        for v in volumes {
+            let (mut plan, ephemeral) = if let Some(src) = &v.persistent_volume_claim {
+                let pvc = pvcs.get_opt(&src.claim_name).await?.ok_or_else(|| CsiError::ClaimNotFound(src.claim_name.clone()))?;
+                let phase = pvc.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+                let pv_name = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).unwrap_or_default();
+                if phase != "Bound" || pv_name.is_empty() {
+                    return Err(CsiError::ClaimNotBound { claim: format!("{ns}/{}", src.claim_name), phase, volume: pv_name });
+                }
+                let pv = pvs.get_opt(&pv_name).await?.ok_or_else(|| CsiError::VolumeNotFound(pv_name.clone()))?;
+                (plan_mount(&self.root, &uid, &self.node, &v.name, src.read_only == Some(true), &pvc, &pv)?, false)
+            } else if let Some(csi) = &v.csi {
+                (plan_inline(&self.root, &uid, &self.node, &v.name, csi), true)
+            } else {
+                continue;
+            };
+            let name = plan.data.driver_name.clone();
+            if !drivers.contains_key(&name) {
+                let d = csi_drivers.get_opt(&name).await?;
+                drivers.insert(name.clone(), d);
             }
-            let pv = pvs.get_opt(&pv_name).await?.ok_or_else(|| CsiError::VolumeNotFound(pv_name.clone()))?;
-            let plan = plan_mount(&self.root, &uid, &self.node, &volume, src.read_only == Some(true), &pvc, &pv)?;
+            let driver = drivers.get(&name).and_then(Option::as_ref);
+            if ephemeral {
+                // Before anything is written for the volume: nothing to undo when refused.
+                check_lifecycle_mode(&v.name, &name, driver, EPHEMERAL)?;
+            }
+            plan.pod_info = pod_info(pod, driver, ephemeral);
             self.mount(&plan).await?;
             if let Some(gid) = fs_group.and_then(|g| u32::try_from(g).ok()) {
-                let drivers: Api<k8s_openapi::api::storage::v1::CSIDriver> = Api::all(self.client.clone().ok_or(CsiError::NoApi)?);
-                let driver_policy = drivers.get_opt(&plan.data.driver_name).await?.and_then(|d| d.spec.fs_group_policy);
-                if applies_fs_group(driver_policy.as_deref(), &plan) {
+                let driver_policy = driver.and_then(|d| d.spec.fs_group_policy.as_deref());
+                if applies_fs_group(driver_policy, &plan) {
                     ownership::set_volume_ownership(&plan.target, gid, policy, false)?;
                 }
             }
-            out.insert(volume, VolumePath { host_path: plan.target.clone(), read_only: plan.readonly });
+            out.insert(v.name.clone(), VolumePath { host_path: plan.target.clone(), read_only: plan.readonly });
         }
         Ok(out)
     }
@@ -313,10 +472,14 @@ impl CsiMounter {
         let data_file = dir.join(VOL_DATA);
         let json = serde_json::to_vec(&plan.data).map_err(|e| io("encode", &data_file)(std::io::Error::other(e)))?;
         std::fs::write(&data_file, json).map_err(io("write", &data_file))?;
-        let caps = node.node_get_capabilities(NodeGetCapabilitiesRequest {}).await.map_err(rpc("NodeGetCapabilities", &plan.volume))?;
-        let stages = caps.into_inner().capabilities.iter().any(|c| {
-            matches!(&c.r#type, Some(NodeCapType::Rpc(r)) if r.r#type == NodeRpc::StageUnstageVolume as i32)
-        });
+        // An inline volume is never staged (upstream's csi mounter for the Ephemeral mode).
+        let stages = !plan.data.is_ephemeral() && {
+            let caps =
+                node.node_get_capabilities(NodeGetCapabilitiesRequest {}).await.map_err(rpc("NodeGetCapabilities", &plan.volume))?;
+            caps.into_inner().capabilities.iter().any(|c| {
+                matches!(&c.r#type, Some(NodeCapType::Rpc(r)) if r.r#type == NodeRpc::StageUnstageVolume as i32)
+            })
+        };
         let staging = if stages {
             let staging = &plan.data.staging_path;
             std::fs::create_dir_all(staging).map_err(io("create directory", staging))?;
@@ -339,7 +502,7 @@ impl CsiMounter {
             target_path: plan.target.to_string_lossy().into_owned(),
             volume_capability: Some(plan.capability.clone()),
             readonly: plan.readonly,
-            volume_context: plan.volume_context.clone(),
+            volume_context: plan.publish_context(),
             ..Default::default()
         })
         .await
@@ -348,7 +511,8 @@ impl CsiMounter {
     }
 
     /// Unpublishes every CSI volume of the pod (from its vol_data.json files), and unstages
-    /// each one no other pod on the node still uses. The pod's CSI dir is gone afterwards.
+    /// each persistent one no other pod on the node still uses (an inline volume is never
+    /// staged: its NodeUnpublishVolume is all). The pod's CSI dir is gone afterwards.
     pub async fn teardown(&self, uid: &str) -> Result<(), CsiError> {
         let dir = pod_csi_dir(&self.root, uid);
         for (vol_dir, data) in read_vol_data(&dir) {
@@ -360,7 +524,7 @@ impl CsiMounter {
             })
             .await
             .map_err(rpc("UnmountVolume.TearDown (NodeUnpublishVolume)", &data.spec_vol_id))?;
-            if !self.in_use_elsewhere(uid, &data.volume_handle) && data.staging_path.exists() {
+            if !data.is_ephemeral() && !self.in_use_elsewhere(uid, &data.volume_handle) && data.staging_path.exists() {
                 node.node_unstage_volume(NodeUnstageVolumeRequest {
                     volume_id: data.volume_handle.clone(),
                     staging_target_path: data.staging_path.to_string_lossy().into_owned(),
@@ -402,7 +566,8 @@ impl CsiMounter {
         for pod in pods.flatten() {
             let uid = pod.file_name().to_string_lossy().into_owned();
             for (vol_dir, data) in read_vol_data(&pod.path().join("volumes").join(CSI_DIR)) {
-                if !seen.insert(data.spec_vol_id.clone()) {
+                // Claims only: an inline volume has no claim to grow or report.
+                if data.is_ephemeral() || !seen.insert(data.spec_vol_id.clone()) {
                     continue;
                 }
                 let Some(pv) = pvs.get_opt(&data.spec_vol_id).await? else { continue };
@@ -454,7 +619,8 @@ impl CsiMounter {
         let pvs: Api<PersistentVolume> = Api::all(client);
         for pod in pods.flatten() {
             for (vol_dir, data) in read_vol_data(&pod.path().join("volumes").join(CSI_DIR)) {
-                if !seen.insert(data.spec_vol_id.clone()) {
+                // Claims only: an inline volume has no claim to grow or report.
+                if data.is_ephemeral() || !seen.insert(data.spec_vol_id.clone()) {
                     continue;
                 }
                 let Some(pv) = pvs.get_opt(&data.spec_vol_id).await? else { continue };
@@ -636,6 +802,134 @@ mod tests {
         assert!(matches!(p.capability.access_type, Some(AccessType::Block(_))));
         assert_eq!(p.data.volume_mode, "Block");
         assert_eq!(p.data.target_in(Path::new("/d")), PathBuf::from("/d/dev"));
+    }
+
+    fn csi_driver(modes: Option<&[&str]>, pod_info: Option<bool>) -> CSIDriver {
+        CSIDriver {
+            metadata: ObjectMeta { name: Some("loop.csi.ferro.dev".into()), ..Default::default() },
+            spec: k8s_openapi::api::storage::v1::CSIDriverSpec {
+                volume_lifecycle_modes: modes.map(|m| m.iter().map(|s| s.to_string()).collect()),
+                pod_info_on_mount: pod_info,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn inline_pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "app", "namespace": "team", "uid": "5b2e7a4c-1f3d-4e6a-9c8b-0d1e2f3a4b5c"},
+            "spec": {"serviceAccountName": "builder", "containers": [{"name": "c"}], "volumes": [
+                {"name": "scratch", "csi": {"driver": "loop.csi.ferro.dev", "fsType": "xfs", "readOnly": true,
+                 "volumeAttributes": {"size": "64Mi", "csi.storage.k8s.io/pod.name": "spoofed"}}}
+            ]}
+        }))
+        .expect("pod")
+    }
+
+    fn inline_source(pod: &Pod) -> CSIVolumeSource {
+        pod.spec.as_ref().and_then(|s| s.volumes.as_ref()).and_then(|v| v[0].csi.clone()).expect("csi source")
+    }
+
+    #[test]
+    fn an_inline_volume_has_upstreams_handle_and_paths_and_no_staging() {
+        let pod = inline_pod();
+        let uid = pod.metadata.uid.clone().expect("uid");
+        let h = inline_handle(&uid, "scratch");
+        // sha256("5b2e7a4c-1f3d-4e6a-9c8b-0d1e2f3a4b5c" + "scratch"), as upstream's makeVolumeHandle.
+        assert_eq!(h, "csi-9cc49c22540d9590fc7bdacc4fa608fca8b3ca3c2cd0e4dedcdb174984d93faf");
+        assert_ne!(h, inline_handle(&uid, "other"));
+        let p = plan_inline(Path::new("/var/lib/kubelet"), &uid, "n1", "scratch", &inline_source(&pod));
+        assert_eq!(
+            p.target,
+            PathBuf::from(format!("/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~csi/scratch/mount"))
+        );
+        assert_eq!(p.data.volume_handle, h);
+        assert_eq!(p.data.spec_vol_id, "scratch");
+        assert_eq!(p.data.volume_lifecycle_mode, "Ephemeral");
+        assert!(p.data.is_ephemeral());
+        assert_eq!(p.data.staging_path, PathBuf::new(), "never staged");
+        assert!(p.readonly, "csi.readOnly");
+        assert_eq!(p.capability.access_mode.map(|m| m.mode), Some(Mode::SingleNodeWriter as i32));
+        match &p.capability.access_type {
+            Some(AccessType::Mount(m)) => assert_eq!((m.fs_type.as_str(), m.mount_flags.len()), ("xfs", 0)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(p.volume_context.get("size").map(String::as_str), Some("64Mi"));
+        // vol_data.json: upstream's keys, no staging path, round-tripping.
+        let json = serde_json::to_value(&p.data).expect("json");
+        assert_eq!(json["volumeLifecycleMode"], "Ephemeral");
+        assert_eq!(json["volumeHandle"], h.as_str());
+        assert_eq!(json["specVolID"], "scratch");
+        assert!(json.get("stagingPath").is_none(), "{json}");
+        let back: VolData = serde_json::from_value(json).expect("read back");
+        assert_eq!(back, p.data);
+    }
+
+    #[test]
+    fn pod_info_goes_into_the_publish_context_only_with_pod_info_on_mount() {
+        let pod = inline_pod();
+        let uid = pod.metadata.uid.clone().expect("uid");
+        let with = csi_driver(Some(&["Persistent", "Ephemeral"]), Some(true));
+        let info = pod_info(&pod, Some(&with), true);
+        let want: BTreeMap<String, String> = [
+            ("csi.storage.k8s.io/pod.name", "app"),
+            ("csi.storage.k8s.io/pod.namespace", "team"),
+            ("csi.storage.k8s.io/pod.uid", uid.as_str()),
+            ("csi.storage.k8s.io/serviceAccount.name", "builder"),
+            ("csi.storage.k8s.io/ephemeral", "true"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(info, want);
+        assert_eq!(pod_info(&pod, Some(&with), false)["csi.storage.k8s.io/ephemeral"], "false", "a persistent volume's");
+        assert!(pod_info(&pod, Some(&csi_driver(None, Some(false))), true).is_empty());
+        assert!(pod_info(&pod, Some(&csi_driver(None, None)), true).is_empty());
+        assert!(pod_info(&pod, None, true).is_empty(), "no CSIDriver object: no pod info");
+        let mut p = plan_inline(Path::new("/r"), &uid, "n1", "scratch", &inline_source(&pod));
+        p.pod_info = info;
+        let ctx = p.publish_context();
+        assert_eq!(ctx["size"], "64Mi");
+        assert_eq!(ctx["csi.storage.k8s.io/pod.name"], "app", "pod info over an attribute of the same key");
+        assert_eq!(ctx["csi.storage.k8s.io/ephemeral"], "true");
+        assert_eq!(p.volume_context["csi.storage.k8s.io/pod.name"], "spoofed", "NodeStage's context is the attributes");
+    }
+
+    #[test]
+    fn the_ephemeral_mode_needs_a_csidriver_that_lists_it() {
+        let both = csi_driver(Some(&["Persistent", "Ephemeral"]), Some(true));
+        assert!(check_lifecycle_mode("v", "loop.csi.ferro.dev", Some(&both), EPHEMERAL).is_ok());
+        assert!(check_lifecycle_mode("v", "loop.csi.ferro.dev", Some(&both), PERSISTENT).is_ok());
+        let persistent = csi_driver(Some(&["Persistent"]), None);
+        let e = check_lifecycle_mode("v", "d.example", Some(&persistent), EPHEMERAL).expect_err("persistent only");
+        assert_eq!(
+            e.to_string(),
+            "MountVolume.NewMounter initialization failed for volume \"v\" : volume mode \"Ephemeral\" not supported by driver d.example (only supports [\"Persistent\"])"
+        );
+        let defaulted = csi_driver(None, None);
+        let e = check_lifecycle_mode("v", "d.example", Some(&defaulted), EPHEMERAL).expect_err("defaulted");
+        assert!(e.to_string().ends_with("(only supports [\"Persistent\"])"), "{e}");
+        let inline_only = csi_driver(Some(&["Ephemeral"]), None);
+        let e = check_lifecycle_mode("v", "d.example", Some(&inline_only), PERSISTENT).expect_err("ephemeral only");
+        assert!(e.to_string().contains("volume mode \"Persistent\" not supported by driver d.example (only supports [\"Ephemeral\"])"), "{e}");
+        assert!(check_lifecycle_mode("v", "none.example", None, PERSISTENT).is_ok(), "no object: persistent is fine");
+        let e = check_lifecycle_mode("v", "none.example", None, EPHEMERAL).expect_err("no object");
+        assert!(e.to_string().ends_with("volume mode \"Ephemeral\" not supported by driver none.example (no CSIDriver object)"), "{e}");
+        assert_eq!(go_quoted(&["Persistent".into(), "Ephemeral".into()]), "[\"Persistent\" \"Ephemeral\"]");
+    }
+
+    #[test]
+    fn fs_group_on_an_inline_volume_follows_its_fs_type_and_the_policy() {
+        let mut src = inline_source(&inline_pod());
+        src.read_only = None;
+        let p = plan_inline(Path::new("/r"), "u", "n", "scratch", &src);
+        assert!(applies_fs_group(Some("ReadWriteOnceWithFSType"), &p), "RWO with an fsType, as upstream");
+        src.fs_type = None;
+        let no_fs = plan_inline(Path::new("/r"), "u", "n", "scratch", &src);
+        assert!(!applies_fs_group(None, &no_fs), "no fsType: not under the default policy");
+        assert!(applies_fs_group(Some("File"), &no_fs));
+        src.read_only = Some(true);
+        assert!(!applies_fs_group(Some("File"), &plan_inline(Path::new("/r"), "u", "n", "scratch", &src)));
     }
 
     #[test]

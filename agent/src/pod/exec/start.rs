@@ -87,14 +87,15 @@ impl PodWorkers {
         });
     }
 
-    /// The pod's persistentVolumeClaim volumes, staged and published through their CSI driver.
-    /// On error: the message and how soon to try again (soon while the claim is not bound yet
-    /// or the driver not registered: ferro's scheduler binds a pod only once its claims are,
-    /// as upstream's PreBind, but an API server's pods may come from elsewhere).
+    /// The pod's CSI volumes (persistentVolumeClaim and inline `csi:` ones), staged and
+    /// published through their driver. On error: the message and how soon to try again (soon
+    /// while the claim is not bound yet or the driver not registered: ferro's scheduler binds a
+    /// pod only once its claims are, as upstream's PreBind, but an API server's pods may come
+    /// from elsewhere).
     pub(super) async fn csi_setup(&self, pod: &Pod) -> Result<BTreeMap<String, volume::VolumePath>, (String, Duration)> {
         use crate::csi::mounter::CsiError;
-        let has_claims = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(|v| v.persistent_volume_claim.is_some());
-        if !has_claims {
+        let has_csi = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(volume::is_csi);
+        if !has_csi {
             return Ok(BTreeMap::new());
         }
         match self.inner.csi.get() {
@@ -144,7 +145,8 @@ impl PodWorkers {
         if actions.start.is_empty() && !actions.create_sandbox {
             return Ok(None);
         }
-        // Volumes before the sandbox, as upstream: CSI (persistentVolumeClaim) ones first.
+        // Volumes before the sandbox, as upstream: CSI (persistentVolumeClaim, inline csi) ones
+        // first.
         let csi_vols = match self.csi_setup(pod).await {
             Ok(v) => v,
             Err((msg, soon)) => {

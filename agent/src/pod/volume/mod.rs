@@ -201,8 +201,8 @@ fn sources(v: &Volume) -> Vec<&'static str> {
     all.into_iter().filter(|(_, set)| *set).map(|(name, _)| name).collect()
 }
 
-const SUPPORTED: [&str; 7] =
-    ["emptyDir", "hostPath", "configMap", "secret", "downwardAPI", "projected", "persistentVolumeClaim"];
+const SUPPORTED: [&str; 8] =
+    ["emptyDir", "hostPath", "configMap", "secret", "downwardAPI", "projected", "persistentVolumeClaim", "csi"];
 
 const HOST_PATH_TYPES: [&str; 8] =
     ["", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice"];
@@ -237,6 +237,17 @@ fn validate_source(pod: &Pod, v: &Volume) -> Result<(), String> {
     if let Some(c) = &v.persistent_volume_claim {
         if c.claim_name.is_empty() {
             return Err("persistentVolumeClaim.claimName is empty".into());
+        }
+    }
+    if let Some(c) = &v.csi {
+        if c.driver.is_empty() {
+            return Err("csi.driver is empty".into());
+        }
+        // Upstream reads the Secret and hands it to NodePublishVolume; the agent does not
+        // fetch node publish secrets (and ferro-control-plane's Node authorizer does not
+        // relate a node to them): refused rather than published without them.
+        if c.node_publish_secret_ref.is_some() {
+            return Err("csi.nodePublishSecretRef is not supported yet".into());
         }
     }
     if let Some(ed) = &v.empty_dir {
@@ -386,14 +397,21 @@ pub fn setup(
         mounted: mount_points(&read_mountinfo()?).into_iter().map(|m| m.mount_point).collect(),
     };
     let mut out = BTreeMap::new();
-    // persistentVolumeClaim volumes are the CSI mounter's (crate::csi::mounter), async.
-    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).filter(|v| v.persistent_volume_claim.is_none()) {
+    // persistentVolumeClaim and inline csi volumes are the CSI mounter's (crate::csi::mounter),
+    // async.
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).filter(|v| !is_csi(v)) {
         let path = ctx
             .setup_one(v)
             .map_err(|error| VolumeError::SetUp { volume: v.name.clone(), error: Box::new(error) })?;
         out.insert(v.name.clone(), path);
     }
     Ok(out)
+}
+
+/// Whether a volume is set up through a CSI driver (crate::csi::mounter): a claim's, or an
+/// inline `csi:` volume.
+pub fn is_csi(v: &Volume) -> bool {
+    v.persistent_volume_claim.is_some() || v.csi.is_some()
 }
 
 struct Ctx<'a> {
@@ -1001,7 +1019,9 @@ mod tests {
         let cases = [
             (json!([{"name": "x", "persistentVolumeClaim": {"claimName": ""}}]),
              "volume \"x\": persistentVolumeClaim.claimName is empty"),
-            (json!([{"name": "x", "csi": {"driver": "d"}}]), "volume \"x\": csi volumes are not supported yet"),
+            (json!([{"name": "x", "csi": {"driver": ""}}]), "volume \"x\": csi.driver is empty"),
+            (json!([{"name": "x", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "s"}}}]),
+             "volume \"x\": csi.nodePublishSecretRef is not supported yet"),
             (json!([{"name": "x", "ephemeral": {}}]), "volume \"x\": ephemeral volumes are not supported yet"),
             (json!([{"name": "x", "nfs": {"server": "s", "path": "/"}}]), "volume \"x\": nfs volumes are not supported yet"),
             // An unknown type arrives with no source set (k8s-openapi drops unknown fields).
@@ -1038,7 +1058,8 @@ mod tests {
             {"name": "b", "hostPath": {"path": "/x", "type": "DirectoryOrCreate"}},
             {"name": "c", "configMap": {"name": "c", "items": [{"key": "k", "path": "d/k", "mode": 256}]}},
             {"name": "d", "downwardAPI": {"items": [{"path": "l", "fieldRef": {"fieldPath": "metadata.labels['app']"}}]}},
-            {"name": "e", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}
+            {"name": "e", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}},
+            {"name": "f", "csi": {"driver": "loop.csi.ferro.dev", "volumeAttributes": {"size": "64Mi"}}}
         ])))
         .unwrap();
     }
