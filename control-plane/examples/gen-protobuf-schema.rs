@@ -97,7 +97,7 @@ struct PbField {
 
 /// OpenAPI definitions of every type reachable from the request-body kinds.
 fn openapi_definitions() -> serde_json::Map<String, serde_json::Value> {
-    use k8s_openapi::api::{apps, autoscaling, coordination, core, discovery, policy, storage};
+    use k8s_openapi::api::{apps, autoscaling, batch, coordination, core, discovery, policy, storage};
     use k8s_openapi::apimachinery::pkg::apis::meta;
     let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
     macro_rules! add {
@@ -109,7 +109,9 @@ fn openapi_definitions() -> serde_json::Map<String, serde_json::Value> {
         core::v1::PersistentVolume, core::v1::PersistentVolumeClaim, core::v1::Binding,
         discovery::v1::EndpointSlice, coordination::v1::Lease, storage::v1::StorageClass,
         storage::v1::CSIDriver, storage::v1::CSINode, storage::v1::VolumeAttachment, storage::v1::CSIStorageCapacity,
-        apps::v1::Deployment, apps::v1::ReplicaSet, apps::v1::DaemonSet, autoscaling::v1::Scale,
+        apps::v1::Deployment, apps::v1::ReplicaSet, apps::v1::DaemonSet, apps::v1::StatefulSet,
+        apps::v1::ControllerRevision, batch::v1::Job, batch::v1::CronJob, policy::v1::PodDisruptionBudget,
+        autoscaling::v1::Scale,
         policy::v1::Eviction, meta::v1::DeleteOptions,
     );
     generator.take_definitions(true)

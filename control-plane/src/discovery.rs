@@ -147,7 +147,7 @@ fn fnv(s: &str) -> u64 {
 /// Builds the schema components for every kind of a group version with schemars from the
 /// k8s-openapi types, tagged with x-kubernetes-group-version-kind as upstream does.
 fn components(group: &str, version: &str) -> Map<String, Value> {
-    use k8s_openapi::api::{apps, coordination, core, discovery, storage};
+    use k8s_openapi::api::{apps, batch, coordination, core, discovery, policy, storage};
     let settings = schemars::generate::SchemaSettings::openapi3().with(|s| {
         s.definitions_path = "/components/schemas".into();
     });
@@ -186,6 +186,11 @@ fn components(group: &str, version: &str) -> Map<String, Value> {
     add!(apps::v1::Deployment, "deployments");
     add!(apps::v1::ReplicaSet, "replicasets");
     add!(apps::v1::DaemonSet, "daemonsets");
+    add!(apps::v1::StatefulSet, "statefulsets");
+    add!(apps::v1::ControllerRevision, "controllerrevisions");
+    add!(batch::v1::Job, "jobs");
+    add!(batch::v1::CronJob, "cronjobs");
+    add!(policy::v1::PodDisruptionBudget, "poddisruptionbudgets");
     let mut defs: Map<String, Value> = generator
         .take_definitions(true)
         .into_iter()

@@ -1,7 +1,7 @@
 //! The table of served resources: names, scope, subresources and typed decoding.
 
 use api_ext::snapshot;
-use k8s_openapi::api::{apps, coordination, core, discovery, storage};
+use k8s_openapi::api::{apps, batch, coordination, core, discovery, policy, storage};
 use serde_json::Value;
 
 /// A subresource served under a resource.
@@ -169,6 +169,16 @@ pub static RESOURCES: &[Resource] = &[
         short: ["rs"], cat: ["all"], sub: [Status, Scale], gen: true),
     res!("apps", "v1", "DaemonSet", "daemonsets", "daemonset", true, apps::v1::DaemonSet,
         short: ["ds"], cat: ["all"], sub: [Status], gen: true),
+    res!("apps", "v1", "StatefulSet", "statefulsets", "statefulset", true, apps::v1::StatefulSet,
+        short: ["sts"], cat: ["all"], sub: [Status, Scale], gen: true),
+    res!("apps", "v1", "ControllerRevision", "controllerrevisions", "controllerrevision", true, apps::v1::ControllerRevision,
+        short: [], cat: [], sub: [], gen: false),
+    res!("batch", "v1", "Job", "jobs", "job", true, batch::v1::Job,
+        short: [], cat: ["all"], sub: [Status], gen: true),
+    res!("batch", "v1", "CronJob", "cronjobs", "cronjob", true, batch::v1::CronJob,
+        short: ["cj"], cat: ["all"], sub: [Status], gen: true),
+    res!("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", "poddisruptionbudget", true, policy::v1::PodDisruptionBudget,
+        short: ["pdb"], cat: [], sub: [Status], gen: true),
 ];
 
 /// Looks a resource up by group, version and plural name.

@@ -208,6 +208,45 @@ pub fn default_toleration_seconds(spec: &mut Map<String, Value>) {
     }
 }
 
+/// Upstream's Job defaults (SetDefaults_Job) and, unless `manualSelector`, the selector and
+/// template labels the API server generates from the Job's uid and name.
+fn default_job(obj: &mut Value) {
+    let uid = obj.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default().to_string();
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+    let spec = obj_mut(obj, "spec");
+    if spec.get("completions").is_none() && spec.get("parallelism").is_none() {
+        spec.insert("completions".into(), json!(1));
+    }
+    default(spec, "parallelism", json!(1));
+    let per_index = spec.get("backoffLimitPerIndex").is_some_and(|v| !v.is_null());
+    default(spec, "backoffLimit", json!(if per_index { i64::from(i32::MAX) } else { 6 }));
+    default(spec, "completionMode", json!("NonIndexed"));
+    default(spec, "suspend", json!(false));
+    let failure_policy = spec.get("podFailurePolicy").is_some_and(|v| !v.is_null());
+    default(spec, "podReplacementPolicy", json!(if failure_policy { "Failed" } else { "TerminatingOrFailed" }));
+    if spec.get("manualSelector").and_then(Value::as_bool) == Some(true) || uid.is_empty() {
+        return;
+    }
+    spec.insert("selector".into(), json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}));
+    let t = spec.entry("template").or_insert_with(|| json!({}));
+    if let Value::Object(t) = t {
+        let meta = t.entry("metadata").or_insert_with(|| json!({}));
+        if let Value::Object(meta) = meta {
+            let labels = meta.entry("labels").or_insert_with(|| json!({}));
+            if let Value::Object(labels) = labels {
+                for (k, v) in [
+                    ("batch.kubernetes.io/controller-uid", &uid),
+                    ("batch.kubernetes.io/job-name", &name),
+                    ("controller-uid", &uid),
+                    ("job-name", &name),
+                ] {
+                    labels.insert(k.into(), json!(v));
+                }
+            }
+        }
+    }
+}
+
 fn default_template(obj: &mut Value) {
     if let Some(Value::Object(spec)) = obj.pointer_mut("/spec/template/spec") {
         default_pod_spec(spec);
@@ -294,6 +333,47 @@ pub fn apply_defaults(res: &Resource, obj: &mut Value) {
                 json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}),
             );
             default_template(obj);
+        }
+        "statefulsets" => {
+            let spec = obj_mut(obj, "spec");
+            default(spec, "replicas", json!(1));
+            default(spec, "podManagementPolicy", json!("OrderedReady"));
+            default(spec, "revisionHistoryLimit", json!(10));
+            default(spec, "updateStrategy", json!({"type": "RollingUpdate"}));
+            default(spec, "persistentVolumeClaimRetentionPolicy", json!({"whenDeleted": "Retain", "whenScaled": "Retain"}));
+            if let Some(Value::Object(u)) = obj.pointer_mut("/spec/updateStrategy") {
+                if u.get("type").and_then(Value::as_str) == Some("RollingUpdate") {
+                    let r = u.entry("rollingUpdate").or_insert_with(|| json!({}));
+                    if let Value::Object(r) = r {
+                        default(r, "partition", json!(0));
+                    }
+                }
+            }
+            if let Some(Value::Array(templates)) = obj.pointer_mut("/spec/volumeClaimTemplates") {
+                for t in templates {
+                    if let Some(Value::Object(spec)) = t.get_mut("spec") {
+                        default(spec, "volumeMode", json!("Filesystem"));
+                    }
+                    if let Value::Object(t) = t {
+                        t.entry("status").or_insert_with(|| json!({"phase": "Pending"}));
+                    }
+                }
+            }
+            default_template(obj);
+        }
+        "jobs" => {
+            default_job(obj);
+            default_template(obj);
+        }
+        "cronjobs" => {
+            let spec = obj_mut(obj, "spec");
+            default(spec, "concurrencyPolicy", json!("Allow"));
+            default(spec, "suspend", json!(false));
+            default(spec, "successfulJobsHistoryLimit", json!(3));
+            default(spec, "failedJobsHistoryLimit", json!(1));
+            if let Some(Value::Object(spec)) = obj.pointer_mut("/spec/jobTemplate/spec/template/spec") {
+                default_pod_spec(spec);
+            }
         }
         "namespaces" => {
             let spec = obj_mut(obj, "spec");
@@ -599,6 +679,15 @@ pub fn validate(res: &Resource, obj: &Value) -> Vec<FieldError> {
                 errs.push(FieldError::required("spec.resources[storage]", ""));
             }
         }
+        "statefulsets" => validate_stateful_set(obj, &mut errs),
+        "jobs" => validate_job(obj, "/spec", "spec", &mut errs),
+        "cronjobs" => validate_cron_job(obj, &mut errs),
+        "poddisruptionbudgets" => validate_pdb(obj, &mut errs),
+        "controllerrevisions" => {
+            if obj.get("revision").and_then(Value::as_i64).is_none_or(|r| r < 0) {
+                errs.push(FieldError::invalid("revision", obj.get("revision").cloned().unwrap_or(Value::Null), "must be greater than or equal to 0"));
+            }
+        }
         "volumesnapshotclasses" => {
             required_str(obj, "/driver", "driver", &mut errs);
             deletion_policy(obj, "/deletionPolicy", "deletionPolicy", &mut errs);
@@ -616,6 +705,122 @@ pub fn validate(res: &Resource, obj: &Value) -> Vec<FieldError> {
         _ => {}
     }
     errs
+}
+
+fn non_negative(obj: &Value, ptr: &str, field: &str, errs: &mut Vec<FieldError>) {
+    if let Some(v) = obj.pointer(ptr).and_then(Value::as_i64) {
+        if v < 0 {
+            errs.push(FieldError::invalid(field, json!(v), "must be greater than or equal to 0"));
+        }
+    }
+}
+
+fn one_of(obj: &Value, ptr: &str, field: &str, allowed: &[&str], errs: &mut Vec<FieldError>) {
+    if let Some(v) = obj.pointer(ptr).and_then(Value::as_str) {
+        if !allowed.contains(&v) {
+            errs.push(FieldError::not_supported(field, json!(v), allowed));
+        }
+    }
+}
+
+/// Upstream's ValidateStatefulSet (the parts users meet): the selector selects the template,
+/// known policies, non-negative numbers, a pod template whose restartPolicy is Always.
+fn validate_stateful_set(obj: &Value, errs: &mut Vec<FieldError>) {
+    selector_matches_template(obj, errs);
+    match obj.pointer("/spec/template/spec") {
+        Some(spec) => validate_containers(spec, "spec.template.spec", errs),
+        None => errs.push(FieldError::required("spec.template.spec.containers", "")),
+    }
+    non_negative(obj, "/spec/replicas", "spec.replicas", errs);
+    non_negative(obj, "/spec/minReadySeconds", "spec.minReadySeconds", errs);
+    non_negative(obj, "/spec/updateStrategy/rollingUpdate/partition", "spec.updateStrategy.rollingUpdate.partition", errs);
+    non_negative(obj, "/spec/ordinals/start", "spec.ordinals.start", errs);
+    one_of(obj, "/spec/podManagementPolicy", "spec.podManagementPolicy", &["OrderedReady", "Parallel"], errs);
+    one_of(obj, "/spec/updateStrategy/type", "spec.updateStrategy.type", &["RollingUpdate", "OnDelete"], errs);
+    for (ptr, f) in [("/spec/persistentVolumeClaimRetentionPolicy/whenDeleted", "whenDeleted"), ("/spec/persistentVolumeClaimRetentionPolicy/whenScaled", "whenScaled")] {
+        one_of(obj, ptr, &format!("spec.persistentVolumeClaimRetentionPolicy.{f}"), &["Retain", "Delete"], errs);
+    }
+    one_of(obj, "/spec/template/spec/restartPolicy", "spec.template.spec.restartPolicy", &["Always"], errs);
+}
+
+/// Upstream's ValidateJobSpec (the parts users meet), for a Job's `spec` at `ptr` (a
+/// CronJob's `spec.jobTemplate.spec` too).
+fn validate_job(obj: &Value, ptr: &str, path: &str, errs: &mut Vec<FieldError>) {
+    for f in ["parallelism", "completions", "backoffLimit", "backoffLimitPerIndex", "maxFailedIndexes"] {
+        non_negative(obj, &format!("{ptr}/{f}"), &format!("{path}.{f}"), errs);
+    }
+    if let Some(d) = obj.pointer(&format!("{ptr}/activeDeadlineSeconds")).and_then(Value::as_i64) {
+        if d <= 0 {
+            errs.push(FieldError::invalid(format!("{path}.activeDeadlineSeconds"), json!(d), "must be greater than 0"));
+        }
+    }
+    one_of(obj, &format!("{ptr}/completionMode"), &format!("{path}.completionMode"), &["NonIndexed", "Indexed"], errs);
+    if obj.pointer(&format!("{ptr}/completionMode")).and_then(Value::as_str) == Some("Indexed")
+        && obj.pointer(&format!("{ptr}/completions")).is_none_or(Value::is_null)
+    {
+        errs.push(FieldError::required(format!("{path}.completions"), "when completion mode is Indexed"));
+    }
+    match obj.pointer(&format!("{ptr}/template/spec")) {
+        Some(spec) => validate_containers(spec, &format!("{path}.template.spec"), errs),
+        None => errs.push(FieldError::required(format!("{path}.template.spec.containers"), "")),
+    }
+    match obj.pointer(&format!("{ptr}/template/spec/restartPolicy")).and_then(Value::as_str) {
+        Some("OnFailure" | "Never") => {}
+        Some(other) => errs.push(FieldError::not_supported(format!("{path}.template.spec.restartPolicy"), json!(other), &["OnFailure", "Never"])),
+        None => errs.push(FieldError::required(format!("{path}.template.spec.restartPolicy"), "")),
+    }
+}
+
+/// Upstream's ValidateCronJob (the parts users meet): the schedule, the time zone, the
+/// concurrency policy, the Job template.
+fn validate_cron_job(obj: &Value, errs: &mut Vec<FieldError>) {
+    match obj.pointer("/spec/schedule").and_then(Value::as_str) {
+        None | Some("") => errs.push(FieldError::required("spec.schedule", "")),
+        Some(schedule) => {
+            if schedule.contains("TZ") {
+                errs.push(FieldError::invalid("spec.schedule", json!(schedule), "cannot use TZ or CRON_TZ in schedule, use timeZone field instead"));
+            } else if let Err(e) = k8s_semantics::cron::Schedule::parse(schedule) {
+                errs.push(FieldError::invalid("spec.schedule", json!(schedule), e.to_string()));
+            }
+        }
+    }
+    if let Some(tz) = obj.pointer("/spec/timeZone").and_then(Value::as_str) {
+        if k8s_semantics::cron::time_zone(tz).is_err() {
+            errs.push(FieldError::invalid("spec.timeZone", json!(tz), format!("unknown time zone {tz}")));
+        }
+    }
+    one_of(obj, "/spec/concurrencyPolicy", "spec.concurrencyPolicy", &["Allow", "Forbid", "Replace"], errs);
+    non_negative(obj, "/spec/startingDeadlineSeconds", "spec.startingDeadlineSeconds", errs);
+    non_negative(obj, "/spec/successfulJobsHistoryLimit", "spec.successfulJobsHistoryLimit", errs);
+    non_negative(obj, "/spec/failedJobsHistoryLimit", "spec.failedJobsHistoryLimit", errs);
+    validate_job(obj, "/spec/jobTemplate/spec", "spec.jobTemplate.spec", errs);
+}
+
+/// Upstream's ValidatePodDisruptionBudgetSpec: minAvailable or maxUnavailable, not both;
+/// integers not negative, percentages up to 100%.
+fn validate_pdb(obj: &Value, errs: &mut Vec<FieldError>) {
+    let min = obj.pointer("/spec/minAvailable").filter(|v| !v.is_null());
+    let max = obj.pointer("/spec/maxUnavailable").filter(|v| !v.is_null());
+    if min.is_some() && max.is_some() {
+        errs.push(FieldError::invalid("spec", obj.pointer("/spec").cloned().unwrap_or(Value::Null), "minAvailable and maxUnavailable cannot be both set"));
+    }
+    for (v, f) in [(min, "spec.minAvailable"), (max, "spec.maxUnavailable")] {
+        match v {
+            Some(Value::Number(n)) if n.as_i64().is_some_and(|n| n < 0) => {
+                errs.push(FieldError::invalid(f, v.cloned().unwrap_or(Value::Null), "must be greater than or equal to 0"));
+            }
+            Some(Value::String(p)) => {
+                let pct = p.strip_suffix('%').and_then(|n| n.parse::<i64>().ok());
+                match pct {
+                    None => errs.push(FieldError::invalid(f, json!(p), "a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')")),
+                    Some(n) if n > 100 => errs.push(FieldError::invalid(f, json!(p), "must not be greater than 100%")),
+                    Some(_) => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    one_of(obj, "/spec/unhealthyPodEvictionPolicy", "spec.unhealthyPodEvictionPolicy", &["IfHealthyBudget", "AlwaysAllow"], errs);
 }
 
 /// A snapshot deletionPolicy: required, Delete or Retain (the CRDs' enum).
@@ -773,6 +978,27 @@ pub fn validate_update(res: &Resource, old: &Value, new: &Value) -> Vec<FieldErr
         }
         "csidrivers" => immutable(old, new, "/spec/attachRequired", "spec.attachRequired", &mut errs),
         "volumeattachments" => immutable(old, new, "/spec", "spec", &mut errs),
+        "statefulsets" => {
+            // Upstream: everything but replicas, ordinals, template, updateStrategy,
+            // persistentVolumeClaimRetentionPolicy, minReadySeconds and revisionHistoryLimit.
+            for (ptr, f) in [("/spec/selector", "selector"), ("/spec/serviceName", "serviceName"), ("/spec/podManagementPolicy", "podManagementPolicy"), ("/spec/volumeClaimTemplates", "volumeClaimTemplates")] {
+                if old.pointer(ptr) != new.pointer(ptr) {
+                    errs.push(FieldError::forbidden(
+                        "spec",
+                        format!("updates to statefulset spec for fields other than 'replicas', 'ordinals', 'template', 'updateStrategy', 'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are forbidden ({f} changed)"),
+                    ));
+                    break;
+                }
+            }
+        }
+        "jobs" => {
+            immutable(old, new, "/spec/selector", "spec.selector", &mut errs);
+            immutable(old, new, "/spec/completionMode", "spec.completionMode", &mut errs);
+            if old.pointer("/spec/template") != new.pointer("/spec/template") && new.pointer("/spec/suspend").and_then(Value::as_bool) != Some(true) {
+                immutable(old, new, "/spec/template", "spec.template", &mut errs);
+            }
+        }
+        "controllerrevisions" => immutable(old, new, "/data", "data", &mut errs),
         "volumesnapshots" => {
             for (ptr, f) in [
                 ("/spec/source/persistentVolumeClaimName", "persistentVolumeClaimName"),
@@ -859,6 +1085,86 @@ pub fn spec_changed(old: &Value, new: &Value) -> bool {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workload_kinds_get_upstreams_defaults() {
+        let find = |g: &str, plural: &str| crate::resources::find(g, "v1", plural).unwrap();
+        let pod = json!({"spec": {"containers": [{"name": "c", "image": "i"}], "restartPolicy": "Never"}});
+        let mut job = json!({"metadata": {"name": "pi", "namespace": "d", "uid": "u-1"}, "spec": {"template": pod}});
+        apply_defaults(find("batch", "jobs"), &mut job);
+        assert_eq!(job["spec"]["completions"], 1);
+        assert_eq!(job["spec"]["parallelism"], 1);
+        assert_eq!(job["spec"]["backoffLimit"], 6);
+        assert_eq!(job["spec"]["completionMode"], "NonIndexed");
+        assert_eq!(job["spec"]["podReplacementPolicy"], "TerminatingOrFailed");
+        assert_eq!(job["spec"]["selector"], json!({"matchLabels": {"batch.kubernetes.io/controller-uid": "u-1"}}));
+        assert_eq!(job["spec"]["template"]["metadata"]["labels"]["batch.kubernetes.io/job-name"], "pi");
+        assert_eq!(job["spec"]["template"]["metadata"]["labels"]["controller-uid"], "u-1");
+        assert!(validate(find("batch", "jobs"), &job).is_empty(), "{:?}", validate(find("batch", "jobs"), &job));
+        // parallelism alone: completions stays unset (a work queue).
+        let mut queue = json!({"metadata": {"name": "q", "uid": "u-2"}, "spec": {"parallelism": 3, "template": pod}});
+        apply_defaults(find("batch", "jobs"), &mut queue);
+        assert!(queue["spec"].get("completions").is_none());
+        let mut manual = json!({"metadata": {"name": "m", "uid": "u-3"}, "spec": {"manualSelector": true, "selector": {"matchLabels": {"a": "b"}}, "template": pod}});
+        apply_defaults(find("batch", "jobs"), &mut manual);
+        assert_eq!(manual["spec"]["selector"], json!({"matchLabels": {"a": "b"}}));
+
+        let mut sts = json!({"metadata": {"name": "web", "namespace": "d"}, "spec": {"selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+            "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"]}}]}});
+        apply_defaults(find("apps", "statefulsets"), &mut sts);
+        assert_eq!(sts["spec"]["replicas"], 1);
+        assert_eq!(sts["spec"]["podManagementPolicy"], "OrderedReady");
+        assert_eq!(sts["spec"]["updateStrategy"], json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}));
+        assert_eq!(sts["spec"]["revisionHistoryLimit"], 10);
+        assert_eq!(sts["spec"]["persistentVolumeClaimRetentionPolicy"], json!({"whenDeleted": "Retain", "whenScaled": "Retain"}));
+        assert_eq!(sts["spec"]["volumeClaimTemplates"][0]["spec"]["volumeMode"], "Filesystem");
+        assert_eq!(sts["spec"]["template"]["spec"]["restartPolicy"], "Always");
+        assert!(validate(find("apps", "statefulsets"), &sts).is_empty());
+
+        let mut cj = json!({"metadata": {"name": "tick", "namespace": "d"}, "spec": {"schedule": "*/1 * * * *", "jobTemplate": {"spec": {"template": pod}}}});
+        apply_defaults(find("batch", "cronjobs"), &mut cj);
+        assert_eq!(
+            (&cj["spec"]["concurrencyPolicy"], &cj["spec"]["suspend"], &cj["spec"]["successfulJobsHistoryLimit"], &cj["spec"]["failedJobsHistoryLimit"]),
+            (&json!("Allow"), &json!(false), &json!(3), &json!(1))
+        );
+        assert!(validate(find("batch", "cronjobs"), &cj).is_empty(), "{:?}", validate(find("batch", "cronjobs"), &cj));
+    }
+
+    #[test]
+    fn workload_bad_input_gets_field_causes() {
+        let find = |g: &str, plural: &str| crate::resources::find(g, "v1", plural).unwrap();
+        let messages = |g: &str, plural: &str, obj: Value| -> Vec<String> { validate(find(g, plural), &obj).iter().map(FieldError::message).collect() };
+        let pod = json!({"spec": {"containers": [{"name": "c", "image": "i"}], "restartPolicy": "Never"}});
+        let cron = |schedule: &str, tz: Option<&str>| {
+            let mut cj = json!({"metadata": {"name": "c", "namespace": "d"}, "spec": {"schedule": schedule, "jobTemplate": {"spec": {"template": pod}}}});
+            if let Some(tz) = tz {
+                cj["spec"]["timeZone"] = json!(tz);
+            }
+            messages("batch", "cronjobs", cj)
+        };
+        assert_eq!(cron("* * *", None), ["spec.schedule: Invalid value: \"* * *\": expected exactly 5 fields, found 3: * * *"]);
+        assert_eq!(cron("0 0 * * *", Some("Mars/Olympus")), ["spec.timeZone: Invalid value: \"Mars/Olympus\": unknown time zone Mars/Olympus"]);
+        assert_eq!(cron("CRON_TZ=UTC 0 0 * * *", None), ["spec.schedule: Invalid value: \"CRON_TZ=UTC 0 0 * * *\": cannot use TZ or CRON_TZ in schedule, use timeZone field instead"]);
+        assert!(cron("0 0 * * *", Some("Europe/Paris")).is_empty());
+
+        let job = messages("batch", "jobs", json!({"metadata": {"name": "j", "namespace": "d"}, "spec": {"parallelism": -1, "template": pod}}));
+        assert_eq!(job, ["spec.parallelism: Invalid value: -1: must be greater than or equal to 0"]);
+        let always = messages("batch", "jobs", json!({"metadata": {"name": "j", "namespace": "d"}, "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i"}], "restartPolicy": "Always"}}}}));
+        assert_eq!(always, ["spec.template.spec.restartPolicy: Unsupported value: \"Always\": supported values: \"OnFailure\", \"Never\""]);
+
+        let sts = messages("apps", "statefulsets", json!({"metadata": {"name": "web", "namespace": "d"}, "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "db"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}}));
+        assert_eq!(sts.len(), 1, "{sts:?}");
+        assert!(sts[0].starts_with("spec.template.metadata.labels: Invalid value:"), "{sts:?}");
+
+        let pdb = messages("policy", "poddisruptionbudgets", json!({"metadata": {"name": "p", "namespace": "d"}, "spec": {"minAvailable": 1, "maxUnavailable": "50%"}}));
+        assert_eq!(pdb.len(), 1, "{pdb:?}");
+        assert!(pdb[0].ends_with("minAvailable and maxUnavailable cannot be both set"), "{pdb:?}");
+        let pct = messages("policy", "poddisruptionbudgets", json!({"metadata": {"name": "p", "namespace": "d"}, "spec": {"maxUnavailable": "150%"}}));
+        assert_eq!(pct, ["spec.maxUnavailable: Invalid value: \"150%\": must not be greater than 100%"]);
+    }
 
     #[test]
     fn snapshot_kinds_are_validated_as_their_crds_rules_say() {

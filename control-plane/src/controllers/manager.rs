@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use api_ext::snapshot::v1::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
 use ferro_runtime::Informer;
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     Endpoints, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Service, ServiceAccount,
@@ -133,6 +135,12 @@ informers! {
     volume_snapshots: VolumeSnapshot,
     volume_snapshot_contents: VolumeSnapshotContent,
     volume_snapshot_classes: VolumeSnapshotClass,
+    stateful_sets: StatefulSet,
+    daemon_sets: DaemonSet,
+    controller_revisions: ControllerRevision,
+    jobs: Job,
+    cron_jobs: CronJob,
+    pod_disruption_budgets: PodDisruptionBudget,
 }
 
 impl Informers {

@@ -2,9 +2,10 @@
 //! as upstream: Go's duration syntax (`metav1.Duration`, flags), resource quantities, Go-style
 //! quoting, a pod's effective resource requests (init containers, sidecars, overhead) and the
 //! scheduling rules of the core types (taints and tolerations, node selector terms, required
-//! and preferred node affinity, topology selector terms). Components never parse these
-//! themselves.
+//! and preferred node affinity, topology selector terms) and the cron schedules of CronJobs.
+//! Components never parse these themselves.
 
+pub mod cron;
 pub mod duration;
 pub mod quantity;
 pub mod quote;
