@@ -9,6 +9,7 @@ pub mod deployment;
 pub mod endpointslice;
 pub mod expectations;
 pub mod gc;
+pub mod history;
 pub mod manager;
 pub mod namespace;
 pub mod nodeipam;
@@ -19,6 +20,7 @@ pub mod replicaset;
 pub mod scheduler;
 pub mod serviceaccount;
 pub mod snapshot;
+pub mod statefulset;
 
 /// Why a reconcile failed; the key is retried with backoff.
 #[derive(Debug, thiserror::Error)]

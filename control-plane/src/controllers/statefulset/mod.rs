@@ -1,0 +1,3 @@
+//! StatefulSet executor: plans with [`plan`] and applies the plan.
+
+pub mod plan;
