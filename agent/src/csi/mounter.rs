@@ -345,6 +345,37 @@ pub fn applies_fs_group(policy: Option<&str>, plan: &MountPlan) -> bool {
     }
 }
 
+/// upstream's isFinalError: whether a failed CSI call surely left nothing in progress. The
+/// codes a call may still be working under (cancelled, timed out, unavailable, exhausted,
+/// aborted) are not final.
+pub fn is_final(code: tonic::Code) -> bool {
+    use tonic::Code;
+    !matches!(
+        code,
+        Code::Cancelled | Code::DeadlineExceeded | Code::Unavailable | Code::ResourceExhausted | Code::Aborted
+    )
+}
+
+/// upstream's removeMountDir: the target (only when it is an empty directory, not a mount
+/// point: removing a mount point fails), then vol_data.json and the volume's dir. Failures
+/// leave the files for the pod's teardown.
+fn remove_mount_dir(target: &Path) {
+    match std::fs::remove_dir(target) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            debug!(path = %target.display(), error = %e, "keeping a mount dir after a failed publish");
+            return;
+        }
+    }
+    let Some(dir) = target.parent() else { return };
+    for (what, result) in [("vol_data.json", std::fs::remove_file(dir.join(VOL_DATA))), ("volume dir", std::fs::remove_dir(dir))] {
+        if let Err(e) = result.or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }) {
+            debug!(dir = %dir.display(), error = %e, "removing the {what} after a failed publish");
+        }
+    }
+}
+
 /// Mounts and unmounts the pods' CSI volumes.
 pub struct CsiMounter {
     pub root: PathBuf,
@@ -496,17 +527,27 @@ impl CsiMounter {
         } else {
             String::new()
         };
-        node.node_publish_volume(NodePublishVolumeRequest {
-            volume_id: plan.data.volume_handle.clone(),
-            staging_target_path: staging,
-            target_path: plan.target.to_string_lossy().into_owned(),
-            volume_capability: Some(plan.capability.clone()),
-            readonly: plan.readonly,
-            volume_context: plan.publish_context(),
-            ..Default::default()
-        })
-        .await
-        .map_err(rpc("MountVolume.SetUp (NodePublishVolume)", &plan.volume))?;
+        let published = node
+            .node_publish_volume(NodePublishVolumeRequest {
+                volume_id: plan.data.volume_handle.clone(),
+                staging_target_path: staging,
+                target_path: plan.target.to_string_lossy().into_owned(),
+                volume_capability: Some(plan.capability.clone()),
+                readonly: plan.readonly,
+                volume_context: plan.publish_context(),
+                ..Default::default()
+            })
+            .await;
+        if let Err(status) = &published {
+            // As upstream's SetUpAt: after a final error the driver holds nothing at the
+            // target, so the mount dir and vol_data.json go (teardown then has nothing to
+            // unpublish). Only for an inline volume: a persistent volume's vol_data.json is
+            // also the agent's record of its staging.
+            if plan.data.is_ephemeral() && is_final(status.code()) {
+                remove_mount_dir(&plan.target);
+            }
+        }
+        published.map_err(rpc("MountVolume.SetUp (NodePublishVolume)", &plan.volume))?;
         Ok(())
     }
 
@@ -916,6 +957,30 @@ mod tests {
         let e = check_lifecycle_mode("v", "none.example", None, EPHEMERAL).expect_err("no object");
         assert!(e.to_string().ends_with("volume mode \"Ephemeral\" not supported by driver none.example (no CSIDriver object)"), "{e}");
         assert_eq!(go_quoted(&["Persistent".into(), "Ephemeral".into()]), "[\"Persistent\" \"Ephemeral\"]");
+    }
+
+    #[test]
+    fn a_final_publish_error_of_an_inline_volume_removes_its_dir() {
+        use tonic::Code;
+        for code in [Code::InvalidArgument, Code::NotFound, Code::AlreadyExists, Code::Internal, Code::FailedPrecondition] {
+            assert!(is_final(code), "{code:?}");
+        }
+        for code in [Code::Cancelled, Code::DeadlineExceeded, Code::Unavailable, Code::ResourceExhausted, Code::Aborted] {
+            assert!(!is_final(code), "{code:?}");
+        }
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("scratch");
+        std::fs::create_dir_all(dir.join("mount")).expect("mkdir");
+        std::fs::write(dir.join(VOL_DATA), b"{}").expect("vol_data");
+        remove_mount_dir(&dir.join("mount"));
+        assert!(!dir.exists(), "mount dir, vol_data.json and volume dir removed");
+        remove_mount_dir(&dir.join("mount"));
+        // Something in the target (a mount point would refuse the same way): all kept.
+        std::fs::create_dir_all(dir.join("mount")).expect("mkdir");
+        std::fs::write(dir.join("mount/f"), b"x").expect("file");
+        std::fs::write(dir.join(VOL_DATA), b"{}").expect("vol_data");
+        remove_mount_dir(&dir.join("mount"));
+        assert!(dir.join(VOL_DATA).exists() && dir.join("mount/f").exists());
     }
 
     #[test]
