@@ -10,6 +10,7 @@ pub mod endpointslice;
 pub mod expectations;
 pub mod gc;
 pub mod history;
+pub mod job;
 pub mod manager;
 pub mod namespace;
 pub mod nodeipam;
@@ -21,6 +22,7 @@ pub mod scheduler;
 pub mod serviceaccount;
 pub mod snapshot;
 pub mod statefulset;
+pub mod ttlafterfinished;
 
 /// Why a reconcile failed; the key is retried with backoff.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,3 @@
+//! Job executor.
+
+pub mod plan;

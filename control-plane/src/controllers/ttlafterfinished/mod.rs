@@ -1,0 +1,3 @@
+//! TTL-after-finished executor.
+
+pub mod plan;
