@@ -28,6 +28,7 @@ pub const ALL: &[&str] = &[
     "namespace",
     "replicaset",
     "deployment",
+    "statefulset",
     "persistentvolume-binder",
     "serviceaccount",
     "nodeipam",
@@ -167,6 +168,9 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     }
     if on("deployment") {
         super::deployment::start(&inf, opts);
+    }
+    if on("statefulset") {
+        super::statefulset::start(&inf, opts);
     }
     if on("endpointslice") || on("endpoints") {
         super::endpointslice::start(&inf, opts, on("endpointslice"), on("endpoints"));
