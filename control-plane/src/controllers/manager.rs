@@ -33,6 +33,7 @@ pub const ALL: &[&str] = &[
     "serviceaccount",
     "nodeipam",
     "volumesnapshot",
+    "cronjob",
 ];
 
 /// Options of the loops (flags of ferro-control-plane).
@@ -48,6 +49,8 @@ pub struct Options {
     pub node_cidr_mask_size: u8,
     /// Every object of a loop's kind is looked at again this often (level-triggered repair).
     pub resync: Duration,
+    /// The time loops that act on the clock (CronJobs) read; tests set a manual one.
+    pub clock: super::clock::Clock,
 }
 
 impl Default for Options {
@@ -59,6 +62,7 @@ impl Default for Options {
             allocate_node_cidrs: false,
             node_cidr_mask_size: 24,
             resync: Duration::from_secs(300),
+            clock: super::clock::Clock::System,
         }
     }
 }
@@ -180,6 +184,9 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     }
     if on("persistentvolume-binder") {
         super::pvbinder::start(&inf, opts);
+    }
+    if on("cronjob") {
+        super::cronjob::start(&inf, opts);
     }
     if on("volumesnapshot") {
         super::snapshot::start(&inf, opts);

@@ -5,6 +5,8 @@
 //! through a kube client, so they work against any API server.
 
 pub mod daemonset;
+pub mod clock;
+pub mod cronjob;
 pub mod deployment;
 pub mod endpointslice;
 pub mod expectations;
