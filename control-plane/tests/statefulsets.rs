@@ -388,3 +388,51 @@ async fn failed_pods_are_recreated_and_bad_input_is_refused() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_set_with_claims_deleted_by_the_retention_policy() {
+    let s = Server::start();
+    let client = s.client().await;
+    let _nodes = FakeNodes::start(client.clone(), &["n1", "n2"], "4", "8Gi").await;
+    s.apply(
+        "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: manual}\nprovisioner: kubernetes.io/no-provisioner\nvolumeBindingMode: WaitForFirstConsumer\n",
+    );
+    for v in ["pv-a", "pv-b", "pv-c"] {
+        s.apply(&volume(v));
+    }
+    s.apply(
+        &WEB.replace("replicas: 0", "replicas: 3\n  podManagementPolicy: Parallel\n  persistentVolumeClaimRetentionPolicy: {whenDeleted: Delete, whenScaled: Delete}"),
+    );
+    s.ok(&["rollout", "status", "statefulset/web", "--timeout=90s"]);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    assert_eq!(pods_of(&pods, "app=web").await.len(), 3);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), "default");
+    let uid = sets.get("web").await.unwrap().uid().unwrap();
+    let owned_by_set = eventually("claims owned by the set", || async {
+        let l = claims.list(&ListParams::default()).await.unwrap().items;
+        let owned = l.iter().all(|c| c.owner_references().iter().any(|r| r.kind == "StatefulSet" && r.uid == uid));
+        (l.len() == 3 && owned).then_some(l)
+    })
+    .await;
+    assert_eq!(owned_by_set.len(), 3);
+
+    // scaled down: the claims of the pods that went go with them
+    s.ok(&["scale", "statefulset", "web", "--replicas=1"]);
+    eventually("claims of web-1 and web-2 deleted", || async {
+        let l = claims.list(&ListParams::default()).await.unwrap().items;
+        let names: Vec<String> = l.iter().filter(|c| c.metadata.deletion_timestamp.is_none()).map(|c| c.name_any()).collect();
+        (names == ["data-web-0"]).then_some(())
+    })
+    .await;
+    assert_eq!(pods_of(&pods, "app=web").await.len(), 1);
+
+    // the set deleted: its pods and its remaining claim go
+    s.ok(&["delete", "statefulset", "web"]);
+    eventually("pods and claims gone with the set", || async {
+        let c = claims.list(&ListParams::default()).await.unwrap().items;
+        let p = pods.list(&ListParams::default().labels("app=web")).await.unwrap().items;
+        (c.is_empty() && p.is_empty()).then_some(())
+    })
+    .await;
+}
