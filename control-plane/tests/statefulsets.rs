@@ -436,3 +436,42 @@ async fn parallel_set_with_claims_deleted_by_the_retention_policy() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_recreated_after_an_orphaning_delete_adopts_its_pods_and_history() {
+    let s = Server::start();
+    let client = s.client().await;
+    let _nodes = FakeNodes::start(client.clone(), &["n1", "n2"], "4", "8Gi").await;
+    s.apply(&ROLL.replace("replicas: 3", "replicas: 2"));
+    s.ok(&["rollout", "status", "statefulset/roll", "--timeout=90s"]);
+    s.ok(&["set", "image", "statefulset/roll", "c=busybox:2"]);
+    s.ok(&["rollout", "status", "statefulset/roll", "--timeout=90s"]);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let before: Vec<String> = pods_of(&pods, "app=roll").await.iter().map(|p| p.uid().unwrap()).collect();
+    let crs: Api<ControllerRevision> = Api::namespaced(client.clone(), "default");
+    s.ok(&["delete", "statefulset", "roll", "--cascade=orphan"]);
+    eventually("pods and revisions orphaned", || async {
+        let p = pods.list(&ListParams::default().labels("app=roll")).await.unwrap().items;
+        let r = crs.list(&ListParams::default()).await.unwrap().items;
+        let orphaned = p.iter().all(|p| p.owner_references().is_empty()) && r.iter().all(|r| r.owner_references().is_empty());
+        (p.len() == 2 && r.len() == 2 && orphaned).then_some(())
+    })
+    .await;
+    s.apply(&ROLL.replace("replicas: 3", "replicas: 2").replace("busybox:1", "busybox:2"));
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), "default");
+    let uid = sets.get("roll").await.unwrap().uid().unwrap();
+    eventually("pods and revisions adopted", || async {
+        let p = pods.list(&ListParams::default().labels("app=roll")).await.unwrap().items;
+        let r = crs.list(&ListParams::default()).await.unwrap().items;
+        let owned = |refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| refs.iter().any(|o| o.uid == uid);
+        (p.iter().all(|p| owned(p.owner_references())) && r.iter().all(|r| owned(r.owner_references()))).then_some(())
+    })
+    .await;
+    s.ok(&["rollout", "status", "statefulset/roll", "--timeout=90s"]);
+    let after: Vec<String> = pods_of(&pods, "app=roll").await.iter().map(|p| p.uid().unwrap()).collect();
+    assert_eq!(before, after, "the adopted pods kept running");
+    assert_eq!(crs.list(&ListParams::default()).await.unwrap().items.len(), 2, "the history was adopted, not duplicated");
+    let history = s.ok(&["rollout", "history", "statefulset/roll"]);
+    let revs: Vec<&str> = history.lines().filter_map(|l| l.split_whitespace().next()).filter(|w| w.parse::<i64>().is_ok()).collect();
+    assert_eq!(revs, ["1", "2"], "{history}");
+}

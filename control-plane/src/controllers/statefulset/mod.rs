@@ -189,20 +189,34 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
     }
     let ns = key.namespace.clone().unwrap_or_default();
     let uid = set.metadata.uid.clone().unwrap_or_default();
+    let all_revisions = revisions.list_namespace(&ns);
+    let rev_api: Api<ControllerRevision> = Api::namespaced(client.clone(), &ns);
+    let orphans = plan::revision::orphans_to_adopt(&set, &all_revisions.iter().map(|r| r.as_ref()).collect::<Vec<_>>());
+    if !orphans.is_empty() {
+        for name in &orphans {
+            let Some(r) = revisions.get(Some(&ns), name) else { continue };
+            let mut refs = r.owner_references().to_vec();
+            refs.push(controller_ref(&set));
+            let patch = json!({"metadata": {"ownerReferences": refs, "resourceVersion": r.resource_version()}});
+            match rev_api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => {}
+                Err(e) if is_not_found(&e) || is_conflict(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // plan once the informer shows the adopted revisions
+        return Ok(Next::After(SOON));
+    }
     let all_pods = pods.list_namespace(&ns);
     let all_claims = claims.list_namespace(&ns);
-    let owned: Vec<Arc<ControllerRevision>> = revisions
-        .list_namespace(&ns)
-        .into_iter()
-        .filter(|r| controller_of(r.owner_references()).is_some_and(|o| o.uid == uid))
-        .collect();
+    let owned: Vec<Arc<ControllerRevision>> =
+        all_revisions.into_iter().filter(|r| controller_of(r.owner_references()).is_some_and(|o| o.uid == uid)).collect();
     let pod_refs: Vec<&Pod> = all_pods.iter().map(|p| p.as_ref()).collect();
     let claim_refs: Vec<&PersistentVolumeClaim> = all_claims.iter().map(|c| c.as_ref()).collect();
     let rev_refs: Vec<&ControllerRevision> = owned.iter().map(|r| r.as_ref()).collect();
     let p = plan::plan(&set, &pod_refs, &claim_refs, &rev_refs, jiff::Timestamp::now());
 
     let set_api: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-    let rev_api: Api<ControllerRevision> = Api::namespaced(client.clone(), &ns);
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let claim_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
     let set_name = set.name_any();

@@ -82,3 +82,23 @@ pub fn revisions(set: &StatefulSet, revisions: &[&ControllerRevision]) -> (Revis
         .unwrap_or_else(|| update.clone());
     (current, update, step)
 }
+
+/// Revisions without a controller whose labels the set's selector matches: the set adopts
+/// them (upstream `adoptOrphanRevisions`), so a set recreated after an orphaning delete keeps
+/// its history. None while the set is being deleted or has an empty or unparsable selector.
+pub fn orphans_to_adopt(set: &StatefulSet, revisions: &[&ControllerRevision]) -> Vec<String> {
+    let Some(selector) = set.spec.as_ref().and_then(|s| crate::selector::LabelSelector::from_api(&s.selector).ok()) else {
+        return Vec::new();
+    };
+    if selector.is_empty() || set.metadata.deletion_timestamp.is_some() || set.metadata.uid.is_none() {
+        return Vec::new();
+    }
+    revisions
+        .iter()
+        .filter(|r| r.metadata.namespace == set.metadata.namespace)
+        .filter(|r| !r.metadata.owner_references.iter().flatten().any(|o| o.controller == Some(true)))
+        .filter(|r| r.metadata.deletion_timestamp.is_none())
+        .filter(|r| selector.matches(&r.metadata.labels.clone().unwrap_or_default()))
+        .filter_map(|r| r.metadata.name.clone())
+        .collect()
+}

@@ -551,3 +551,17 @@ fn a_deleted_set_only_updates_its_status_and_the_status_is_written_once() {
     again.status = Some(p.status.clone());
     assert!(!run(&again, &[pod(0, &rv)], &[], &[&r]).status_changed);
 }
+
+#[test]
+fn orphan_revisions_matching_the_selector_are_adopted() {
+    let (s, r) = revised(set(1, "nginx:1"), 1);
+    let mut orphan = r.clone();
+    orphan.metadata.owner_references = None;
+    let mut stranger = orphan.clone();
+    stranger.metadata.name = Some("db-1".into());
+    stranger.metadata.labels = Some(labels(&[("app", "db")]));
+    assert_eq!(super::revision::orphans_to_adopt(&s, &[&r, &orphan, &stranger]), [rev_name(&r)]);
+    let mut deleting = s.clone();
+    deleting.metadata.deletion_timestamp = Some(Time(ts(1)));
+    assert!(super::revision::orphans_to_adopt(&deleting, &[&orphan]).is_empty());
+}
