@@ -1,7 +1,8 @@
 //! The StatefulSet controller against the real binary with fake nodes: ordered scale up and
 //! down (the order read from a pod watch), identity and claims, a partitioned rolling update in
-//! reverse ordinal order, `kubectl rollout status/history/undo`, a kill -9 of the control plane
-//! in the middle of a rollout, failed pod replacement and bad input.
+//! reverse ordinal order, `kubectl rollout status/history/undo/restart`, a kill -9 of the
+//! control plane in the middle of a rollout, the claim retention policy, adoption after an
+//! orphaning delete, failed pod replacement and bad input.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -249,7 +250,7 @@ spec:
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partitioned_rolling_update_in_reverse_order_with_rollout_status_history_and_undo() {
+async fn partitioned_rolling_update_in_reverse_order_with_rollout_status_history_undo_and_restart() {
     let s = Server::start();
     let client = s.client().await;
     let _nodes = FakeNodes::start(client.clone(), &["n1", "n2"], "4", "8Gi").await;
@@ -313,6 +314,18 @@ async fn partitioned_rolling_update_in_reverse_order_with_rollout_status_history
     assert_eq!(revs, ["2", "3"], "the old revision was renumbered: {history}");
     let crs: Api<ControllerRevision> = Api::namespaced(client.clone(), "default");
     assert_eq!(crs.list(&ListParams::default()).await.unwrap().items.len(), 2);
+
+    // kubectl rollout restart: a new revision, every pod replaced
+    let before: BTreeSet<String> = pods_of(&pods, "app=roll").await.iter().map(|p| p.uid().unwrap()).collect();
+    s.ok(&["rollout", "restart", "statefulset/roll"]);
+    s.ok(&["rollout", "status", "statefulset/roll", "--timeout=90s"]);
+    eventually("every pod replaced", || async {
+        let now = pods_of(&pods, "app=roll").await;
+        let fresh = now.iter().all(|p| !before.contains(&p.uid().unwrap()) && ready(p));
+        (now.len() == 3 && fresh).then_some(())
+    })
+    .await;
+    assert_eq!(crs.list(&ListParams::default()).await.unwrap().items.len(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
