@@ -43,7 +43,7 @@ struct Cli {
     /// Loops to run, upstream syntax: `*` all, `name` one, `-name` not that one (e.g.
     /// `*,-scheduler`). Names: scheduler, endpointslice, endpoints, nodelifecycle,
     /// garbagecollector, namespace, replicaset, deployment, persistentvolume-binder,
-    /// serviceaccount, nodeipam.
+    /// serviceaccount, nodeipam, daemonset, podgc.
     #[arg(long, default_value = "*", value_delimiter = ',')]
     controllers: Vec<String>,
     /// Time a node may go without renewing its Lease before it is marked unreachable.
@@ -57,6 +57,12 @@ struct Cli {
     cluster_cidr: Option<ipnet::IpNet>,
     #[arg(long, default_value_t = 24)]
     node_cidr_mask_size: u8,
+    /// Terminated pods kept before the pod garbage collector deletes the oldest (0: keep all).
+    #[arg(long, default_value_t = 12_500)]
+    terminated_pod_gc_threshold: usize,
+    /// How long a node must stay missing before the pod garbage collector deletes its pods.
+    #[arg(long, default_value = "40s", value_parser = parse_duration)]
+    pod_gc_quarantine: std::time::Duration,
     /// Run the loops against this API server instead of the embedded one (no API server is
     /// started then).
     #[arg(long)]
@@ -129,6 +135,8 @@ fn main() -> anyhow::Result<()> {
         cluster_cidr: cli.cluster_cidr,
         allocate_node_cidrs: cli.allocate_node_cidrs,
         node_cidr_mask_size: cli.node_cidr_mask_size,
+        terminated_pod_gc_threshold: cli.terminated_pod_gc_threshold,
+        pod_gc_quarantine: cli.pod_gc_quarantine,
         ..Default::default()
     };
     if cli.allocate_node_cidrs && cli.cluster_cidr.is_none() {

@@ -28,6 +28,8 @@ pub const ALL: &[&str] = &[
     "namespace",
     "replicaset",
     "deployment",
+    "daemonset",
+    "podgc",
     "statefulset",
     "persistentvolume-binder",
     "serviceaccount",
@@ -49,6 +51,11 @@ pub struct Options {
     pub node_cidr_mask_size: u8,
     /// Every object of a loop's kind is looked at again this often (level-triggered repair).
     pub resync: Duration,
+    /// Terminated pods kept before PodGC deletes the oldest (`--terminated-pod-gc-threshold`,
+    /// 0 keeps all).
+    pub terminated_pod_gc_threshold: usize,
+    /// How long a node must stay missing before PodGC deletes its pods (upstream's fixed 40 s).
+    pub pod_gc_quarantine: Duration,
     /// The time loops that act on the clock (CronJobs) read; tests set a manual one.
     pub clock: super::clock::Clock,
 }
@@ -62,6 +69,8 @@ impl Default for Options {
             allocate_node_cidrs: false,
             node_cidr_mask_size: 24,
             resync: Duration::from_secs(300),
+            terminated_pod_gc_threshold: super::podgc::plan::DEFAULT_THRESHOLD,
+            pod_gc_quarantine: super::podgc::plan::QUARANTINE,
             clock: super::clock::Clock::System,
         }
     }
@@ -172,6 +181,12 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     }
     if on("deployment") {
         super::deployment::start(&inf, opts);
+    }
+    if on("daemonset") {
+        super::daemonset::start(&inf, opts);
+    }
+    if on("podgc") {
+        super::podgc::start(&inf, opts);
     }
     if on("statefulset") {
         super::statefulset::start(&inf, opts);

@@ -17,6 +17,7 @@ pub mod manager;
 pub mod namespace;
 pub mod nodeipam;
 pub mod nodelifecycle;
+pub mod podgc;
 pub mod pvbinder;
 pub mod quantity;
 pub mod replicaset;

@@ -13,8 +13,8 @@
 //! - without the `deprecated.daemonset.template.generation` annotation (an upstream API server
 //!   sets it; ferro-control-plane does not yet), the `pod-template-generation` label carries the
 //!   DaemonSet's `metadata.generation`; a pod counts as updated by its revision hash alone then;
-//! - a revision matches a DaemonSet by template equality (ignoring `false`/`0` fields as the
-//!   Deployment planner does) rather than by the bytes of the stored patch.
+//! - revision names, hashes and equality are the shared `controllers::history` ones (canonical
+//!   JSON of the revision's data, not the bytes a Go encoder wrote).
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,7 +33,8 @@ use k8s_semantics::scheduling::{
 };
 use serde_json::{json, Value};
 
-use crate::controllers::deployment::plan::{equal_ignore_hash, pod_template_hash, scaled_value};
+use crate::controllers::deployment::plan::scaled_value;
+use crate::controllers::history;
 use crate::controllers::replicaset::plan::{controller_of, is_pod_available, is_pod_ready};
 use crate::selector::LabelSelector;
 
@@ -749,24 +750,16 @@ pub fn revision_data(ds: &DaemonSet) -> Value {
     json!({"spec": {"template": t}})
 }
 
-/// The template a revision recorded.
-pub fn revision_template(cr: &ControllerRevision) -> Option<PodTemplateSpec> {
-    let data = cr.data.as_ref()?;
-    let mut t = data.0.pointer("/spec/template")?.clone();
-    if let Value::Object(m) = &mut t {
-        m.remove("$patch");
-    }
-    serde_json::from_value(t).ok()
-}
-
-/// Upstream `Match`: the revision records the DaemonSet's template.
+/// Upstream `Match`: the revision records the DaemonSet's template (compared in the shared
+/// history's canonical form).
 pub fn matches_revision(ds: &DaemonSet, cr: &ControllerRevision) -> bool {
-    revision_template(cr).is_some_and(|t| equal_ignore_hash(&t, &template(ds)))
+    cr.data.as_ref().is_some_and(|d| history::canonical(&d.0) == history::canonical(&revision_data(ds)))
 }
 
-/// The hash of the DaemonSet's template with its collision count (upstream `ComputeHash`).
+/// The hash of the DaemonSet's revision data with its collision count (the shared history's
+/// hash; upstream hashes the template with `ComputeHash`).
 pub fn template_hash(ds: &DaemonSet) -> String {
-    pod_template_hash(&template(ds), ds.status.as_ref().and_then(|s| s.collision_count))
+    history::hash(&revision_data(ds), ds.status.as_ref().and_then(|s| s.collision_count))
 }
 
 /// Upstream `snapshot`: a revision `<ds>-<hash>` of the current template, labelled with the
@@ -777,7 +770,7 @@ pub fn snapshot(ds: &DaemonSet, revision: i64) -> ControllerRevision {
     labels.insert(REVISION_HASH_LABEL.to_string(), hash.clone());
     ControllerRevision {
         metadata: ObjectMeta {
-            name: Some(format!("{}-{}", ds.metadata.name.as_deref().unwrap_or_default(), hash)),
+            name: Some(history::name(ds.metadata.name.as_deref().unwrap_or_default(), &hash)),
             namespace: ds.metadata.namespace.clone(),
             labels: Some(labels),
             annotations: ds.metadata.annotations.clone(),
@@ -830,7 +823,7 @@ pub fn plan_history(ds: &DaemonSet, revisions: &[&ControllerRevision], pods: &[&
     }
     h.label = owned.iter().filter(|cr| label(&cr.metadata, REVISION_HASH_LABEL).is_none()).map(|cr| name(&cr.metadata)).collect();
     let (current, mut old): (Vec<&ControllerRevision>, Vec<&ControllerRevision>) = owned.into_iter().partition(|cr| matches_revision(ds, cr));
-    let next = old.iter().map(|cr| cr.revision).max().unwrap_or(0) + 1;
+    let next = history::next_revision(&old);
     match current.iter().copied().reduce(|keep, cr| if cr.revision >= keep.revision { cr } else { keep }) {
         None => {
             let cr = snapshot(ds, next);
