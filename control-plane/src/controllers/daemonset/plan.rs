@@ -168,33 +168,51 @@ fn predicate_pod(ds: &DaemonSet, node: &str) -> Pod {
     Pod { metadata: t.metadata.unwrap_or_default(), spec: Some(spec), status: None }
 }
 
-/// Upstream `NodeShouldRunDaemonPod`: (should run, should continue running). The node name,
-/// the nodeSelector and the required node affinity must fit; an untolerated NoSchedule or
-/// NoExecute taint keeps new pods off, and only an untolerated NoExecute taint stops a running
-/// one.
+/// What decides where a DaemonSet's pods run, read once from its template: the template's
+/// nodeName, the pod's required node affinity (nodeSelector and affinity) and its tolerations
+/// with the daemon ones.
+pub struct Eligibility {
+    template_node: String,
+    required: RequiredNodeAffinity,
+    tolerations: Vec<Toleration>,
+}
+
+impl Eligibility {
+    pub fn of(ds: &DaemonSet) -> Eligibility {
+        let pod = predicate_pod(ds, "");
+        let spec = pod.spec.as_ref();
+        Eligibility {
+            template_node: template(ds).spec.and_then(|s| s.node_name).unwrap_or_default(),
+            required: RequiredNodeAffinity::of(&pod),
+            tolerations: spec.and_then(|s| s.tolerations.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// Upstream `NodeShouldRunDaemonPod`: (should run, should continue running). The node
+    /// name, the nodeSelector and the required node affinity must fit; an untolerated
+    /// NoSchedule or NoExecute taint keeps new pods off, and only an untolerated NoExecute
+    /// taint stops a running one.
+    pub fn check(&self, node: &Node) -> (bool, bool) {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        if !self.template_node.is_empty() && self.template_node != name {
+            return (false, false);
+        }
+        if !self.required.matches_node(node) {
+            return (false, false);
+        }
+        let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or(&[]);
+        let blocks = find_untolerated_taint(taints, &self.tolerations, |t| t.effect == NO_SCHEDULE || t.effect == NO_EXECUTE);
+        if blocks.is_none() {
+            return (true, true);
+        }
+        let evicts = find_untolerated_taint(taints, &self.tolerations, |t| t.effect == NO_EXECUTE);
+        (false, evicts.is_none())
+    }
+}
+
+/// [`Eligibility::check`] for one node.
 pub fn should_run(node: &Node, ds: &DaemonSet) -> (bool, bool) {
-    let name = node.metadata.name.as_deref().unwrap_or_default();
-    let pod = predicate_pod(ds, name);
-    let template_node = ds
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|s| s.node_name.as_deref())
-        .unwrap_or_default();
-    if !template_node.is_empty() && template_node != name {
-        return (false, false);
-    }
-    if !RequiredNodeAffinity::of(&pod).matches_node(node) {
-        return (false, false);
-    }
-    let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or(&[]);
-    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or(&[]);
-    let blocks = find_untolerated_taint(taints, tolerations, |t| t.effect == NO_SCHEDULE || t.effect == NO_EXECUTE);
-    if blocks.is_none() {
-        return (true, true);
-    }
-    let evicts = find_untolerated_taint(taints, tolerations, |t| t.effect == NO_EXECUTE);
-    (false, evicts.is_none())
+    Eligibility::of(ds).check(node)
 }
 
 /// The controller ownerReference of the DaemonSet's pods and revisions.
@@ -422,6 +440,9 @@ pub struct Input<'a> {
     pub backoff: &'a dyn Fn(&str) -> Option<Duration>,
 }
 
+/// Node name -> (should run, should continue running).
+type Answers = BTreeMap<String, (bool, bool)>;
+
 fn min_some(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     match (a, b) {
         (Some(x), Some(y)) => Some(x.min(y)),
@@ -443,8 +464,8 @@ pub fn plan(input: &Input<'_>) -> DsPlan {
     let claimed = claim(ds, &selector, input.pods);
     let mut node_pods = by_node(&claimed.pods);
     let mut p = DsPlan { adopt: claimed.adopt, release: claimed.release, ..DsPlan::default() };
-    let nodes: BTreeMap<String, &Node> =
-        input.nodes.iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), *n)).collect();
+    let eligibility = Eligibility::of(ds);
+    let nodes: Answers = input.nodes.iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), eligibility.check(n))).collect();
 
     if ds.metadata.deletion_timestamp.is_none() && input.expectations_satisfied {
         manage(input, &nodes, &node_pods, &mut p);
@@ -465,11 +486,10 @@ pub fn plan(input: &Input<'_>) -> DsPlan {
 
 /// Upstream `manage` (with `podsShouldBeOnNode` per node and
 /// `getUnscheduledPodsWithoutNode`).
-fn manage(input: &Input<'_>, nodes: &BTreeMap<String, &Node>, node_pods: &BTreeMap<String, Vec<&Pod>>, p: &mut DsPlan) {
+fn manage(input: &Input<'_>, nodes: &Answers, node_pods: &BTreeMap<String, Vec<&Pod>>, p: &mut DsPlan) {
     let ds = input.ds;
     let surge = allows_surge(ds);
-    for (node_name, node) in nodes {
-        let (run, keep) = should_run(node, ds);
+    for (node_name, &(run, keep)) in nodes {
         let pods = node_pods.get(node_name);
         match pods {
             None if run => p.create_on.push(node_name.clone()),
@@ -557,11 +577,11 @@ fn updated_and_old<'a>(ds: &DaemonSet, pods: &[&'a Pod], hash: &str) -> Option<(
 }
 
 /// Upstream `rollingUpdate` (with `updatedDesiredNodeCounts`).
-fn roll(input: &Input<'_>, nodes: &BTreeMap<String, &Node>, node_pods: &mut BTreeMap<String, Vec<&Pod>>, p: &mut DsPlan) {
+fn roll(input: &Input<'_>, nodes: &Answers, node_pods: &mut BTreeMap<String, Vec<&Pod>>, p: &mut DsPlan) {
     let ds = input.ds;
     let mut desired = 0;
-    for (n, node) in nodes {
-        if should_run(node, ds).0 {
+    for (n, &(run, _)) in nodes {
+        if run {
             desired += 1;
             node_pods.entry(n.clone()).or_default();
         }
@@ -573,7 +593,7 @@ fn roll(input: &Input<'_>, nodes: &BTreeMap<String, &Node>, node_pods: &mut BTre
     }
     let min_ready = min_ready(ds);
     let available = |pod: &Pod| is_pod_available(pod, min_ready, input.now);
-    let node_should_run = |n: &str| nodes.get(n).is_some_and(|node| should_run(node, ds).0);
+    let node_should_run = |n: &str| nodes.get(n).is_some_and(|a| a.0);
 
     if max_surge == 0 {
         let mut unavailable = 0;
@@ -656,11 +676,10 @@ fn roll(input: &Input<'_>, nodes: &BTreeMap<String, &Node>, node_pods: &mut BTre
 }
 
 /// Upstream `updateDaemonSetStatus`: the numbers, and when to look again for minReadySeconds.
-fn status(input: &Input<'_>, nodes: &BTreeMap<String, &Node>, node_pods: &BTreeMap<String, Vec<&Pod>>) -> (DaemonSetStatus, Option<Duration>) {
+fn status(input: &Input<'_>, nodes: &Answers, node_pods: &BTreeMap<String, Vec<&Pod>>) -> (DaemonSetStatus, Option<Duration>) {
     let ds = input.ds;
     let (mut desired, mut current, mut misscheduled, mut ready, mut updated, mut available) = (0, 0, 0, 0, 0, 0);
-    for (n, node) in nodes {
-        let run = should_run(node, ds).0;
+    for (n, &(run, _)) in nodes {
         let mut pods: Vec<&Pod> = node_pods.get(n).cloned().unwrap_or_default();
         if !run {
             if !pods.is_empty() {
