@@ -146,3 +146,136 @@ async fn a_daemonset_follows_nodes_and_rolls_out_with_kubectl() {
         .collect();
     assert!(reasons.iter().any(|r| r == "SuccessfulCreate") && reasons.iter().any(|r| r == "SuccessfulDelete"), "{reasons:?}");
 }
+
+/// A Node no kubelet looks after (Ready, with room): the status of its pods is the test's.
+async fn quiet_node(client: &kube::Client, name: &str) {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Patch, PatchParams, PostParams};
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {"capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"}, "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}}
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let now = jiff::Timestamp::now().to_string();
+    let status = serde_json::json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+        "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
+    nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_daemon_pods_are_replaced_and_a_surge_rollout_keeps_every_node_served() {
+    use futures::StreamExt as _;
+    use kube::api::{Patch, PatchParams};
+    use kube::runtime::{watcher, WatchStreamExt as _};
+    let s = Server::start_with(&["--node-monitor-grace-period", "1h"]);
+    let client = s.client().await;
+    let _nodes = FakeNodes::start(client.clone(), &["n1", "n2"], "4", "8Gi").await;
+    quiet_node(&client, "quiet").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+
+    // a failed daemon pod is deleted and replaced, each time
+    s.apply(
+        r#"apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: probe}
+spec:
+  selector: {matchLabels: {app: probe}}
+  template:
+    metadata: {labels: {app: probe}}
+    spec:
+      nodeSelector: {kubernetes.io/hostname: quiet}
+      containers: [{name: c, image: "probe:1"}]
+"#,
+    );
+    let mut seen = Vec::new();
+    for round in 0..2 {
+        let name = eventually("a probe pod bound to the quiet node", || async {
+            pods.list(&ListParams::default().labels("app=probe")).await.unwrap().items.into_iter().find_map(|p| {
+                let bound = p.spec.as_ref()?.node_name.as_deref() == Some("quiet");
+                (bound && p.metadata.deletion_timestamp.is_none() && !seen.contains(&p.name_any())).then(|| p.name_any())
+            })
+        })
+        .await;
+        let failed = serde_json::json!({"status": {"phase": "Failed", "reason": "Crashed"}});
+        pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&failed)).await.unwrap();
+        seen.push(name);
+        eventually(&format!("failed pod {round} replaced"), || async {
+            let l = pods.list(&ListParams::default().labels("app=probe")).await.unwrap().items;
+            (l.iter().all(|p| !seen.contains(&p.name_any())) && l.iter().any(live)).then_some(())
+        })
+        .await;
+    }
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let failed_events = events
+        .list(&ListParams::default().fields("involvedObject.name=probe"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedDaemonPod"))
+        .count();
+    assert!(failed_events >= 1, "a FailedDaemonPod event");
+
+    // a surge rollout on the two kubelet nodes: a node's old pod goes only once its new one is
+    // ready, so every node keeps a ready pod throughout (read from a pod watch)
+    s.ok(&["label", "nodes", "n1", "n2", "fake=yes"]);
+    s.apply(
+        r#"apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent}
+spec:
+  selector: {matchLabels: {app: agent}}
+  updateStrategy: {type: RollingUpdate, rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec:
+      nodeSelector: {fake: "yes"}
+      containers: [{name: c, image: "agent:1"}]
+"#,
+    );
+    s.ok(&["rollout", "status", "daemonset/agent", "--timeout=90s"]);
+    wait_placement(&pods, "agent on n1 and n2", on(&["n1", "n2"], "agent:1")).await;
+    let lowest = std::sync::Arc::new(std::sync::Mutex::new(usize::MAX));
+    let watch = {
+        let (api, lowest) = (pods.clone(), lowest.clone());
+        tokio::spawn(async move {
+            let mut ready: BTreeMap<String, (String, bool)> = BTreeMap::new();
+            let mut listed = false;
+            let cfg = watcher::Config::default().labels("app=agent");
+            let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+            while let Some(Ok(ev)) = stream.next().await {
+                match ev {
+                    watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                        let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+                        let ok = running(&p)
+                            && p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                        ready.insert(p.name_any(), (node, ok));
+                    }
+                    watcher::Event::Delete(p) => {
+                        ready.remove(&p.name_any());
+                    }
+                    watcher::Event::Init => {
+                        ready.clear();
+                        listed = false;
+                    }
+                    watcher::Event::InitDone => listed = true,
+                }
+                if !listed {
+                    continue;
+                }
+                let per_node = |n: &str| ready.values().filter(|(node, ok)| node == n && *ok).count();
+                let now = per_node("n1").min(per_node("n2"));
+                let mut l = lowest.lock().unwrap();
+                *l = (*l).min(now);
+            }
+        })
+    };
+    eventually("the watch saw both ready pods", || async { (*lowest.lock().unwrap() != usize::MAX).then_some(()) }).await;
+    s.ok(&["set", "image", "daemonset/agent", "c=agent:2"]);
+    s.ok(&["rollout", "status", "daemonset/agent", "--timeout=90s"]);
+    wait_placement(&pods, "agent:2 on n1 and n2", on(&["n1", "n2"], "agent:2")).await;
+    watch.abort();
+    assert!(*lowest.lock().unwrap() >= 1, "a node was left without a ready agent during the surge rollout");
+}
