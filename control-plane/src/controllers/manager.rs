@@ -28,6 +28,8 @@ pub const ALL: &[&str] = &[
     "namespace",
     "replicaset",
     "deployment",
+    "job",
+    "ttl-after-finished",
     "daemonset",
     "podgc",
     "statefulset",
@@ -181,6 +183,12 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     }
     if on("deployment") {
         super::deployment::start(&inf, opts);
+    }
+    if on("job") {
+        super::job::start(&inf, opts);
+    }
+    if on("ttl-after-finished") {
+        super::ttlafterfinished::start(&inf, opts);
     }
     if on("daemonset") {
         super::daemonset::start(&inf, opts);

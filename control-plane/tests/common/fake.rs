@@ -2,7 +2,11 @@
 //! stand-in kubelet that sets the status of pods bound to its nodes (Running with an IP and
 //! Ready) and confirms their graceful deletion. Annotations on a pod steer it:
 //! `fake.ferro.dev/ready: "false"` keeps it not ready; `fake.ferro.dev/hold-termination:
-//! "true"` leaves it terminating.
+//! "true"` leaves it terminating. Pods that run to completion (Jobs): `fake.ferro.dev/exit-code:
+//! "N"` makes the pod's containers exit with N at once (phase Succeeded for 0, else Failed);
+//! `fake.ferro.dev/fail-first: "N"` makes the first N such pods of one controller (by owner uid,
+//! in the order this kubelet starts them) exit with 1 and the others with the exit code (0 by
+//! default).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -96,6 +100,7 @@ impl FakeNodes {
             let pods: Api<Pod> = Api::all(client.clone());
             let client = client.clone();
             tasks.push(tokio::spawn(async move {
+                let mut exits = Exits::default();
                 let mut ips: BTreeMap<String, String> = BTreeMap::new();
                 let mut next_ip = 2u32;
                 let mut stream = watcher::watcher(pods, watcher::Config::default()).boxed();
@@ -118,8 +123,15 @@ impl FakeNodes {
                         }
                         continue;
                     }
-                    let want_ready = ann.get("fake.ferro.dev/ready").map(String::as_str) != Some("false");
                     let status = pod.status.clone().unwrap_or_default();
+                    if Exits::steers(&pod) {
+                        if !matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+                            let code = exits.code(&pod);
+                            let _ = api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&exited(&pod, code))).await;
+                        }
+                        continue;
+                    }
+                    let want_ready = ann.get("fake.ferro.dev/ready").map(String::as_str) != Some("false");
                     let ready_now = status
                         .conditions
                         .as_ref()
@@ -164,6 +176,64 @@ impl FakeNodes {
     pub fn kill(&self, node: &str) {
         self.dead.lock().unwrap().insert(node.to_string());
     }
+}
+
+/// The exit codes the fake kubelet hands out (`fake.ferro.dev/exit-code` and `fail-first`),
+/// decided once per pod.
+#[derive(Default)]
+struct Exits {
+    decided: BTreeMap<String, i32>,
+    failed_per_owner: BTreeMap<String, u32>,
+}
+
+impl Exits {
+    /// Whether the pod runs to completion.
+    fn steers(pod: &Pod) -> bool {
+        let ann = pod.annotations();
+        ann.contains_key("fake.ferro.dev/exit-code") || ann.contains_key("fake.ferro.dev/fail-first")
+    }
+
+    fn code(&mut self, pod: &Pod) -> i32 {
+        let ann = pod.annotations();
+        let code: Option<i32> = ann.get("fake.ferro.dev/exit-code").and_then(|c| c.parse().ok());
+        let fail_first: Option<u32> = ann.get("fake.ferro.dev/fail-first").and_then(|c| c.parse().ok());
+        let uid = pod.uid().unwrap_or_default();
+        if let Some(c) = self.decided.get(&uid) {
+            return *c;
+        }
+        let owner = pod.owner_references().iter().find(|r| r.controller == Some(true)).map(|r| r.uid.clone()).unwrap_or_default();
+        let failed = self.failed_per_owner.entry(owner).or_default();
+        let c = match fail_first {
+            Some(n) if *failed < n => {
+                *failed += 1;
+                1
+            }
+            _ => code.unwrap_or(0),
+        };
+        self.decided.insert(uid, c);
+        c
+    }
+}
+
+/// The status of a pod whose containers all exited with `code`.
+fn exited(pod: &Pod, code: i32) -> serde_json::Value {
+    let now = jiff::Timestamp::now().to_string();
+    let containers: Vec<_> = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.iter().map(|c| json!({
+            "name": c.name, "image": c.image, "imageID": "", "ready": false, "started": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
+                "startedAt": now, "finishedAt": now}}})).collect())
+        .unwrap_or_default();
+    json!({"status": {
+        "phase": if code == 0 { "Succeeded" } else { "Failed" }, "hostIP": "192.168.50.10", "startTime": now,
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now},
+            {"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}],
+        "containerStatuses": containers}})
 }
 
 /// Polls `f` until it returns Some, or panics after a generous deadline naming `what`.
