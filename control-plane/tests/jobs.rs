@@ -184,7 +184,7 @@ metadata: {name: later}
 spec:
   suspend: true
   completions: 2
-  ttlSecondsAfterFinished: 2
+  ttlSecondsAfterFinished: 300
   template:
     metadata: {annotations: {fake.ferro.dev/exit-code: "0"}}
     spec:
@@ -203,9 +203,66 @@ spec:
     let job = jobs.get("later").await.unwrap();
     let resumed = job.status.as_ref().unwrap().conditions.as_ref().unwrap().iter().find(|c| c.type_ == "Suspended").cloned().unwrap();
     assert_eq!((resumed.status.as_str(), resumed.reason.as_deref()), ("False", Some("JobResumed")));
-    // two seconds after finishing, the Job goes, and its pods with it
+    assert!(!job_pods(&pods, "later").await.is_empty(), "kept while its TTL runs");
+    // a shorter TTL (the field may change after the Job finished): the Job goes, its pods with it
+    jobs.patch("later", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"ttlSecondsAfterFinished": 1}}))).await.unwrap();
     eventually("the finished Job deleted after its TTL", || async { jobs.get_opt("later").await.unwrap().is_none().then_some(()) }).await;
     eventually("its pods deleted", || async { job_pods(&pods, "later").await.is_empty().then_some(()) }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_failure_policy_rule_fails_the_job_and_deleting_a_job_releases_its_pods() {
+    let s = Server::start();
+    let client = s.client().await;
+    let _nodes = FakeNodes::start(client.clone(), &["n1"], "8", "16Gi").await;
+    s.apply(
+        r#"apiVersion: batch/v1
+kind: Job
+metadata: {name: fatal}
+spec:
+  backoffLimit: 6
+  podFailurePolicy:
+    rules:
+    - {action: FailJob, onExitCodes: {containerName: work, operator: In, values: [42]}}
+  template:
+    metadata: {annotations: {fake.ferro.dev/exit-code: "42"}}
+    spec:
+      restartPolicy: Never
+      containers: [{name: work, image: busybox}]
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: forever}
+spec:
+  parallelism: 2
+  completions: 4
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: work, image: busybox}]
+"#,
+    );
+    s.ok(&["wait", "--for=condition=failed", "job/fatal", "--timeout=240s"]);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
+    let job = jobs.get("fatal").await.unwrap();
+    let failed = condition(&job, "Failed").unwrap();
+    assert_eq!(failed.reason.as_deref(), Some("PodFailurePolicy"));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod = job_pods(&pods, "fatal").await.pop().unwrap();
+    assert_eq!(
+        failed.message,
+        Some(format!("Container work for pod default/{} failed with exit code 42 matching FailJob rule at index 0", pod.name_any()))
+    );
+    assert_eq!(job.status.unwrap().failed, Some(1), "one pod, no retry");
+
+    // a running Job deleted the way kubectl does: its pods lose the tracking finalizer and go
+    eventually("two running pods", || async {
+        let running = job_pods(&pods, "forever").await.into_iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"));
+        (running.count() == 2).then_some(())
+    })
+    .await;
+    s.ok(&["delete", "job", "forever"]);
+    eventually("the deleted Job's pods gone", || async { job_pods(&pods, "forever").await.is_empty().then_some(()) }).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
