@@ -655,3 +655,41 @@ fn a_twenty_completion_job_at_parallelism_five_with_failures() {
     assert_eq!((s.succeeded, s.failed), (Some(20), Some(3)));
     assert_eq!(s.active, None);
 }
+
+#[test]
+fn long_job_names_are_cut_to_keep_the_index_in_generated_names() {
+    let mut j = job(json!({"completionMode": "Indexed", "completions": 20}));
+    j.metadata.name = Some("x".repeat(70));
+    let p = new_pod(&j, Some(12), None, false);
+    let g = p.metadata.generate_name.unwrap();
+    assert_eq!(g.len(), 58);
+    assert!(g.ends_with("-12-"));
+    assert_eq!(p.spec.unwrap().hostname, Some(format!("{}-12", "x".repeat(70))));
+}
+
+#[test]
+fn ignored_failures_of_an_index_are_counted_apart() {
+    let j = job(json!({"completionMode": "Indexed", "completions": 2, "backoffLimitPerIndex": 1,
+        "podFailurePolicy": {"rules": [{"action": "Ignore", "onExitCodes": {"operator": "In", "values": [7]}}]}}));
+    let mut w = World::new(j.clone());
+    w.step();
+    w.exit("pi-0-0", 7);
+    let failed = w.pods[0].clone();
+    let p = new_pod(&j, Some(0), Some(&failed), true);
+    let ann = p.metadata.annotations.unwrap();
+    assert_eq!((ann[INDEX_FAILURE_COUNT].as_str(), ann[INDEX_IGNORED_FAILURE_COUNT].as_str()), ("0", "1"));
+}
+
+#[test]
+fn a_job_being_deleted_releases_every_finalizer_and_creates_nothing() {
+    let mut w = World::new(job(json!({"parallelism": 2, "completions": 4})));
+    w.step();
+    w.running("pi-0");
+    w.job.metadata.deletion_timestamp = Some(Time(ts(1)));
+    let p = w.plan();
+    assert!(p.create.is_empty() && p.delete.is_empty());
+    let mut released: Vec<&str> = p.remove_finalizers.iter().map(|(n, _)| n.as_str()).collect();
+    released.sort();
+    assert_eq!(released, ["pi-0", "pi-1"]);
+    assert_eq!(p.status.and_then(|s| s.failed), None, "running pods of a deleted Job are not failures");
+}
