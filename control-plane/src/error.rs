@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use crate::validation::FieldError;
 
 /// An error answered to a client as a metav1.Status with upstream's reason and code.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{message}")]
 pub struct ApiError {
     pub code: u16,

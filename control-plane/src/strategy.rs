@@ -683,10 +683,8 @@ pub fn validate(res: &Resource, obj: &Value) -> Vec<FieldError> {
         "jobs" => validate_job(obj, "/spec", "spec", &mut errs),
         "cronjobs" => validate_cron_job(obj, &mut errs),
         "poddisruptionbudgets" => validate_pdb(obj, &mut errs),
-        "controllerrevisions" => {
-            if obj.get("revision").and_then(Value::as_i64).is_none_or(|r| r < 0) {
-                errs.push(FieldError::invalid("revision", obj.get("revision").cloned().unwrap_or(Value::Null), "must be greater than or equal to 0"));
-            }
+        "controllerrevisions" if obj.get("revision").and_then(Value::as_i64).is_none_or(|r| r < 0) => {
+            errs.push(FieldError::invalid("revision", obj.get("revision").cloned().unwrap_or(Value::Null), "must be greater than or equal to 0"));
         }
         "volumesnapshotclasses" => {
             required_str(obj, "/driver", "driver", &mut errs);

@@ -139,23 +139,201 @@ pub async fn bind(api: &Api, ns: Option<&str>, name: &str, body: Value) -> Resul
     Err(ApiError::stale("pods", name))
 }
 
-/// POST pods/<name>/eviction: deletes the pod with the eviction's delete options (no
-/// PodDisruptionBudgets are served, so nothing blocks an eviction).
+/// What an eviction may do, from the pod and the budgets of its namespace (upstream's
+/// pkg/registry/core/pod/storage/eviction.go). Pure.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EvictionDecision {
+    /// Delete the pod without touching a budget.
+    Delete,
+    /// Take one disruption from the budget `pdb` (its key), then delete the pod.
+    Disrupt { pdb: String },
+    Refuse(ApiError),
+}
+
+fn pod_ready(pod: &Value) -> bool {
+    pod.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+fn too_many_requests(cause: String) -> ApiError {
+    let mut e = ApiError::new(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.");
+    e.details = Some(json!({"causes": [{"reason": "DisruptionBudget", "message": cause}]}));
+    e
+}
+
+/// Decides an eviction of `pod` given the budgets (`(key, object)`) of its namespace.
+pub fn decide_eviction(pod: &Value, budgets: &[(String, Value)]) -> EvictionDecision {
+    let phase = pod.pointer("/status/phase").and_then(Value::as_str).unwrap_or("Pending");
+    // Terminal or not yet running pods, and pods already going, are not counted by budgets.
+    if matches!(phase, "Succeeded" | "Failed" | "Pending") || pod.pointer("/metadata/deletionTimestamp").is_some() {
+        return EvictionDecision::Delete;
+    }
+    let labels: std::collections::BTreeMap<String, String> = pod
+        .pointer("/metadata/labels")
+        .and_then(|l| serde_json::from_value(l.clone()).ok())
+        .unwrap_or_default();
+    let matching: Vec<&(String, Value)> = budgets
+        .iter()
+        .filter(|(_, b)| match b.pointer("/spec/selector") {
+            None => true,
+            Some(sel) => serde_json::from_value(sel.clone())
+                .ok()
+                .and_then(|sel| crate::selector::LabelSelector::from_api(&sel).ok())
+                .is_some_and(|sel| sel.matches(&labels)),
+        })
+        .collect();
+    let (key, pdb) = match matching.as_slice() {
+        [] => return EvictionDecision::Delete,
+        [one] => (&one.0, &one.1),
+        _ => {
+            return EvictionDecision::Refuse(ApiError::new(
+                500,
+                "InternalError",
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            ))
+        }
+    };
+    let name = pdb.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    let int = |ptr: &str| pdb.pointer(ptr).and_then(Value::as_i64).unwrap_or(0);
+    if int("/status/observedGeneration") < int("/metadata/generation") {
+        return EvictionDecision::Refuse(too_many_requests(format!("The disruption budget {name} is still being processed by the server.")));
+    }
+    if !pod_ready(pod) {
+        let policy = pdb.pointer("/spec/unhealthyPodEvictionPolicy").and_then(Value::as_str).unwrap_or("IfHealthyBudget");
+        if policy == "AlwaysAllow" || int("/status/currentHealthy") >= int("/status/desiredHealthy") {
+            return EvictionDecision::Delete;
+        }
+    }
+    match int("/status/disruptionsAllowed") {
+        n if n < 0 => EvictionDecision::Refuse(ApiError::new(403, "Forbidden", "pdb disruptions allowed is negative")),
+        0 => EvictionDecision::Refuse(too_many_requests(format!(
+            "The disruption budget {name} needs {} healthy pods and has {} currently",
+            int("/status/desiredHealthy"),
+            int("/status/currentHealthy")
+        ))),
+        _ => EvictionDecision::Disrupt { pdb: key.clone() },
+    }
+}
+
+/// POST pods/<name>/eviction: grants the eviction when the pod's PodDisruptionBudget allows a
+/// disruption (taking one from its status and recording the pod in `disruptedPods`, guarded
+/// by the budget's revision), refuses it with upstream's 429 otherwise; a granted eviction
+/// sets the pod's DisruptionTarget condition, then deletes it with the eviction's options.
 pub async fn evict(api: &Api, ns: Option<&str>, name: &str, body: Value) -> Result<Response<Body>, ApiError> {
     let pods = resources::find("", "v1", "pods").ok_or_else(|| ApiError::internal("no pods"))?;
+    let pdbs = resources::find("policy", "v1", "poddisruptionbudgets").ok_or_else(|| ApiError::internal("no pdbs"))?;
     let opts = DeleteOptions {
         grace_period_seconds: body.pointer("/deleteOptions/gracePeriodSeconds").and_then(|g| g.as_i64()),
         precondition_uid: body.pointer("/deleteOptions/preconditions/uid").and_then(|g| g.as_str()).map(str::to_string),
         precondition_rv: body.pointer("/deleteOptions/preconditions/resourceVersion").and_then(|g| g.as_str()).map(str::to_string),
         ..Default::default()
     };
+    let now = jiff::Timestamp::now().round(jiff::Unit::Second).map(|t| t.to_string()).unwrap_or_default();
+    let mut granted = false;
+    for _ in 0..8 {
+        let current = api.get(pods, ns, name).await?;
+        let pod = current.json()?;
+        let listed = api.store.list(&pdbs.prefix(ns)).await?;
+        let budgets: Vec<(String, Value)> =
+            listed.records.iter().filter_map(|r| Some((r.key.to_string(), r.json().ok()?))).collect();
+        match decide_eviction(&pod, &budgets) {
+            EvictionDecision::Refuse(e) => return Err(e),
+            EvictionDecision::Delete => {
+                granted = true;
+                break;
+            }
+            EvictionDecision::Disrupt { pdb } => {
+                let Some(rec) = listed.records.iter().find(|r| *r.key == *pdb) else { continue };
+                let mut b = rec.json()?;
+                let allowed = b.pointer("/status/disruptionsAllowed").and_then(Value::as_i64).unwrap_or(0);
+                b["status"]["disruptionsAllowed"] = json!(allowed - 1);
+                if !b["status"]["disruptedPods"].is_object() {
+                    b["status"]["disruptedPods"] = json!({});
+                }
+                b["status"]["disruptedPods"][name] = json!(now);
+                let op = crate::store::Op::Update { key: pdb.clone(), value: b, expect: Some(rec.mod_rev) };
+                match api.store.write(op).await {
+                    Ok(_) => {
+                        granted = true;
+                        break;
+                    }
+                    Err(crate::store::StoreError::Conflict { .. }) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    if !granted {
+        return Err(too_many_requests("the disruption budget changed too often while evicting".into()));
+    }
+    // The DisruptionTarget condition (upstream: EvictionByEvictionAPI), best effort: the pod may
+    // be going already.
+    for _ in 0..4 {
+        let Ok(current) = api.get(pods, ns, name).await else { break };
+        let mut pod = current.json()?;
+        if pod.pointer("/metadata/deletionTimestamp").is_some() {
+            break;
+        }
+        let conds = pod["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        let mut conds: Vec<Value> = conds.into_iter().filter(|c| c["type"] != "DisruptionTarget").collect();
+        conds.push(json!({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                          "message": "Eviction API: evicting", "lastProbeTime": null, "lastTransitionTime": now}));
+        pod["status"]["conditions"] = json!(conds);
+        match api.store.write(crate::store::Op::Update { key: pods.key(ns, name), value: pod, expect: Some(current.mod_rev) }).await {
+            Ok(_) => break,
+            Err(crate::store::StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
     api.delete(pods, ns, name, &opts).await?;
     Ok(json_response(201, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})))
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    fn running(labels: Value, ready: bool) -> Value {
+        json!({"metadata": {"name": "web-1", "labels": labels},
+               "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
+    }
+
+    fn budget(allowed: i64, current: i64, desired: i64) -> (String, Value) {
+        ("/policy/poddisruptionbudgets/ns/web".into(), json!({
+            "metadata": {"name": "web", "generation": 1},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, "minAvailable": 2},
+            "status": {"observedGeneration": 1, "disruptionsAllowed": allowed, "currentHealthy": current, "desiredHealthy": desired},
+        }))
+    }
+
+    #[test]
+    fn evictions_follow_the_budget_as_upstream() {
+        let web = running(json!({"app": "web"}), true);
+        assert_eq!(decide_eviction(&web, &[]), EvictionDecision::Delete);
+        assert_eq!(decide_eviction(&web, &[budget(1, 3, 2)]), EvictionDecision::Disrupt { pdb: "/policy/poddisruptionbudgets/ns/web".into() });
+        let EvictionDecision::Refuse(e) = decide_eviction(&web, &[budget(0, 2, 2)]) else { panic!() };
+        assert_eq!((e.code, e.reason, e.message.as_str()), (429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."));
+        assert_eq!(e.details.unwrap()["causes"][0]["message"], "The disruption budget web needs 2 healthy pods and has 2 currently");
+        // Another app's pod is not covered.
+        assert_eq!(decide_eviction(&running(json!({"app": "db"}), true), &[budget(0, 2, 2)]), EvictionDecision::Delete);
+        // An unready pod goes while the budget is healthy, without taking a disruption.
+        assert_eq!(decide_eviction(&running(json!({"app": "web"}), false), &[budget(0, 2, 2)]), EvictionDecision::Delete);
+        assert!(matches!(decide_eviction(&running(json!({"app": "web"}), false), &[budget(0, 1, 2)]), EvictionDecision::Refuse(_)));
+        // A budget the controller has not seen yet: 429.
+        let (k, mut b) = budget(5, 3, 2);
+        b["metadata"]["generation"] = json!(2);
+        let EvictionDecision::Refuse(e) = decide_eviction(&web, &[(k.clone(), b.clone())]) else { panic!() };
+        assert_eq!(e.code, 429);
+        // Two budgets: upstream's 500.
+        let EvictionDecision::Refuse(e) = decide_eviction(&web, &[budget(1, 3, 2), budget(1, 3, 2)]) else { panic!() };
+        assert_eq!(e.code, 500);
+        // Pending and terminal pods are not counted.
+        let mut pending = web.clone();
+        pending["status"]["phase"] = json!("Pending");
+        assert_eq!(decide_eviction(&pending, &[budget(0, 2, 2)]), EvictionDecision::Delete);
+    }
 
     #[test]
     fn selector_strings() {

@@ -76,7 +76,7 @@ async fn a_cron_job_runs_each_minute_once_and_forbid_waits_for_the_running_job()
     let m2 = plus(m1, 60);
     clock.set(plus(m2, 1));
     eventually("JobAlreadyActive", || async { reasons(&events).await.iter().any(|r| r == "JobAlreadyActive").then_some(()) }).await;
-    assert_eq!(run_names(&jobs).await, [first.clone()]);
+    assert_eq!(run_names(&jobs).await, std::slice::from_ref(&first));
 
     // The first run completes: the held-back run starts (late, as upstream), once.
     let done = json!({"status": {"conditions": [{"type": "Complete", "status": "True"}],

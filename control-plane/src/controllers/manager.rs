@@ -28,16 +28,17 @@ pub const ALL: &[&str] = &[
     "namespace",
     "replicaset",
     "deployment",
-    "job",
-    "ttl-after-finished",
     "daemonset",
     "podgc",
     "statefulset",
+    "job",
+    "ttl-after-finished",
     "persistentvolume-binder",
     "serviceaccount",
     "nodeipam",
     "volumesnapshot",
     "cronjob",
+    "disruption",
 ];
 
 /// Options of the loops (flags of ferro-control-plane).
@@ -184,12 +185,6 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     if on("deployment") {
         super::deployment::start(&inf, opts);
     }
-    if on("job") {
-        super::job::start(&inf, opts);
-    }
-    if on("ttl-after-finished") {
-        super::ttlafterfinished::start(&inf, opts);
-    }
     if on("daemonset") {
         super::daemonset::start(&inf, opts);
     }
@@ -199,6 +194,12 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     if on("statefulset") {
         super::statefulset::start(&inf, opts);
     }
+    if on("job") {
+        super::job::start(&inf, opts);
+    }
+    if on("ttl-after-finished") {
+        super::ttlafterfinished::start(&inf, opts);
+    }
     if on("endpointslice") || on("endpoints") {
         super::endpointslice::start(&inf, opts, on("endpointslice"), on("endpoints"));
     }
@@ -207,6 +208,9 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     }
     if on("persistentvolume-binder") {
         super::pvbinder::start(&inf, opts);
+    }
+    if on("disruption") {
+        super::disruption::start(&inf, opts);
     }
     if on("cronjob") {
         super::cronjob::start(&inf, opts);

@@ -8,6 +8,7 @@ pub mod daemonset;
 pub mod clock;
 pub mod cronjob;
 pub mod deployment;
+pub mod disruption;
 pub mod endpointslice;
 pub mod expectations;
 pub mod gc;

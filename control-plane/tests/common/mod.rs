@@ -146,6 +146,14 @@ impl Server {
     pub async fn client(&self) -> kube::Client {
         client_for(&self.kubeconfig()).await
     }
+
+    /// A client that returns a 429 at once (kube's default layer retries 429s for minutes).
+    pub async fn client_without_retries(&self) -> kube::Client {
+        let kc = kube::config::Kubeconfig::read_from(self.kubeconfig()).unwrap();
+        let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+        cfg.default_retry = false;
+        kube::Client::try_from(cfg).unwrap()
+    }
 }
 
 pub async fn client_for(path: &Path) -> kube::Client {

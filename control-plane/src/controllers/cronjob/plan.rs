@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use k8s_openapi::api::batch::v1::{CronJob, Job, JobSpec};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_semantics::cron::{time_zone, Schedule};
@@ -110,7 +110,7 @@ pub fn job_for(cj: &CronJob, scheduled: Timestamp, zone: &jiff::tz::TimeZone) ->
             }]),
             ..Default::default()
         },
-        spec: Some(template.spec.unwrap_or_else(JobSpec::default)),
+        spec: Some(template.spec.unwrap_or_default()),
         status: None,
     }
 }
