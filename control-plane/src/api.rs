@@ -822,8 +822,15 @@ impl Api {
             return Ok(Record { value, ..current.clone() });
         }
         // The last finalizer gone from an object being deleted: the delete completes (for a
-        // namespace, once its spec.finalizers are gone too).
-        if old.pointer("/metadata/deletionTimestamp").is_some() && finalizers(&obj).is_empty() && spec_finalizers(&obj).is_empty() {
+        // namespace, once its spec.finalizers are gone too) — unless a grace period is still
+        // running (upstream's ShouldDeleteDuringUpdate): a pod being deleted gracefully stays
+        // until its kubelet deletes it with grace 0, whatever is written to it meanwhile.
+        let grace_running = old.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).is_some_and(|g| g > 0);
+        if old.pointer("/metadata/deletionTimestamp").is_some()
+            && !grace_running
+            && finalizers(&obj).is_empty()
+            && spec_finalizers(&obj).is_empty()
+        {
             let deleted = self
                 .store
                 .write(Op::Delete { key: res.key(ns, name), expect: Some(current.mod_rev) })
@@ -951,8 +958,15 @@ impl Api {
                 if !bound || terminal {
                     grace = 0;
                 }
+                let existing = obj.pointer("/metadata/deletionGracePeriodSeconds").and_then(|g| g.as_i64());
+                if grace == 0 && existing.is_some_and(|e| e > 0) {
+                    // Shortened to 0 (the kubelet's final delete): with finalizers left, the
+                    // pod goes as soon as they do.
+                    set_meta(&mut obj, "deletionTimestamp", json!(now_rfc3339()));
+                    set_meta(&mut obj, "deletionGracePeriodSeconds", json!(0));
+                    changed = true;
+                }
                 if grace > 0 {
-                    let existing = obj.pointer("/metadata/deletionGracePeriodSeconds").and_then(|g| g.as_i64());
                     if existing.map(|e| grace < e).unwrap_or(true) {
                         let at = jiff::Timestamp::now()
                             .checked_add(jiff::SignedDuration::from_secs(grace))

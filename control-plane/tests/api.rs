@@ -12,7 +12,7 @@ use common::{client_for, Server};
 use futures::{StreamExt as _, TryStreamExt as _};
 use http_body_util::BodyExt as _;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{json, Value};
 
 fn cm(name: &str, value: &str) -> ConfigMap {
@@ -468,4 +468,39 @@ async fn claims_grow_only_when_bound_and_their_class_allows_it() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("spec.resources.requests.storage") && err.contains(why), "{name}: {err}");
     }
+}
+
+/// Graceful deletion as upstream: a bound pod being deleted stays, whatever is written to it
+/// (the kubelet's status updates), until a delete with grace 0; with a finalizer left, that
+/// delete shortens the grace to 0 and the pod goes with its last finalizer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gracefully_deleted_pod_stays_until_its_grace_0_delete() {
+    let s = Server::start_with(&["--controllers", "garbagecollector"]);
+    let client = s.client().await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let pod = |name: &str, finalizers: serde_json::Value| -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name, "finalizers": finalizers},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]}}))
+        .unwrap()
+    };
+    pods.create(&PostParams::default(), &pod("plain", json!([]))).await.unwrap();
+    pods.delete("plain", &DeleteParams::default()).await.unwrap();
+    let p = pods.get("plain").await.unwrap();
+    assert!(p.metadata.deletion_timestamp.is_some());
+    assert_eq!(p.metadata.deletion_grace_period_seconds, Some(30));
+    // The kubelet's status write while the containers stop: the pod stays.
+    let status = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}});
+    pods.patch_status("plain", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    assert!(pods.get_opt("plain").await.unwrap().is_some(), "a status write finished a graceful deletion");
+    // Its final delete with grace 0.
+    pods.delete("plain", &DeleteParams::default().grace_period(0)).await.unwrap();
+    assert!(pods.get_opt("plain").await.unwrap().is_none());
+
+    pods.create(&PostParams::default(), &pod("held", json!(["example.com/hold"]))).await.unwrap();
+    pods.delete("held", &DeleteParams::default()).await.unwrap();
+    pods.delete("held", &DeleteParams::default().grace_period(0)).await.unwrap();
+    let p = pods.get("held").await.unwrap();
+    assert_eq!(p.metadata.deletion_grace_period_seconds, Some(0), "grace 0 shortens the deletion");
+    pods.patch("held", &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    assert!(pods.get_opt("held").await.unwrap().is_none(), "the last finalizer completes it");
 }
