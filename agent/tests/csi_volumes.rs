@@ -313,3 +313,64 @@ fn a_snapshot_of_a_claim_restores_into_a_new_claim_with_the_data_of_that_moment(
     lab.wait_nothing_left();
     csi.kill();
 }
+
+/// The workload loops on a real node: a StatefulSet behind a headless Service with a claim per
+/// ordinal (provisioned by ferro-csi), stable names and data across a pod's re-creation, and a
+/// Job that runs to completion, all through kubectl.
+#[test]
+#[ignore = "privileged: needs root, containerd and loop devices; run by scripts/test.sh"]
+fn a_stateful_set_keeps_its_claims_and_a_job_completes_on_a_real_node() {
+    let scratch = Scratch::new("ferro-agent-csi-sts-").unwrap();
+    let lab = Lab::start("csists");
+    let data = scratch.path().join("csi");
+    let mut csi = lab.start_csi(&data, "1Gi");
+    lab.wait_csi_registered();
+    lab.apply("apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: loop\nprovisioner: loop.csi.ferro.dev\nvolumeBindingMode: WaitForFirstConsumer\nreclaimPolicy: Delete\n");
+    lab.apply("apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  clusterIP: None\n  selector:\n    app: web\n  ports:\n  - port: 80\n");
+    lab.apply(&format!(
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: web\nspec:\n  serviceName: web\n  replicas: 2\n  selector:\n    matchLabels:\n      app: web\n  template:\n    metadata:\n      labels:\n        app: web\n    spec:\n      terminationGracePeriodSeconds: 1\n      containers:\n      - name: app\n        image: {BUSYBOX}\n        command: [sh, -c, 'hostname >> /data/starts; exec sleep 3600']\n        volumeMounts:\n        - {{name: data, mountPath: /data}}\n  volumeClaimTemplates:\n  - metadata:\n      name: data\n    spec:\n      storageClassName: loop\n      accessModes: [ReadWriteOnce]\n      resources:\n        requests:\n          storage: 16Mi\n"
+    ));
+    let out = lab.kubectl_ok(&["rollout", "status", "statefulset/web", "--timeout=120s"]);
+    assert!(out.contains("2 pods at revision") || out.contains("roll out complete"), "{out}");
+    for ordinal in 0..2 {
+        let pod = format!("web-{ordinal}");
+        assert_eq!(field(&lab, &["pvc", &format!("data-web-{ordinal}")], "{.status.phase}"), "Bound");
+        assert_eq!(lab.kubectl_ok(&["exec", &pod, "--", "cat", "/data/starts"]), format!("{pod}\n"));
+        assert_eq!(field(&lab, &["pod", &pod], "{.spec.subdomain}"), "web");
+    }
+    // OrderedReady: web-1 was created after web-0.
+    let created = |p: &str| field(&lab, &["pod", p], "{.metadata.creationTimestamp}");
+    assert!(created("web-0") <= created("web-1"));
+    // web-0 deleted: the same name comes back with the same claim and its data.
+    let uid = field(&lab, &["pod", "web-0"], "{.metadata.uid}");
+    lab.kubectl_ok(&["delete", "pod", "web-0", "--wait=true", "--timeout=60s"]);
+    lab.wait("web-0 back and running", MIN, |l| {
+        let p = l.pod("web-0")?;
+        (p["metadata"]["uid"] != uid.as_str() && phase(&p) == "Running").then_some(())
+    });
+    lab.wait("web-0's second start on its volume", MIN, |l| {
+        let out = l.kubectl(&["exec", "web-0", "--", "cat", "/data/starts"]);
+        (String::from_utf8_lossy(&out.stdout) == "web-0\nweb-0\n").then_some(())
+    });
+
+    // A Job: its pod runs to completion on the node, the Job completes.
+    lab.kubectl_ok(&["create", "job", "hello", &format!("--image={BUSYBOX}"), "--", "sh", "-c", "echo hello from a job"]);
+    lab.kubectl_ok(&["wait", "--for=condition=complete", "job/hello", "--timeout=120s"]);
+    assert_eq!(field(&lab, &["job", "hello"], "{.status.succeeded}"), "1");
+    assert_eq!(lab.kubectl_ok(&["logs", "job/hello"]).trim(), "hello from a job");
+
+    // Clean up: the set, its claims (their volumes go), the Job and its pod.
+    lab.kubectl_ok(&["delete", "job", "hello", "--wait=true", "--timeout=60s"]);
+    lab.kubectl_ok(&["delete", "statefulset", "web", "--wait=true", "--timeout=60s"]);
+    lab.wait("the set's pods gone", MIN, |l| {
+        let out = l.kubectl(&["get", "pods", "-o", "name"]);
+        String::from_utf8_lossy(&out.stdout).trim().is_empty().then_some(())
+    });
+    lab.kubectl_ok(&["delete", "pvc", "data-web-0", "data-web-1", "--wait=false"]);
+    lab.wait("the PVs deleted", MIN, |l| {
+        let out = l.kubectl(&["get", "pv", "-o", "name"]);
+        String::from_utf8_lossy(&out.stdout).trim().is_empty().then_some(())
+    });
+    lab.wait_nothing_left();
+    csi.kill();
+}
