@@ -42,8 +42,9 @@ struct Cli {
     max_mutating_requests_inflight: usize,
     /// Loops to run, upstream syntax: `*` all, `name` one, `-name` not that one (e.g.
     /// `*,-scheduler`). Names: scheduler, endpointslice, endpoints, nodelifecycle,
-    /// garbagecollector, namespace, replicaset, deployment, persistentvolume-binder,
-    /// serviceaccount, nodeipam, daemonset, podgc.
+    /// garbagecollector, namespace, replicaset, deployment, statefulset, daemonset, job,
+    /// ttl-after-finished, cronjob, disruption, podgc, persistentvolume-binder, serviceaccount,
+    /// nodeipam, volumesnapshot.
     #[arg(long, default_value = "*", value_delimiter = ',')]
     controllers: Vec<String>,
     /// Time a node may go without renewing its Lease before it is marked unreachable.
