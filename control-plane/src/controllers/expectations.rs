@@ -26,6 +26,22 @@ impl<K: Eq + Hash + Clone> Default for Expectations<K> {
 }
 
 impl<K: Eq + Hash + Clone> Expectations<K> {
+    /// What a change of an object the owner `key` creates and deletes (a pod) shows its
+    /// expectations: a creation seen, a deletion started or done.
+    pub fn observe<T: kube::ResourceExt>(&self, key: &K, change: &ferro_runtime::Change<T>) {
+        match change {
+            ferro_runtime::Change::Applied { old, new } => {
+                if old.is_none() {
+                    self.observed_add(key);
+                }
+                if new.meta().deletion_timestamp.is_some() {
+                    self.observed_delete(key, &new.name_any());
+                }
+            }
+            ferro_runtime::Change::Deleted(obj) => self.observed_delete(key, &obj.name_any()),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, Pending>> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -130,17 +130,8 @@ pub fn keys_for_node(change: &Change<Node>, all: &[Arc<DaemonSet>]) -> Vec<Objec
 
 /// Tells the owner's expectations what a pod change shows.
 fn observe(exp: &Expectations<ObjectKey>, change: &Change<Pod>) {
-    let Some(k) = owner_key(change.object().as_ref()) else { return };
-    match change {
-        Change::Applied { old, new } => {
-            if old.is_none() {
-                exp.observed_add(&k);
-            }
-            if new.metadata.deletion_timestamp.is_some() {
-                exp.observed_delete(&k, &new.name_any());
-            }
-        }
-        Change::Deleted(pod) => exp.observed_delete(&k, &pod.name_any()),
+    if let Some(k) = owner_key(change.object().as_ref()) {
+        exp.observe(&k, change);
     }
 }
 

@@ -124,22 +124,11 @@ pub fn orphan_key_for_pod(change: &Change<Pod>, job: impl FnOnce(Option<&str>, &
 /// removal it waited for.
 fn observe(exp: &Expectations<ObjectKey>, fin: &FinalizerExpectations, change: &Change<Pod>) {
     let Some(k) = owner_key(change.object()) else { return };
+    exp.observe(&k, change);
     match change {
-        Change::Applied { old, new } => {
-            if old.is_none() {
-                exp.observed_add(&k);
-            }
-            if new.metadata.deletion_timestamp.is_some() {
-                exp.observed_delete(&k, &new.name_any());
-            }
-            if !has_finalizer(new) {
-                fin.observed(&k, new.uid().as_deref().unwrap_or_default());
-            }
-        }
-        Change::Deleted(pod) => {
-            exp.observed_delete(&k, &pod.name_any());
-            fin.observed(&k, pod.uid().as_deref().unwrap_or_default());
-        }
+        Change::Applied { new, .. } if !has_finalizer(new) => fin.observed(&k, new.uid().as_deref().unwrap_or_default()),
+        Change::Applied { .. } => {}
+        Change::Deleted(pod) => fin.observed(&k, pod.uid().as_deref().unwrap_or_default()),
     }
 }
 

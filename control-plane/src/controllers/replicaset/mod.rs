@@ -66,17 +66,8 @@ pub fn keys_for_pod(change: &Change<Pod>, in_namespace: impl FnOnce(&str) -> Vec
 
 /// Tells the owner's expectations what a pod change shows: a creation or a deletion it waited for.
 fn observe(exp: &Expectations<ObjectKey>, change: &Change<Pod>) {
-    let Some(k) = owner_key(change.object()) else { return };
-    match change {
-        Change::Applied { old, new } => {
-            if old.is_none() {
-                exp.observed_add(&k);
-            }
-            if new.metadata.deletion_timestamp.is_some() {
-                exp.observed_delete(&k, &new.name_any());
-            }
-        }
-        Change::Deleted(pod) => exp.observed_delete(&k, &pod.name_any()),
+    if let Some(k) = owner_key(change.object()) {
+        exp.observe(&k, change);
     }
 }
 
