@@ -50,29 +50,12 @@ async fn main() {
     let n = arg("--pods", 10_000);
     let conc = arg("--concurrency", 16);
     let watchers = arg("--watchers", 100);
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("ferro-control-plane");
-    let dir = tempfile::Builder::new().prefix("ferro-bench").tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = std::process::Command::new(&bin)
-        .args(["--data-dir", dir.path().to_str().unwrap(), "--bind-address", "127.0.0.1"])
-        .args(["--secure-port", &port.to_string()])
-        // the API server alone: no scheduler writing statuses of these node-less pods
-        .arg("--controllers=")
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-    let kc = dir.path().join("admin.kubeconfig");
-    while !(kc.exists() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let cfg = kube::Config::from_custom_kubeconfig(kube::config::Kubeconfig::read_from(&kc).unwrap(), &Default::default())
-        .await
-        .unwrap();
-    let client = kube::Client::try_from(cfg).unwrap();
+    // The API server alone: no scheduler writing statuses of these node-less pods.
+    let server = common::Server::start("ferro-bench", &["--controllers="]).await;
+    let client = server.client.clone();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     println!("ferro-control-plane benchmark: {n} pods, {conc} concurrent writers, {watchers} watchers");
-    println!("idle RSS: {:.1} MiB", rss_mib(child.id()));
+    println!("idle RSS: {:.1} MiB", rss_mib(server.child.id()));
 
     // 1. writes
     let start = Instant::now();
@@ -96,7 +79,7 @@ async fn main() {
         lists.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     println!("list {n} pods (kube-rs, incl. decoding): min {:.0} ms, median {:.0} ms", pct(&mut lists.clone(), 0.0), pct(&mut lists, 0.5));
-    println!("RSS with {n} pods: {:.1} MiB", rss_mib(child.id()));
+    println!("RSS with {n} pods: {:.1} MiB", rss_mib(server.child.id()));
 
     // 3. watch delay
     let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
@@ -143,7 +126,6 @@ async fn main() {
         pct(&mut d, 0.5),
         pct(&mut d, 0.99)
     );
-    println!("RSS at the end: {:.1} MiB", rss_mib(child.id()));
-    let _ = child.kill();
-    let _ = child.wait();
+    println!("RSS at the end: {:.1} MiB", rss_mib(server.child.id()));
+    drop(server);
 }

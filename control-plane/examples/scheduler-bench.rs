@@ -39,24 +39,8 @@ async fn main() {
     let n_nodes = arg("--nodes", 100);
     let n_pods = arg("--pods", 5000);
     let replicas = arg("--replicas", 1000);
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("ferro-control-plane");
-    let dir = tempfile::Builder::new().prefix("ferro-sched-bench").tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = std::process::Command::new(&bin)
-        .args(["--data-dir", dir.path().to_str().unwrap(), "--bind-address", "127.0.0.1"])
-        .args(["--secure-port", &port.to_string()])
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-    let kc = dir.path().join("admin.kubeconfig");
-    while !(kc.exists() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let cfg = kube::Config::from_custom_kubeconfig(kube::config::Kubeconfig::read_from(&kc).unwrap(), &Default::default())
-        .await
-        .unwrap();
-    let client = kube::Client::try_from(cfg).unwrap();
+    let server = common::Server::start("ferro-sched-bench", &[]).await;
+    let client = server.client.clone();
     println!("ferro scheduler benchmark: {n_nodes} nodes, {n_pods} pods, deployment of {replicas}");
 
     let nodes: Api<Node> = Api::all(client.clone());
@@ -201,6 +185,5 @@ async fn main() {
         total.as_secs_f64()
     );
     kubelet.abort();
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(server);
 }

@@ -57,24 +57,8 @@ async fn main() {
     let parallelism = arg("--parallelism", 100);
     let n_cron = arg("--cronjobs", 20);
     let cron_minutes = arg("--cron-minutes", 2);
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("ferro-control-plane");
-    let dir = tempfile::Builder::new().prefix("ferro-workload-bench").tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = std::process::Command::new(&bin)
-        .args(["--data-dir", dir.path().to_str().unwrap(), "--bind-address", "127.0.0.1"])
-        .args(["--secure-port", &port.to_string(), "--node-monitor-grace-period", "1h"])
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-    let kc = dir.path().join("admin.kubeconfig");
-    while !(kc.exists() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let cfg = kube::Config::from_custom_kubeconfig(kube::config::Kubeconfig::read_from(&kc).unwrap(), &Default::default())
-        .await
-        .unwrap();
-    let client = kube::Client::try_from(cfg).unwrap();
+    let server = common::Server::start("ferro-workload-bench", &["--node-monitor-grace-period", "1h"]).await;
+    let client = server.client.clone();
     println!(
         "ferro workload benchmark: {n_nodes} nodes; DaemonSet; StatefulSet of {sts} (Parallel); Job of {completions} at parallelism {parallelism}; {n_cron} CronJobs for {cron_minutes} min"
     );
@@ -202,6 +186,5 @@ async fn main() {
         d.iter().copied().fold(0.0, f64::max)
     );
     kubelet.abort();
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(server);
 }
