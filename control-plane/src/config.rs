@@ -12,7 +12,7 @@ use crate::auth::Tokens;
 use crate::pki;
 use crate::resources;
 use crate::server::ServerState;
-use crate::store::{EmbeddedStore, EmbeddedStoreOptions, Store};
+use crate::store::{EmbeddedStore, EmbeddedStoreOptions, EtcdOptions, EtcdStore, KeyLayout, Store};
 
 /// Everything `ferro-control-plane` is configured with.
 #[derive(Debug, Clone)]
@@ -30,6 +30,42 @@ pub struct Config {
     pub watch_history: usize,
     pub max_requests_inflight: usize,
     pub max_mutating_requests_inflight: usize,
+    /// Keep objects in etcd instead of the embedded store.
+    pub etcd: Option<EtcdConfig>,
+}
+
+/// The etcd backend (`--etcd-servers` and friends).
+#[derive(Debug, Clone)]
+pub struct EtcdConfig {
+    pub servers: Vec<String>,
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// Every key lives under it (upstream's `/registry`).
+    pub prefix: String,
+    /// Zero: never compact.
+    pub compaction_interval: std::time::Duration,
+}
+
+/// Upstream's etcd key layout for the served resources: `<prefix>/<resource>/<namespace>/<name>`
+/// with upstream's few exceptions (nodes are `minions`, services `services/specs`, endpoints
+/// `services/endpoints`, kinds upstream serves from CustomResourceDefinitions
+/// `<group>/<resource>`).
+pub fn etcd_key_layout(prefix: &str) -> KeyLayout {
+    let segments = resources::RESOURCES
+        .iter()
+        .map(|r| {
+            let segment = match (r.group, r.plural) {
+                ("", "nodes") => "minions/".to_string(),
+                ("", "services") => "services/specs/".to_string(),
+                ("", "endpoints") => "services/endpoints/".to_string(),
+                ("snapshot.storage.k8s.io", plural) => format!("snapshot.storage.k8s.io/{plural}/"),
+                (_, plural) => format!("{plural}/"),
+            };
+            (r.prefix(None), segment)
+        })
+        .collect();
+    KeyLayout::mapped(prefix, segments)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +113,8 @@ impl Config {
 pub struct Running {
     pub addrs: Vec<SocketAddr>,
     pub api: Arc<Api>,
+    /// Serves `/debug/controllers` once the loops of this process are set here.
+    pub explain: Arc<std::sync::OnceLock<Arc<crate::controllers::explain::Registry>>>,
     shutdown: tokio::sync::watch::Sender<bool>,
 }
 
@@ -127,21 +165,39 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
     let kubelet = crate::proxy::KubeletClient::new(&kc_cert, &kc_key).map_err(StartError::Tls)?;
 
     // Store and API.
-    let store_path = dir.join("store.redb");
-    let store = tokio::task::spawn_blocking({
-        let opts = EmbeddedStoreOptions { history: cfg.watch_history, ..Default::default() };
-        move || EmbeddedStore::open(&store_path, crate::strategy::indexer(), opts)
-    })
-    .await
-    .map_err(|e| StartError::Internal(e.to_string()))??;
-    let store: Arc<dyn Store> = Arc::new(store);
+    let store: Arc<dyn Store> = match &cfg.etcd {
+        Some(etcd) => {
+            let opts = EtcdOptions {
+                ca_file: etcd.ca_file.clone(),
+                cert_file: etcd.cert_file.clone(),
+                key_file: etcd.key_file.clone(),
+                compaction_interval: etcd.compaction_interval,
+                history: cfg.watch_history,
+                ..EtcdOptions::new(etcd.servers.clone())
+            };
+            let layout = etcd_key_layout(&etcd.prefix);
+            Arc::new(EtcdStore::connect(opts, layout, crate::strategy::indexer()).await?)
+        }
+        None => {
+            let store_path = dir.join("store.redb");
+            let store = tokio::task::spawn_blocking({
+                let opts = EmbeddedStoreOptions { history: cfg.watch_history, ..Default::default() };
+                move || EmbeddedStore::open(&store_path, crate::strategy::indexer(), opts)
+            })
+            .await
+            .map_err(|e| StartError::Internal(e.to_string()))??;
+            Arc::new(store)
+        }
+    };
     let api = Arc::new(Api::new(store, ips, ports).await?);
     bootstrap_objects(&api, cfg, kubernetes_ip).await?;
 
     // TLS: client certificates are optional; requests without one need a bearer token.
     let tls = tls_config(&ca.cert_pem, &serving_cert, &serving_key)?;
+    let explain: Arc<std::sync::OnceLock<_>> = Arc::default();
     let state = Arc::new(ServerState {
         api: api.clone(),
+        explain: explain.clone(),
         tokens,
         kubelet: Some(kubelet),
         readonly_inflight: Arc::new(tokio::sync::Semaphore::new(cfg.max_requests_inflight.max(1))),
@@ -168,7 +224,7 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
         tokio::spawn(crate::server::serve_tls(state.clone(), listener, tls.clone(), rx.clone()));
     }
     tracing::info!(?addrs, kubeconfig = %dir.join("admin.kubeconfig").display(), "ferro-control-plane serving");
-    Ok(Running { addrs, api, shutdown: tx })
+    Ok(Running { addrs, api, explain, shutdown: tx })
 }
 
 fn tls_config(ca_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Arc<rustls::ServerConfig>, StartError> {

@@ -64,6 +64,23 @@ struct Cli {
     /// How long a node must stay missing before the pod garbage collector deletes its pods.
     #[arg(long, default_value = "40s", value_parser = parse_duration)]
     pod_gc_quarantine: std::time::Duration,
+    /// Keep objects in etcd (comma-separated client URLs) instead of the embedded store.
+    #[arg(long = "etcd-servers", value_delimiter = ',')]
+    etcd_servers: Vec<String>,
+    /// CA bundle to verify the etcd servers' certificates (https URLs).
+    #[arg(long)]
+    etcd_cafile: Option<PathBuf>,
+    /// Client certificate for etcd (mutual TLS), with --etcd-keyfile.
+    #[arg(long)]
+    etcd_certfile: Option<PathBuf>,
+    #[arg(long)]
+    etcd_keyfile: Option<PathBuf>,
+    /// Every key in etcd lives under this prefix.
+    #[arg(long, default_value = "/registry")]
+    etcd_prefix: String,
+    /// How often old etcd revisions are compacted (0: never).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    etcd_compaction_interval: std::time::Duration,
     /// Run the loops against this API server instead of the embedded one (no API server is
     /// started then).
     #[arg(long)]
@@ -128,6 +145,14 @@ fn main() -> anyhow::Result<()> {
         watch_history: cli.watch_history,
         max_requests_inflight: cli.max_requests_inflight,
         max_mutating_requests_inflight: cli.max_mutating_requests_inflight,
+        etcd: (!cli.etcd_servers.is_empty()).then(|| ferro_control_plane::config::EtcdConfig {
+            servers: cli.etcd_servers.clone(),
+            ca_file: cli.etcd_cafile.clone(),
+            cert_file: cli.etcd_certfile.clone(),
+            key_file: cli.etcd_keyfile.clone(),
+            prefix: cli.etcd_prefix.clone(),
+            compaction_interval: cli.etcd_compaction_interval,
+        }),
     };
     ferro_control_plane::controllers::manager::validate(&cli.controllers).map_err(anyhow::Error::msg)?;
     let copts = ferro_control_plane::controllers::manager::Options {
@@ -157,7 +182,9 @@ fn main() -> anyhow::Result<()> {
         let running = start(&cfg).await?;
         let _loops = if copts.controllers.iter().any(|c| !c.is_empty()) {
             let client = kube_client(&cfg.data_dir.join("admin.kubeconfig")).await?;
-            Some(ferro_control_plane::controllers::manager::start(client, &copts))
+            let loops = ferro_control_plane::controllers::manager::start(client, &copts);
+            let _ = running.explain.set(loops.explain());
+            Some(loops)
         } else {
             None
         };

@@ -34,6 +34,8 @@ pub struct ServerState {
     /// requests get 429 with Retry-After (long-running watches and proxies are not counted).
     pub readonly_inflight: Arc<tokio::sync::Semaphore>,
     pub mutating_inflight: Arc<tokio::sync::Semaphore>,
+    /// The explainers of the loops running in this process, once they started.
+    pub explain: Arc<std::sync::OnceLock<Arc<crate::controllers::explain::Registry>>>,
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
@@ -398,6 +400,42 @@ pub async fn handle(state: Arc<ServerState>, cert_user: Option<User>, req: Reque
     resp
 }
 
+/// `/debug/controllers[/<loop>/<namespace>/<name>]`: what a loop would do for an object and
+/// why it waits (controllers::explain); the admin's only, like upstream's /debug paths.
+async fn serve_explain(state: &ServerState, user: &User, path: &str, rest: &str, req: &Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    use crate::controllers::explain::{ExplainError, Registry};
+    if req.method() != Method::GET {
+        return Err(ApiError::method_not_allowed(req.method().as_str()));
+    }
+    if !user.is_admin() {
+        return Err(ApiError::new(403, "Forbidden", format!("forbidden: User \"{}\" cannot get path \"{path}\"", user.name)));
+    }
+    let empty;
+    let registry: &Registry = match state.explain.get() {
+        Some(r) => r,
+        None => {
+            empty = Registry::default();
+            &empty
+        }
+    };
+    let target = crate::controllers::explain::parse_path(rest).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let Some((name, key)) = target else {
+        return Ok(json_response(200, &registry.index()));
+    };
+    let e = registry.explain(&name, key).await.map_err(|e| match e {
+        ExplainError::BadPath => ApiError::bad_request(e.to_string()),
+        ExplainError::NotFound { resource, name } => ApiError::not_found(&resource, &name),
+        _ => ApiError::new(404, "NotFound", e.to_string()),
+    })?;
+    if query(req).get("format").map(String::as_str) == Some("text") {
+        return Ok(Response::builder()
+            .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+            .body(full(e.to_text()))
+            .unwrap_or_else(|_| Response::new(full(""))));
+    }
+    Ok(json_response(200, &serde_json::to_value(&e).unwrap_or_default()))
+}
+
 async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let path = req.uri().path().to_string();
     // Public endpoints (upstream's system:public-info-viewer).
@@ -420,6 +458,9 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
     };
     if let Some(review) = auth::Review::of_path(&path) {
         return serve_review(state, &user, review, req).await;
+    }
+    if let Some(rest) = path.strip_prefix("/debug/controllers").filter(|r| r.is_empty() || r.starts_with('/')) {
+        return serve_explain(state, &user, &path, rest, &req).await;
     }
     let q = query(&req);
     // Discovery and OpenAPI: any authenticated user (upstream's system:discovery).

@@ -54,6 +54,30 @@ impl<K: Eq + Hash + Clone> Expectations<K> {
         }
     }
 
+    /// What holds the owner back, for explanations: `None` when [`Self::satisfied`].
+    pub fn pending(&self, key: &K) -> Option<String> {
+        if self.satisfied(key) {
+            return None;
+        }
+        let m = self.lock();
+        let p = m.get(key)?;
+        let mut what = Vec::new();
+        if p.adds > 0 {
+            what.push(format!("{} pod creation(s)", p.adds));
+        }
+        if !p.deletes.is_empty() {
+            let mut names: Vec<&str> = p.deletes.iter().map(String::as_str).collect();
+            names.sort_unstable();
+            what.push(format!("the deletion of {}", names.join(", ")));
+        }
+        Some(format!(
+            "waits for its informer to show {} it made {} ago (expectations; given up after {})",
+            what.join(" and "),
+            super::explain::go_duration(p.since.elapsed()),
+            super::explain::go_duration(TIMEOUT)
+        ))
+    }
+
     /// Records creations and deletions (pod names) about to be issued.
     pub fn expect(&self, key: &K, adds: usize, deletes: impl IntoIterator<Item = String>) {
         let mut m = self.lock();

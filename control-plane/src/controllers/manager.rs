@@ -110,12 +110,13 @@ macro_rules! informers {
         /// The shared informers, each started on first use.
         pub struct Informers {
             client: kube::Client,
+            explain: Arc<super::explain::Registry>,
             $($field: OnceLock<Arc<Informer<$ty>>>,)*
         }
 
         impl Informers {
             pub fn new(client: kube::Client) -> Arc<Self> {
-                Arc::new(Informers { client, $($field: OnceLock::new(),)* })
+                Arc::new(Informers { client, explain: Arc::default(), $($field: OnceLock::new(),)* })
             }
 
             $(
@@ -163,6 +164,11 @@ informers! {
 impl Informers {
     pub fn client(&self) -> kube::Client {
         self.client.clone()
+    }
+
+    /// The explainers of the running loops (`/debug/controllers`).
+    pub fn explain(&self) -> Arc<super::explain::Registry> {
+        self.explain.clone()
     }
 }
 
@@ -230,6 +236,7 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
         .filter(|n| on(n) && (*n != "nodeipam" || opts.allocate_node_cidrs))
         .collect();
     tracing::info!(loops = %running.join(","), "controller loops started");
+    inf.explain.set_running(running);
     inf
 }
 

@@ -11,6 +11,7 @@ pub mod deployment;
 pub mod disruption;
 pub mod endpointslice;
 pub mod expectations;
+pub mod explain;
 pub mod gc;
 pub mod history;
 pub mod job;

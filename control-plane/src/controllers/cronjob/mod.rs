@@ -17,6 +17,7 @@ use serde_json::json;
 
 use self::plan::Op;
 use crate::controllers::clock::Clock;
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::replicaset::controller_of;
 use crate::controllers::{is_conflict, is_not_found, Error};
@@ -68,7 +69,72 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         queue: queue.clone(),
         wakes: Mutex::new(HashMap::new()),
     });
+    {
+        let ctx = ctx.clone();
+        inf.explain().register("cronjob", Arc::new(move |key| Box::pin(explain(ctx.clone(), key))));
+    }
     spawn_workers("cronjob", queue, 2, move |key: ObjectKey| reconcile(ctx.clone(), key));
+}
+
+/// The Jobs a CronJob controls.
+fn owned_jobs(ctx: &Context, cj: &CronJob) -> Vec<Arc<Job>> {
+    let ns = cj.namespace();
+    let uid = cj.metadata.uid.clone().unwrap_or_default();
+    ctx.jobs
+        .list()
+        .into_iter()
+        .filter(|j| j.namespace() == ns)
+        .filter(|j| controller_of(j.owner_references()).is_some_and(|r| r.kind == "CronJob" && r.uid == uid))
+        .collect()
+}
+
+/// A dry run of [`reconcile`] for one CronJob.
+async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    ctx.cron_jobs.wait_synced().await;
+    ctx.jobs.wait_synced().await;
+    let cj = ctx.cron_jobs.get(key.namespace.as_deref(), &key.name).ok_or_else(|| ExplainError::not_found("cronjobs.batch", &key))?;
+    let owned = owned_jobs(&ctx, &cj);
+    let refs: Vec<&Job> = owned.iter().map(AsRef::as_ref).collect();
+    let now = ctx.clock.now();
+    let plan = plan::plan(&cj, &refs, now);
+    let spec = cj.spec.clone().unwrap_or_default();
+    let mut e = Explanation::new("cronjob", Subject::of(cj.as_ref()));
+    e.observed = json!({
+        "now": now.to_string(),
+        "jobs": owned.iter().map(|j| {
+            let state = match plan::finished(j) {
+                Some(true) => "Complete",
+                Some(false) => "Failed",
+                None if j.metadata.deletion_timestamp.is_some() => "Terminating",
+                None => "Active",
+            };
+            json!({"name": j.name_any(), "state": state})
+        }).collect::<Vec<_>>(),
+        "lastScheduleTime": cj.status.as_ref().and_then(|s| s.last_schedule_time.as_ref()).map(|t| t.0.to_string()),
+    });
+    e.wants = json!({
+        "schedule": spec.schedule,
+        "timeZone": spec.time_zone.as_deref().unwrap_or("UTC"),
+        "concurrencyPolicy": spec.concurrency_policy.as_deref().unwrap_or("Allow"),
+        "nextRun": plan.wake_at.map(|t| t.to_string()),
+    });
+    for op in &plan.ops {
+        e.actions.push(match op {
+            Op::DeleteJob { name, .. } => format!("delete Job {name}"),
+            Op::CreateJob { job, scheduled } => format!("create Job {} for the run due at {scheduled}", job.name_any()),
+            Op::Status { active, last_schedule, .. } => {
+                let names: Vec<&str> = active.iter().filter_map(|r| r.name.as_deref()).collect();
+                let last = last_schedule.map(|t| t.to_string()).unwrap_or_else(|| "none".into());
+                format!("write status: active [{}], lastScheduleTime {last}", names.join(", "))
+            }
+            Op::Event { warning, reason, message } => {
+                format!("record {} event {reason}: {message}", if *warning { "Warning" } else { "Normal" })
+            }
+        });
+    }
+    e.waiting = plan.waiting.clone();
+    let after = plan.wake_at.map(|t| std::time::Duration::try_from(t.duration_since(now)).unwrap_or_default());
+    Ok(e.requeue(after))
 }
 
 /// Makes sure `key` is looked at again at `at` (on the controllers' clock).
@@ -105,14 +171,8 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
         ctx.wakes.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
         return Ok(Next::Done);
     };
-    let uid = cj.metadata.uid.clone().unwrap_or_default();
-    let all = ctx.jobs.list();
-    let owned: Vec<&Job> = all
-        .iter()
-        .map(AsRef::as_ref)
-        .filter(|j| j.namespace().as_deref() == Some(ns.as_str()))
-        .filter(|j| controller_of(j.owner_references()).is_some_and(|r| r.kind == "CronJob" && r.uid == uid))
-        .collect();
+    let all = owned_jobs(&ctx, &cj);
+    let owned: Vec<&Job> = all.iter().map(AsRef::as_ref).collect();
     let plan = plan::plan(&cj, &owned, ctx.clock.now());
     tracing::debug!(?plan, "plan");
     let cjs: Api<CronJob> = Api::namespaced(ctx.client.clone(), &ns);

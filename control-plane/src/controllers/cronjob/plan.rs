@@ -45,6 +45,8 @@ pub struct Plan {
     pub ops: Vec<Op>,
     /// When to look again (the next scheduled time), if ever.
     pub wake_at: Option<Timestamp>,
+    /// Why no run starts now, in words (explanations).
+    pub waiting: Vec<String>,
 }
 
 fn condition_true(job: &Job, t: &str) -> bool {
@@ -184,6 +186,11 @@ pub fn plan(cj: &CronJob, jobs: &[&Job], now: Timestamp) -> Plan {
     };
 
     if cj.metadata.deletion_timestamp.is_some() || spec.suspend == Some(true) {
+        p.waiting.push(if spec.suspend == Some(true) {
+            "the CronJob is suspended (spec.suspend): no run starts until it is resumed".into()
+        } else {
+            "the CronJob is being deleted".into()
+        });
         write_status(&mut p, active_refs, last_schedule);
         return p;
     }
@@ -216,6 +223,10 @@ pub fn plan(cj: &CronJob, jobs: &[&Job], now: Timestamp) -> Plan {
     let missed = schedule.times_between(&earliest.to_zoned(zone.clone()), &now_z, 1_000_000);
     p.wake_at = schedule.next_after(&now_z).map(|z| z.timestamp());
     let Some(due) = missed.last().map(|z| z.timestamp()) else {
+        if let Some(next) = p.wake_at {
+            let d = std::time::Duration::try_from(next.duration_since(now)).unwrap_or_default();
+            p.waiting.push(format!("the next run is due at {next} (in {})", crate::controllers::explain::go_duration(d)));
+        }
         write_status(&mut p, active_refs, last_schedule);
         return p;
     };
@@ -240,6 +251,11 @@ pub fn plan(cj: &CronJob, jobs: &[&Job], now: Timestamp) -> Plan {
     }
     match spec.concurrency_policy.as_deref() {
         Some("Forbid") if !active.is_empty() => {
+            let names: Vec<&str> = active.iter().filter_map(|j| j.metadata.name.as_deref()).collect();
+            p.waiting.push(format!(
+                "the run due at {due} waits: {} still active and concurrencyPolicy is Forbid",
+                names.join(", ")
+            ));
             p.ops.push(Op::Event {
                 warning: false,
                 reason: "JobAlreadyActive",

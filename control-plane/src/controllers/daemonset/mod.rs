@@ -24,6 +24,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::controllers::expectations::Expectations;
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::replicaset::controller_of;
 use crate::controllers::{is_conflict, is_not_found, Error};
@@ -186,7 +187,101 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         exp,
         backoff: Backoff::default(),
     });
+    {
+        let ctx = ctx.clone();
+        inf.explain().register("daemonset", Arc::new(move |key| Box::pin(explain(ctx.clone(), key))));
+    }
     spawn_workers("daemonset", queue, 2, move |key: ObjectKey| reconcile(ctx.clone(), key));
+}
+
+/// A dry run of [`reconcile`] for one DaemonSet.
+async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    ctx.dss.wait_synced().await;
+    ctx.pods.wait_synced().await;
+    ctx.nodes.wait_synced().await;
+    ctx.revisions.wait_synced().await;
+    let ds = ctx.dss.get(key.namespace.as_deref(), &key.name).ok_or_else(|| ExplainError::not_found("daemonsets.apps", &key))?;
+    let ns = key.namespace.clone().unwrap_or_default();
+    let all_pods = ctx.pods.list_namespace(&ns);
+    let pod_refs: Vec<&Pod> = all_pods.iter().map(|p| p.as_ref()).collect();
+    let all_revs = ctx.revisions.list_namespace(&ns);
+    let rev_refs: Vec<&ControllerRevision> = all_revs.iter().map(|r| r.as_ref()).collect();
+    let h = plan::plan_history(&ds, &rev_refs, &pod_refs);
+    let all_nodes = ctx.nodes.list();
+    let node_refs: Vec<&Node> = all_nodes.iter().map(|n| n.as_ref()).collect();
+    let now = Instant::now();
+    let in_backoff = |node: &str| ctx.backoff.remaining(&backoff_key(&ds, node), now);
+    let p = plan::plan(&plan::Input {
+        ds: &ds,
+        nodes: &node_refs,
+        pods: &pod_refs,
+        hash: &h.hash,
+        now: jiff::Timestamp::now(),
+        expectations_satisfied: ctx.exp.satisfied(&key),
+        backoff: &in_backoff,
+    });
+    let uid = ds.metadata.uid.clone().unwrap_or_default();
+    let eligibility = plan::Eligibility::of(&ds);
+    let mut e = Explanation::new("daemonset", Subject::of(ds.as_ref()));
+    let owned: Vec<&Pod> =
+        pod_refs.iter().copied().filter(|p| controller_of(p.owner_references()).is_some_and(|o| o.uid == uid)).collect();
+    e.observed = json!({
+        "nodes": all_nodes.iter().map(|n| {
+            let name = n.name_any();
+            let pods: Vec<String> = owned.iter().filter(|p| plan::target_node(p).as_deref() == Some(name.as_str())).map(|p| {
+                let updated = if plan::is_pod_updated(p, &h.hash, &ds) { "updated" } else { "old revision" };
+                let phase = p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_else(|| "Pending".into());
+                let gone = if p.metadata.deletion_timestamp.is_some() { ", terminating" } else { "" };
+                format!("{} ({phase}, {updated}{gone})", p.name_any())
+            }).collect();
+            let mut o = json!({"name": name, "pods": pods});
+            if let Some(why) = eligibility.why_not(n) {
+                o["notEligible"] = json!(why);
+            }
+            o
+        }).collect::<Vec<_>>(),
+        "revisionHash": h.hash,
+    });
+    let eligible: Vec<String> = all_nodes.iter().filter(|n| eligibility.check(n).0).map(|n| n.name_any()).collect();
+    let spec = ds.spec.clone().unwrap_or_default();
+    e.wants = json!({
+        "nodes": eligible,
+        "revisionHash": h.hash,
+        "updateStrategy": spec.update_strategy,
+    });
+    if let Some(w) = ctx.exp.pending(&key) {
+        e.waiting.push(w);
+    }
+    let a = &mut e.actions;
+    a.extend(h.adopt.iter().map(|r| format!("adopt orphan ControllerRevision {r}")));
+    a.extend(h.release.iter().map(|r| format!("release ControllerRevision {r}")));
+    a.extend(h.label.iter().map(|r| format!("label ControllerRevision {r} with its hash")));
+    a.extend(h.create.iter().map(|c| format!("create ControllerRevision {} (revision {})", c.name_any(), c.revision)));
+    a.extend(h.bump.iter().map(|(n, r)| format!("renumber ControllerRevision {n} to revision {r}: the template went back to it")));
+    a.extend(h.relabel.iter().map(|n| format!("relabel Pod {n} with hash {}", h.hash)));
+    a.extend(h.duplicates.iter().map(|n| format!("delete duplicate ControllerRevision {n}")));
+    a.extend(p.adopt.iter().map(|n| format!("adopt orphan Pod {n}")));
+    a.extend(p.release.iter().map(|n| format!("release Pod {n}: it no longer matches the selector")));
+    a.extend(p.delete.iter().map(|n| {
+        let failed = p.failed.iter().find(|(f, _)| f == n).map(|(_, node)| format!(": it failed on node {node}")).unwrap_or_default();
+        format!("delete Pod {n}{failed}")
+    }));
+    a.extend(p.create_on.iter().map(|n| format!("create a daemon pod for node {n}")));
+    if p.status_changed {
+        let st = &p.status;
+        a.push(format!(
+            "write status: desired {}, current {}, ready {}, updated {}, available {}, misscheduled {}",
+            st.desired_number_scheduled,
+            st.current_number_scheduled,
+            st.number_ready,
+            st.updated_number_scheduled.unwrap_or(0),
+            st.number_available.unwrap_or(0),
+            st.number_misscheduled,
+        ));
+    }
+    a.extend(h.cleanup.iter().map(|n| format!("delete ControllerRevision {n}: beyond revisionHistoryLimit")));
+    e.waiting.extend(p.waiting.iter().cloned());
+    Ok(e.requeue(p.requeue_after))
 }
 
 /// Replaces an object's ownerReferences, guarded by its resourceVersion.

@@ -208,6 +208,21 @@ impl Eligibility {
         let evicts = find_untolerated_taint(taints, &self.tolerations, |t| t.effect == NO_EXECUTE);
         (false, evicts.is_none())
     }
+
+    /// Why a daemon pod does not run on a node, in words; `None` when it should.
+    pub fn why_not(&self, node: &Node) -> Option<String> {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        if !self.template_node.is_empty() && self.template_node != name {
+            return Some(format!("the template's nodeName is {}", self.template_node));
+        }
+        if !self.required.matches_node(node) {
+            return Some("the node does not match the nodeSelector or the required node affinity".into());
+        }
+        let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or(&[]);
+        let t = find_untolerated_taint(taints, &self.tolerations, |t| t.effect == NO_SCHEDULE || t.effect == NO_EXECUTE)?;
+        let value = t.value.as_deref().map(|v| format!("={v}")).unwrap_or_default();
+        Some(format!("the node has the taint {}{value}:{} the pods do not tolerate", t.key, t.effect))
+    }
 }
 
 /// [`Eligibility::check`] for one node.
@@ -421,6 +436,8 @@ pub struct DsPlan {
     pub status_changed: bool,
     /// Sync again after this long (a failed pod's back-off, minReadySeconds).
     pub requeue_after: Option<Duration>,
+    /// Why the sync goes no further now, in words (explanations).
+    pub waiting: Vec<String>,
 }
 
 /// Everything the planner looks at.
@@ -459,7 +476,11 @@ pub fn plan(input: &Input<'_>) -> DsPlan {
     let spec_selector = ds.spec.as_ref().map(|s| s.selector.clone()).unwrap_or_default();
     let selector = LabelSelector::from_api(&spec_selector).ok().filter(|s| !s.is_empty());
     let Some(selector) = selector else {
-        return DsPlan { status: ds.status.clone().unwrap_or_default(), ..DsPlan::default() };
+        return DsPlan {
+            status: ds.status.clone().unwrap_or_default(),
+            waiting: vec!["spec.selector is empty or cannot be parsed: the DaemonSet is left alone".into()],
+            ..DsPlan::default()
+        };
     };
     let claimed = claim(ds, &selector, input.pods);
     let mut node_pods = by_node(&claimed.pods);
@@ -472,8 +493,13 @@ pub fn plan(input: &Input<'_>) -> DsPlan {
         if p.create_on.is_empty() && p.delete.is_empty() && is_rolling_update(ds) {
             roll(input, &nodes, &mut node_pods, &mut p);
         }
+        if p.create_on.len() > BURST_REPLICAS || p.delete.len() > BURST_REPLICAS {
+            p.waiting.push(format!("at most {BURST_REPLICAS} creations and deletions per sync: the rest follow in the next one"));
+        }
         p.create_on.truncate(BURST_REPLICAS);
         p.delete.truncate(BURST_REPLICAS);
+    } else if ds.metadata.deletion_timestamp.is_some() {
+        p.waiting.push("the DaemonSet is being deleted: its pods are left to the garbage collector".into());
     }
 
     let (status, wait) = status(input, &nodes, &node_pods);
@@ -503,6 +529,11 @@ fn manage(input: &Input<'_>, nodes: &Answers, node_pods: &BTreeMap<String, Vec<&
                         "Failed" => {
                             if let Some(delay) = (input.backoff)(node_name) {
                                 p.requeue_after = min_some(p.requeue_after, Some(delay));
+                                p.waiting.push(format!(
+                                    "the failed pod {} on node {node_name} is replaced after its back-off ({} left)",
+                                    name(&pod.metadata),
+                                    crate::controllers::explain::go_duration(delay)
+                                ));
                                 continue;
                             }
                             p.delete.push(name(&pod.metadata));
@@ -539,6 +570,12 @@ fn manage(input: &Input<'_>, nodes: &Answers, node_pods: &BTreeMap<String, Vec<&
                 if let (Some(new), Some(old)) = (oldest_new, oldest_old) {
                     if !is_pod_ready(old) || is_pod_available(new, min_ready(ds), input.now) {
                         p.delete.push(name(&old.metadata));
+                    } else {
+                        p.waiting.push(format!(
+                            "the old pod {} on node {node_name} goes once the new pod {} is available (maxSurge)",
+                            name(&old.metadata),
+                            name(&new.metadata)
+                        ));
                     }
                 }
             }
@@ -622,6 +659,17 @@ fn roll(input: &Input<'_>, nodes: &Answers, node_pods: &mut BTreeMap<String, Vec
             }
         }
         let room = usize::try_from((max_unavailable - unavailable).max(0)).unwrap_or(0).min(candidates.len());
+        let old_available = node_pods
+            .values()
+            .filter_map(|pods| updated_and_old(ds, pods, input.hash))
+            .filter(|(new, old)| new.is_none() && old.is_some_and(available))
+            .count();
+        if old_available > room {
+            p.waiting.push(format!(
+                "the rolling update waits: {unavailable} of {desired} daemon pods are unavailable and maxUnavailable is {max_unavailable}; {} old pods left",
+                old_available
+            ));
+        }
         p.delete.extend(replace);
         p.delete.extend(candidates.into_iter().take(room));
         return;
@@ -662,6 +710,11 @@ fn roll(input: &Input<'_>, nodes: &Answers, node_pods: &mut BTreeMap<String, Vec
                     p.delete.push(name(&old.metadata));
                 } else {
                     surged += 1;
+                    p.waiting.push(format!(
+                        "the old pod {} on node {n} goes once the new pod {} is available (maxSurge)",
+                        name(&old.metadata),
+                        name(&new.metadata)
+                    ));
                 }
             }
         }
@@ -671,6 +724,12 @@ fn roll(input: &Input<'_>, nodes: &Answers, node_pods: &mut BTreeMap<String, Vec
     let deletable = usize::try_from((num_available - desired).max(0)).unwrap_or(0).min(should_not_run.len());
     p.delete.extend(should_not_run.into_iter().take(deletable));
     let room = usize::try_from((max_surge - surged).max(0)).unwrap_or(0).min(candidate_new.len());
+    if candidate_new.len() > room {
+        p.waiting.push(format!(
+            "the rolling update waits: {surged} nodes run a surge pod and maxSurge is {max_surge}; {} nodes left",
+            candidate_new.len() - room
+        ));
+    }
     p.create_on.extend(allowed_new);
     p.create_on.extend(candidate_new.into_iter().take(room));
 }
@@ -1000,6 +1059,14 @@ mod tests {
         let mut host = d.clone();
         merge(&mut host, json!({"spec": {"template": {"spec": {"hostNetwork": true}}}}));
         assert!(run(&host, &nodes, &[], "h1").create_on.contains(&"no-network".to_string()));
+
+        // and in words, for explanations
+        let e = Eligibility::of(&d);
+        let why = |n: &str| e.why_not(nodes.iter().find(|x| x.metadata.name.as_deref() == Some(n)).unwrap());
+        assert_eq!(why("ok"), None);
+        assert_eq!(why("tolerated"), None);
+        assert_eq!(why("wrong-role").as_deref(), Some("the node does not match the nodeSelector or the required node affinity"));
+        assert_eq!(why("tainted").as_deref(), Some("the node has the taint gpu:NoSchedule the pods do not tolerate"));
     }
 
     #[test]
@@ -1226,7 +1293,8 @@ mod tests {
     fn an_empty_selector_or_a_deleted_daemonset_plans_nothing() {
         let mut d = ds(json!({}));
         d.spec.as_mut().unwrap().selector = Default::default();
-        assert_eq!(run(&d, &[plain("n1")], &[], "h"), DsPlan { status: DaemonSetStatus::default(), ..DsPlan::default() });
+        let waiting = vec!["spec.selector is empty or cannot be parsed: the DaemonSet is left alone".to_string()];
+        assert_eq!(run(&d, &[plain("n1")], &[], "h"), DsPlan { status: DaemonSetStatus::default(), waiting, ..DsPlan::default() });
         let mut deleting = ds(json!({}));
         deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(ts(0)));
         let p = run(&deleting, &[plain("n1")], &[], "h");

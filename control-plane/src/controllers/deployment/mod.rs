@@ -11,10 +11,12 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt as _};
+use serde_json::json;
 
 use self::plan::Action;
 use ferro_runtime::events::Recorder;
 use crate::controllers::replicaset::controller_of;
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::{is_conflict, is_not_found, Error};
 
@@ -80,7 +82,107 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
     }
     let client = inf.client();
     let ctx = Arc::new(Context { recorder: Recorder::new(client.clone(), "deployment-controller"), client, deployments, rss, pods });
+    {
+        let ctx = ctx.clone();
+        inf.explain().register("deployment", Arc::new(move |key| Box::pin(explain(ctx.clone(), key))));
+    }
     spawn_workers("deployment", queue, 4, move |key: ObjectKey| reconcile(ctx.clone(), key));
+}
+
+/// The ReplicaSets a Deployment controls and their pods.
+fn owned(ctx: &Context, d: &Deployment) -> (Vec<Arc<ReplicaSet>>, Vec<Arc<Pod>>) {
+    let ns = d.namespace().unwrap_or_default();
+    let uid = d.metadata.uid.clone().unwrap_or_default();
+    let rss: Vec<Arc<ReplicaSet>> = ctx
+        .rss
+        .list_namespace(&ns)
+        .into_iter()
+        .filter(|rs| controller_of(rs.owner_references()).is_some_and(|r| r.uid == uid))
+        .collect();
+    let rs_uids: Vec<String> = rss.iter().filter_map(|rs| rs.metadata.uid.clone()).collect();
+    let pods = ctx
+        .pods
+        .list_namespace(&ns)
+        .into_iter()
+        .filter(|p| controller_of(p.owner_references()).is_some_and(|r| rs_uids.contains(&r.uid)))
+        .collect();
+    (rss, pods)
+}
+
+/// A dry run of [`reconcile`] for one Deployment.
+async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    ctx.deployments.wait_synced().await;
+    ctx.rss.wait_synced().await;
+    ctx.pods.wait_synced().await;
+    let d = ctx.deployments.get(key.namespace.as_deref(), &key.name).ok_or_else(|| ExplainError::not_found("deployments.apps", &key))?;
+    let (rss, pods) = owned(&ctx, &d);
+    let rs_refs: Vec<&ReplicaSet> = rss.iter().map(|r| r.as_ref()).collect();
+    let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+    let actions = plan::plan(&d, &rs_refs, &pod_refs, jiff::Timestamp::now());
+    let spec = d.spec.clone().unwrap_or_default();
+    let replicas = spec.replicas.unwrap_or(1);
+    let mut e = Explanation::new("deployment", Subject::of(d.as_ref()));
+    e.observed = json!({
+        "replicaSets": rss.iter().map(|rs| json!({
+            "name": rs.name_any(),
+            "revision": rs.annotations().get("deployment.kubernetes.io/revision"),
+            "replicas": rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0),
+            "ready": rs.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0),
+            "available": rs.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0),
+        })).collect::<Vec<_>>(),
+        "status": d.status,
+    });
+    e.wants = json!({
+        "replicas": replicas,
+        "strategy": spec.strategy,
+        "maxSurge": plan::max_surge(&d),
+        "maxUnavailable": plan::max_unavailable(&d),
+        "paused": spec.paused.unwrap_or(false),
+    });
+    let mut requeue = None;
+    for a in &actions {
+        e.actions.push(match a {
+            Action::CreateReplicaSet(rs) => format!(
+                "create ReplicaSet {} with {} replicas",
+                rs.name_any(),
+                rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0)
+            ),
+            Action::UpdateReplicaSet(rs) => format!(
+                "update ReplicaSet {} to {} replicas",
+                rs.name_any(),
+                rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0)
+            ),
+            Action::DeleteReplicaSet { name } => format!("delete ReplicaSet {name}: beyond revisionHistoryLimit"),
+            Action::UpdateDeploymentAnnotations(_) => "update the Deployment's revision annotation".to_string(),
+            Action::UpdateStatus(s) => format!(
+                "write status: replicas {}, updated {}, ready {}, available {}, unavailable {}",
+                s.replicas.unwrap_or(0),
+                s.updated_replicas.unwrap_or(0),
+                s.ready_replicas.unwrap_or(0),
+                s.available_replicas.unwrap_or(0),
+                s.unavailable_replicas.unwrap_or(0)
+            ),
+            Action::Event { type_, reason, message } => format!("record {type_} event {reason}: {message}"),
+            Action::RequeueAfter(d) => {
+                requeue = Some(*d);
+                continue;
+            }
+        });
+    }
+    let st = d.status.clone().unwrap_or_default();
+    let scales = actions.iter().any(|a| matches!(a, Action::CreateReplicaSet(_) | Action::UpdateReplicaSet(_)));
+    if spec.paused == Some(true) {
+        e.waiting.push("the Deployment is paused: only scaling is applied, no rollout".into());
+    } else if !scales && (st.updated_replicas.unwrap_or(0) < replicas || st.replicas.unwrap_or(0) > replicas) {
+        e.waiting.push(format!(
+            "the rollout waits for pods to become available: {} available of {replicas} wanted, {} updated; maxUnavailable {} and maxSurge {} allow no further step now",
+            st.available_replicas.unwrap_or(0),
+            st.updated_replicas.unwrap_or(0),
+            plan::max_unavailable(&d),
+            plan::max_surge(&d)
+        ));
+    }
+    Ok(e.requeue(requeue))
 }
 
 /// One pass over a Deployment: the planner's actions in order, stopping at the first failure.
@@ -93,17 +195,7 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
     let Some(d) = deployments.get(key.namespace.as_deref(), &key.name) else { return Ok(Next::Done) };
     let ns = key.namespace.clone().unwrap_or_default();
     let uid = d.metadata.uid.clone().unwrap_or_default();
-    let owned: Vec<Arc<ReplicaSet>> = rss
-        .list_namespace(&ns)
-        .into_iter()
-        .filter(|rs| controller_of(rs.owner_references()).is_some_and(|r| r.uid == uid))
-        .collect();
-    let rs_uids: Vec<String> = owned.iter().filter_map(|rs| rs.metadata.uid.clone()).collect();
-    let owned_pods: Vec<Arc<Pod>> = pods
-        .list_namespace(&ns)
-        .into_iter()
-        .filter(|p| controller_of(p.owner_references()).is_some_and(|r| rs_uids.contains(&r.uid)))
-        .collect();
+    let (owned, owned_pods) = owned(&ctx, &d);
     let rs_refs: Vec<&ReplicaSet> = owned.iter().map(|r| r.as_ref()).collect();
     let pod_refs: Vec<&Pod> = owned_pods.iter().map(|p| p.as_ref()).collect();
     let actions = plan::plan(&d, &rs_refs, &pod_refs, jiff::Timestamp::now());

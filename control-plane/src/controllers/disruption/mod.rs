@@ -17,6 +17,7 @@ use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
 use self::plan::ControllerRef;
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::replicaset::controller_of;
 use crate::controllers::{is_not_found, Error};
@@ -81,6 +82,10 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         deployments: inf.deployments(),
         stateful_sets: inf.stateful_sets(),
     });
+    {
+        let ctx = ctx.clone();
+        inf.explain().register("disruption", Arc::new(move |key| Box::pin(explain(ctx.clone(), key))));
+    }
     spawn_workers("disruption", queue, 1, move |key: ObjectKey| reconcile(ctx.clone(), key));
 }
 
@@ -110,6 +115,69 @@ fn scale(ctx: &Context, ns: Option<&str>, c: &ControllerRef) -> Option<i32> {
         "StatefulSet" => ctx.stateful_sets.get(ns, &c.name).filter(|d| d.metadata.uid.as_deref() == uid).map(|d| d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)),
         _ => None,
     }
+}
+
+/// A dry run of [`reconcile`] for one budget: its arithmetic, and why evictions are refused.
+async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    ctx.pdbs.wait_synced().await;
+    ctx.pods.wait_synced().await;
+    ctx.replica_sets.wait_synced().await;
+    ctx.deployments.wait_synced().await;
+    ctx.stateful_sets.wait_synced().await;
+    let ns = key.namespace.clone().unwrap_or_default();
+    let pdb = ctx.pdbs.get(Some(&ns), &key.name).ok_or_else(|| ExplainError::not_found("poddisruptionbudgets.policy", &key))?;
+    let pods = ctx.pods.list();
+    let in_ns: Vec<&Pod> = pods.iter().map(AsRef::as_ref).filter(|p| p.namespace().as_deref() == Some(ns.as_str())).collect();
+    let now = jiff::Timestamp::now();
+    let outcome = plan::status(&pdb, &in_ns, &|p| scale_owner(&ctx, p), &|c| scale(&ctx, Some(&ns), c), now);
+    let st = &outcome.status;
+    let mut e = Explanation::new("disruption", Subject::of(pdb.as_ref()));
+    let disrupted = st.disrupted_pods.clone().unwrap_or_default();
+    e.observed = json!({
+        "pods": in_ns.iter().filter(|p| plan::selects(&pdb, p)).map(|p| {
+            let name = p.name_any();
+            let state = if p.metadata.deletion_timestamp.is_some() {
+                "terminating"
+            } else if disrupted.contains_key(&name) {
+                "evicted, deletion not seen yet"
+            } else if plan::pod_ready(p) {
+                "healthy"
+            } else {
+                "not ready"
+            };
+            json!({"name": name, "state": state})
+        }).collect::<Vec<_>>(),
+    });
+    let spec = pdb.spec.clone().unwrap_or_default();
+    e.wants = json!({
+        "minAvailable": spec.min_available,
+        "maxUnavailable": spec.max_unavailable,
+        "expectedPods": st.expected_pods,
+        "desiredHealthy": st.desired_healthy,
+        "currentHealthy": st.current_healthy,
+        "disruptionsAllowed": st.disruptions_allowed,
+    });
+    let current = pdb.status.clone().unwrap_or_default();
+    let same = |a: &k8s_openapi::api::policy::v1::PodDisruptionBudgetStatus| {
+        (a.current_healthy, a.desired_healthy, a.expected_pods, a.disruptions_allowed, a.disrupted_pods.clone().unwrap_or_default())
+    };
+    if same(&current) != same(st) {
+        e.actions.push(format!(
+            "write status: currentHealthy {}, desiredHealthy {}, expectedPods {}, disruptionsAllowed {}",
+            st.current_healthy, st.desired_healthy, st.expected_pods, st.disruptions_allowed
+        ));
+    }
+    let failed = st.conditions.iter().flatten().find(|c| c.type_ == "DisruptionAllowed" && c.reason == "SyncFailed");
+    if let Some(c) = failed {
+        e.waiting.push(format!("evictions are refused: the budget cannot be computed ({})", c.message));
+    } else if st.disruptions_allowed == 0 {
+        e.waiting.push(format!(
+            "evictions are refused: {} healthy pods, {} must stay healthy",
+            st.current_healthy, st.desired_healthy
+        ));
+    }
+    let after = outcome.recheck_at.map(|at| Duration::try_from(at.duration_since(now)).unwrap_or(Duration::ZERO));
+    Ok(e.requeue(after))
 }
 
 /// One pass over a budget: its status, written when it changed.

@@ -22,6 +22,7 @@ use serde_json::json;
 use self::plan::failure::BackoffRecord;
 use self::plan::{controller_of, has_finalizer, orphan_finalizer_removable, Observed, TRACKING_FINALIZER};
 use crate::controllers::expectations::Expectations;
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::{is_conflict, is_not_found, Error};
 use crate::selector::LabelSelector;
@@ -171,6 +172,10 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
     });
     {
         let ctx = ctx.clone();
+        inf.explain().register("job", Arc::new(move |key| Box::pin(explain(ctx.clone(), key))));
+    }
+    {
+        let ctx = ctx.clone();
         spawn_workers("job", queue, 4, move |key: ObjectKey| reconcile(ctx.clone(), key));
     }
     spawn_workers("job-orphan-pod", orphans, 1, move |key: ObjectKey| reconcile_orphan(ctx.clone(), key));
@@ -184,6 +189,100 @@ async fn remove_finalizer(api: &Api<Pod>, name: &str) -> Result<(), kube::Error>
         Err(e) if is_not_found(&e) => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// A dry run of [`reconcile`] for one Job.
+async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    ctx.jobs.wait_synced().await;
+    ctx.pods.wait_synced().await;
+    let job = ctx.jobs.get(key.namespace.as_deref(), &key.name).ok_or_else(|| ExplainError::not_found("jobs.batch", &key))?;
+    let ns = key.namespace.clone().unwrap_or_default();
+    let all = ctx.pods.list_namespace(&ns);
+    let refs: Vec<&Pod> = all.iter().map(|p| p.as_ref()).collect();
+    let expected = ctx.finalizers.get(&key);
+    let record = ctx.backoff.lock().unwrap_or_else(|p| p.into_inner()).get(&key).copied().unwrap_or_default();
+    let obs = Observed {
+        pods: &refs,
+        now: jiff::Timestamp::now(),
+        expectations_satisfied: ctx.exp.satisfied(&key),
+        expected_removals: &expected,
+        backoff: record,
+    };
+    let p = plan::plan(&job, &obs);
+    let uid = job.metadata.uid.clone().unwrap_or_default();
+    let spec = job.spec.clone().unwrap_or_default();
+    let mut e = Explanation::new("job", Subject::of(job.as_ref()));
+    let owned: Vec<&Pod> = refs.iter().copied().filter(|p| controller_of(&p.metadata).is_some_and(|r| r.uid == uid)).collect();
+    e.observed = json!({
+        "pods": owned.iter().map(|p| {
+            let mut o = json!({
+                "name": p.name_any(),
+                "phase": p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_else(|| "Pending".into()),
+                "tracked": has_finalizer(p),
+            });
+            if p.metadata.deletion_timestamp.is_some() {
+                o["terminating"] = json!(true);
+            }
+            if let Some(ix) = plan::completion_index(p) {
+                o["index"] = json!(ix);
+            }
+            o
+        }).collect::<Vec<_>>(),
+        "status": job.status,
+    });
+    e.wants = json!({
+        "completions": spec.completions,
+        "parallelism": spec.parallelism.unwrap_or(1),
+        "completionMode": spec.completion_mode.as_deref().unwrap_or("NonIndexed"),
+        "backoffLimit": spec.backoff_limit.unwrap_or(6),
+        "suspend": spec.suspend.unwrap_or(false),
+    });
+    if let Some(w) = ctx.exp.pending(&key) {
+        e.waiting.push(w);
+    }
+    let a = &mut e.actions;
+    a.extend(p.adopt.iter().map(|n| format!("adopt orphan Pod {n} (with the tracking finalizer)")));
+    a.extend(p.release.iter().map(|n| format!("release Pod {n}: it no longer matches the selector")));
+    a.extend(p.delete.iter().map(|d| {
+        let how = if d.remove_finalizer { ", not counted" } else { ", counted as failed" };
+        format!("delete Pod {}{how}", d.name)
+    }));
+    a.extend(p.create.iter().map(|pod| {
+        let ix = plan::completion_index(pod).map(|i| format!(" for index {i}")).unwrap_or_default();
+        format!("create a Pod{ix}")
+    }));
+    if let Some(s) = &p.interim_status {
+        a.push(format!("write status (uncounted pods recorded first): {}", summary(s)));
+    }
+    a.extend(p.remove_finalizers.iter().map(|(n, _)| format!("remove the tracking finalizer of Pod {n}")));
+    if let Some(s) = &p.status {
+        a.push(format!("write status: {}", summary(s)));
+    }
+    a.extend(p.events.iter().map(|ev| format!("record {} event {}: {}", ev.type_, ev.reason, ev.message)));
+    e.waiting.extend(p.waiting.iter().cloned());
+    Ok(e.requeue(p.requeue_after))
+}
+
+fn summary(s: &k8s_openapi::api::batch::v1::JobStatus) -> String {
+    let conds: Vec<String> = s
+        .conditions
+        .iter()
+        .flatten()
+        .filter(|c| c.status == "True")
+        .map(|c| c.type_.clone())
+        .collect();
+    let mut out = format!(
+        "active {}, ready {}, terminating {}, succeeded {}, failed {}",
+        s.active.unwrap_or(0),
+        s.ready.unwrap_or(0),
+        s.terminating.unwrap_or(0),
+        s.succeeded.unwrap_or(0),
+        s.failed.unwrap_or(0)
+    );
+    if !conds.is_empty() {
+        out.push_str(&format!(", conditions {}", conds.join(", ")));
+    }
+    out
 }
 
 /// One pass over a Job.

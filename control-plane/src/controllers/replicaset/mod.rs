@@ -18,6 +18,7 @@ use serde_json::json;
 
 use ferro_runtime::events::Recorder;
 use crate::controllers::expectations::Expectations;
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::{is_conflict, is_not_found, Error};
 use crate::selector::LabelSelector;
@@ -95,7 +96,84 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
     }
     let client = inf.client();
     let ctx = Arc::new(Context { recorder: Recorder::new(client.clone(), "replicaset-controller"), client, rss, pods, exp });
+    {
+        let ctx = ctx.clone();
+        inf.explain().register("replicaset", Arc::new(move |key| Box::pin(explain(ctx.clone(), key))));
+    }
     spawn_workers("replicaset", queue, 4, move |key: ObjectKey| reconcile(ctx.clone(), key));
+}
+
+/// The other ReplicaSets of the same controller (they rank deletions by pods per node).
+fn siblings(rss: &Informer<ReplicaSet>, rs: &ReplicaSet) -> Vec<Arc<ReplicaSet>> {
+    let ns = rs.namespace().unwrap_or_default();
+    match controller_of(rs.owner_references()) {
+        Some(owner) => rss
+            .list_namespace(&ns)
+            .into_iter()
+            .filter(|o| o.metadata.uid != rs.metadata.uid && controller_of(o.owner_references()).is_some_and(|r| r.uid == owner.uid))
+            .collect(),
+        None => Vec::new(),
+    }
+}
+
+/// A dry run of [`reconcile`] for one ReplicaSet.
+async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    ctx.rss.wait_synced().await;
+    ctx.pods.wait_synced().await;
+    let rs = ctx.rss.get(key.namespace.as_deref(), &key.name).ok_or_else(|| ExplainError::not_found("replicasets.apps", &key))?;
+    let ns = key.namespace.clone().unwrap_or_default();
+    let all = ctx.pods.list_namespace(&ns);
+    let refs: Vec<&Pod> = all.iter().map(|p| p.as_ref()).collect();
+    let sibs = siblings(&ctx.rss, &rs);
+    let sibling_refs: Vec<&ReplicaSet> = sibs.iter().map(|r| r.as_ref()).collect();
+    let now = jiff::Timestamp::now();
+    let p = plan::plan_with_siblings(&rs, &sibling_refs, &refs, now);
+    let uid = rs.metadata.uid.clone().unwrap_or_default();
+    let min_ready = rs.spec.as_ref().and_then(|s| s.min_ready_seconds).unwrap_or(0);
+    let mut e = Explanation::new("replicaset", Subject::of(rs.as_ref()));
+    e.observed = json!({
+        "pods": refs.iter().filter(|p| controller_of(p.owner_references()).is_some_and(|o| o.uid == uid)).map(|p| {
+            let state = if p.metadata.deletion_timestamp.is_some() {
+                "terminating".to_string()
+            } else if plan::is_pod_available(p, min_ready, now) {
+                "available".to_string()
+            } else if plan::is_pod_ready(p) {
+                format!("ready, available after minReadySeconds ({min_ready}s)")
+            } else {
+                p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_else(|| "Pending".into())
+            };
+            json!({"name": p.name_any(), "state": state})
+        }).collect::<Vec<_>>(),
+    });
+    e.wants = json!({"replicas": rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)});
+    if let Some(w) = ctx.exp.pending(&key) {
+        e.waiting.push(w);
+        return Ok(e);
+    }
+    let a = &mut e.actions;
+    a.extend(p.adopt.iter().map(|n| format!("adopt orphan Pod {n}")));
+    a.extend(p.release.iter().map(|n| format!("release Pod {n}: it no longer matches the selector")));
+    if p.create > 0 {
+        a.push(format!("create {} pods from the template", p.create));
+    }
+    a.extend(p.delete.iter().map(|n| format!("delete Pod {n}")));
+    if p.status_changed {
+        let st = &p.status;
+        a.push(format!(
+            "write status: replicas {}, ready {}, available {}, fullyLabeled {}",
+            st.replicas,
+            st.ready_replicas.unwrap_or(0),
+            st.available_replicas.unwrap_or(0),
+            st.fully_labeled_replicas.unwrap_or(0)
+        ));
+    }
+    if let Some(d) = p.requeue_after {
+        e.waiting.push(format!(
+            "ready pods count as available after minReadySeconds: looks again in {}",
+            crate::controllers::explain::go_duration(d)
+        ));
+    }
+    Ok(e.requeue(p.requeue_after))
 }
 
 /// One pass over a ReplicaSet: adopt and release pods, create or delete the difference to the
@@ -115,15 +193,7 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
     let ns = key.namespace.clone().unwrap_or_default();
     let all = pods.list_namespace(&ns);
     let refs: Vec<&Pod> = all.iter().map(|p| p.as_ref()).collect();
-    // the Deployment's other ReplicaSets rank deletions by pods per node
-    let siblings: Vec<Arc<ReplicaSet>> = match controller_of(rs.owner_references()) {
-        Some(owner) => rss
-            .list_namespace(&ns)
-            .into_iter()
-            .filter(|o| o.metadata.uid != rs.metadata.uid && controller_of(o.owner_references()).is_some_and(|r| r.uid == owner.uid))
-            .collect(),
-        None => Vec::new(),
-    };
+    let siblings = siblings(rss, &rs);
     let sibling_refs: Vec<&ReplicaSet> = siblings.iter().map(|r| r.as_ref()).collect();
     let p = plan::plan_with_siblings(&rs, &sibling_refs, &refs, jiff::Timestamp::now());
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);

@@ -21,6 +21,7 @@ use self::plan::identity::{controller_ref, parent_and_ordinal};
 use self::plan::revision::RevisionStep;
 use self::plan::Action;
 use crate::controllers::expectations::Expectations;
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::history;
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::replicaset::controller_of;
@@ -157,7 +158,118 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
     let client = inf.client();
     let recorder = Recorder::new(client.clone(), "statefulset-controller");
     let ctx = Arc::new(Context { client, sets, pods, claims, revisions, exp, recorder });
+    {
+        let ctx = ctx.clone();
+        inf.explain().register("statefulset", Arc::new(move |key| Box::pin(explain(ctx.clone(), key))));
+    }
     spawn_workers("statefulset", queue, 4, move |key: ObjectKey| reconcile(ctx.clone(), key));
+}
+
+/// What one sync of a set reads from the caches.
+struct Observed {
+    /// Revisions of the set's name and selector nobody controls: adopted before planning.
+    orphans: Vec<String>,
+    pods: Vec<Arc<Pod>>,
+    claims: Vec<Arc<PersistentVolumeClaim>>,
+    /// The revisions the set controls.
+    revisions: Vec<Arc<ControllerRevision>>,
+}
+
+impl Observed {
+    fn read(ctx: &Context, set: &StatefulSet) -> Self {
+        let ns = set.namespace().unwrap_or_default();
+        let uid = set.metadata.uid.clone().unwrap_or_default();
+        let all_revisions = ctx.revisions.list_namespace(&ns);
+        let orphans = plan::revision::orphans_to_adopt(set, &all_revisions.iter().map(|r| r.as_ref()).collect::<Vec<_>>());
+        let revisions =
+            all_revisions.into_iter().filter(|r| controller_of(r.owner_references()).is_some_and(|o| o.uid == uid)).collect();
+        Observed { orphans, pods: ctx.pods.list_namespace(&ns), claims: ctx.claims.list_namespace(&ns), revisions }
+    }
+
+    fn plan(&self, set: &StatefulSet, now: jiff::Timestamp) -> plan::Plan {
+        let pods: Vec<&Pod> = self.pods.iter().map(|p| p.as_ref()).collect();
+        let claims: Vec<&PersistentVolumeClaim> = self.claims.iter().map(|c| c.as_ref()).collect();
+        let revisions: Vec<&ControllerRevision> = self.revisions.iter().map(|r| r.as_ref()).collect();
+        plan::plan(set, &pods, &claims, &revisions, now)
+    }
+}
+
+/// A dry run of [`reconcile`] for one set.
+async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    ctx.sets.wait_synced().await;
+    ctx.pods.wait_synced().await;
+    ctx.claims.wait_synced().await;
+    ctx.revisions.wait_synced().await;
+    let set = ctx.sets.get(key.namespace.as_deref(), &key.name).ok_or_else(|| ExplainError::not_found("statefulsets.apps", &key))?;
+    let obs = Observed::read(&ctx, &set);
+    let now = jiff::Timestamp::now();
+    let p = obs.plan(&set, now);
+    let uid = set.metadata.uid.clone().unwrap_or_default();
+    let mut pods: Vec<&Pod> = obs
+        .pods
+        .iter()
+        .map(|p| p.as_ref())
+        .filter(|p| plan::identity::ordinal_of(&set, p).is_some())
+        .filter(|p| controller_of(p.owner_references()).is_none_or(|o| o.uid == uid))
+        .collect();
+    pods.sort_by_key(|p| plan::identity::ordinal_of(&set, p));
+    let spec = set.spec.clone().unwrap_or_default();
+    let start = plan::identity::start_ordinal(&set);
+    let n = plan::identity::replicas(&set);
+    let mut e = Explanation::new("statefulset", Subject::of(set.as_ref()));
+    e.observed = json!({
+        "pods": pods.iter().map(|p| json!({
+            "name": p.name_any(),
+            "state": plan::pod_state(p),
+            "revision": p.labels().get(plan::identity::REVISION_LABEL).cloned().unwrap_or_default(),
+        })).collect::<Vec<_>>(),
+        "claims": obs.claims.iter()
+            .filter(|c| c.owner_references().iter().any(|o| o.uid == uid) || pods.iter().any(|p| {
+                p.spec.iter().flat_map(|s| s.volumes.iter().flatten())
+                    .any(|v| v.persistent_volume_claim.as_ref().is_some_and(|c2| Some(&c2.claim_name) == c.metadata.name.as_ref()))
+            }))
+            .map(|c| c.name_any()).collect::<Vec<_>>(),
+        "revisions": obs.revisions.iter().map(|r| json!({"name": r.name_any(), "revision": r.revision})).collect::<Vec<_>>(),
+    });
+    let ordinals = if n > 0 {
+        format!("{}..{}", plan::identity::pod_name(&set, start), plan::identity::pod_name(&set, start + n - 1))
+    } else {
+        "none".to_string()
+    };
+    e.wants = json!({
+        "replicas": n,
+        "pods": ordinals,
+        "podManagementPolicy": spec.pod_management_policy.as_deref().unwrap_or("OrderedReady"),
+        "updateStrategy": spec.update_strategy,
+        "currentRevision": p.status.current_revision,
+        "updateRevision": p.status.update_revision,
+    });
+    if let Some(w) = ctx.exp.pending(&key) {
+        e.waiting.push(w);
+    }
+    if !obs.orphans.is_empty() {
+        e.actions.extend(obs.orphans.iter().map(|o| format!("adopt orphan ControllerRevision {o}")));
+        e.waiting.push("plans the pods once its informer shows the adopted revisions".into());
+        return Ok(e);
+    }
+    e.actions.extend(p.revision.iter().map(|r| r.describe()));
+    e.actions.extend(p.actions.iter().map(|a| a.describe()));
+    if p.status_changed {
+        let st = &p.status;
+        e.actions.push(format!(
+            "write status: replicas {}, ready {}, available {}, current {}, updated {}, currentRevision {}, updateRevision {}",
+            st.replicas,
+            st.ready_replicas.unwrap_or(0),
+            st.available_replicas.unwrap_or(0),
+            st.current_replicas.unwrap_or(0),
+            st.updated_replicas.unwrap_or(0),
+            st.current_revision.as_deref().unwrap_or_default(),
+            st.update_revision.as_deref().unwrap_or_default(),
+        ));
+    }
+    e.actions.extend(p.delete_revisions.iter().map(|r| format!("delete ControllerRevision {r}: beyond revisionHistoryLimit")));
+    e.waiting.extend(p.waiting.iter().cloned());
+    Ok(e.requeue(p.requeue_after))
 }
 
 /// Look again soon: the cache has not caught up with a write yet.
@@ -180,11 +292,10 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
     }
     let ns = key.namespace.clone().unwrap_or_default();
     let uid = set.metadata.uid.clone().unwrap_or_default();
-    let all_revisions = revisions.list_namespace(&ns);
+    let obs = Observed::read(&ctx, &set);
     let rev_api: Api<ControllerRevision> = Api::namespaced(client.clone(), &ns);
-    let orphans = plan::revision::orphans_to_adopt(&set, &all_revisions.iter().map(|r| r.as_ref()).collect::<Vec<_>>());
-    if !orphans.is_empty() {
-        for name in &orphans {
+    if !obs.orphans.is_empty() {
+        for name in &obs.orphans {
             let Some(r) = revisions.get(Some(&ns), name) else { continue };
             let mut refs = r.owner_references().to_vec();
             refs.push(controller_ref(&set));
@@ -198,14 +309,7 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
         // plan once the informer shows the adopted revisions
         return Ok(Next::After(SOON));
     }
-    let all_pods = pods.list_namespace(&ns);
-    let all_claims = claims.list_namespace(&ns);
-    let owned: Vec<Arc<ControllerRevision>> =
-        all_revisions.into_iter().filter(|r| controller_of(r.owner_references()).is_some_and(|o| o.uid == uid)).collect();
-    let pod_refs: Vec<&Pod> = all_pods.iter().map(|p| p.as_ref()).collect();
-    let claim_refs: Vec<&PersistentVolumeClaim> = all_claims.iter().map(|c| c.as_ref()).collect();
-    let rev_refs: Vec<&ControllerRevision> = owned.iter().map(|r| r.as_ref()).collect();
-    let p = plan::plan(&set, &pod_refs, &claim_refs, &rev_refs, jiff::Timestamp::now());
+    let p = obs.plan(&set, jiff::Timestamp::now());
 
     let set_api: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), &ns);

@@ -108,6 +108,8 @@ pub struct JobPlan {
     /// The back-off record to keep once the status is written.
     pub backoff: BackoffRecord,
     pub requeue_after: Option<Duration>,
+    /// Why the Job goes no further now, in words (explanations).
+    pub waiting: Vec<String>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -336,10 +338,12 @@ pub fn plan(job: &Job, obs: &Observed<'_>) -> JobPlan {
     let job_uid = job.metadata.uid.as_deref().unwrap_or_default();
     let ns = job.metadata.namespace.as_deref().unwrap_or_default();
     let in_ns = |p: &Pod| p.metadata.namespace.as_deref().unwrap_or_default() == ns;
-    if spec.managed_by.as_deref().is_some_and(|m| m != CONTROLLER_NAME) {
+    if let Some(m) = spec.managed_by.as_deref().filter(|m| *m != CONTROLLER_NAME) {
+        out.waiting.push(format!("spec.managedBy is {m}: another controller manages this Job"));
         return out;
     }
     if is_finished(job) {
+        out.waiting.push("the Job has finished: only the tracking finalizers of its pods are removed".into());
         // a finished Job's pods keep no finalizer (upstream cleans them up from the Job's update)
         out.remove_finalizers = obs
             .pods
@@ -359,7 +363,10 @@ pub fn plan(job: &Job, obs: &Observed<'_>) -> JobPlan {
         });
         return out;
     }
-    let Some(selector) = spec.selector.as_ref().and_then(|s| LabelSelector::from_api(s).ok()) else { return out };
+    let Some(selector) = spec.selector.as_ref().and_then(|s| LabelSelector::from_api(s).ok()) else {
+        out.waiting.push("spec.selector cannot be parsed: the Job is left alone".into());
+        return out;
+    };
     let now = obs.now;
     let deleting = job.metadata.deletion_timestamp.is_some();
     let suspended = spec.suspend == Some(true);
@@ -450,6 +457,10 @@ pub fn plan(job: &Job, obs: &Observed<'_>) -> JobPlan {
                 finish = failure(REASON_DEADLINE, "Job was active longer than specified deadline");
             } else {
                 requeue(&mut out, deadline - elapsed);
+                out.waiting.push(format!(
+                    "the Job fails with DeadlineExceeded in {} unless it finishes (activeDeadlineSeconds {ads})",
+                    crate::controllers::explain::go_duration(deadline - elapsed)
+                ));
             }
         }
     }
@@ -514,6 +525,11 @@ pub fn plan(job: &Job, obs: &Observed<'_>) -> JobPlan {
         }
         if !obs.expectations_satisfied {
             finish = None;
+        }
+        if let Some(Finish::Success { reason, .. } | Finish::Failure { reason, .. }) = &finish {
+            if terminating + active > 0 {
+                out.waiting.push(format!("the Job ends ({reason}) once its {} remaining pods are gone", terminating + active));
+            }
         }
         terminating += active;
         active = 0;
@@ -780,6 +796,7 @@ impl Manage<'_> {
     fn run(&self, out: &mut JobPlan, terminating: usize) -> Managed {
         let active = self.active_pods.len();
         if self.suspended {
+            out.waiting.push("the Job is suspended (spec.suspend): no pods run until it is resumed".into());
             return self.delete(out, self.for_removal(active));
         }
         let want: i64 = match self.completions {
@@ -795,13 +812,30 @@ impl Manage<'_> {
         }
         let waiting = if only_replace_failed(self.spec) { terminating } else { 0 };
         let diff = want - waiting as i64 - active as i64;
+        if waiting > 0 && want > active as i64 {
+            out.waiting.push(format!(
+                "{waiting} terminating pods are replaced once they are gone (podReplacementPolicy Failed)"
+            ));
+        }
         if diff <= 0 {
+            if let Some(c) = self.completions {
+                let left = i64::from(c) - self.succeeded;
+                if left > active as i64 && active as i64 >= i64::from(self.parallelism) {
+                    out.waiting.push(format!(
+                        "{active} pods run, as many as parallelism allows; {left} completions still to go"
+                    ));
+                }
+            }
             return Managed::default();
         }
         if !self.per_index {
             let left = self.backoff.remaining(self.now);
             if !left.is_zero() {
                 requeue(out, left);
+                out.waiting.push(format!(
+                    "new pods wait for the failure back-off: {} left",
+                    crate::controllers::explain::go_duration(left)
+                ));
                 return Managed::default();
             }
         }
@@ -824,6 +858,10 @@ impl Manage<'_> {
                         });
                         if !wait.is_zero() {
                             min_wait = Some(min_wait.map_or(wait, |m| m.min(wait)));
+                            out.waiting.push(format!(
+                                "index {i} waits for its failure back-off: {} left",
+                                crate::controllers::explain::go_duration(wait)
+                            ));
                         }
                         wait.is_zero()
                     });

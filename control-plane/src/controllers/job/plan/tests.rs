@@ -215,7 +215,8 @@ fn completes_with_upstream_conditions_and_events() {
     assert_eq!(finish_time(&w.job), Some(ts(5)));
     // a finished Job does nothing more
     let after = w.step();
-    assert_eq!(after, JobPlan::default());
+    let waiting = vec!["the Job has finished: only the tracking finalizers of its pods are removed".to_string()];
+    assert_eq!(after, JobPlan { waiting, ..JobPlan::default() });
 }
 
 #[test]
@@ -244,8 +245,11 @@ fn failed_pods_are_replaced_after_the_back_off() {
     assert_eq!(p.requeue_after, Some(Duration::from_secs(10)));
     assert_eq!(w.status().failed, Some(1));
     assert!(!has_finalizer(w.pod_mut("pi-0")), "the failed pod was counted");
+    assert_eq!(p.waiting, ["new pods wait for the failure back-off: 10s left"]);
     w.advance(4);
-    assert_eq!(w.step().requeue_after, Some(Duration::from_secs(6)));
+    let p = w.step();
+    assert_eq!(p.requeue_after, Some(Duration::from_secs(6)));
+    assert_eq!(p.waiting, ["new pods wait for the failure back-off: 6s left"]);
     w.advance(6);
     assert_eq!(w.step().create.len(), 1);
     // the second failure waits 20 s
@@ -605,7 +609,8 @@ fn a_finished_job_only_drops_leftover_finalizers() {
 #[test]
 fn jobs_managed_elsewhere_or_with_unknown_modes_are_left_alone() {
     let w = World::new(job(json!({"managedBy": "example.com/other"})));
-    assert_eq!(w.plan(), JobPlan::default());
+    let waiting = vec!["spec.managedBy is example.com/other: another controller manages this Job".to_string()];
+    assert_eq!(w.plan(), JobPlan { waiting, ..JobPlan::default() });
     let w = World::new(job(json!({"completionMode": "Sideways"})));
     assert_eq!(events(&w.plan()), [("UnknownCompletionMode".into(), "Skipped Job sync because completion mode is unknown".into())]);
 }
@@ -692,4 +697,24 @@ fn a_job_being_deleted_releases_every_finalizer_and_creates_nothing() {
     released.sort();
     assert_eq!(released, ["pi-0", "pi-1"]);
     assert_eq!(p.status.and_then(|s| s.failed), None, "running pods of a deleted Job are not failures");
+}
+
+#[test]
+fn the_plan_says_why_no_more_pods_start() {
+    let mut w = World::new(job(json!({"parallelism": 2, "completions": 5, "activeDeadlineSeconds": 100})));
+    let p = w.step();
+    assert_eq!(p.create.len(), 2);
+    let p = w.step();
+    assert_eq!(
+        p.waiting,
+        [
+            "the Job fails with DeadlineExceeded in 1m40s unless it finishes (activeDeadlineSeconds 100)",
+            "2 pods run, as many as parallelism allows; 5 completions still to go"
+        ]
+    );
+    w.job.spec.as_mut().unwrap().suspend = Some(true);
+    let p = w.step();
+    assert!(p.waiting.iter().any(|m| m.starts_with("the Job is suspended (spec.suspend)")), "{:?}", p.waiting);
+    let mut other = World::new(job(json!({"managedBy": "kueue.x-k8s.io/multikueue"})));
+    assert_eq!(other.step().waiting, ["spec.managedBy is kueue.x-k8s.io/multikueue: another controller manages this Job"]);
 }

@@ -70,6 +70,37 @@ pub enum Action {
     Event { type_: &'static str, reason: &'static str, message: String },
 }
 
+impl Action {
+    /// The action in words (explanations).
+    pub fn describe(&self) -> String {
+        match self {
+            Action::Adopt { name } => format!("adopt orphan Pod {name}"),
+            Action::Release { name } => format!("release Pod {name}: it no longer matches the selector"),
+            Action::CreateClaim { claim, pod } => {
+                format!("create PersistentVolumeClaim {} for Pod {pod}", claim.metadata.name.as_deref().unwrap_or_default())
+            }
+            Action::CreatePod(p) => {
+                let rev = p.metadata.labels.as_ref().and_then(|l| l.get(REVISION_LABEL)).map(String::as_str).unwrap_or_default();
+                format!("create Pod {} at revision {rev}", p.metadata.name.as_deref().unwrap_or_default())
+            }
+            Action::DeletePod { name, why, .. } => {
+                let why = match why {
+                    Why::Finished => "it finished; it is recreated",
+                    Why::ScaleDown => "its ordinal is beyond the replicas",
+                    Why::Update => "it runs an old revision; it comes back at the update revision",
+                };
+                format!("delete Pod {name}: {why}")
+            }
+            Action::PatchPodLabels { name, .. } => format!("give Pod {name} its identity labels back"),
+            Action::SetClaimOwners { name, owners, .. } => {
+                let o: Vec<String> = owners.iter().map(|o| format!("{} {}", o.kind, o.name)).collect();
+                format!("set the owners of PersistentVolumeClaim {name} to [{}] (persistentVolumeClaimRetentionPolicy)", o.join(", "))
+            }
+            Action::Event { type_, reason, message } => format!("record {type_} event {reason}: {message}"),
+        }
+    }
+}
+
 /// What the StatefulSet controller should do for one set.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
@@ -83,6 +114,8 @@ pub struct Plan {
     pub delete_revisions: Vec<String>,
     /// Look again after this long (a pod becoming available, a claim being let go).
     pub requeue_after: Option<Duration>,
+    /// Why the sync goes no further now, in words (explanations).
+    pub waiting: Vec<String>,
 }
 
 fn phase(p: &Pod) -> &str {
@@ -111,6 +144,18 @@ fn name_of(p: &Pod) -> String {
 }
 fn uid_of(p: &Pod) -> String {
     p.metadata.uid.clone().unwrap_or_default()
+}
+
+/// A pod's state in words: its phase, or Terminating, or not created by a node yet.
+pub fn pod_state(p: &Pod) -> String {
+    if is_terminating(p) {
+        return "Terminating".into();
+    }
+    match phase(p) {
+        "" => "not yet seen by a node".into(),
+        "Running" if !is_pod_ready(p) => "Running, not Ready".into(),
+        ph => ph.to_string(),
+    }
 }
 
 /// How long until a ready pod becomes available, `None` when not ready or already available.
@@ -160,6 +205,9 @@ struct Planner<'a> {
     replaced: BTreeSet<String>,
     deleted_for_update: i32,
     retry_soon: bool,
+    waiting: Vec<String>,
+    /// Whether anything follows the last ordinal (pods to condemn or to update).
+    more_after_last: bool,
 }
 
 impl<'a> Planner<'a> {
@@ -197,6 +245,12 @@ impl<'a> Planner<'a> {
                 None => create.push(Action::CreateClaim { claim: Box::new(claim), pod: pod.clone() }),
                 Some(c) if c.metadata.deletion_timestamp.is_some() || claim_is_stale(self.set, c, &pod, None) => {
                     self.retry_soon = true;
+                    let why = if c.metadata.deletion_timestamp.is_some() {
+                        "to finish its deletion"
+                    } else {
+                        "to be let go by the earlier pod of that name (whenScaled: Delete)"
+                    };
+                    self.waiting.push(format!("{pod} waits for its claim {cname} {why}"));
                     return false;
                 }
                 Some(_) => {}
@@ -264,13 +318,26 @@ impl<'a> Planner<'a> {
                 }
                 let (rev, template) = self.versioned(ordinal);
                 self.actions.push(Action::CreatePod(Box::new(new_pod(self.set, template, rev, ordinal))));
+                if monotonic {
+                    self.blocked_after(i, slots.len(), &pod_name(self.set, ordinal), "be created, Running and Ready");
+                }
                 return monotonic;
             }
         };
         if phase(p) == "Pending" {
             self.missing_claims(ordinal, &name_of(p));
         }
-        if monotonic && (is_terminating(p) || !running_and_available(p, self.min_ready, self.now)) {
+        if monotonic && is_terminating(p) {
+            self.blocked_after(i, slots.len(), &name_of(p), "finish terminating and come back");
+            return true;
+        }
+        if monotonic && !running_and_available(p, self.min_ready, self.now) {
+            let cond = if running_and_ready(p) {
+                format!("stay Ready for minReadySeconds ({}s)", self.min_ready)
+            } else {
+                format!("be Running and Ready (it is {})", pod_state(p))
+            };
+            self.blocked_after(i, slots.len(), &name_of(p), &cond);
             return true;
         }
         if !identity_matches(self.set, p, ordinal) {
@@ -282,16 +349,38 @@ impl<'a> Planner<'a> {
         false
     }
 
+    /// What waits for the pod of slot `i` in OrderedReady mode: the next ordinal, or the
+    /// scale-down and rolling update after the last one.
+    fn blocked_after(&mut self, i: usize, n: usize, pod: &str, cond: &str) {
+        if i + 1 < n {
+            let next = pod_name(self.set, start_ordinal(self.set) + i32::try_from(i + 1).unwrap_or(i32::MAX));
+            self.waiting.push(format!("{next} waits for {pod} to {cond} (OrderedReady)"));
+        } else if self.more_after_last {
+            self.waiting.push(format!("the scale-down and rolling update wait for {pod} to {cond} (OrderedReady)"));
+        }
+    }
+
     /// Upstream `processCondemned`; true: stop this sync.
     fn process_condemned(&mut self, p: &Pod, first_unhealthy: Option<&str>, monotonic: bool) -> bool {
         if is_terminating(p) {
+            if monotonic {
+                self.waiting.push(format!("the scale-down waits for {} to finish terminating (OrderedReady)", name_of(p)));
+            }
             return monotonic;
         }
         let is_first = first_unhealthy == Some(name_of(p).as_str());
         if monotonic && !running_and_available(p, self.min_ready, self.now) && !is_first {
+            let who = first_unhealthy.filter(|s| !s.is_empty()).unwrap_or("every pod");
+            self.waiting.push(format!(
+                "the scale-down of {} waits for {who} to be Running and Ready, or to be the first unhealthy pod (OrderedReady)",
+                name_of(p)
+            ));
             return true;
         }
         self.delete(p, Why::ScaleDown);
+        if monotonic {
+            self.waiting.push(format!("the rest of the scale-down waits for {} to be gone (OrderedReady)", name_of(p)));
+        }
         monotonic
     }
 
@@ -309,6 +398,11 @@ impl<'a> Planner<'a> {
             let mut budget = usize::try_from(max).unwrap_or(1).saturating_sub(unavailable);
             for slot in slots.iter().skip(partition).rev() {
                 if budget == 0 {
+                    if slots.iter().skip(partition).any(|s| matches!(s, Slot::Pod(p) if revision_of(p) != update && !is_terminating(p))) {
+                        self.waiting.push(format!(
+                            "the rolling update waits: {unavailable} of {n} pods are unavailable and maxUnavailable is {max}"
+                        ));
+                    }
                     break;
                 }
                 if let Slot::Pod(p) = slot {
@@ -321,17 +415,56 @@ impl<'a> Planner<'a> {
             }
             return;
         }
-        for slot in slots.iter().skip(partition).rev() {
+        for (i, slot) in slots.iter().enumerate().skip(partition).rev() {
             if let Slot::Pod(p) = slot {
                 if revision_of(p) != update && !is_terminating(p) {
                     self.delete(p, Why::Update);
                     self.deleted_for_update += 1;
+                    self.waiting.push(format!("the rolling update waits for {} to come back at revision {update}", name_of(p)));
                     return;
                 }
             }
             if !slot.healthy() {
+                let left = slots[partition..i].iter().any(|s| matches!(s, Slot::Pod(p) if revision_of(p) != update));
+                if left {
+                    let name = pod_name(self.set, start_ordinal(self.set) + i32::try_from(i).unwrap_or(i32::MAX));
+                    self.waiting.push(format!("the rolling update waits for {name} to be Running and Ready"));
+                }
                 return;
             }
+        }
+    }
+
+    /// Pods kept at another revision on purpose (partition, OnDelete), in words.
+    fn held(&mut self, slots: &[Slot<'a>], on_delete: bool) {
+        let update = self.update.name.clone();
+        let partition = self
+            .set
+            .spec
+            .as_ref()
+            .and_then(|s| s.update_strategy.as_ref())
+            .and_then(|s| s.rolling_update.as_ref())
+            .and_then(|r| r.partition)
+            .unwrap_or(0);
+        let limit = if on_delete { slots.len() } else { usize::try_from(partition.max(0)).unwrap_or(0).min(slots.len()) };
+        let old: Vec<String> = slots[..limit]
+            .iter()
+            .filter_map(|s| match s {
+                Slot::Pod(p) if revision_of(p) != update => Some(name_of(p)),
+                _ => None,
+            })
+            .collect();
+        if old.is_empty() {
+            return;
+        }
+        if on_delete {
+            self.waiting.push(format!("{} keep their revision until they are deleted (updateStrategy OnDelete)", old.join(", ")));
+        } else {
+            self.waiting.push(format!(
+                "{} stay at revision {} below the partition ({partition})",
+                old.join(", "),
+                self.current.name
+            ));
         }
     }
 
@@ -361,10 +494,15 @@ impl<'a> Planner<'a> {
             })
             .or_else(|| condemned.iter().rev().find(|(_, p)| !healthy(p)).map(|(_, p)| name_of(p)));
         if set.metadata.deletion_timestamp.is_some() {
+            self.waiting.push("the StatefulSet is being deleted: its pods are left to the garbage collector".into());
             return;
         }
         let spec = set.spec.as_ref();
         let monotonic = spec.and_then(|s| s.pod_management_policy.as_deref()) != Some(PARALLEL);
+        self.more_after_last =
+            !condemned.is_empty() || slots.iter().any(|s| matches!(s, Slot::Pod(p) if revision_of(p) != self.update.name));
+        let strategy = spec.and_then(|s| s.update_strategy.as_ref()).and_then(|s| s.type_.as_deref());
+        self.held(&slots, strategy == Some(ON_DELETE));
         for i in 0..n {
             if self.process_replica(&mut slots, i, monotonic) {
                 return;
@@ -378,7 +516,6 @@ impl<'a> Planner<'a> {
                 return;
             }
         }
-        let strategy = spec.and_then(|s| s.update_strategy.as_ref()).and_then(|s| s.type_.as_deref());
         if strategy == Some(ON_DELETE) {
             return;
         }
@@ -491,7 +628,11 @@ pub fn plan(
 ) -> Plan {
     let old_status = set.status.clone().unwrap_or_default();
     let Some(selector) = set.spec.as_ref().and_then(|s| LabelSelector::from_api(&s.selector).ok()) else {
-        return Plan { status: old_status, ..Plan::default() };
+        return Plan {
+            status: old_status,
+            waiting: vec!["spec.selector cannot be parsed: the set is left alone".into()],
+            ..Plan::default()
+        };
     };
     let (current, update, step) = revision::revisions(set, revisions);
     let (claimed, adopt_release) = claim(set, &selector, pods);
@@ -512,6 +653,8 @@ pub fn plan(
         replaced: BTreeSet::new(),
         deleted_for_update: 0,
         retry_soon: false,
+        waiting: Vec::new(),
+        more_after_last: false,
     };
     p.sync(&claimed);
     let counted: Vec<&Pod> = claimed.iter().copied().filter(|x| !p.replaced.contains(&name_of(x))).collect();
@@ -530,5 +673,5 @@ pub fn plan(
     if p.retry_soon {
         requeue_after = Some(requeue_after.map_or(Duration::from_secs(1), |d| d.min(Duration::from_secs(1))));
     }
-    Plan { revision: step, actions: p.actions, status, status_changed, delete_revisions, requeue_after }
+    Plan { revision: step, actions: p.actions, status, status_changed, delete_revisions, requeue_after, waiting: p.waiting }
 }

@@ -25,6 +25,21 @@ pub enum RevisionStep {
     Renumber { name: String, revision: i64 },
 }
 
+impl RevisionStep {
+    pub fn describe(&self) -> String {
+        match self {
+            RevisionStep::Create(cr) => format!(
+                "create ControllerRevision {} (revision {}) from the template",
+                cr.metadata.name.as_deref().unwrap_or_default(),
+                cr.revision
+            ),
+            RevisionStep::Renumber { name, revision } => {
+                format!("renumber ControllerRevision {name} to revision {revision}: the template went back to it")
+            }
+        }
+    }
+}
+
 /// The revision's data (upstream `getPatch`): `{"spec": {"template": <template>, "$patch":
 /// "replace"}}`, the strategic-merge patch `kubectl rollout undo` applies to the set.
 pub fn patch_of(set: &StatefulSet) -> Value {

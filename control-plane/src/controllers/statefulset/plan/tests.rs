@@ -565,3 +565,65 @@ fn orphan_revisions_matching_the_selector_are_adopted() {
     deleting.metadata.deletion_timestamp = Some(Time(ts(1)));
     assert!(super::revision::orphans_to_adopt(&deleting, &[&orphan]).is_empty());
 }
+
+#[test]
+fn the_plan_says_in_words_why_it_waits() {
+    let (s, r) = revised(set(3, "nginx:1"), 1);
+    let rv = rev_name(&r);
+    // a pod just created holds the next one back
+    let p = run(&s, &[], &[], &[&r]);
+    assert_eq!(p.waiting, ["web-1 waits for web-0 to be created, Running and Ready (OrderedReady)"]);
+    let p = run(&s, &[pod(0, &rv), not_ready(pod(1, &rv))], &[], &[&r]);
+    assert_eq!(p.waiting, ["web-2 waits for web-1 to be Running and Ready (it is Running, not Ready) (OrderedReady)"]);
+    let p = run(&s, &[pod(0, &rv), terminating(pod(1, &rv))], &[], &[&r]);
+    assert_eq!(p.waiting, ["web-2 waits for web-1 to finish terminating and come back (OrderedReady)"]);
+    // all there and ready: nothing to wait for
+    assert!(run(&s, &[pod(0, &rv), pod(1, &rv), pod(2, &rv)], &[], &[&r]).waiting.is_empty());
+    // minReadySeconds
+    let (mut s2, r2) = revised(set(2, "nginx:1"), 1);
+    s2.spec.as_mut().unwrap().min_ready_seconds = Some(200);
+    let p = run(&s2, &[pod(0, &rev_name(&r2))], &[], &[&r2]);
+    assert_eq!(p.waiting, ["web-1 waits for web-0 to stay Ready for minReadySeconds (200s) (OrderedReady)"]);
+    // scale-down: one at a time
+    let (s1, r1) = revised(set(1, "nginx:1"), 1);
+    let v = rev_name(&r1);
+    let p = run(&s1, &[pod(0, &v), pod(1, &v), pod(2, &v)], &[], &[&r1]);
+    assert_eq!(p.waiting, ["the rest of the scale-down waits for web-2 to be gone (OrderedReady)"]);
+    let p = run(&s1, &[pod(0, &v), pod(1, &v), terminating(pod(2, &v))], &[], &[&r1]);
+    assert_eq!(p.waiting, ["the scale-down waits for web-2 to finish terminating (OrderedReady)"]);
+}
+
+#[test]
+fn the_plan_names_pods_held_at_their_revision_and_the_rolling_update_it_waits_for() {
+    let (mut s, r1, r2) = updating(3);
+    s.spec.as_mut().unwrap().update_strategy.as_mut().unwrap().rolling_update.as_mut().unwrap().partition = Some(2);
+    let (v1, v2) = (rev_name(&r1), rev_name(&r2));
+    let p = run(&s, &[pod(0, &v1), pod(1, &v1), pod(2, &v2)], &[], &[&r1, &r2]);
+    assert_eq!(p.waiting, [format!("web-0, web-1 stay at revision {v1} below the partition (2)")]);
+    // without a partition: the deleted pod comes back at the update revision first
+    let (s, ..) = updating(3);
+    let p = run(&s, &[pod(0, &v1), pod(1, &v1), pod(2, &v1)], &[], &[&r1, &r2]);
+    assert_eq!(p.waiting, [format!("the rolling update waits for web-2 to come back at revision {v2}")]);
+    // OnDelete
+    let (mut s, ..) = updating(2);
+    s.spec.as_mut().unwrap().update_strategy = Some(StatefulSetUpdateStrategy { type_: Some(ON_DELETE.into()), rolling_update: None });
+    let p = run(&s, &[pod(0, &v1), pod(1, &v1)], &[], &[&r1, &r2]);
+    assert_eq!(p.waiting, ["web-0, web-1 keep their revision until they are deleted (updateStrategy OnDelete)"]);
+    // maxUnavailable spent (Parallel)
+    let (mut s, ..) = updating(4);
+    let ru = s.spec.as_mut().unwrap().update_strategy.as_mut().unwrap().rolling_update.as_mut().unwrap();
+    ru.max_unavailable = Some(IntOrString::Int(2));
+    let s = parallel(s);
+    let p = run(&s, &[pod(0, &v1), pod(1, &v1), not_ready(pod(2, &v2)), not_ready(pod(3, &v2))], &[], &[&r1, &r2]);
+    assert_eq!(p.waiting, ["the rolling update waits: 2 of 4 pods are unavailable and maxUnavailable is 2"]);
+}
+
+#[test]
+fn a_claim_being_deleted_holds_its_pod_back_and_says_so() {
+    let (s, r) = revised(with_claims(set(1, "nginx:1"), "Retain", "Retain"), 1);
+    let mut claim: PersistentVolumeClaim = claims_for(&s, 0).remove(0);
+    claim.metadata.deletion_timestamp = Some(Time(ts(1)));
+    let p = run(&s, &[], &[claim], &[&r]);
+    assert!(created(&p).is_empty());
+    assert_eq!(p.waiting, ["web-0 waits for its claim data-web-0 to finish its deletion"]);
+}
