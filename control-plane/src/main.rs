@@ -64,6 +64,10 @@ struct Cli {
     /// How long a node must stay missing before the pod garbage collector deletes its pods.
     #[arg(long, default_value = "40s", value_parser = parse_duration)]
     pod_gc_quarantine: std::time::Duration,
+    /// Tests only: the controllers read the time (CronJob schedules) from this file, an RFC
+    /// 3339 timestamp the test rewrites, instead of the system clock.
+    #[arg(long, hide = true)]
+    controllers_clock_file: Option<PathBuf>,
     /// Keep objects in etcd (comma-separated client URLs) instead of the embedded store.
     #[arg(long = "etcd-servers", value_delimiter = ',')]
     etcd_servers: Vec<String>,
@@ -169,6 +173,12 @@ fn main() -> anyhow::Result<()> {
         anyhow::bail!("--allocate-node-cidrs needs --cluster-cidr");
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut copts = copts;
+    if let Some(file) = &cli.controllers_clock_file {
+        copts.clock = rt
+            .block_on(async { ferro_control_plane::controllers::clock::Clock::from_file(file.clone()) })
+            .map_err(anyhow::Error::msg)?;
+    }
     if let Some(path) = &cli.kubeconfig {
         return rt.block_on(async {
             let client = kube_client(path).await?;

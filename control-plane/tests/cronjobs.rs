@@ -151,3 +151,86 @@ async fn bad_cron_jobs_are_refused_with_field_causes() {
     let table = String::from_utf8_lossy(&s.kubectl(&["get", "cronjobs"]).stdout).to_string();
     assert!(table.starts_with("NAME") && table.contains("SCHEDULE") && table.contains("0 3 * * *"), "{table}");
 }
+
+/// Writes the clock file a control plane started with `--controllers-clock-file` follows
+/// (whole, by rename, so it never reads half a time).
+fn set_clock(file: &std::path::Path, t: Timestamp) {
+    let tmp = file.with_extension("new");
+    std::fs::write(&tmp, t.to_string()).unwrap();
+    std::fs::rename(&tmp, file).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_of_the_control_plane_mid_schedule_neither_misses_nor_doubles_a_run() {
+    let clock_dir = tempfile::tempdir().unwrap();
+    let clock = clock_dir.path().join("now");
+    set_clock(&clock, Timestamp::now());
+    // The whole control plane in one process (API server, store and the cronjob loop), on the
+    // test's clock; no job loop: Jobs stay active, so every run shows.
+    let mut s = Server::start_with(&["--controllers", "cronjob,garbagecollector", "--controllers-clock-file", clock.to_str().unwrap()]);
+    let client = s.client().await;
+    let cjs: Api<CronJob> = Api::namespaced(client.clone(), "default");
+    let cj: CronJob = serde_json::from_value(json!({
+        "metadata": {"name": "tick"},
+        "spec": {"schedule": "* * * * *", "successfulJobsHistoryLimit": 10,
+                 "jobTemplate": {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "busybox"}], "restartPolicy": "Never"}}}}},
+    }))
+    .unwrap();
+    let created_at = cjs.create(&PostParams::default(), &cj).await.unwrap().metadata.creation_timestamp.unwrap().0;
+    let first = minute_after(created_at);
+    let name = |t: Timestamp| format!("tick-{}", t.as_second() / 60);
+
+    // Three crashes at three points of a run: before the loop saw the new minute, after the
+    // Job was created, after the status recorded it. Each time the restarted control plane
+    // ends with exactly one Job per minute and lastScheduleTime at the latest.
+    let mut want: Vec<String> = Vec::new();
+    for (i, when) in ["at once", "after the job", "after the status"].into_iter().enumerate() {
+        let minute = plus(first, 60 * i as i64);
+        set_clock(&clock, minute);
+        want.push(name(minute));
+        let client = s.client().await;
+        let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
+        let cjs: Api<CronJob> = Api::namespaced(client.clone(), "default");
+        match when {
+            "after the job" => {
+                eventually("the run's job", || async { run_names(&jobs).await.contains(&name(minute)).then_some(()) }).await;
+            }
+            "after the status" => {
+                eventually("the run in the status", || async {
+                    let st = cjs.get("tick").await.ok()?.status?;
+                    (st.last_schedule_time.map(|t| t.0) == Some(minute)).then_some(())
+                })
+                .await;
+            }
+            _ => {}
+        }
+        s.restart();
+        let client = s.client().await;
+        let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
+        let cjs: Api<CronJob> = Api::namespaced(client.clone(), "default");
+        eventually(&format!("one run per minute after a crash {when}"), || async {
+            let st = cjs.get("tick").await.ok()?.status?;
+            (st.last_schedule_time.map(|t| t.0) == Some(minute) && st.active.as_ref().map(Vec::len) == Some(want.len()))
+                .then_some(())
+        })
+        .await;
+        assert_eq!(run_names(&jobs).await, want, "crash {when}");
+    }
+
+    // Down across two scheduled minutes: upstream's rule, only the latest missed run starts.
+    s.kill9();
+    let late = plus(first, 60 * 4 + 30);
+    set_clock(&clock, late);
+    s.spawn();
+    let client = s.client().await;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
+    let cjs: Api<CronJob> = Api::namespaced(client.clone(), "default");
+    let latest = plus(first, 60 * 4);
+    want.push(name(latest));
+    eventually("the latest missed run", || async {
+        let st = cjs.get("tick").await.ok()?.status?;
+        (st.last_schedule_time.map(|t| t.0) == Some(latest)).then_some(())
+    })
+    .await;
+    assert_eq!(run_names(&jobs).await, want);
+}

@@ -27,6 +27,30 @@ impl Clock {
         }
     }
 
+    /// A manual clock that follows a file holding an RFC 3339 timestamp (re-read every 20 ms),
+    /// so a test can drive the clock of a control plane it runs as a process. Call within a
+    /// tokio runtime.
+    pub fn from_file(path: std::path::PathBuf) -> Result<Clock, String> {
+        let read = |p: &std::path::Path| -> Result<Timestamp, String> {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("clock file {}: {e}", p.display()))?;
+            text.trim().parse::<Timestamp>().map_err(|e| format!("clock file {}: {e}", p.display()))
+        };
+        let clock = Clock::manual(read(&path)?);
+        let c = clock.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                // a half-written file reads as an error: the next round sees it whole
+                if let Ok(t) = read(&path) {
+                    if t != c.now() {
+                        c.set(t);
+                    }
+                }
+            }
+        });
+        Ok(clock)
+    }
+
     /// Moves a manual clock (a system clock ignores it).
     pub fn set(&self, t: Timestamp) {
         if let Clock::Manual(tx) = self {
