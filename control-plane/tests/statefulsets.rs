@@ -170,8 +170,7 @@ async fn ordered_scale_up_and_down_with_identity_and_claims() {
     let s = Server::start();
     let client = s.client().await;
     let _nodes = FakeNodes::start(client.clone(), &["n1", "n2"], "4", "8Gi").await;
-    // static volumes bound when the pod is scheduled (the scheduler does not retry a pod
-    // whose immediate claim got bound later)
+    // static volumes, bound once the pod is scheduled (WaitForFirstConsumer)
     s.apply(
         "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: manual}\nprovisioner: kubernetes.io/no-provisioner\nvolumeBindingMode: WaitForFirstConsumer\n",
     );

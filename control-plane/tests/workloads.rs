@@ -282,6 +282,56 @@ spec:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_waiting_for_its_claim_is_scheduled_once_the_claim_binds() {
+    let s = Server::start();
+    let client = s.client().await;
+    let _nodes = FakeNodes::start(client.clone(), &["n1"], "4", "8Gi").await;
+    s.apply(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: user}
+spec:
+  containers: [{name: c, image: "busybox:1"}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: later}}]
+"#,
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    eventually("the pod unschedulable for its claim", || async {
+        let p = pods.get("user").await.unwrap();
+        let c = p.status?.conditions?.into_iter().find(|c| c.type_ == "PodScheduled")?;
+        (c.status == "False" && c.reason.as_deref() == Some("Unschedulable")).then_some(())
+    })
+    .await;
+    // the volume and the claim (an Immediate class) come later: the claim binds, and the
+    // claim's change sends the pod back to the scheduler
+    s.apply(
+        r#"apiVersion: v1
+kind: PersistentVolume
+metadata: {name: disk}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  storageClassName: manual
+  hostPath: {path: /tmp/disk}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: later}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: manual
+  resources: {requests: {storage: 500Mi}}
+"#,
+    );
+    eventually("the pod running on n1", || async {
+        let p = pods.get("user").await.unwrap();
+        let on_n1 = p.spec.as_ref()?.node_name.as_deref() == Some("n1");
+        (on_n1 && p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_in_the_middle_of_a_rollout_converges() {
     let mut s = Server::start();
     let client = s.client().await;

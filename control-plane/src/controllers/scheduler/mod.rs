@@ -102,6 +102,17 @@ struct Context {
     queue: WorkQueue<ObjectKey>,
 }
 
+/// The unschedulable pods a claim change concerns, taken out of the set: those of the claim's
+/// namespace (a pod only uses claims of its own namespace).
+pub fn take_unschedulable_in(unschedulable: &mut HashSet<ObjectKey>, namespace: Option<&str>) -> Vec<ObjectKey> {
+    let mut keys: Vec<ObjectKey> = unschedulable.iter().filter(|k| k.namespace.as_deref() == namespace).cloned().collect();
+    keys.sort_by(|a, b| a.name.cmp(&b.name));
+    for k in &keys {
+        unschedulable.remove(k);
+    }
+    keys
+}
+
 pub fn start(inf: &Arc<Informers>, opts: &Options) {
     let queue: WorkQueue<ObjectKey> = WorkQueue::new();
     let pods = inf.pods();
@@ -123,10 +134,27 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         }
     };
     {
-        // More capacity published (or a driver changed) may make an unschedulable pod fit.
-        let (r1, r2) = (retry_unschedulable.clone(), retry_unschedulable.clone());
+        // More capacity published (or a driver changed) may make an unschedulable pod fit;
+        // so may a volume or class appearing or changing (upstream's queueing hints for
+        // PersistentVolume and StorageClass events).
+        let (r1, r2, r3, r4) =
+            (retry_unschedulable.clone(), retry_unschedulable.clone(), retry_unschedulable.clone(), retry_unschedulable.clone());
         capacities.on_change(move |_| r1());
         drivers.on_change(move |_| r2());
+        volumes.on_change(move |_| r3());
+        classes.on_change(move |_| r4());
+    }
+    {
+        // A claim created, bound or changed: the unschedulable pods of its namespace are
+        // looked at again (an Immediate claim bound after its pod was found unschedulable).
+        let (s, q) = (shared.clone(), queue.clone());
+        claims.on_change(move |c| {
+            let ns = c.object().metadata.namespace.clone();
+            let keys = take_unschedulable_in(&mut s.cache().unschedulable, ns.as_deref());
+            for k in keys {
+                q.add(k);
+            }
+        });
     }
     {
         let (s, retry) = (shared.clone(), retry_unschedulable.clone());
@@ -416,6 +444,15 @@ async fn mark_unschedulable(api: &Api<Pod>, pod: &Pod, message: &str) -> Result<
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claim_change_retries_the_unschedulable_pods_of_its_namespace() {
+        let mut set: HashSet<ObjectKey> =
+            [("a", "web-1"), ("a", "web-0"), ("b", "db-0")].iter().map(|(ns, n)| ObjectKey::new(Some(ns), n)).collect();
+        let keys = take_unschedulable_in(&mut set, Some("a"));
+        assert_eq!(keys, [ObjectKey::new(Some("a"), "web-0"), ObjectKey::new(Some("a"), "web-1")]);
+        assert_eq!(set.into_iter().collect::<Vec<_>>(), [ObjectKey::new(Some("b"), "db-0")]);
+    }
 
     fn pod(spec: serde_json::Value) -> Arc<Pod> {
         Arc::new(serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec})).unwrap())
