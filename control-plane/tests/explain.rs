@@ -247,3 +247,60 @@ spec:
     assert_eq!(e["actions"], json!([]), "{e:#}");
     assert_eq!(e["observed"]["pods"].as_array().unwrap().len(), 2, "{e:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduler_and_the_cleanup_loops_explain_themselves() {
+    let s = Server::start();
+    let client = s.client().await;
+    let _nodes = FakeNodes::start(client.clone(), &["n1"], "4", "8Gi").await;
+    s.apply(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: huge}
+spec:
+  containers: [{name: c, image: "busybox:1", resources: {requests: {cpu: "64"}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: small}
+spec:
+  containers: [{name: c, image: "busybox:1"}]
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: once}
+spec:
+  ttlSecondsAfterFinished: 3600
+  template:
+    metadata: {annotations: {fake.ferro.dev/exit-code: "0"}}
+    spec: {restartPolicy: Never, containers: [{name: c, image: "busybox:1"}]}
+"#,
+    );
+    // a pod that fits nowhere: each node's verdict, and upstream's message
+    let e = eventually("the huge pod unschedulable", || async {
+        let e = explain(&s, "scheduler/default/huge");
+        (!e["waiting"].as_array()?.is_empty()).then_some(e)
+    })
+    .await;
+    assert_eq!(e["observed"]["nodes"], json!([{"name": "n1", "fits": false, "reasons": ["Insufficient cpu"]}]), "{e:#}");
+    let w = strings(&e["waiting"]);
+    assert!(w[0].starts_with("0/1 nodes are available: 1 Insufficient cpu."), "{w:?}");
+    // a bound pod: nothing to do
+    let e = eventually("the small pod bound", || async {
+        let e = explain(&s, "scheduler/default/small");
+        (e["wants"]["nodeName"] == "n1").then_some(e)
+    })
+    .await;
+    assert_eq!(strings(&e["waiting"]), ["nothing to do: the pod is bound to node n1"]);
+    // PodGC leaves a running pod alone, and says so
+    let e = explain(&s, "podgc/default/small");
+    assert_eq!(e["actions"], json!([]));
+    assert!(strings(&e["waiting"])[0].starts_with("nothing to do: the pod is neither terminated"), "{e:#}");
+    // the finished Job waits for its TTL
+    let e = eventually("the Job's TTL running", || async {
+        let e = explain(&s, "ttl-after-finished/default/once");
+        strings(&e["waiting"]).iter().any(|w| w.starts_with("the Job is deleted when its TTL runs out, in 59m")).then_some(e)
+    })
+    .await;
+    assert_eq!(e["observed"]["finished"], true, "{e:#}");
+}

@@ -26,6 +26,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, ResourceExt as _};
 
 use self::plan::Deletion;
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::{is_conflict, is_not_found, Error};
 
@@ -146,7 +147,78 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         quarantine: opts.pod_gc_quarantine,
         missing: Mutex::default(),
     });
+    {
+        let ctx = ctx.clone();
+        inf.explain().register("podgc", Arc::new(move |key| Box::pin(explain(ctx.clone(), key))));
+    }
     spawn_workers("podgc", queue, 2, move |key: Key| reconcile(ctx.clone(), key));
+}
+
+/// A dry run of the rules for one pod: whether PodGC would force delete it now, and why not.
+async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    ctx.pods.wait_synced().await;
+    ctx.nodes.wait_synced().await;
+    let pod = ctx.pods.get(key.namespace.as_deref(), &key.name).ok_or_else(|| ExplainError::not_found("pods", &key))?;
+    let now = jiff::Timestamp::now();
+    let mut e = Explanation::new("podgc", Subject::of(pod.as_ref()));
+    let node = bound_node(&pod).map(str::to_string);
+    let node_obj = node.as_deref().and_then(|n| ctx.nodes.get(None, n));
+    e.observed = serde_json::json!({
+        "phase": pod.status.as_ref().and_then(|s| s.phase.clone()),
+        "terminating": plan::is_terminating(&pod),
+        "node": node,
+        "nodeExists": node_obj.is_some(),
+        "nodeOutOfService": node_obj.as_deref().is_some_and(plan::is_out_of_service),
+    });
+    let all = ctx.pods.list();
+    let refs: Vec<&Pod> = all.iter().map(|p| p.as_ref()).collect();
+    let terminated_total = refs.iter().filter(|p| plan::is_terminated(p)).count();
+    e.wants = serde_json::json!({"terminatedPodGCThreshold": ctx.threshold, "terminatedPods": terminated_total});
+    let uid = pod.metadata.uid.clone();
+    let mut deletions: Vec<plan::Deletion> = Vec::new();
+    if let Some(d) = plan::unscheduled_terminating(&pod, now) {
+        deletions.push(d);
+    }
+    if let Some(n) = &node_obj {
+        deletions.extend(plan::out_of_service(n, &[pod.as_ref()], now));
+    }
+    if plan::is_terminated(&pod) && ctx.threshold > 0 {
+        deletions.extend(plan::terminated(&refs, ctx.threshold, now).into_iter().filter(|d| d.uid == uid));
+    }
+    if let (Some(n), None) = (&node, &node_obj) {
+        let missing_for = ctx.missing().get(n).map(|t| t.elapsed());
+        match missing_for {
+            Some(d) if d >= ctx.quarantine => deletions.extend(plan::orphaned(&[pod.as_ref()], n, now)),
+            Some(d) => e.waiting.push(format!(
+                "its node {n} is gone; the pod is force deleted once the node has been missing for {} ({} to go)",
+                crate::controllers::explain::go_duration(ctx.quarantine),
+                crate::controllers::explain::go_duration(ctx.quarantine - d)
+            )),
+            None => e.waiting.push(format!(
+                "its node {n} is gone; the pod is force deleted after a quarantine of {}",
+                crate::controllers::explain::go_duration(ctx.quarantine)
+            )),
+        }
+    }
+    for d in &deletions {
+        let patch = if d.status_patch.is_some() { "set phase Failed, then " } else { "" };
+        e.actions.push(format!("{patch}force delete the pod ({})", d.reason.as_str()));
+    }
+    if deletions.is_empty() && e.waiting.is_empty() {
+        e.waiting.push(if plan::is_terminated(&pod) {
+            if ctx.threshold == 0 {
+                "nothing to do: the pod is terminated and --terminated-pod-gc-threshold is 0 (keep all)".to_string()
+            } else {
+                format!(
+                    "nothing to do: {terminated_total} terminated pods, within --terminated-pod-gc-threshold {}",
+                    ctx.threshold
+                )
+            }
+        } else {
+            "nothing to do: the pod is neither terminated beyond the threshold, nor terminating unscheduled or on an out-of-service node, nor on a node that is gone".to_string()
+        });
+    }
+    Ok(e)
 }
 
 /// One part of the pass: the pods the key's rule collects, force deleted.

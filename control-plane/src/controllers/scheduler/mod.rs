@@ -20,6 +20,7 @@ use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
 use ferro_runtime::events::Recorder;
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use self::plan::{NodeInfo, VolumeView};
 use crate::controllers::{is_conflict, is_not_found, Error};
@@ -243,7 +244,77 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         shared,
         queue: queue.clone(),
     });
+    {
+        let ctx = ctx.clone();
+        inf.explain().register("scheduler", Arc::new(move |key| Box::pin(explain(ctx.clone(), key))));
+    }
     spawn_workers("scheduler", queue, 1, move |key: ObjectKey| reconcile(ctx.clone(), key));
+}
+
+/// A dry run of [`reconcile`] for one pod: every node's filter verdict, the node it would
+/// take, or why it fits nowhere.
+async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    let Context { pods, claims, volumes, classes, drivers, capacities, shared, .. } = &*ctx;
+    pods.wait_synced().await;
+    ctx.nodes.wait_synced().await;
+    claims.wait_synced().await;
+    volumes.wait_synced().await;
+    classes.wait_synced().await;
+    drivers.wait_synced().await;
+    capacities.wait_synced().await;
+    let pod = pods.get(key.namespace.as_deref(), &key.name).ok_or_else(|| ExplainError::not_found("pods", &key))?;
+    let mut e = Explanation::new("scheduler", Subject::of(pod.as_ref()));
+    let spec = pod.spec.clone().unwrap_or_default();
+    e.wants = json!({
+        "schedulerName": spec.scheduler_name.as_deref().unwrap_or(SCHEDULER_NAME),
+        "nodeName": spec.node_name,
+    });
+    if !plan::is_pending(&pod, SCHEDULER_NAME) {
+        e.waiting.push(match spec.node_name.as_deref() {
+            Some(n) if !n.is_empty() => format!("nothing to do: the pod is bound to node {n}"),
+            _ if spec.scheduler_name.as_deref().is_some_and(|s| s != SCHEDULER_NAME) => {
+                format!("nothing to do: the pod is for the scheduler {:?}", spec.scheduler_name.as_deref().unwrap_or_default())
+            }
+            _ => "nothing to do: the pod is terminating or finished".to_string(),
+        });
+        return Ok(e);
+    }
+    let all_volumes = volumes.list();
+    let claim_of = |ns: &str, name: &str| -> Option<Arc<PersistentVolumeClaim>> { claims.get(Some(ns), name) };
+    let class_of = |name: &str| classes.get(None, name);
+    let all_capacities = capacities.list();
+    let driver_of = |name: &str| drivers.get(None, name);
+    let view = VolumeView { claims: &claim_of, volumes: &all_volumes, class: &class_of, driver: &driver_of, capacities: &all_capacities };
+    let cache = shared.cache();
+    let uid = pod.uid().unwrap_or_default();
+    let infos: Vec<&NodeInfo> = cache.nodes.values().collect();
+    e.observed = match plan::filter_each(&pod, &infos, &view) {
+        Ok(verdicts) => json!({"nodes": verdicts.iter().map(|(n, reasons)| {
+            if reasons.is_empty() { json!({"name": n, "fits": true}) } else { json!({"name": n, "fits": false, "reasons": reasons}) }
+        }).collect::<Vec<_>>()}),
+        Err(why) => json!({"claims": why}),
+    };
+    if cache.assumed.contains(&uid) {
+        e.waiting.push("the pod is assumed on its node; the binding (and its claims' provisioning) is in progress".into());
+        return Ok(e);
+    }
+    match plan::schedule(&pod, &infos, &view) {
+        Ok(d) => {
+            if !d.select_node_for_claims.is_empty() {
+                e.actions.push(format!(
+                    "select node {} for the claims {} and wait until they are bound",
+                    d.node,
+                    d.select_node_for_claims.join(", ")
+                ));
+            }
+            e.actions.push(format!("bind the pod to node {}", d.node));
+        }
+        Err(u) => {
+            e.actions.push(format!("set PodScheduled False (Unschedulable): {}", u.message));
+            e.waiting.push(format!("{} (looked at again when nodes, bound pods, claims, volumes, classes or storage capacities change)", u.message));
+        }
+    }
+    Ok(e)
 }
 
 /// One scheduling decision for a pending pod: assume it on the chosen node and bind it in the

@@ -907,6 +907,23 @@ pub fn schedule(
     Ok(decision)
 }
 
+/// Each node's filter verdict for a pod, in node order (explanations): `Ok` with the failing
+/// reasons per node (empty when the node fits), or `Err` with a pre-filter failure such as a
+/// missing claim.
+pub fn filter_each(pod: &Pod, nodes: &[&NodeInfo], volumes: &VolumeView) -> Result<Vec<(String, Vec<String>)>, String> {
+    let facts = PodFacts::new(pod, resolve_claims(pod, volumes)?);
+    Ok(nodes
+        .iter()
+        .map(|n| {
+            let reasons = match filter::run(&facts, n, volumes) {
+                Ok(()) => Vec::new(),
+                Err(f) => f.reasons,
+            };
+            (n.name().to_string(), reasons)
+        })
+        .collect())
+}
+
 /// Picks among the feasible nodes by their total score ([`score::scores`]); ties go to the
 /// fewest pods, then the smallest name.
 fn best_node<'n>(facts: &PodFacts, feasible: &[&'n NodeInfo], all: &[&NodeInfo]) -> &'n NodeInfo {

@@ -13,6 +13,7 @@ use kube::api::{DeleteParams, Preconditions, PropagationPolicy};
 use kube::Api;
 
 use self::plan::{decide, finished_in_future, needs_cleanup, Ttl};
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::{is_conflict, is_not_found, Error};
 
@@ -45,7 +46,41 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         spawn_resync(queue.clone(), opts.resync, move || j.list().iter().filter(|j| needs_cleanup(j)).map(|j| ObjectKey::of(j.as_ref())).collect());
     }
     let ctx = Arc::new(Context { client: inf.client(), jobs });
+    {
+        let ctx = ctx.clone();
+        inf.explain().register("ttl-after-finished", Arc::new(move |key| Box::pin(explain(ctx.clone(), key))));
+    }
     spawn_workers("ttl-after-finished", queue, 2, move |key: ObjectKey| reconcile(ctx.clone(), key));
+}
+
+/// A dry run of [`reconcile`] for one Job.
+async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    ctx.jobs.wait_synced().await;
+    let job = ctx.jobs.get(key.namespace.as_deref(), &key.name).ok_or_else(|| ExplainError::not_found("jobs.batch", &key))?;
+    let now = jiff::Timestamp::now();
+    let mut e = Explanation::new("ttl-after-finished", Subject::of(job.as_ref()));
+    let ttl = job.spec.as_ref().and_then(|s| s.ttl_seconds_after_finished);
+    e.observed = serde_json::json!({
+        "finished": crate::controllers::job::plan::is_finished(&job),
+        "finishTime": crate::controllers::job::plan::finish_time(&job).map(|t| t.to_string()),
+    });
+    e.wants = serde_json::json!({"ttlSecondsAfterFinished": ttl});
+    match decide(&job, now) {
+        Ok(Ttl::Skip) => e.waiting.push(if ttl.is_none() {
+            "nothing to do: the Job has no ttlSecondsAfterFinished".into()
+        } else if job.metadata.deletion_timestamp.is_some() {
+            "nothing to do: the Job is being deleted".into()
+        } else {
+            "the Job has not finished: its TTL starts when it does".into()
+        }),
+        Ok(Ttl::After(d)) => {
+            e.waiting.push(format!("the Job is deleted when its TTL runs out, in {}", crate::controllers::explain::go_duration(d)));
+            return Ok(e.requeue(Some(d)));
+        }
+        Ok(Ttl::Expired) => e.actions.push("delete the Job (foreground): its TTL after finishing ran out".into()),
+        Err(err) => e.waiting.push(err.to_string()),
+    }
+    Ok(e)
 }
 
 /// One look at a Job: wait for its expiry, or delete it once expired.
