@@ -17,7 +17,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::{
-    Event, EventKind, Indexer, Listing, Op, Record, Revision, Store, StoreError, Watch,
+    stamp, Event, EventKind, Indexer, Listing, Op, Record, Revision, Store, StoreError, Watch,
 };
 
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
@@ -180,19 +180,6 @@ impl Store for EmbeddedStore {
     fn oldest_watchable(&self) -> Revision {
         self.read().oldest_watchable
     }
-}
-
-fn stamp(value: &mut serde_json::Value, rev: Revision) -> Result<Bytes, StoreError> {
-    let meta = value
-        .as_object_mut()
-        .ok_or_else(|| StoreError::InvalidValue("not a JSON object".into()))?
-        .entry("metadata")
-        .or_insert_with(|| serde_json::json!({}));
-    let meta = meta
-        .as_object_mut()
-        .ok_or_else(|| StoreError::InvalidValue("metadata is not an object".into()))?;
-    meta.insert("resourceVersion".into(), serde_json::Value::String(rev.to_string()));
-    serde_json::to_vec(value).map(Bytes::from).map_err(|e| StoreError::InvalidValue(e.to_string()))
 }
 
 /// The result of planning one write of a batch.

@@ -7,10 +7,13 @@
 //! [`StoreError::Compacted`] when that revision is older than the history kept.
 //!
 //! Values go in as JSON objects; the store stamps `metadata.resourceVersion` with the revision of
-//! the write before the value is kept, so reads hand out the exact bytes clients receive (an etcd
-//! backend would stamp on read instead, as upstream's etcd3 storage does).
+//! the write before the value is kept, so reads hand out the exact bytes clients receive. The
+//! etcd backend stores values without `resourceVersion` and stamps it when it builds its records
+//! (as upstream's etcd3 storage does on read), so both serve the same bytes for the same writes.
 
+mod cache;
 mod embedded;
+pub mod etcd;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,6 +23,7 @@ use futures::future::BoxFuture;
 use tokio::sync::broadcast;
 
 pub use embedded::{EmbeddedStore, EmbeddedStoreOptions};
+pub use etcd::{EtcdOptions, EtcdStore, KeyLayout};
 
 /// A revision of the store; `resourceVersion` on the wire.
 pub type Revision = i64;
@@ -148,4 +152,19 @@ pub trait Store: Send + Sync + 'static {
     fn watch(&self, after: Revision) -> Result<Watch, StoreError>;
     /// The oldest revision a watch can start after.
     fn oldest_watchable(&self) -> Revision;
+}
+
+/// Sets `metadata.resourceVersion` of an object to `rev` and returns its JSON bytes (keys in
+/// sorted order, so the same object gives the same bytes whichever backend stamps it).
+pub(crate) fn stamp(value: &mut serde_json::Value, rev: Revision) -> Result<Bytes, StoreError> {
+    let meta = value
+        .as_object_mut()
+        .ok_or_else(|| StoreError::InvalidValue("not a JSON object".into()))?
+        .entry("metadata")
+        .or_insert_with(|| serde_json::json!({}));
+    let meta = meta
+        .as_object_mut()
+        .ok_or_else(|| StoreError::InvalidValue("metadata is not an object".into()))?;
+    meta.insert("resourceVersion".into(), serde_json::Value::String(rev.to_string()));
+    serde_json::to_vec(value).map(Bytes::from).map_err(|e| StoreError::InvalidValue(e.to_string()))
 }

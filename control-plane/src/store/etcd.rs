@@ -1,0 +1,703 @@
+//! The etcd v3 backend: objects live in an etcd cluster, reads are served from a watch cache.
+//!
+//! - Keys: `<prefix>/<path>`, where [`KeyLayout`] turns the API's keys
+//!   (`/<group>/<resource>/<namespace>/<name>`, group `core` for the core group) into upstream's
+//!   layout (`/registry/pods/default/web`, `/registry/minions/node1`,
+//!   `/registry/deployments/default/web`) and back; keys under the prefix that it does not
+//!   know are ignored.
+//! - Values: the object's JSON without `metadata.resourceVersion`; the revision of the etcd
+//!   write is the resourceVersion, stamped into the value when a record is built (as upstream's
+//!   etcd3 storage does on read), so the bytes served equal the embedded store's.
+//! - Writes: one etcd transaction each, guarded by `mod_revision == expected` (updates and
+//!   deletes) or `create_revision == 0` (creates). A write returns once the watch cache has
+//!   applied it, so a read after a write sees it, as with the embedded store.
+//! - Reads (get, list, watch): from the [`Cache`], fed by one etcd watch over the prefix that
+//!   resumes from the cache's revision when it breaks and relists when etcd has compacted that
+//!   revision. At start the cache is loaded at a revision up to `history` revisions back and
+//!   replayed to the current one, so watches resume across a restart of this server.
+//! - Compaction: every `compaction_interval`, revisions older than the previous run's are
+//!   compacted, coordinated between API servers through the `compact_rev_key` key (upstream's
+//!   scheme: only the server whose compare-and-swap on its version wins compacts).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KvClient,
+    PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use futures::future::BoxFuture;
+
+use super::cache::{record_from_stored, restamp, Cache, Change};
+use super::{Indexer, Listing, Op, Record, Revision, Store, StoreError, Watch};
+
+/// Largest gRPC message accepted from etcd (a page of a listing, a watch response).
+const MAX_MESSAGE: usize = 256 << 20;
+/// Keys per range request when loading the cache.
+const PAGE: i64 = 2_000;
+/// The key through which API servers sharing an etcd take turns compacting (upstream's name,
+/// outside any prefix: compaction is global to the etcd cluster).
+const COMPACT_REV_KEY: &str = "compact_rev_key";
+
+/// How to reach etcd and how to run the cache.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    /// Client URLs (`http://host:2379` or `https://...` with TLS).
+    pub endpoints: Vec<String>,
+    /// CA bundle to verify the etcd servers; with `cert_file`/`key_file`, mutual TLS.
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// How often old revisions are compacted; zero disables compaction.
+    pub compaction_interval: Duration,
+    /// Events the watch cache keeps for watches to resume from.
+    pub history: usize,
+    /// Deadline of one write (and of the cache catching up with it).
+    pub request_timeout: Duration,
+    /// How long to wait for etcd at start before giving up.
+    pub start_timeout: Duration,
+}
+
+impl EtcdOptions {
+    pub fn new(endpoints: Vec<String>) -> EtcdOptions {
+        EtcdOptions {
+            endpoints,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            compaction_interval: Duration::from_secs(300),
+            history: 20_000,
+            request_timeout: Duration::from_secs(30),
+            start_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Where the API's keys live in etcd.
+#[derive(Debug, Clone)]
+pub struct KeyLayout {
+    /// Without a trailing slash (`/registry`).
+    prefix: String,
+    /// (API key prefix, path under the etcd prefix), e.g. `("/core/nodes/", "minions/")`;
+    /// empty: the API key is used as it is.
+    segments: Vec<(String, String)>,
+}
+
+impl KeyLayout {
+    /// `<prefix><api key>`: `/registry/core/pods/default/web`.
+    pub fn verbatim(prefix: &str) -> KeyLayout {
+        KeyLayout { prefix: prefix.trim_end_matches('/').to_string(), segments: Vec::new() }
+    }
+
+    /// `<prefix>/<segment><rest>` for each `(api prefix, segment)` pair, both ending in `/`.
+    pub fn mapped(prefix: &str, segments: Vec<(String, String)>) -> KeyLayout {
+        KeyLayout { prefix: prefix.trim_end_matches('/').to_string(), segments }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The etcd key range everything lives under (`/registry/`).
+    pub fn range(&self) -> String {
+        format!("{}/", self.prefix)
+    }
+
+    pub fn to_etcd(&self, key: &str) -> Option<String> {
+        if self.segments.is_empty() {
+            let key = key.strip_prefix('/').unwrap_or(key);
+            return Some(format!("{}/{key}", self.prefix));
+        }
+        self.segments
+            .iter()
+            .find(|(api, _)| key.starts_with(api.as_str()))
+            .map(|(api, seg)| format!("{}/{seg}{}", self.prefix, &key[api.len()..]))
+    }
+
+    /// The API key of an etcd key, or `None` for keys outside the layout.
+    pub fn from_etcd(&self, key: &[u8]) -> Option<String> {
+        let key = std::str::from_utf8(key).ok()?;
+        let rest = key.strip_prefix(self.prefix.as_str())?.strip_prefix('/')?;
+        if rest.is_empty() {
+            return None;
+        }
+        if self.segments.is_empty() {
+            return Some(format!("/{rest}"));
+        }
+        self.segments
+            .iter()
+            .find(|(_, seg)| rest.starts_with(seg.as_str()) && rest.len() > seg.len())
+            .map(|(api, seg)| format!("{api}{}", &rest[seg.len()..]))
+    }
+}
+
+/// [`Store`] on an etcd v3 cluster, reads served from a watch cache.
+pub struct EtcdStore {
+    kv: KvClient,
+    cache: Arc<Cache>,
+    layout: KeyLayout,
+    request_timeout: Duration,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for EtcdStore {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn etcd_err(e: etcd_client::Error) -> StoreError {
+    StoreError::Io(format!("etcd: {e}"))
+}
+
+fn is_compacted(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::OutOfRange)
+}
+
+async fn timed<T>(
+    limit: Duration,
+    what: &str,
+    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, f).await {
+        Ok(r) => r.map_err(etcd_err),
+        Err(_) => Err(StoreError::Io(format!("etcd: {what} timed out after {limit:?}"))),
+    }
+}
+
+fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, StoreError> {
+    std::fs::read(path).map_err(|e| StoreError::Io(format!("reading {}: {e}", path.display())))
+}
+
+async fn connect_client(opts: &EtcdOptions) -> Result<Client, StoreError> {
+    if opts.endpoints.is_empty() {
+        return Err(StoreError::Io("no etcd endpoints given".into()));
+    }
+    let mut copts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_keep_alive(Duration::from_secs(30), Duration::from_secs(10));
+    let tls_files = [&opts.ca_file, &opts.cert_file, &opts.key_file];
+    if tls_files.iter().any(|f| f.is_some()) {
+        let mut tls = etcd_client::TlsOptions::new();
+        if let Some(ca) = &opts.ca_file {
+            tls = tls.ca_certificate(etcd_client::Certificate::from_pem(read_pem(ca)?));
+        }
+        match (&opts.cert_file, &opts.key_file) {
+            (Some(cert), Some(key)) => {
+                tls = tls.identity(etcd_client::Identity::from_pem(read_pem(cert)?, read_pem(key)?));
+            }
+            (None, None) => {}
+            _ => return Err(StoreError::Io("an etcd client certificate needs both a cert file and a key file".into())),
+        }
+        copts = copts.with_tls(tls);
+    }
+    Client::connect(&opts.endpoints, Some(copts)).await.map_err(etcd_err)
+}
+
+/// The range end of a prefix: the prefix with its last byte incremented.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// A change of the cache from an etcd event, or `None` for keys outside the layout.
+fn change_of(layout: &KeyLayout, event: &etcd_client::Event) -> Option<Change> {
+    let kv = event.kv()?;
+    let key: Arc<str> = Arc::from(layout.from_etcd(kv.key())?);
+    Some(match event.event_type() {
+        EventType::Put => Change::Put {
+            key,
+            create_rev: kv.create_revision(),
+            mod_rev: kv.mod_revision(),
+            value: Bytes::copy_from_slice(kv.value()),
+        },
+        EventType::Delete => Change::Delete { key, rev: kv.mod_revision() },
+    })
+}
+
+/// Every object under the layout's prefix at `rev` (0: the latest), in pages of one snapshot;
+/// returns the records and the revision they reflect.
+async fn load(
+    kv: &mut KvClient,
+    layout: &KeyLayout,
+    indexer: &Indexer,
+    rev: Revision,
+    limit: Duration,
+) -> Result<(Vec<Record>, Revision), etcd_client::Error> {
+    let end = prefix_end(&layout.range());
+    let mut from = layout.range().into_bytes();
+    let mut at = rev;
+    let mut records = Vec::new();
+    let mut ignored = 0usize;
+    loop {
+        let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+        if at > 0 {
+            options = options.with_revision(at);
+        }
+        let resp = match tokio::time::timeout(limit, kv.get(from.clone(), Some(options))).await {
+            Ok(r) => r?,
+            Err(_) => return Err(etcd_client::Error::Internal(format!("listing timed out after {limit:?}"))),
+        };
+        if at == 0 {
+            at = resp.header().map(|h| h.revision()).unwrap_or(0);
+        }
+        for kv in resp.kvs() {
+            let Some(key) = layout.from_etcd(kv.key()) else {
+                ignored += 1;
+                continue;
+            };
+            match record_from_stored(Arc::from(key), kv.create_revision(), kv.mod_revision(), kv.value(), indexer) {
+                Ok(r) => records.push(r),
+                Err(e) => {
+                    ignored += 1;
+                    tracing::warn!(error = %e, "ignoring a stored value that is not a JSON object");
+                }
+            }
+        }
+        match resp.kvs().last() {
+            Some(last) if resp.more() => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => break,
+        }
+    }
+    if ignored > 0 {
+        tracing::warn!(ignored, prefix = layout.prefix(), "keys under the etcd prefix that ferro does not serve were ignored");
+    }
+    Ok((records, at))
+}
+
+impl EtcdStore {
+    /// Connects, waits (up to `start_timeout`) for etcd to answer, loads the cache and starts
+    /// its watch and the compaction loop. Must run inside a tokio runtime.
+    pub async fn connect(opts: EtcdOptions, layout: KeyLayout, indexer: Indexer) -> Result<EtcdStore, StoreError> {
+        let client = connect_client(&opts).await?;
+        let mut kv = client.kv_client().max_decoding_message_size(MAX_MESSAGE);
+        let deadline = Instant::now() + opts.start_timeout;
+        let current = loop {
+            let probe = GetOptions::new().with_prefix().with_count_only();
+            let err = match tokio::time::timeout(Duration::from_secs(2), kv.get(layout.range(), Some(probe))).await {
+                Ok(Ok(resp)) => break resp.header().map(|h| h.revision()).unwrap_or(0),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "no answer within 2s".to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(StoreError::Io(format!(
+                    "etcd at {} did not answer within {:?}: {err}",
+                    opts.endpoints.join(","),
+                    opts.start_timeout
+                )));
+            }
+            tracing::warn!(endpoints = %opts.endpoints.join(","), error = %err, "waiting for etcd");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        let cache = Arc::new(Cache::new(indexer, opts.history));
+        let loaded = Self::load_with_history(&client, &mut kv, &layout, &cache, current, opts.history, opts.start_timeout).await?;
+        tracing::info!(
+            endpoints = %opts.endpoints.join(","),
+            prefix = layout.prefix(),
+            revision = cache.revision(),
+            history_from = loaded,
+            "etcd store ready"
+        );
+        let mut tasks = vec![tokio::spawn(feed(client.clone(), kv.clone(), layout.clone(), cache.clone(), opts.request_timeout))];
+        if !opts.compaction_interval.is_zero() {
+            tasks.push(tokio::spawn(compactor(kv.clone(), opts.compaction_interval, opts.request_timeout)));
+        }
+        Ok(EtcdStore { kv, cache, layout, request_timeout: opts.request_timeout, tasks })
+    }
+
+    /// Loads the cache at up to `history` revisions before `current` and replays the changes
+    /// since then, so watches can resume from before a restart of this server; when those
+    /// revisions are compacted, loads at `current` with no history. Returns the revision
+    /// watches may start after.
+    async fn load_with_history(
+        client: &Client,
+        kv: &mut KvClient,
+        layout: &KeyLayout,
+        cache: &Cache,
+        current: Revision,
+        history: usize,
+        limit: Duration,
+    ) -> Result<Revision, StoreError> {
+        let start = current.saturating_sub(history as i64).max(1);
+        if start < current {
+            match load(kv, layout, cache.indexer(), start, limit).await {
+                Ok((records, _)) => {
+                    cache.reset(records, start);
+                    match replay(client, layout, cache, current, limit).await {
+                        Ok(()) => return Ok(start),
+                        Err(e) => tracing::warn!(error = %e, "replaying etcd history failed; starting without history"),
+                    }
+                }
+                Err(e) if is_compacted(&e) => {}
+                Err(e) => return Err(etcd_err(e)),
+            }
+        }
+        let (records, rev) = load(kv, layout, cache.indexer(), current, limit).await.map_err(etcd_err)?;
+        cache.reset(records, rev);
+        Ok(rev)
+    }
+
+    /// Revision of a txn response.
+    fn txn_rev(resp: &etcd_client::TxnResponse) -> Result<Revision, StoreError> {
+        resp.header().map(|h| h.revision()).ok_or_else(|| StoreError::Io("etcd: txn response without header".into()))
+    }
+
+    /// The failure of a guarded write: the key's state from the else branch.
+    fn precondition_failed(resp: &etcd_client::TxnResponse) -> StoreError {
+        let current = resp.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(g.kvs().first().map(|kv| kv.mod_revision())),
+            _ => None,
+        });
+        match current {
+            Some(Some(rev)) => StoreError::Conflict { current: rev },
+            _ => StoreError::NotFound,
+        }
+    }
+
+    fn guard(key: &str, expect: Option<Revision>) -> Compare {
+        match expect {
+            Some(rev) => Compare::mod_revision(key, CompareOp::Equal, rev),
+            None => Compare::create_revision(key, CompareOp::Greater, 0),
+        }
+    }
+
+    async fn do_write(&self, op: Op) -> Result<Record, StoreError> {
+        let api_key = op.key().to_string();
+        let key = self
+            .layout
+            .to_etcd(&api_key)
+            .ok_or_else(|| StoreError::InvalidValue(format!("no etcd key for {api_key}")))?;
+        let indexer = self.cache.indexer();
+        let mut kv = self.kv.clone();
+        let record = match op {
+            Op::Create { key: _, value } => {
+                let stored = stored_bytes(&value)?;
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(key.as_str(), stored.clone(), None)]);
+                let resp = timed(self.request_timeout, "create", kv.txn(txn)).await?;
+                if !resp.succeeded() {
+                    return Err(StoreError::AlreadyExists);
+                }
+                let rev = Self::txn_rev(&resp)?;
+                record_from_stored(Arc::from(api_key), rev, rev, &stored, indexer)?
+            }
+            Op::Update { key: _, value, expect } => {
+                let stored = stored_bytes(&value)?;
+                let txn = Txn::new()
+                    .when([Self::guard(&key, expect)])
+                    .and_then([TxnOp::put(key.as_str(), stored.clone(), Some(PutOptions::new().with_prev_key()))])
+                    .or_else([TxnOp::get(key.as_str(), None)]);
+                let resp = timed(self.request_timeout, "update", kv.txn(txn)).await?;
+                if !resp.succeeded() {
+                    return Err(Self::precondition_failed(&resp));
+                }
+                let rev = Self::txn_rev(&resp)?;
+                let create_rev = resp
+                    .op_responses()
+                    .into_iter()
+                    .find_map(|r| match r {
+                        TxnOpResponse::Put(p) => p.prev_key().map(|kv| kv.create_revision()),
+                        _ => None,
+                    })
+                    .unwrap_or(rev);
+                record_from_stored(Arc::from(api_key), create_rev, rev, &stored, indexer)?
+            }
+            Op::Delete { key: _, expect } => {
+                let txn = Txn::new()
+                    .when([Self::guard(&key, expect)])
+                    .and_then([TxnOp::delete(key.as_str(), Some(DeleteOptions::new().with_prev_key()))])
+                    .or_else([TxnOp::get(key.as_str(), None)]);
+                let resp = timed(self.request_timeout, "delete", kv.txn(txn)).await?;
+                if !resp.succeeded() {
+                    return Err(Self::precondition_failed(&resp));
+                }
+                let rev = Self::txn_rev(&resp)?;
+                let prev = resp
+                    .op_responses()
+                    .into_iter()
+                    .find_map(|r| match r {
+                        TxnOpResponse::Delete(d) => d.prev_kvs().first().cloned(),
+                        _ => None,
+                    })
+                    .ok_or(StoreError::NotFound)?;
+                let last = record_from_stored(Arc::from(api_key), prev.create_revision(), prev.mod_revision(), prev.value(), indexer)?;
+                restamp(&last, rev)?
+            }
+        };
+        // Acknowledge once the cache has it: a read after this write sees it.
+        if !self.cache.wait_for(record.mod_rev, self.request_timeout).await {
+            tracing::warn!(key = %record.key, rev = record.mod_rev, "the watch cache has not caught up with a write yet");
+        }
+        Ok(record)
+    }
+}
+
+/// The bytes kept in etcd: the object without `metadata.resourceVersion` (it is the revision).
+fn stored_bytes(value: &serde_json::Value) -> Result<Bytes, StoreError> {
+    let mut v = value.clone();
+    let obj = v.as_object_mut().ok_or_else(|| StoreError::InvalidValue("not a JSON object".into()))?;
+    if let Some(serde_json::Value::Object(meta)) = obj.get_mut("metadata") {
+        meta.remove("resourceVersion");
+    }
+    serde_json::to_vec(&v).map(Bytes::from).map_err(|e| StoreError::InvalidValue(e.to_string()))
+}
+
+/// Applies the changes between the cache's revision and `until` from a watch over every key
+/// (every revision has at least one event there, so reaching `until` is certain); changes
+/// outside the layout are skipped.
+async fn replay(client: &Client, layout: &KeyLayout, cache: &Cache, until: Revision, limit: Duration) -> Result<(), StoreError> {
+    let from = cache.revision() + 1;
+    if from > until {
+        return Ok(());
+    }
+    let mut wc = client.watch_client().max_decoding_message_size(MAX_MESSAGE);
+    let options = WatchOptions::new().with_all_keys().with_start_revision(from);
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut stream = tokio::time::timeout_at(deadline, wc.watch("\0", Some(options)))
+        .await
+        .map_err(|_| StoreError::Io("etcd: replay watch timed out".into()))?
+        .map_err(etcd_err)?;
+    loop {
+        let resp = tokio::time::timeout_at(deadline, stream.message())
+            .await
+            .map_err(|_| StoreError::Io(format!("etcd: history replay did not reach revision {until} in time")))?
+            .map_err(etcd_err)?
+            .ok_or_else(|| StoreError::Io("etcd: replay watch ended".into()))?;
+        if resp.canceled() {
+            return Err(StoreError::Io(format!("etcd: replay watch cancelled: {}", resp.cancel_reason())));
+        }
+        let mut changes = Vec::new();
+        let mut reached = 0;
+        for event in resp.events() {
+            let Some(kv) = event.kv() else { continue };
+            if kv.mod_revision() > until {
+                break;
+            }
+            reached = kv.mod_revision();
+            changes.extend(change_of(layout, event));
+        }
+        cache.apply(changes);
+        cache.advance(reached);
+        if reached >= until || cache.revision() >= until {
+            return Ok(());
+        }
+    }
+}
+
+enum WatchEnd {
+    /// etcd no longer has the revision the watch asked for.
+    Compacted(Revision),
+    Failed(String),
+}
+
+/// Follows the prefix from `from` into the cache until the watch breaks.
+async fn follow(client: &Client, layout: &KeyLayout, cache: &Cache, from: Revision) -> WatchEnd {
+    let mut wc = client.watch_client().max_decoding_message_size(MAX_MESSAGE);
+    let options = WatchOptions::new().with_prefix().with_start_revision(from).with_progress_notify();
+    let stream = tokio::time::timeout(Duration::from_secs(10), wc.watch(layout.range(), Some(options))).await;
+    // The request sender stays alive with the stream: dropping it would end the watch.
+    let mut stream = match stream {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return WatchEnd::Failed(e.to_string()),
+        Err(_) => return WatchEnd::Failed("no answer to the watch request within 10s".into()),
+    };
+    loop {
+        let resp = match stream.message().await {
+            Ok(Some(r)) => r,
+            Ok(None) => return WatchEnd::Failed("watch stream ended".into()),
+            Err(e) => return WatchEnd::Failed(e.to_string()),
+        };
+        if resp.canceled() {
+            if resp.compact_revision() > 0 {
+                return WatchEnd::Compacted(resp.compact_revision());
+            }
+            return WatchEnd::Failed(format!("watch cancelled: {}", resp.cancel_reason()));
+        }
+        let events = resp.events();
+        if events.is_empty() {
+            // A progress notification (sent to synchronised watchers only): every change up to
+            // the header's revision has been delivered.
+            if !resp.created() {
+                if let Some(h) = resp.header() {
+                    cache.advance(h.revision());
+                }
+            }
+            continue;
+        }
+        let last = events.iter().filter_map(|e| e.kv()).map(|kv| kv.mod_revision()).max().unwrap_or(0);
+        cache.apply(events.iter().filter_map(|e| change_of(layout, e)).collect());
+        // Keys outside the layout move the revision too.
+        cache.advance(last);
+    }
+}
+
+/// The cache's feeder: follows etcd, resumes after errors from the cache's revision (with
+/// back-off), relists when that revision has been compacted.
+async fn feed(client: Client, mut kv: KvClient, layout: KeyLayout, cache: Arc<Cache>, limit: Duration) {
+    const MIN_BACKOFF: Duration = Duration::from_millis(100);
+    const MAX_BACKOFF: Duration = Duration::from_secs(5);
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let from = cache.revision() + 1;
+        let began = Instant::now();
+        match follow(&client, &layout, &cache, from).await {
+            WatchEnd::Compacted(compacted) => {
+                tracing::warn!(from, compacted, "etcd compacted the revision the watch cache needs; relisting");
+                loop {
+                    match load(&mut kv, &layout, cache.indexer(), 0, limit).await {
+                        Ok((records, rev)) => {
+                            cache.reset(records, rev);
+                            tracing::info!(revision = rev, "watch cache relisted");
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "relisting from etcd failed; retrying");
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(MAX_BACKOFF);
+                        }
+                    }
+                }
+                backoff = MIN_BACKOFF;
+                continue;
+            }
+            WatchEnd::Failed(e) => tracing::warn!(from, error = %e, "etcd watch failed; resuming"),
+        }
+        if began.elapsed() > Duration::from_secs(30) {
+            backoff = MIN_BACKOFF;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// One round of upstream's compaction scheme: whoever moves `compact_rev_key` from version
+/// `seen` to `seen + 1` compacts up to `rev` (the revision recorded by the previous round),
+/// so between rounds at least one interval of history stays. Returns the key's version and the
+/// current revision for the next round.
+async fn compact_round(kv: &mut KvClient, seen: i64, rev: Revision, limit: Duration) -> Result<(i64, Revision), StoreError> {
+    let txn = Txn::new()
+        .when([Compare::version(COMPACT_REV_KEY, CompareOp::Equal, seen)])
+        .and_then([TxnOp::put(COMPACT_REV_KEY, rev.to_string(), None)])
+        .or_else([TxnOp::get(COMPACT_REV_KEY, None)]);
+    let resp = timed(limit, "compaction bookkeeping", kv.txn(txn)).await?;
+    let current = resp.header().map(|h| h.revision()).unwrap_or(0);
+    if !resp.succeeded() {
+        // Another API server compacted this round; follow its count.
+        let version = resp
+            .op_responses()
+            .into_iter()
+            .find_map(|r| match r {
+                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.version()),
+                _ => None,
+            })
+            .unwrap_or(0);
+        return Ok((version, current));
+    }
+    if rev > 0 {
+        match tokio::time::timeout(limit, kv.compact(rev, None)).await {
+            Ok(Ok(_)) => tracing::info!(revision = rev, "compacted etcd"),
+            Ok(Err(e)) if is_compacted(&e) => {}
+            Ok(Err(e)) => return Err(etcd_err(e)),
+            Err(_) => return Err(StoreError::Io("etcd: compaction timed out".into())),
+        }
+    }
+    Ok((seen + 1, current))
+}
+
+async fn compactor(mut kv: KvClient, interval: Duration, limit: Duration) {
+    let (mut seen, mut rev) = (0, 0);
+    loop {
+        tokio::time::sleep(interval).await;
+        match compact_round(&mut kv, seen, rev, limit).await {
+            Ok((s, r)) => (seen, rev) = (s, r),
+            Err(e) => tracing::warn!(error = %e, "etcd compaction failed"),
+        }
+    }
+}
+
+impl Store for EtcdStore {
+    fn revision(&self) -> Revision {
+        self.cache.revision()
+    }
+
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        let found = self.cache.get(key);
+        Box::pin(async move { Ok(found) })
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing, StoreError>> {
+        let listing = self.cache.list(prefix);
+        Box::pin(async move { Ok(listing) })
+    }
+
+    fn write(&self, op: Op) -> BoxFuture<'_, Result<Record, StoreError>> {
+        Box::pin(self.do_write(op))
+    }
+
+    fn watch(&self, after: Revision) -> Result<Watch, StoreError> {
+        self.cache.watch(after)
+    }
+
+    fn oldest_watchable(&self) -> Revision {
+        self.cache.oldest_watchable()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_map_keys_both_ways() {
+        let v = KeyLayout::verbatim("/registry/");
+        assert_eq!(v.to_etcd("/core/pods/ns/a").unwrap(), "/registry/core/pods/ns/a");
+        assert_eq!(v.from_etcd(b"/registry/core/pods/ns/a").unwrap(), "/core/pods/ns/a");
+        assert_eq!(v.from_etcd(b"/registryx/a"), None);
+        assert_eq!(v.from_etcd(b"/other/a"), None);
+
+        let m = KeyLayout::mapped(
+            "/registry",
+            vec![
+                ("/core/nodes/".into(), "minions/".into()),
+                ("/core/services/".into(), "services/specs/".into()),
+                ("/core/endpoints/".into(), "services/endpoints/".into()),
+                ("/apps/deployments/".into(), "deployments/".into()),
+            ],
+        );
+        assert_eq!(m.to_etcd("/core/nodes/n1").unwrap(), "/registry/minions/n1");
+        assert_eq!(m.to_etcd("/core/services/default/kubernetes").unwrap(), "/registry/services/specs/default/kubernetes");
+        assert_eq!(m.to_etcd("/apps/deployments/a/b").unwrap(), "/registry/deployments/a/b");
+        assert_eq!(m.to_etcd("/batch/jobs/a/b"), None);
+        for key in ["/core/nodes/n1", "/core/services/default/k", "/core/endpoints/default/k", "/apps/deployments/a/b"] {
+            assert_eq!(m.from_etcd(m.to_etcd(key).unwrap().as_bytes()).unwrap(), key);
+        }
+        // keys ferro does not write under the prefix
+        assert_eq!(m.from_etcd(b"/registry/secrets/a/b"), None);
+        assert_eq!(m.from_etcd(b"/registry/minions/"), None);
+        assert_eq!(m.from_etcd(b"/registry"), None);
+        assert_eq!(m.range(), "/registry/");
+    }
+
+    #[test]
+    fn stored_values_drop_the_resource_version_and_prefix_ends() {
+        let v = serde_json::json!({"metadata": {"name": "a", "resourceVersion": "7"}, "x": 1});
+        assert_eq!(&stored_bytes(&v).unwrap()[..], br#"{"metadata":{"name":"a"},"x":1}"#);
+        assert!(stored_bytes(&serde_json::json!([1])).is_err());
+        assert_eq!(prefix_end("/registry/"), b"/registry0".to_vec());
+    }
+}

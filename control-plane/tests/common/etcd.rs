@@ -1,0 +1,189 @@
+//! A real etcd (Debian's etcd-server) for one test: on 127.0.0.1 with free ports, its data in a
+//! temporary directory, healthy before it is handed out (its health polled with etcdctl, no
+//! fixed sleep). Drop kills exactly the process this fixture started and removes the
+//! directory, also when the test fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Certificates of an etcd with mutual TLS, all signed by one CA.
+pub struct EtcdTls {
+    pub ca: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+}
+
+pub struct Etcd {
+    dir: tempfile::TempDir,
+    pub client_port: u16,
+    peer_port: u16,
+    pub tls: Option<EtcdTls>,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+fn require_etcd() {
+    for bin in ["etcd", "etcdctl"] {
+        let found = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+            .unwrap_or(false);
+        assert!(
+            found,
+            "{bin} is not installed: the etcd tests need Debian's etcd-server and etcd-client \
+             (scripts/test.sh installs them; or apt-get install etcd-server etcd-client)"
+        );
+    }
+}
+
+impl Etcd {
+    /// A plain-http etcd.
+    pub fn start() -> Etcd {
+        Etcd::start_inner(false)
+    }
+
+    /// An etcd that requires client certificates (https, --client-cert-auth).
+    pub fn start_tls() -> Etcd {
+        Etcd::start_inner(true)
+    }
+
+    fn start_inner(tls: bool) -> Etcd {
+        require_etcd();
+        // /dev/shm keeps etcd's fsyncs cheap; the data is thrown away anyway.
+        let shm = Path::new("/dev/shm");
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("ferro-etcd-test");
+        let dir = if shm.is_dir() { builder.tempdir_in(shm) } else { builder.tempdir() }.unwrap();
+        let tls = tls.then(|| {
+            let ca = ferro_control_plane::pki::Ca::load_or_create(dir.path()).unwrap();
+            let (server_cert, server_key) = ca.serving(&["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+            let (client_cert, client_key) = ca.client("ferro-control-plane", &[]).unwrap();
+            let write = |name: &str, pem: &str| {
+                let p = dir.path().join(name);
+                std::fs::write(&p, pem).unwrap();
+                p
+            };
+            EtcdTls {
+                ca: dir.path().join("ca.crt"),
+                server_cert: write("etcd-server.crt", &server_cert),
+                server_key: write("etcd-server.key", &server_key),
+                client_cert: write("etcd-client.crt", &client_cert),
+                client_key: write("etcd-client.key", &client_key),
+            }
+        });
+        let mut etcd = Etcd { dir, client_port: 0, peer_port: 0, tls, child: None };
+        // A port taken between choosing it and etcd binding it: choose again.
+        for attempt in 0.. {
+            etcd.client_port = free_port();
+            etcd.peer_port = free_port();
+            match etcd.spawn() {
+                Ok(()) => break,
+                Err(log) if attempt < 3 && log.contains("address already in use") => continue,
+                Err(log) => panic!("etcd did not start: {log}"),
+            }
+        }
+        etcd
+    }
+
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Starts etcd (again) on the same ports and data, waiting until it reports healthy;
+    /// `Err(log)` when it exits first.
+    fn spawn(&mut self) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("etcd.log")).unwrap();
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let mut cmd = Command::new("etcd");
+        cmd.args(["--name", "ferro-test", "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args(["--listen-client-urls", &self.url(), "--advertise-client-urls", &self.url()])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("ferro-test={peer}"), "--initial-cluster-state", "new"])
+            .args(["--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn"]);
+        if let Some(tls) = &self.tls {
+            cmd.arg("--cert-file").arg(&tls.server_cert).arg("--key-file").arg(&tls.server_key);
+            cmd.arg("--trusted-ca-file").arg(&tls.ca).arg("--client-cert-auth");
+        }
+        let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child = None;
+                return Err(format!("etcd exited with {status}: {}", self.log()));
+            }
+            if self.etcdctl(&["endpoint", "health"]).status.success() {
+                return Ok(());
+            }
+            assert!(Instant::now() < deadline, "etcd did not become healthy: {}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// etcdctl against this etcd (with the client certificate when TLS is on).
+    pub fn etcdctl(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3").args(["--endpoints", &self.url(), "--command-timeout=2s"]);
+        if let Some(tls) = &self.tls {
+            cmd.arg("--cacert").arg(&tls.ca).arg("--cert").arg(&tls.client_cert).arg("--key").arg(&tls.client_key);
+        }
+        cmd.args(args).stdin(Stdio::null()).output().unwrap()
+    }
+
+    /// etcdctl that must succeed; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.etcdctl(args);
+        assert!(out.status.success(), "etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// SIGKILL to the process this fixture started.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// kill -9, then start again on the same data and ports.
+    pub fn restart(&mut self) {
+        self.kill9();
+        if let Err(log) = self.spawn() {
+            panic!("etcd did not restart: {log}");
+        }
+    }
+
+    /// Flags that point ferro-control-plane at this etcd.
+    pub fn flags(&self) -> Vec<String> {
+        let mut f = vec!["--etcd-servers".to_string(), self.url()];
+        if let Some(tls) = &self.tls {
+            for (flag, path) in [("--etcd-cafile", &tls.ca), ("--etcd-certfile", &tls.client_cert), ("--etcd-keyfile", &tls.client_key)] {
+                f.push(flag.to_string());
+                f.push(path.to_str().unwrap().to_string());
+            }
+        }
+        f
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}

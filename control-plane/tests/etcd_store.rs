@@ -1,0 +1,400 @@
+//! EtcdStore against a real etcd (Debian's etcd-server) on loopback: writes and their
+//! preconditions, the values it serves (byte for byte what the embedded store serves), lists
+//! and watches from its cache, compaction, resuming and relisting when its etcd watch breaks,
+//! mutual TLS, and keys it did not write. Needs etcd installed, so these tests are in the tier
+//! scripts/test.sh runs (--include-ignored); without etcd they fail, they never skip.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::etcd::Etcd;
+use ferro_control_plane::config::etcd_key_layout;
+use ferro_control_plane::store::{
+    EmbeddedStore, EmbeddedStoreOptions, EtcdOptions, EtcdStore, EventKind, Op, Record, Store, StoreError,
+};
+use serde_json::json;
+
+fn options(url: &str, history: usize) -> EtcdOptions {
+    EtcdOptions {
+        history,
+        compaction_interval: Duration::ZERO,
+        request_timeout: Duration::from_secs(10),
+        start_timeout: Duration::from_secs(10),
+        ..EtcdOptions::new(vec![url.to_string()])
+    }
+}
+
+async fn connect(url: &str, history: usize) -> EtcdStore {
+    EtcdStore::connect(options(url, history), etcd_key_layout("/registry"), ferro_control_plane::strategy::indexer())
+        .await
+        .unwrap()
+}
+
+fn pod(name: &str, labels: serde_json::Value, node: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": labels, "uid": format!("uid-{name}")},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+    })
+}
+
+const POD_KEY: &str = "/core/pods/default/";
+
+fn key(name: &str) -> String {
+    format!("{POD_KEY}{name}")
+}
+
+/// A record's value with its resourceVersion written as `rev`.
+fn with_rv(r: &Record, rev: i64) -> String {
+    String::from_utf8(r.value.to_vec())
+        .unwrap()
+        .replace(&format!("\"resourceVersion\":\"{}\"", r.mod_rev), &format!("\"resourceVersion\":\"{rev}\""))
+}
+
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn writes_with_preconditions_serve_the_embedded_stores_bytes() {
+    let etcd = Etcd::start();
+    let store = connect(&etcd.url(), 100).await;
+    let dir = tempfile::tempdir().unwrap();
+    let embedded = EmbeddedStore::open(
+        &dir.path().join("store.redb"),
+        ferro_control_plane::strategy::indexer(),
+        EmbeddedStoreOptions::default(),
+    )
+    .unwrap();
+
+    // The same writes through both stores give the same records, but for the revisions.
+    let mut ops = vec![
+        Op::Create { key: key("a"), value: pod("a", json!({"app": "web"}), "n1") },
+        Op::Create { key: key("b"), value: pod("b", json!({}), "n2") },
+    ];
+    let mut revs = Vec::new();
+    for op in ops.drain(..) {
+        let e = store.write(op.clone()).await.unwrap();
+        let m = embedded.write(op).await.unwrap();
+        assert_eq!(with_rv(&m, e.mod_rev), String::from_utf8(e.value.to_vec()).unwrap());
+        assert_eq!(e.attrs, m.attrs);
+        assert_eq!(e.create_rev, e.mod_rev);
+        revs.push((e.mod_rev, m.mod_rev));
+    }
+    // the value carries the etcd revision as resourceVersion; etcd keeps it without
+    let a = store.get(&key("a")).await.unwrap().unwrap();
+    assert_eq!(a.json().unwrap()["metadata"]["resourceVersion"], revs[0].0.to_string());
+    let raw = etcd.ok(&["get", "/registry/pods/default/a", "--print-value-only"]);
+    assert!(raw.contains("\"name\":\"a\"") && !raw.contains("resourceVersion"), "{raw}");
+
+    // update guarded by the mod revision: a stale one conflicts, the current one wins
+    let mut changed = pod("a", json!({"app": "web", "v": "2"}), "n1");
+    changed["metadata"]["resourceVersion"] = json!("999");
+    let err = store
+        .write(Op::Update { key: key("a"), value: changed.clone(), expect: Some(revs[0].0 - 1) })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { current } if current == revs[0].0), "{err:?}");
+    let e = store.write(Op::Update { key: key("a"), value: changed.clone(), expect: Some(revs[0].0) }).await.unwrap();
+    let m = embedded.write(Op::Update { key: key("a"), value: changed, expect: Some(revs[0].1) }).await.unwrap();
+    assert_eq!(with_rv(&m, e.mod_rev), String::from_utf8(e.value.to_vec()).unwrap());
+    assert_eq!((e.create_rev, e.attrs.labels.get("v").map(String::as_str)), (revs[0].0, Some("2")));
+    // the read after the acknowledged write sees it
+    assert_eq!(store.get(&key("a")).await.unwrap().unwrap().mod_rev, e.mod_rev);
+
+    assert!(matches!(
+        store.write(Op::Create { key: key("a"), value: pod("a", json!({}), "") }).await,
+        Err(StoreError::AlreadyExists)
+    ));
+    assert!(matches!(
+        store.write(Op::Update { key: key("zz"), value: pod("zz", json!({}), ""), expect: None }).await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store.write(Op::Delete { key: key("a"), expect: Some(1) }).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    // a delete returns the last state stamped with the deletion's revision
+    let d = store.write(Op::Delete { key: key("a"), expect: Some(e.mod_rev) }).await.unwrap();
+    let md = embedded.write(Op::Delete { key: key("a"), expect: None }).await.unwrap();
+    assert_eq!(with_rv(&md, d.mod_rev), String::from_utf8(d.value.to_vec()).unwrap());
+    assert!(d.mod_rev > e.mod_rev);
+    assert!(store.get(&key("a")).await.unwrap().is_none());
+    assert!(matches!(store.write(Op::Delete { key: key("a"), expect: None }).await, Err(StoreError::NotFound)));
+
+    // lists serve the same bytes too
+    let le = store.list(POD_KEY).await.unwrap();
+    let lm = embedded.list(POD_KEY).await.unwrap();
+    assert_eq!(le.records.len(), 1);
+    assert_eq!(with_rv(&lm.records[0], le.records[0].mod_rev), String::from_utf8(le.records[0].value.to_vec()).unwrap());
+    assert_eq!(le.revision, d.mod_rev);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn lists_and_watches_from_a_revision_with_backlog_and_across_a_restart() {
+    let etcd = Etcd::start();
+    let store = connect(&etcd.url(), 100).await;
+    let mut revs = Vec::new();
+    for name in ["a", "b", "c"] {
+        revs.push(store.write(Op::Create { key: key(name), value: pod(name, json!({}), "") }).await.unwrap().mod_rev);
+    }
+    let l = store.list(POD_KEY).await.unwrap();
+    assert_eq!(l.records.iter().map(|r| r.key.to_string()).collect::<Vec<_>>(), vec![key("a"), key("b"), key("c")]);
+    assert_eq!(l.revision, revs[2]);
+    assert!(store.list("/core/nodes/").await.unwrap().records.is_empty());
+
+    // from the first write: the two later ones as backlog, then the live feed
+    let mut w = store.watch(revs[0]).unwrap();
+    assert_eq!(w.backlog.iter().map(|e| (e.kind, e.rev)).collect::<Vec<_>>(), vec![(EventKind::Added, revs[1]), (EventKind::Added, revs[2])]);
+    let u = store
+        .write(Op::Update { key: key("b"), value: pod("b", json!({"x": "1"}), ""), expect: None })
+        .await
+        .unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(5), w.live.recv()).await.unwrap().unwrap();
+    assert_eq!((ev.kind, ev.rev), (EventKind::Modified, u.mod_rev));
+    assert_eq!(ev.prev.as_ref().unwrap().mod_rev, revs[1]);
+
+    // A second store (a restarted API server) loads history from etcd: watches resume from a
+    // revision before it started.
+    drop(store);
+    let again = connect(&etcd.url(), 100).await;
+    assert_eq!(again.revision(), u.mod_rev);
+    let w = again.watch(revs[0]).unwrap();
+    assert_eq!(w.backlog.iter().map(|e| e.rev).collect::<Vec<_>>(), vec![revs[1], revs[2], u.mod_rev]);
+    assert_eq!(w.backlog[2].kind, EventKind::Modified);
+    assert_eq!(again.list(POD_KEY).await.unwrap().records.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn watches_older_than_the_cache_are_compacted_and_etcd_is_compacted_on_schedule() {
+    let etcd = Etcd::start();
+    let opts = EtcdOptions { compaction_interval: Duration::from_millis(300), ..options(&etcd.url(), 3) };
+    let store = EtcdStore::connect(opts, etcd_key_layout("/registry"), ferro_control_plane::strategy::indexer())
+        .await
+        .unwrap();
+    let mut revs = Vec::new();
+    for i in 0..6 {
+        revs.push(store.write(Op::Create { key: key(&format!("p{i}")), value: pod("p", json!({}), "") }).await.unwrap().mod_rev);
+    }
+    // the cache keeps the last 3 events
+    assert_eq!(store.watch(revs[2]).unwrap().backlog.len(), 3);
+    match store.watch(revs[1]) {
+        Err(StoreError::Compacted { requested, oldest }) => assert_eq!((requested, oldest), (revs[1], revs[2])),
+        Err(e) => panic!("expected Compacted, got {e:?}"),
+        Ok(_) => panic!("expected Compacted, got a watch"),
+    }
+    // Compaction rounds every 300 ms: the second one compacts what the first recorded.
+    let first = revs[0].to_string();
+    wait_until("etcd to compact the first write's revision", || {
+        let out = etcd.etcdctl(&["get", "/registry/pods/default/p0", "--rev", &first]);
+        String::from_utf8_lossy(&out.stderr).contains("compacted")
+    })
+    .await;
+    // the store keeps serving and writing
+    store.write(Op::Create { key: key("after"), value: pod("after", json!({}), "") }).await.unwrap();
+    assert_eq!(store.list(POD_KEY).await.unwrap().records.len(), 7);
+}
+
+/// A TCP relay between the store and etcd that a test can cut (every connection dropped, new
+/// ones refused) and restore: a network partition without touching etcd.
+struct Relay {
+    addr: std::net::SocketAddr,
+    open: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(target: u16) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let open = Arc::new(AtomicBool::new(true));
+        let conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
+        let accept = tokio::spawn({
+            let (open, conns) = (open.clone(), conns.clone());
+            async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    if !open.load(Ordering::SeqCst) {
+                        continue;
+                    }
+                    conns.lock().unwrap().push(tokio::spawn(async move {
+                        if let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await {
+                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    }));
+                }
+            }
+        });
+        Relay { addr, open, conns, accept }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn cut(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.open.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
+    }
+}
+
+fn etcdctl_put_pod(etcd: &Etcd, name: &str) {
+    let v = serde_json::to_string(&pod(name, json!({}), "")).unwrap();
+    etcd.ok(&["put", &format!("/registry/pods/default/{name}"), &v]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn the_cache_resumes_after_its_etcd_watch_breaks_and_relists_after_compaction() {
+    let mut etcd = Etcd::start();
+    let relay = Relay::start(etcd.client_port).await;
+    let store = connect(&relay.url(), 100).await;
+    let first = store.write(Op::Create { key: key("a"), value: pod("a", json!({}), "") }).await.unwrap();
+    let mut w = store.watch(first.mod_rev).unwrap();
+
+    // 1. etcd is killed and restarted: the watch breaks; the cache resumes from its revision
+    // and misses nothing written meanwhile by someone else.
+    etcd.restart();
+    etcdctl_put_pod(&etcd, "b");
+    etcdctl_put_pod(&etcd, "c");
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let ev = tokio::time::timeout(Duration::from_secs(20), w.live.recv()).await.expect("events after etcd's restart").unwrap();
+        seen.push(ev.record.key.to_string());
+    }
+    assert_eq!(seen, vec![key("b"), key("c")]);
+    let d = store.write(Op::Create { key: key("d"), value: pod("d", json!({}), "") }).await.unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(5), w.live.recv()).await.unwrap().unwrap();
+    assert_eq!((ev.rev, ev.record.key.to_string()), (d.mod_rev, key("d")));
+
+    // 2. Cut off while others write and etcd compacts past the cache's revision: once back,
+    // the cache relists; its old watches end and a watch from before the relist is 410.
+    relay.cut();
+    etcdctl_put_pod(&etcd, "e");
+    etcd.ok(&["del", "/registry/pods/default/b"]);
+    let status = etcd.ok(&["endpoint", "status", "--write-out", "json"]);
+    let rev = serde_json::from_str::<serde_json::Value>(&status).unwrap()[0]["Status"]["header"]["revision"].as_i64().unwrap();
+    etcd.ok(&["compaction", &rev.to_string()]);
+    relay.restore();
+    wait_until("the cache to relist", || matches!(store.watch(d.mod_rev), Err(StoreError::Compacted { .. }))).await;
+    let live = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match w.live.recv().await {
+                Ok(_) => continue,
+                Err(e) => return e,
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(matches!(live, tokio::sync::broadcast::error::RecvError::Closed), "{live:?}");
+    let names: Vec<String> = store.list(POD_KEY).await.unwrap().records.iter().map(|r| r.key.to_string()).collect();
+    assert_eq!(names, vec![key("a"), key("c"), key("d"), key("e")]);
+    assert_eq!(store.revision(), rev);
+    // and it follows etcd again
+    let f = store.write(Op::Create { key: key("f"), value: pod("f", json!({}), "") }).await.unwrap();
+    assert_eq!(store.watch(rev).unwrap().backlog.last().unwrap().rev, f.mod_rev);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn keys_ferro_did_not_write_under_its_prefix_are_ignored() {
+    let etcd = Etcd::start();
+    etcd.ok(&["put", "/registry/somethingelse/x", "{}"]);
+    etcd.ok(&["put", "/registry/pods/default/broken", "not json"]);
+    etcd.ok(&["put", "/elsewhere/pods/default/a", "{}"]);
+    etcdctl_put_pod(&etcd, "good");
+    let store = connect(&etcd.url(), 100).await;
+    let names: Vec<String> = store.list(POD_KEY).await.unwrap().records.iter().map(|r| r.key.to_string()).collect();
+    assert_eq!(names, vec![key("good")]);
+    // and while following
+    etcd.ok(&["put", "/registry/pods/default/broken2", "[1,2"]);
+    etcd.ok(&["put", "/registry/unknown/y", "{}"]);
+    let ok = store.write(Op::Create { key: key("next"), value: pod("next", json!({}), "") }).await.unwrap();
+    assert_eq!(store.revision(), ok.mod_rev);
+    assert_eq!(store.list(POD_KEY).await.unwrap().records.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn mutual_tls_and_refused_certificates() {
+    let etcd = Etcd::start_tls();
+    let tls = etcd.tls.as_ref().unwrap();
+    let with = |ca: Option<&std::path::Path>, cert: Option<&std::path::Path>, key: Option<&std::path::Path>| EtcdOptions {
+        ca_file: ca.map(Into::into),
+        cert_file: cert.map(Into::into),
+        key_file: key.map(Into::into),
+        start_timeout: Duration::from_secs(3),
+        ..options(&etcd.url(), 10)
+    };
+    let indexer = ferro_control_plane::strategy::indexer;
+    let store = EtcdStore::connect(with(Some(&tls.ca), Some(&tls.client_cert), Some(&tls.client_key)), etcd_key_layout("/registry"), indexer())
+        .await
+        .unwrap();
+    store.write(Op::Create { key: key("a"), value: pod("a", json!({}), "") }).await.unwrap();
+    assert_eq!(store.list(POD_KEY).await.unwrap().records.len(), 1);
+
+    // no client certificate: etcd refuses, and connect says so within its start timeout
+    let started = Instant::now();
+    let err = EtcdStore::connect(with(Some(&tls.ca), None, None), etcd_key_layout("/registry"), indexer()).await.err().unwrap();
+    assert!(err.to_string().contains("did not answer within"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // a server certificate from another CA
+    let other = tempfile::tempdir().unwrap();
+    let other_ca = ferro_control_plane::pki::Ca::load_or_create(other.path()).unwrap();
+    drop(other_ca);
+    let err = EtcdStore::connect(
+        with(Some(&other.path().join("ca.crt")), Some(&tls.client_cert), Some(&tls.client_key)),
+        etcd_key_layout("/registry"),
+        indexer(),
+    )
+    .await
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("did not answer within"), "{err}");
+    // half a client certificate is a configuration error
+    let err = EtcdStore::connect(with(Some(&tls.ca), Some(&tls.client_cert), None), etcd_key_layout("/registry"), indexer()).await.err().unwrap();
+    assert!(err.to_string().contains("both a cert file and a key file"), "{err}");
+}
+
+#[test]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+fn the_server_exits_with_a_clear_error_when_etcd_is_unreachable() {
+    // a port nobody listens on
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferro-control-plane"))
+        .args(["--data-dir", dir.path().to_str().unwrap(), "--bind-address", "127.0.0.1", "--secure-port", "0"])
+        .args(["--etcd-servers", &format!("http://127.0.0.1:{port}")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("etcd at http://127.0.0.1:{port} did not answer within")), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(60));
+}
