@@ -111,8 +111,11 @@ async fn bad_explain_requests_get_status_errors() {
     assert!(err.contains("controller \"statefulsets\" does not exist; known: scheduler,"), "{err}");
     let err = raw(&s, "/debug/controllers/podgc/default/web").unwrap_err();
     assert!(err.contains("controller \"podgc\" is not running in this process"), "{err}");
-    let err = raw(&s, "/debug/controllers/statefulset/web").unwrap_err();
+    let err = raw(&s, "/debug/controllers/statefulset").unwrap_err();
     assert!(err.contains("(BadRequest)") && err.contains("/debug/controllers/<controller>/<namespace>/<name>"), "{err}");
+    // a namespaced kind asked without a namespace is not there
+    let err = raw(&s, "/debug/controllers/statefulset/web").unwrap_err();
+    assert!(err.contains("(NotFound)") && err.contains("statefulsets.apps \"web\" not found"), "{err}");
 
     // the admin's only
     let jane = s.cert_kubeconfig("jane", &[]);
@@ -303,4 +306,87 @@ spec:
     })
     .await;
     assert_eq!(e["observed"]["finished"], true, "{e:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_storage_node_and_namespace_loops_explain_themselves() {
+    let s = Server::start_with(&["--allocate-node-cidrs", "--cluster-cidr", "10.244.0.0/16"]);
+    let client = s.client().await;
+    let _nodes = FakeNodes::start(client.clone(), &["n1"], "4", "8Gi").await;
+    s.apply(
+        r#"apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: w1, labels: {app: web}}
+spec:
+  containers: [{name: c, image: "busybox:1"}]
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: lonely}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: manual
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: snap}
+spec:
+  source: {persistentVolumeClaimName: lonely}
+"#,
+    );
+    // the Service's endpoints follow its ready pod
+    let e = eventually("the ready endpoint", || async {
+        let e = explain(&s, "endpointslice/default/web");
+        let pods = e["observed"]["pods"].as_array()?.clone();
+        (pods.len() == 1 && pods[0]["state"] == "ready" && e["actions"] == json!([])).then_some(e)
+    })
+    .await;
+    assert_eq!(e["observed"]["slices"].as_array().unwrap().len(), 1, "{e:#}");
+    assert_eq!(e["object"]["kind"], "Service");
+    // the claim with no volume and no provisioner
+    let e = explain(&s, "persistentvolume-binder/default/lonely");
+    assert!(strings(&e["waiting"])[0].starts_with("waits for a matching Available volume"), "{e:#}");
+    assert_eq!(e["wants"]["storage"], "1Gi");
+    // the snapshot of an unbound claim says what it waits for or fails on
+    let e = explain(&s, "volumesnapshot/default/snap");
+    assert_eq!(e["object"]["kind"], "VolumeSnapshot");
+    assert!(!(e["waiting"].as_array().unwrap().is_empty() && e["actions"].as_array().unwrap().is_empty()), "{e:#}");
+    // cluster-scoped objects: /debug/controllers/<loop>/<name>
+    let e = explain(&s, "nodelifecycle/n1");
+    assert_eq!(e["object"]["kind"], "Node");
+    assert!(strings(&e["waiting"])[0].starts_with("the node is marked unreachable if no heartbeat comes within "), "{e:#}");
+    let e = eventually("n1's pod CIDR", || async {
+        let e = explain(&s, "nodeipam/n1");
+        e["observed"]["podCIDR"].is_string().then_some(e)
+    })
+    .await;
+    assert_eq!(strings(&e["waiting"]), ["nothing to do: the node has its pod CIDR"]);
+    let e = explain(&s, "namespace/default");
+    assert_eq!(strings(&e["waiting"]), ["nothing to do: the namespace is not being deleted"]);
+    let e = eventually("the default account", || async {
+        let e = explain(&s, "serviceaccount/default");
+        (e["observed"]["defaultServiceAccount"] == true).then_some(e)
+    })
+    .await;
+    assert_eq!(e["actions"], json!([]));
+    // a namespace being deleted names what is left in it
+    s.ok(&["create", "namespace", "gone"]);
+    s.ok(&["create", "configmap", "left", "-n", "gone"]);
+    s.ok(&["patch", "configmap", "left", "-n", "gone", "--type=merge", "-p", r#"{"metadata":{"finalizers":["example.com/hold"]}}"#]);
+    s.ok(&["delete", "namespace", "gone", "--wait=false"]);
+    let e = eventually("the held configmap named", || async {
+        let e = explain(&s, "namespace/gone");
+        strings(&e["waiting"]).iter().any(|w| w.starts_with("configmaps being deleted: left (finalizers example.com/hold)")).then_some(e)
+    })
+    .await;
+    assert_eq!(e["wants"]["phase"], "gone");
+    s.ok(&["patch", "configmap", "left", "-n", "gone", "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#]);
 }

@@ -157,7 +157,7 @@ pub enum ExplainError {
     /// Upstream's not-found wording, e.g. `statefulsets.apps "web" not found`.
     #[error("{resource} {name:?} not found")]
     NotFound { resource: String, name: String },
-    #[error("the path must be /debug/controllers/<controller>/<namespace>/<name>")]
+    #[error("the path must be /debug/controllers/<controller>/<namespace>/<name>, or /debug/controllers/<controller>/<name> for a cluster-scoped object")]
     BadPath,
 }
 
@@ -225,7 +225,8 @@ impl Registry {
     }
 }
 
-/// Splits `/debug/controllers[/<loop>/<namespace>/<name>]` (the prefix already removed).
+/// Splits `/debug/controllers[/<loop>[/<namespace>]/<name>]` (the prefix already removed); a
+/// key without a namespace names a cluster-scoped object (a Node, a Namespace).
 pub fn parse_path(rest: &str) -> Result<Option<(String, ObjectKey)>, ExplainError> {
     let rest = rest.trim_matches('/');
     if rest.is_empty() {
@@ -236,6 +237,7 @@ pub fn parse_path(rest: &str) -> Result<Option<(String, ObjectKey)>, ExplainErro
         [l, ns, name] if !l.is_empty() && !ns.is_empty() && !name.is_empty() => {
             Ok(Some((l.to_string(), ObjectKey::new(Some(ns), name))))
         }
+        [l, name] if !l.is_empty() && !name.is_empty() => Ok(Some((l.to_string(), ObjectKey::new(None, name)))),
         _ => Err(ExplainError::BadPath),
     }
 }
@@ -260,7 +262,10 @@ mod tests {
         assert_eq!(parse_path("/").unwrap(), None);
         let (l, k) = parse_path("/statefulset/default/web").unwrap().unwrap();
         assert_eq!((l.as_str(), k), ("statefulset", ObjectKey::new(Some("default"), "web")));
-        assert_eq!(parse_path("/statefulset/web"), Err(ExplainError::BadPath));
+        let (l, k) = parse_path("/nodelifecycle/n1").unwrap().unwrap();
+        assert_eq!((l.as_str(), k), ("nodelifecycle", ObjectKey::new(None, "n1")));
+        assert_eq!(parse_path("/statefulset"), Err(ExplainError::BadPath));
+        assert_eq!(parse_path("/statefulset//web"), Err(ExplainError::BadPath));
         assert_eq!(parse_path("/statefulset/default/web/extra"), Err(ExplainError::BadPath));
     }
 

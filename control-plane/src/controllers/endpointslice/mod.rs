@@ -14,8 +14,10 @@ use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt as _};
+use serde_json::json;
 
 use self::plan::MANAGED_BY;
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::{is_conflict, is_not_found, Error};
 
@@ -117,6 +119,10 @@ pub fn start(inf: &Arc<Informers>, opts: &Options, slices_on: bool, endpoints_on
     }
     let pending: Pending = Arc::default();
     let ctx = Arc::new(Context { client: inf.client(), services, pods, slices, endpoints, nodes, pending, slices_on, endpoints_on });
+    for name in ["endpointslice", "endpoints"] {
+        let ctx = ctx.clone();
+        inf.explain().register(name, Arc::new(move |key| Box::pin(explain(ctx.clone(), key))));
+    }
     spawn_workers("endpointslice", queue, 4, move |key: ObjectKey| reconcile(ctx.clone(), key));
 }
 
@@ -165,13 +171,7 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
         nodes.get(None, node).and_then(|n: Arc<Node>| n.labels().get("topology.kubernetes.io/zone").cloned())
     };
     if slices_on {
-        let mine: Vec<Arc<EndpointSlice>> = slices
-            .list_namespace(&ns)
-            .into_iter()
-            .filter(|s| {
-                s.labels().get(SERVICE_NAME) == Some(&key.name) && s.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
-            })
-            .collect();
+        let mine = managed_slices(slices, &key);
         let slice_refs: Vec<&EndpointSlice> = mine.iter().map(|s| s.as_ref()).collect();
         let p = plan::plan_slices(&svc, &pod_refs, &slice_refs, &zone_of);
         let api: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
@@ -222,6 +222,81 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
         }
     }
     Ok(Next::Done)
+}
+
+/// The slices of a Service this loop manages.
+fn managed_slices(slices: &Informer<EndpointSlice>, key: &ObjectKey) -> Vec<Arc<EndpointSlice>> {
+    slices
+        .list_namespace(key.namespace.as_deref().unwrap_or_default())
+        .into_iter()
+        .filter(|s| s.labels().get(SERVICE_NAME) == Some(&key.name) && s.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY))
+        .collect()
+}
+
+/// A dry run of [`reconcile`] for one Service: its pods as endpoints, and the slice and
+/// Endpoints writes the planner would make.
+async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    let Context { services, pods, slices, endpoints, nodes, pending, .. } = &*ctx;
+    services.wait_synced().await;
+    pods.wait_synced().await;
+    slices.wait_synced().await;
+    endpoints.wait_synced().await;
+    let svc = services.get(key.namespace.as_deref(), &key.name).ok_or_else(|| ExplainError::not_found("services", &key))?;
+    let ns = key.namespace.clone().unwrap_or_default();
+    let mut e = Explanation::new("endpointslice", Subject::of(svc.as_ref()));
+    let selector = svc.spec.as_ref().and_then(|s| s.selector.clone()).unwrap_or_default();
+    if selector.is_empty() {
+        e.waiting.push("nothing to do: the Service has no selector, its EndpointSlices are the user's".into());
+        return Ok(e);
+    }
+    let all_pods = pods.list_namespace(&ns);
+    let pod_refs: Vec<&Pod> = all_pods.iter().map(|p| p.as_ref()).collect();
+    let selected: Vec<&Pod> = pod_refs.iter().copied().filter(|p| selector.iter().all(|(k, v)| p.labels().get(k) == Some(v))).collect();
+    let ready = |p: &Pod| {
+        p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    let mine = managed_slices(slices, &key);
+    e.observed = json!({
+        "pods": selected.iter().map(|p| {
+            let ip = p.status.as_ref().and_then(|s| s.pod_ip.clone());
+            let state = if p.metadata.deletion_timestamp.is_some() { "terminating" } else if ready(p) { "ready" } else { "not ready" };
+            json!({"name": p.name_any(), "ip": ip, "state": state})
+        }).collect::<Vec<_>>(),
+        "slices": mine.iter().map(|s| json!({"name": s.name_any(), "endpoints": s.endpoints.len()})).collect::<Vec<_>>(),
+    });
+    e.wants = json!({
+        "selector": selector,
+        "endpoints": selected.iter().filter(|p| p.status.as_ref().and_then(|s| s.pod_ip.as_ref()).is_some()).count(),
+    });
+    if pending.lock().unwrap_or_else(|p| p.into_inner()).get(&key).is_some_and(|(_, l)| !l.is_empty()) {
+        e.waiting.push("waits for its informer to show the slices it wrote last".into());
+    }
+    let unaddressed: Vec<String> = selected
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && p.status.as_ref().and_then(|s| s.pod_ip.as_ref()).is_none())
+        .map(|p| p.name_any())
+        .collect();
+    if !unaddressed.is_empty() {
+        e.waiting.push(format!("{} get an endpoint once they have an IP", unaddressed.join(", ")));
+    }
+    let zone_of = |node: &str| -> Option<String> {
+        nodes.get(None, node).and_then(|n: Arc<Node>| n.labels().get("topology.kubernetes.io/zone").cloned())
+    };
+    if ctx.slices_on {
+        let slice_refs: Vec<&EndpointSlice> = mine.iter().map(|s| s.as_ref()).collect();
+        let p = plan::plan_slices(&svc, &pod_refs, &slice_refs, &zone_of);
+        e.actions.extend(p.create.iter().map(|s| format!("create an EndpointSlice with {} endpoints", s.endpoints.len())));
+        e.actions.extend(p.update.iter().map(|s| format!("update EndpointSlice {} to {} endpoints", s.name_any(), s.endpoints.len())));
+        e.actions.extend(p.delete.iter().map(|n| format!("delete EndpointSlice {n}")));
+    }
+    if ctx.endpoints_on {
+        let existing = endpoints.get(Some(&ns), &key.name);
+        if let Some(ep) = plan::plan_endpoints(&svc, &pod_refs, existing.as_deref()) {
+            let n: usize = ep.subsets.iter().flatten().map(|s| s.addresses.as_ref().map_or(0, Vec::len)).sum();
+            e.actions.push(format!("{} Endpoints {} with {n} ready addresses", if existing.is_some() { "update" } else { "create" }, key.name));
+        }
+    }
+    Ok(e)
 }
 
 fn rv_of(s: &EndpointSlice) -> Option<i64> {

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::{Api, ResourceExt as _};
 
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::{is_not_found, Error};
 use crate::resources::RESOURCES;
@@ -54,10 +55,57 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         });
     }
     let client = inf.client();
+    {
+        let client = client.clone();
+        inf.explain().register("namespace", Arc::new(move |key| Box::pin(explain(client.clone(), key.name))));
+    }
     spawn_workers("namespace", queue, 2, move |name: String| {
         let client = client.clone();
         async move { reconcile(client, &name).await }
     });
+}
+
+/// A dry run of [`reconcile`] for one namespace: what is left in it, by kind, and what the
+/// loop would delete.
+async fn explain(client: kube::Client, name: String) -> Result<Explanation, ExplainError> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let not_found = || ExplainError::NotFound { resource: "namespaces".into(), name: name.clone() };
+    let ns = api.get_opt(&name).await.map_err(|_| not_found())?.ok_or_else(not_found)?;
+    let mut e = Explanation::new("namespace", Subject::of(&ns));
+    let finalizers = ns.spec.as_ref().and_then(|s| s.finalizers.clone()).unwrap_or_default();
+    e.wants = serde_json::json!({"phase": if ns.metadata.deletion_timestamp.is_some() { "gone" } else { "Active" }});
+    if ns.metadata.deletion_timestamp.is_none() {
+        e.observed = serde_json::json!({"finalizers": finalizers});
+        e.waiting.push("nothing to do: the namespace is not being deleted".into());
+        return Ok(e);
+    }
+    let mut left = serde_json::Map::new();
+    for ar in namespaced_kinds() {
+        let objs: Api<DynamicObject> = Api::namespaced_with(client.clone(), &name, &ar);
+        let Ok(list) = objs.list_metadata(&ListParams::default()).await else { continue };
+        if list.items.is_empty() {
+            continue;
+        }
+        let live = list.items.iter().filter(|o| o.metadata.deletion_timestamp.is_none()).count();
+        if live > 0 {
+            e.actions.push(format!("delete the {live} {} in it", ar.plural));
+        }
+        let held: Vec<String> = list
+            .items
+            .iter()
+            .filter(|o| o.metadata.deletion_timestamp.is_some())
+            .map(|o| format!("{} (finalizers {})", o.name_any(), o.finalizers().join(", ")))
+            .collect();
+        if !held.is_empty() {
+            e.waiting.push(format!("{} being deleted: {}", ar.plural, held.join("; ")));
+        }
+        left.insert(ar.plural.clone(), serde_json::json!(list.items.len()));
+    }
+    e.observed = serde_json::json!({"finalizers": finalizers, "objectsLeft": left});
+    if left.is_empty() && finalizers.iter().any(|f| f == "kubernetes") {
+        e.actions.push("remove the kubernetes finalizer (namespaces/finalize)".into());
+    }
+    Ok(e)
 }
 
 /// One pass over a namespace being deleted: delete what is in it, then finalize it.

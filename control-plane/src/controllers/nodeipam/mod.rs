@@ -13,6 +13,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use self::plan::first_free;
 use crate::controllers::{is_not_found, Error};
@@ -57,7 +58,46 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         spawn_resync(queue.clone(), opts.resync, move || n.list().iter().map(|n| n.name_any()).collect());
     }
     let ctx = Arc::new(Context { client: inf.client(), nodes, assigned: Mutex::default(), cluster, prefix });
+    {
+        let ctx = ctx.clone();
+        inf.explain().register("nodeipam", Arc::new(move |key| Box::pin(explain(ctx.clone(), key.name))));
+    }
     spawn_workers("nodeipam", queue, 1, move |name: String| reconcile(ctx.clone(), name));
+}
+
+/// The pod CIDRs the nodes hold.
+fn used_cidrs(nodes: &Informer<Node>) -> BTreeSet<IpNet> {
+    let mut used = BTreeSet::new();
+    for n in nodes.list() {
+        let spec = n.spec.clone().unwrap_or_default();
+        for c in spec.pod_cidrs.unwrap_or_default().into_iter().chain(spec.pod_cidr) {
+            if let Ok(net) = c.parse::<IpNet>() {
+                used.insert(net);
+            }
+        }
+    }
+    used
+}
+
+/// A dry run of [`reconcile`] for one node: its pod CIDR, or the one it would get.
+async fn explain(ctx: Arc<Context>, name: String) -> Result<Explanation, ExplainError> {
+    ctx.nodes.wait_synced().await;
+    let node = ctx.nodes.get(None, &name).ok_or_else(|| ExplainError::NotFound { resource: "nodes".into(), name: name.clone() })?;
+    let mut e = Explanation::new("nodeipam", Subject::of(node.as_ref()));
+    let have = node.spec.as_ref().and_then(|s| s.pod_cidr.clone());
+    e.observed = json!({"podCIDR": have});
+    e.wants = json!({"clusterCIDR": ctx.cluster.to_string(), "nodeCIDRMaskSize": ctx.prefix});
+    if have.is_some() {
+        e.waiting.push("nothing to do: the node has its pod CIDR".into());
+        return Ok(e);
+    }
+    let mut used = used_cidrs(&ctx.nodes);
+    used.extend(ctx.assigned.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|(n, _)| **n != name).map(|(_, c)| *c));
+    match first_free(ctx.cluster, ctx.prefix, &used) {
+        Some(c) => e.actions.push(format!("set spec.podCIDR(s) to {c}")),
+        None => e.waiting.push(format!("no free /{} left in the cluster CIDR {}", ctx.prefix, ctx.cluster)),
+    }
+    Ok(e)
 }
 
 /// One pass over a node: give it the first free subnet unless it has one.
@@ -70,15 +110,7 @@ async fn reconcile(ctx: Arc<Context>, name: String) -> Result<Next, Error> {
     if node.spec.as_ref().and_then(|s| s.pod_cidr.as_ref()).is_some() {
         return Ok(Next::Done);
     }
-    let mut used: BTreeSet<IpNet> = BTreeSet::new();
-    for n in nodes.list() {
-        let spec = n.spec.clone().unwrap_or_default();
-        for c in spec.pod_cidrs.unwrap_or_default().into_iter().chain(spec.pod_cidr) {
-            if let Ok(net) = c.parse::<IpNet>() {
-                used.insert(net);
-            }
-        }
-    }
+    let mut used = used_cidrs(nodes);
     let pending = {
         let mut a = assigned.lock().unwrap_or_else(|p| p.into_inner());
         // forget assignments the informer reflects now, and nodes that are gone

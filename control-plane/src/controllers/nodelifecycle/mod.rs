@@ -17,6 +17,7 @@ use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
 use ferro_runtime::events::Recorder;
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use self::plan::NodeHealth;
 use crate::controllers::{is_conflict, is_not_found, Error};
@@ -120,7 +121,55 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         health,
         grace: opts.node_monitor_grace_period,
     });
+    {
+        let ctx = ctx.clone();
+        inf.explain().register("nodelifecycle", Arc::new(move |key| Box::pin(explain(ctx.clone(), key.name))));
+    }
     spawn_workers("nodelifecycle", queue, 2, move |name: String| reconcile(ctx.clone(), name));
+}
+
+/// A dry run of [`reconcile`] for one node: its heartbeat against the grace period, the
+/// condition and taint writes, and the pods a NoExecute taint would evict now or later.
+async fn explain(ctx: Arc<Context>, name: String) -> Result<Explanation, ExplainError> {
+    let Context { nodes, pods, health, grace, .. } = &*ctx;
+    nodes.wait_synced().await;
+    pods.wait_synced().await;
+    let node = nodes.get(None, &name).ok_or_else(|| ExplainError::NotFound { resource: "nodes".into(), name: name.clone() })?;
+    let now = jiff::Timestamp::now();
+    let last = health.lock().unwrap_or_else(|p| p.into_inner()).get(&name).copied().unwrap_or(now);
+    let p = plan::plan_node(&node, &NodeHealth { last_heartbeat: last }, *grace, now);
+    let since = std::time::Duration::try_from(now.duration_since(last)).unwrap_or_default();
+    let go = crate::controllers::explain::go_duration;
+    let mut e = Explanation::new("nodelifecycle", Subject::of(node.as_ref()));
+    let ready = node.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == "Ready")).map(|c| c.status.clone());
+    let taints: Vec<String> = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default().iter().map(|t| format!("{}:{}", t.key, t.effect)).collect();
+    e.observed = json!({"lastHeartbeatAgo": go(since), "ready": ready, "taints": taints});
+    e.wants = json!({"nodeMonitorGracePeriod": go(*grace)});
+    if let Some(c) = &p.status_conditions {
+        let s: Vec<String> = c.iter().map(|c| format!("{}={}", c.type_, c.status)).collect();
+        e.actions.push(format!("write the conditions {}", s.join(", ")));
+    }
+    if let Some(t) = &p.taints {
+        let s: Vec<String> = t.iter().map(|t| format!("{}:{}", t.key, t.effect)).collect();
+        e.actions.push(format!("set the taints to [{}]", s.join(", ")));
+    }
+    if since <= *grace {
+        e.waiting.push(format!("the node is marked unreachable if no heartbeat comes within {}", go(*grace - since)));
+    }
+    let on_node: Vec<Arc<Pod>> =
+        pods.list().into_iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str())).collect();
+    let refs: Vec<&Pod> = on_node.iter().map(|p| p.as_ref()).collect();
+    for (ns, pod) in plan::pods_to_mark_not_ready(&node, &refs) {
+        e.actions.push(format!("mark Pod {ns}/{pod} not ready"));
+    }
+    let ev = plan::plan_evictions(&node, &refs, now);
+    for (ns, pod) in &ev.evict {
+        e.actions.push(format!("evict Pod {ns}/{pod}: it does not tolerate the node's NoExecute taints (any longer)"));
+    }
+    if let Some(d) = ev.recheck_after {
+        e.waiting.push(format!("the next pod's toleration of the NoExecute taints runs out in {}", go(d)));
+    }
+    Ok(e.requeue(ev.recheck_after))
 }
 
 /// One pass over a node: its Ready condition and taints from its heartbeats, then (on a

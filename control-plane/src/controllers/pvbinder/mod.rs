@@ -16,6 +16,7 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use self::plan::{ClaimAction, VolumeAction};
 use crate::controllers::{is_conflict, is_not_found, Error};
@@ -102,7 +103,64 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
     }
     let client = inf.client();
     let ctx = Arc::new(Context { recorder: Recorder::new(client.clone(), "persistentvolume-controller"), client, claims, volumes, classes, nodes });
+    {
+        let ctx = ctx.clone();
+        inf.explain().register("persistentvolume-binder", Arc::new(move |key| Box::pin(explain(ctx.clone(), key))));
+    }
     spawn_workers("persistentvolume-binder", queue, 2, move |key: Key| reconcile(ctx.clone(), key));
+}
+
+/// A dry run of the claim pass for one claim: the volume it would bind, the provisioner it
+/// would ask, or why it stays Pending.
+async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    let Context { claims, volumes, classes, nodes, .. } = &*ctx;
+    claims.wait_synced().await;
+    volumes.wait_synced().await;
+    classes.wait_synced().await;
+    let pvc = claims.get(key.namespace.as_deref(), &key.name).ok_or_else(|| ExplainError::not_found("persistentvolumeclaims", &key))?;
+    let all = volumes.list();
+    let pvs: Vec<&PersistentVolume> = all.iter().map(|v| v.as_ref()).collect();
+    let class_name = plan::claim_class(&pvc).to_string();
+    let class = (!class_name.is_empty()).then(|| classes.get(None, &class_name)).flatten();
+    let selected = pvc.annotations().get(plan::ANN_SELECTED_NODE).cloned();
+    let selected_node = selected.as_deref().and_then(|n| nodes.get(None, n));
+    let mut e = Explanation::new("persistentvolume-binder", Subject::of(pvc.as_ref()));
+    let spec = pvc.spec.clone().unwrap_or_default();
+    e.observed = json!({
+        "phase": pvc.status.as_ref().and_then(|s| s.phase.clone()),
+        "volumeName": spec.volume_name,
+        "storageClass": class_name,
+        "classExists": class.is_some(),
+        "selectedNode": selected,
+        "availableVolumes": pvs.iter().filter(|v| v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Available"))
+            .filter(|v| plan::volume_class(v) == class_name).map(|v| v.name_any()).collect::<Vec<_>>(),
+    });
+    e.wants = json!({
+        "accessModes": spec.access_modes,
+        "storage": spec.resources.as_ref().and_then(|r| r.requests.as_ref()).and_then(|r| r.get("storage")).map(|q| q.0.clone()),
+        "provisioner": class.as_ref().map(|c| c.provisioner.clone()),
+        "volumeBindingMode": class.as_ref().and_then(|c| c.volume_binding_mode.clone()).unwrap_or_else(|| "Immediate".into()),
+    });
+    match plan::plan_claim_on_node(&pvc, &pvs, class.as_deref(), selected_node.as_deref()) {
+        ClaimAction::None => {
+            if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound") {
+                e.waiting.push(format!("nothing to do: bound to {}", spec.volume_name.unwrap_or_default()));
+            } else if let Some(p) = pvc.annotations().get(plan::ANN_STORAGE_PROVISIONER) {
+                e.waiting.push(format!("waits for the provisioner {p} to create a volume (or for a matching volume to appear)"));
+            } else {
+                e.waiting.push("waits for a matching Available volume: none fits the class, size, access modes, selector and volume mode, and no provisioner is asked".into());
+            }
+        }
+        ClaimAction::WaitForFirstConsumer => {
+            e.waiting.push("waits for the first pod using it to be scheduled (WaitForFirstConsumer)".into());
+        }
+        ClaimAction::Bind { volume } => e.actions.push(format!("bind to PersistentVolume {volume} (claimRef first, then volumeName, then both phases Bound)")),
+        ClaimAction::Provision { provisioner } => {
+            e.actions.push(format!("ask the provisioner {provisioner} for a volume (volume.kubernetes.io/storage-provisioner)"))
+        }
+        ClaimAction::SetPhase(p) => e.actions.push(format!("set the claim's phase to {p}")),
+    }
+    Ok(e)
 }
 
 /// One pass over a claim (bind, provision or wait) or a volume (phase, release, reclaim).

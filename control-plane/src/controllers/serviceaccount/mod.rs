@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, ResourceExt as _};
 
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::{is_conflict, Error};
 
@@ -58,7 +59,28 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         spawn_resync(queue.clone(), opts.resync, move || ns.list().iter().map(|n| n.name_any()).collect());
     }
     let ctx = Arc::new(Context { client: inf.client(), namespaces, accounts });
+    {
+        let ctx = ctx.clone();
+        inf.explain().register("serviceaccount", Arc::new(move |key| Box::pin(explain(ctx.clone(), key.name))));
+    }
     spawn_workers("serviceaccount", queue, 1, move |ns: String| reconcile(ctx.clone(), ns));
+}
+
+/// A dry run of [`reconcile`] for one namespace (the loop's key): its `default` account.
+async fn explain(ctx: Arc<Context>, ns: String) -> Result<Explanation, ExplainError> {
+    ctx.namespaces.wait_synced().await;
+    ctx.accounts.wait_synced().await;
+    let n = ctx.namespaces.get(None, &ns).ok_or_else(|| ExplainError::NotFound { resource: "namespaces".into(), name: ns.clone() })?;
+    let mut e = Explanation::new("serviceaccount", Subject::of(n.as_ref()));
+    let has = ctx.accounts.get(Some(&ns), "default").is_some();
+    e.observed = serde_json::json!({"defaultServiceAccount": has});
+    e.wants = serde_json::json!({"defaultServiceAccount": n.metadata.deletion_timestamp.is_none()});
+    if n.metadata.deletion_timestamp.is_some() {
+        e.waiting.push("nothing to do: the namespace is being deleted".into());
+    } else if !has {
+        e.actions.push("create ServiceAccount default".into());
+    }
+    Ok(e)
 }
 
 /// One pass over a namespace: create its `default` account when missing.

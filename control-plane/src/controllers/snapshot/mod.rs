@@ -18,6 +18,7 @@ use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
 use self::plan::Op;
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::{is_conflict, is_not_found, Error};
 
@@ -99,6 +100,10 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         claims,
         volumes,
     });
+    {
+        let ctx = ctx.clone();
+        inf.explain().register("volumesnapshot", Arc::new(move |key| Box::pin(explain(ctx.clone(), key))));
+    }
     spawn_workers("snapshot-controller", queue, 2, move |key: ObjectKey| reconcile(ctx.clone(), key));
 }
 
@@ -122,6 +127,16 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
         apply(&ctx, None, &ns, ops).await?;
         return Ok(Next::Done);
     };
+    let ops = plan_for(&ctx, &s).0;
+    apply(&ctx, Some(&s), &ns, ops).await?;
+    Ok(Next::Done)
+}
+
+/// The planner's operations for a snapshot, from the caches, and whether a claim is being
+/// restored from it.
+fn plan_for(ctx: &Context, s: &VolumeSnapshot) -> (Vec<Op>, bool, Option<Arc<VolumeSnapshotContent>>) {
+    let ns = s.namespace().unwrap_or_default();
+    let name = s.name_any();
     let uid = s.metadata.uid.clone().unwrap_or_default();
     let content_name = s
         .spec
@@ -144,7 +159,7 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
         .list()
         .iter()
         .filter(|c| c.namespace().as_deref() == Some(ns.as_str()))
-        .any(|c| plan::restore_source(c) == Some(key.name.as_str()) && plan::being_provisioned(c));
+        .any(|c| plan::restore_source(c) == Some(name.as_str()) && plan::being_provisioned(c));
     let claim_busy_elsewhere = claim.as_ref().is_some_and(|c| {
         let name = c.name_any();
         ctx.snapshots.list().iter().any(|o| {
@@ -156,7 +171,7 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
         })
     });
     let inputs = plan::Inputs {
-        snapshot: &s,
+        snapshot: s,
         content: content.as_deref(),
         classes: &class_refs,
         claim: claim.as_deref(),
@@ -165,9 +180,68 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
         claim_busy_elsewhere,
         now: Time(jiff::Timestamp::from_second(jiff::Timestamp::now().as_second()).unwrap_or_default()),
     };
-    let ops = plan::plan(&inputs);
-    apply(&ctx, Some(&s), &ns, ops).await?;
-    Ok(Next::Done)
+    (plan::plan(&inputs), restoring, content)
+}
+
+/// A dry run of [`reconcile`] for one VolumeSnapshot.
+async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    ctx.snapshots.wait_synced().await;
+    ctx.contents.wait_synced().await;
+    ctx.classes.wait_synced().await;
+    ctx.claims.wait_synced().await;
+    ctx.volumes.wait_synced().await;
+    let s = ctx
+        .snapshots
+        .get(key.namespace.as_deref(), &key.name)
+        .ok_or_else(|| ExplainError::not_found("volumesnapshots.snapshot.storage.k8s.io", &key))?;
+    let (ops, restoring, content) = plan_for(&ctx, &s);
+    let mut e = Explanation::new("volumesnapshot", Subject::of(s.as_ref()));
+    let st = s.status.clone().unwrap_or_default();
+    e.observed = serde_json::json!({
+        "source": s.spec.source,
+        "content": content.as_ref().map(|c| serde_json::json!({
+            "name": c.name_any(),
+            "readyToUse": c.status.as_ref().and_then(|s| s.ready_to_use),
+            "snapshotHandle": c.status.as_ref().and_then(|s| s.snapshot_handle.clone()),
+        })),
+        "readyToUse": st.ready_to_use,
+    });
+    e.wants = serde_json::json!({"class": s.spec.volume_snapshot_class_name, "readyToUse": true});
+    for op in &ops {
+        e.actions.push(match op {
+            Op::AddFinalizers(f) => format!("add the finalizers {}", f.join(", ")),
+            Op::RemoveFinalizers(f) => format!("remove the finalizers {}", f.join(", ")),
+            Op::SetClass(c) => format!("set the class to {c} (the default of the claim's driver)"),
+            Op::CreateContent(c) => format!("create VolumeSnapshotContent {}", c.name_any()),
+            Op::BindContent { content, .. } => format!("bind the pre-provisioned VolumeSnapshotContent {content}"),
+            Op::AddContentFinalizer(c) => format!("add the bound-protection finalizer to VolumeSnapshotContent {c}"),
+            Op::AnnotateContentBeingDeleted(c) => format!("mark VolumeSnapshotContent {c} as being deleted"),
+            Op::DeleteContent(c) => format!("delete VolumeSnapshotContent {c}"),
+            Op::ClaimFinalizer { claim, add } => {
+                format!("{} the pvc-as-source-protection finalizer of claim {claim}", if *add { "add" } else { "remove" })
+            }
+            Op::Status(_) => "write the status from the content".to_string(),
+            Op::Event { warning, reason, message } => {
+                format!("record {} event {reason}: {message}", if *warning { "Warning" } else { "Normal" })
+            }
+        });
+    }
+    if restoring && s.metadata.deletion_timestamp.is_some() {
+        e.waiting.push("the deletion waits: a claim is being restored from this snapshot".into());
+    }
+    if let Some(err) = st.error.as_ref().and_then(|e| e.message.clone()) {
+        e.waiting.push(format!("the snapshot failed: {err}"));
+    } else if st.ready_to_use != Some(true) {
+        match content.as_ref() {
+            Some(c) => e.waiting.push(format!(
+                "waits for the CSI driver's snapshotter to take the snapshot of VolumeSnapshotContent {}",
+                c.name_any()
+            )),
+            None if ops.is_empty() => e.waiting.push("waits for its VolumeSnapshotContent".into()),
+            None => {}
+        }
+    }
+    Ok(e)
 }
 
 /// Applies the planner's operations in order; the first failure ends the pass (the key is
