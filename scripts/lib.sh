@@ -4,7 +4,8 @@
 set -euo pipefail
 
 FERRO_APT_PACKAGES=(iproute2 iputils-ping iptables nftables containernetworking-plugins curl ca-certificates e2fsprogs xfsprogs util-linux procps
-  containerd runc umoci skopeo busybox-static file protobuf-compiler libprotobuf-dev iperf3 docker-registry ipset)
+  containerd runc umoci skopeo busybox-static file protobuf-compiler libprotobuf-dev iperf3 docker-registry ipset
+  etcd-server etcd-client)
 
 # The quick start's lab (up.sh, down.sh).
 # shellcheck disable=SC2034 # used by the scripts that source this file
@@ -45,6 +46,11 @@ ferro_install_deps() {
       # The package enables and starts a system-wide registry on :5000 of the root network
       # namespace; the lab runs its own inside its namespace and wants none outside it.
       systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
+    fi
+    if printf '%s\n' "${missing[@]}" | grep -qx etcd-server && [ -d /run/systemd/system ]; then
+      # Likewise etcd-server starts a system etcd on 127.0.0.1:2379; the tests start their own
+      # (on free loopback ports, removed after each test).
+      systemctl disable --now etcd.service >/dev/null 2>&1 || true
     fi
   fi
   if ! command -v cargo >/dev/null 2>&1; then
