@@ -639,6 +639,9 @@ impl Api {
         } else {
             remove_meta(&mut obj, "generation");
         }
+        if res.plural == "daemonsets" {
+            strategy::daemonset_template_generation(None, &mut obj);
+        }
         if res.has(Sub::Status) && res.plural != "nodes" {
             if let Some(m) = obj.as_object_mut() {
                 m.remove("status");
@@ -795,6 +798,9 @@ impl Api {
         if res.generation && !status_endpoint && strategy::spec_changed(&old, &obj) {
             let g = old.pointer("/metadata/generation").and_then(|g| g.as_i64()).unwrap_or(0);
             set_meta(&mut obj, "generation", json!(g + 1));
+        }
+        if res.plural == "daemonsets" {
+            strategy::daemonset_template_generation(Some(&old), &mut obj);
         }
         let mut errs = strategy::validate(res, &obj);
         errs.extend(strategy::validate_update(res, &old, &obj));

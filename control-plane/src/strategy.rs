@@ -10,6 +10,41 @@ use crate::resources::{self, Resource};
 use crate::store::{Attrs, Indexer};
 use crate::validation::{self, FieldError};
 
+/// The annotation an upstream API server keeps on apps/v1 DaemonSets for the internal
+/// `spec.templateGeneration`: 1 at creation, one more at each change of the pod template
+/// (other spec changes bump only `metadata.generation`). A value a client sends is replaced.
+pub const DAEMONSET_TEMPLATE_GENERATION: &str = "deprecated.daemonset.template.generation";
+
+/// Sets [`DAEMONSET_TEMPLATE_GENERATION`] on a DaemonSet being created (`old` None) or updated
+/// (an object stored without it counts from its generation).
+pub fn daemonset_template_generation(old: Option<&Value>, obj: &mut Value) {
+    let value = match old {
+        None => 1,
+        Some(old) => {
+            let before = old
+                .pointer("/metadata/annotations")
+                .and_then(|a| a.get(DAEMONSET_TEMPLATE_GENERATION))
+                .and_then(Value::as_str)
+                .and_then(|v| v.parse::<i64>().ok())
+                .or_else(|| old.pointer("/metadata/generation").and_then(Value::as_i64))
+                .unwrap_or(1);
+            if old.pointer("/spec/template") != obj.pointer("/spec/template") {
+                before + 1
+            } else {
+                before
+            }
+        }
+    };
+    let meta = obj_mut(obj, "metadata");
+    let ann = meta.entry("annotations").or_insert_with(|| json!({}));
+    if !ann.is_object() {
+        *ann = json!({});
+    }
+    if let Some(a) = ann.as_object_mut() {
+        a.insert(DAEMONSET_TEMPLATE_GENERATION.into(), json!(value.to_string()));
+    }
+}
+
 /// Field-selector fields each kind supports (beyond metadata.name and metadata.namespace).
 pub fn selectable_fields(res: &Resource) -> &'static [&'static str] {
     match res.plural {

@@ -279,3 +279,29 @@ spec:
     watch.abort();
     assert!(*lowest.lock().unwrap() >= 1, "a node was left without a ready agent during the surge rollout");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_template_generation_annotation_counts_template_changes_only() {
+    let s = Server::start();
+    let client = s.client().await;
+    let _nodes = FakeNodes::start(client.clone(), &["n1"], "4", "8Gi").await;
+    s.apply(DS);
+    let tg = || s.ok(&["get", "ds", "agent", "-o", "jsonpath={.metadata.generation} {.metadata.annotations.deprecated\\.daemonset\\.template\\.generation}"]);
+    assert_eq!(tg().trim(), "1 1");
+    // a spec change outside the template: generation only
+    s.ok(&["patch", "ds", "agent", "--type=merge", "-p", r#"{"spec":{"minReadySeconds":3}}"#]);
+    assert_eq!(tg().trim(), "2 1");
+    // a client cannot set it
+    s.ok(&["annotate", "ds", "agent", "--overwrite", "deprecated.daemonset.template.generation=7"]);
+    assert_eq!(tg().trim(), "2 1");
+    // a template change: both, and the new pods carry it
+    s.ok(&["set", "image", "ds/agent", "c=busybox:2"]);
+    assert_eq!(tg().trim(), "3 2");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    eventually("the new pod labelled with template generation 2", || async {
+        let l = pods.list(&ListParams::default().labels("app=agent")).await.unwrap().items;
+        let new: Vec<&Pod> = l.iter().filter(|p| live(p) && p.labels().get("pod-template-generation").map(String::as_str) == Some("2")).collect();
+        (new.len() == 1).then_some(())
+    })
+    .await;
+}

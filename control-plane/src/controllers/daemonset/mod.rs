@@ -54,6 +54,9 @@ impl Backoff {
     /// A failed pod was deleted: the next one waits twice as long (afresh after a quiet spell).
     fn step(&self, key: &str, now: Instant) {
         let mut m = self.lock();
+        // entries quiet for long are forgotten (upstream's Backoff.GC), so the map does not
+        // grow with every DaemonSet and node that ever had a failed pod
+        m.retain(|_, (_, last)| now.saturating_duration_since(*last) <= 2 * BACKOFF_MAX);
         let next = match m.get(key) {
             Some((b, last)) if now.saturating_duration_since(*last) <= 2 * BACKOFF_MAX => (*b * 2).min(BACKOFF_MAX),
             _ => BACKOFF_INITIAL,
@@ -500,6 +503,21 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_failed_pod_back_off_doubles_and_forgets_quiet_entries() {
+        let b = Backoff::default();
+        let t0 = Instant::now();
+        b.step("ds/n1", t0);
+        assert_eq!(b.remaining("ds/n1", t0), Some(BACKOFF_INITIAL));
+        b.step("ds/n1", t0);
+        assert_eq!(b.remaining("ds/n1", t0), Some(2 * BACKOFF_INITIAL));
+        // much later, another node's failure: the quiet entry is gone
+        let later = t0 + 2 * BACKOFF_MAX + Duration::from_secs(1);
+        b.step("ds/n2", later);
+        assert_eq!(b.lock().len(), 1);
+        assert_eq!(b.remaining("ds/n1", later), None);
+    }
 
     fn owned<K: DeserializeOwned>(labels: serde_json::Value, owner: Option<(&str, &str)>) -> Arc<K> {
         let refs: Vec<_> = owner
