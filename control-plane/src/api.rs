@@ -804,6 +804,9 @@ impl Api {
         }
         let mut errs = strategy::validate(res, &obj);
         errs.extend(strategy::validate_update(res, &old, &obj));
+        if res.plural == "jobs" && status_endpoint {
+            errs.extend(crate::job_status::validate_update(&old, &obj));
+        }
         if res.plural == "persistentvolumeclaims" && !status_endpoint {
             errs.extend(self.admit_claim_resize(&old, &obj).await?);
         }

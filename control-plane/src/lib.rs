@@ -7,6 +7,7 @@ pub mod config;
 pub mod controllers;
 pub mod discovery;
 pub mod error;
+pub mod job_status;
 pub mod pki;
 pub mod protobuf;
 pub mod proxy;

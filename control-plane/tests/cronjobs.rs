@@ -79,7 +79,7 @@ async fn a_cron_job_runs_each_minute_once_and_forbid_waits_for_the_running_job()
     assert_eq!(run_names(&jobs).await, std::slice::from_ref(&first));
 
     // The first run completes: the held-back run starts (late, as upstream), once.
-    let done = json!({"status": {"conditions": [{"type": "Complete", "status": "True"}],
+    let done = json!({"status": {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}],
                                  "startTime": m1.to_string(), "completionTime": plus(m1, 30).to_string(), "succeeded": 1}});
     jobs.patch_status(&first, &PatchParams::default(), &Patch::Merge(&done)).await.unwrap();
     let second = format!("tick-{}", m2.as_second() / 60);

@@ -297,3 +297,49 @@ spec:
         other => panic!("expected a 422: {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_writes_that_describe_no_possible_job_or_go_backwards_are_refused() {
+    // no job loop: the test writes the status as another controller (spec.managedBy) would
+    let s = Server::start_with(&["--controllers=*,-job"]);
+    let client = s.client_without_retries().await;
+    s.apply(
+        r#"apiVersion: batch/v1
+kind: Job
+metadata: {name: ext}
+spec:
+  managedBy: example.com/queue
+  template:
+    spec: {restartPolicy: Never, containers: [{name: c, image: "busybox:1"}]}
+"#,
+    );
+    let jobs: Api<Job> = Api::namespaced(client, "default");
+    let write = |status: serde_json::Value| {
+        let jobs = jobs.clone();
+        async move { jobs.patch_status("ext", &PatchParams::default(), &Patch::Merge(&json!({"status": status}))).await }
+    };
+    let refused = |r: Result<Job, kube::Error>| match r {
+        Err(kube::Error::Api(e)) if e.code == 422 => e.message,
+        other => panic!("expected a 422, got {other:?}"),
+    };
+    let start = "2026-01-01T00:00:00Z";
+    write(json!({"startTime": start, "active": 1})).await.unwrap();
+    let msg = refused(write(json!({"conditions": [{"type": "Complete", "status": "True"}], "active": 0})).await);
+    assert!(msg.contains("status.completionTime: Required value: completionTime is required for Complete jobs"), "{msg}");
+    let msg = refused(write(json!({"completionTime": "2025-12-31T23:00:00Z"})).await);
+    assert!(msg.contains("cannot set completionTime when there is no Complete=True condition"), "{msg}");
+    let msg = refused(write(json!({"startTime": "2026-01-01T00:00:05Z"})).await);
+    assert!(msg.contains("status.startTime: Required value: startTime cannot be removed for unsuspended job"), "{msg}");
+    // the right way: criteria met, then complete
+    write(json!({"active": 0, "succeeded": 1, "conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]})).await.unwrap();
+    write(json!({"completionTime": "2026-01-01T00:01:00Z", "conditions": [
+        {"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}]})).await.unwrap();
+    // and no way back
+    let msg = refused(write(json!({"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}], "succeeded": 0})).await);
+    assert!(msg.contains("cannot disable the terminal Complete=True condition"), "{msg}");
+    assert!(msg.contains("status.succeeded: Invalid value: 0: cannot decrease the succeeded counter"), "{msg}");
+    let msg = refused(write(json!({"completionTime": "2026-01-01T00:02:00Z"})).await);
+    assert!(msg.contains("completionTime cannot be mutated"), "{msg}");
+    let job = jobs.get("ext").await.unwrap();
+    assert_eq!(job.status.unwrap().succeeded, Some(1), "nothing of the refused writes stored");
+}

@@ -568,6 +568,9 @@ pub fn plan(job: &Job, obs: &Observed<'_>) -> JobPlan {
             finish = Some(Finish::Success { reason: REASON_COMPLETIONS.into(), message: "Reached expected number of succeeded pods".into() });
         } else if managed {
             if suspended {
+                // a suspended Job has no start time: resuming starts activeDeadlineSeconds
+                // afresh (and the API server refuses to move the start time of a running Job)
+                status.start_time = None;
                 if ensure_condition(&mut conditions, "Suspended", "True", "JobSuspended", "Job suspended", now) {
                     out.events.push(JobEvent { type_: "Normal", reason: "Suspended".into(), message: "Job suspended".into() });
                 }
