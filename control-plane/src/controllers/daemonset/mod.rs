@@ -197,6 +197,21 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
     spawn_workers("daemonset", queue, 2, move |key: ObjectKey| reconcile(ctx.clone(), key));
 }
 
+/// The pod plan of a DaemonSet on the loop's state (expectations, failed-pod back-off).
+fn plan_pods(ctx: &Context, key: &ObjectKey, ds: &DaemonSet, nodes: &[Arc<Node>], pods: &[&Pod], hash: &str, now: Instant) -> plan::DsPlan {
+    let node_refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
+    let in_backoff = |node: &str| ctx.backoff.remaining(&backoff_key(ds, node), now);
+    plan::plan(&plan::Input {
+        ds,
+        nodes: &node_refs,
+        pods,
+        hash,
+        now: jiff::Timestamp::now(),
+        expectations_satisfied: ctx.exp.satisfied(key),
+        backoff: &in_backoff,
+    })
+}
+
 /// A dry run of [`reconcile`] for one DaemonSet.
 async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
     ctx.dss.wait_synced().await;
@@ -211,18 +226,7 @@ async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, Expla
     let rev_refs: Vec<&ControllerRevision> = all_revs.iter().map(|r| r.as_ref()).collect();
     let h = plan::plan_history(&ds, &rev_refs, &pod_refs);
     let all_nodes = ctx.nodes.list();
-    let node_refs: Vec<&Node> = all_nodes.iter().map(|n| n.as_ref()).collect();
-    let now = Instant::now();
-    let in_backoff = |node: &str| ctx.backoff.remaining(&backoff_key(&ds, node), now);
-    let p = plan::plan(&plan::Input {
-        ds: &ds,
-        nodes: &node_refs,
-        pods: &pod_refs,
-        hash: &h.hash,
-        now: jiff::Timestamp::now(),
-        expectations_satisfied: ctx.exp.satisfied(&key),
-        backoff: &in_backoff,
-    });
+    let p = plan_pods(&ctx, &key, &ds, &all_nodes, &pod_refs, &h.hash, Instant::now());
     let uid = ds.metadata.uid.clone().unwrap_or_default();
     let eligibility = plan::Eligibility::of(&ds);
     let mut e = Explanation::new("daemonset", Subject::of(ds.as_ref()));
@@ -395,19 +399,8 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
     }
 
     // pods
-    let all_nodes = nodes.list();
-    let node_refs: Vec<&Node> = all_nodes.iter().map(|n| n.as_ref()).collect();
     let now = Instant::now();
-    let in_backoff = |node: &str| backoff.remaining(&backoff_key(&ds, node), now);
-    let p = plan::plan(&plan::Input {
-        ds: &ds,
-        nodes: &node_refs,
-        pods: &pod_refs,
-        hash: &h.hash,
-        now: jiff::Timestamp::now(),
-        expectations_satisfied: exp.satisfied(&key),
-        backoff: &in_backoff,
-    });
+    let p = plan_pods(&ctx, &key, &ds, &nodes.list(), &pod_refs, &h.hash, now);
     let pod = |name: &str| all_pods.iter().find(|p| p.metadata.name.as_deref() == Some(name)).cloned();
     for name in &p.adopt {
         if let Some(pod) = pod(name) {

@@ -117,19 +117,27 @@ fn scale(ctx: &Context, ns: Option<&str>, c: &ControllerRef) -> Option<i32> {
     }
 }
 
-/// A dry run of [`reconcile`] for one budget: its arithmetic, and why evictions are refused.
-async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+/// A budget, the pods of its namespace and the status the planner computes from them, once
+/// the caches are synced; None when the budget is gone.
+async fn observe(ctx: &Context, key: &ObjectKey) -> Option<(Arc<PodDisruptionBudget>, Vec<Arc<Pod>>, plan::Outcome, jiff::Timestamp)> {
     ctx.pdbs.wait_synced().await;
     ctx.pods.wait_synced().await;
     ctx.replica_sets.wait_synced().await;
     ctx.deployments.wait_synced().await;
     ctx.stateful_sets.wait_synced().await;
     let ns = key.namespace.clone().unwrap_or_default();
-    let pdb = ctx.pdbs.get(Some(&ns), &key.name).ok_or_else(|| ExplainError::not_found("poddisruptionbudgets.policy", &key))?;
-    let pods = ctx.pods.list();
-    let in_ns: Vec<&Pod> = pods.iter().map(AsRef::as_ref).filter(|p| p.namespace().as_deref() == Some(ns.as_str())).collect();
+    let pdb = ctx.pdbs.get(Some(&ns), &key.name)?;
+    let pods: Vec<Arc<Pod>> = ctx.pods.list().into_iter().filter(|p| p.namespace().as_deref() == Some(ns.as_str())).collect();
+    let refs: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
     let now = jiff::Timestamp::now();
-    let outcome = plan::status(&pdb, &in_ns, &|p| scale_owner(&ctx, p), &|c| scale(&ctx, Some(&ns), c), now);
+    let outcome = plan::status(&pdb, &refs, &|p| scale_owner(ctx, p), &|c| scale(ctx, Some(&ns), c), now);
+    Some((pdb, pods, outcome, now))
+}
+
+/// A dry run of [`reconcile`] for one budget: its arithmetic, and why evictions are refused.
+async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    let (pdb, pods, outcome, now) = observe(&ctx, &key).await.ok_or_else(|| ExplainError::not_found("poddisruptionbudgets.policy", &key))?;
+    let in_ns: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
     let st = &outcome.status;
     let mut e = Explanation::new("disruption", Subject::of(pdb.as_ref()));
     let disrupted = st.disrupted_pods.clone().unwrap_or_default();
@@ -183,17 +191,8 @@ async fn explain(ctx: Arc<Context>, key: ObjectKey) -> Result<Explanation, Expla
 /// One pass over a budget: its status, written when it changed.
 #[tracing::instrument(name = "reconcile", skip_all, fields(controller = "disruption", key = %key))]
 async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
-    ctx.pdbs.wait_synced().await;
-    ctx.pods.wait_synced().await;
-    ctx.replica_sets.wait_synced().await;
-    ctx.deployments.wait_synced().await;
-    ctx.stateful_sets.wait_synced().await;
+    let Some((pdb, _, outcome, now)) = observe(&ctx, &key).await else { return Ok(Next::Done) };
     let ns = key.namespace.clone().unwrap_or_default();
-    let Some(pdb) = ctx.pdbs.get(Some(&ns), &key.name) else { return Ok(Next::Done) };
-    let pods = ctx.pods.list();
-    let in_ns: Vec<&Pod> = pods.iter().map(AsRef::as_ref).filter(|p| p.namespace().as_deref() == Some(ns.as_str())).collect();
-    let now = jiff::Timestamp::now();
-    let outcome = plan::status(&pdb, &in_ns, &|p| scale_owner(&ctx, p), &|c| scale(&ctx, Some(&ns), c), now);
     let mut next = Next::Done;
     if let Some(at) = outcome.recheck_at {
         let left = at.duration_since(now);
