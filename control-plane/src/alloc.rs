@@ -1,7 +1,7 @@
-//! Service ClusterIP and NodePort allocation.
+//! Service ClusterIP and NodePort ranges: which address or port is free, given the ones taken.
 //!
-//! The allocators hold no state of their own on disk: at start they are rebuilt from the stored
-//! Services, so an allocation whose Service never got stored leaks nothing across a restart.
+//! These are the pure pickers; what is taken lives in the store, shared by every API server
+//! (crate::service_alloc).
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -102,7 +102,7 @@ impl std::fmt::Display for Cidr {
 
 /// Allocates service cluster IPs from a CIDR. The network address (and the broadcast address for
 /// IPv4) are never handed out; offsets above 2^20 are not used for large IPv6 ranges.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct IpAllocator {
     cidr: Cidr,
     used: BTreeSet<u128>,
@@ -177,7 +177,7 @@ impl IpAllocator {
 }
 
 /// Allocates NodePorts from an inclusive port range.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct PortAllocator {
     first: u16,
     last: u16,

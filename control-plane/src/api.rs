@@ -10,6 +10,7 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 
 use crate::alloc::{AllocError, IpAllocator, PortAllocator};
+use crate::service_alloc::{ClaimError, Item, Owner, ServiceAllocations};
 use crate::error::ApiError;
 use crate::resources::{self, Resource, Sub};
 use crate::selector::{FieldSelector, LabelSelector};
@@ -117,8 +118,8 @@ struct Snapshot {
 
 pub struct Api {
     pub store: Arc<dyn Store>,
-    ips: Mutex<IpAllocator>,
-    ports: Mutex<PortAllocator>,
+    /// Service ClusterIPs and NodePorts, claimed in the store (shared by every API server).
+    pub allocations: ServiceAllocations,
     snapshots: Mutex<HashMap<(String, Revision), Snapshot>>,
 }
 
@@ -173,30 +174,13 @@ impl Api {
         ports: PortAllocator,
     ) -> Result<Api, ApiError> {
         let api = Api {
+            allocations: ServiceAllocations::new(store.clone(), ips, ports),
             store,
-            ips: Mutex::new(ips),
-            ports: Mutex::new(ports),
             snapshots: Mutex::new(HashMap::new()),
         };
-        api.rebuild_allocations().await?;
+        // Claims for Services stored before claims existed; the first leak sighting.
+        api.allocations.repair().await?;
         Ok(api)
-    }
-
-    async fn rebuild_allocations(&self) -> Result<(), ApiError> {
-        let services = resources::find("", "v1", "services").ok_or_else(|| ApiError::internal("no services"))?;
-        let listing = self.store.list(&services.prefix(None)).await?;
-        let mut ips = self.ips.lock().unwrap_or_else(|p| p.into_inner());
-        let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
-        for r in &listing.records {
-            let svc = r.json()?;
-            for ip in cluster_ips(&svc) {
-                let _ = ips.allocate(ip);
-            }
-            for p in node_ports(&svc) {
-                let _ = ports.allocate(p);
-            }
-        }
-        Ok(())
     }
 
     /// Upstream's PersistentVolumeClaimResize admission and resize validation: a claim's storage
@@ -266,7 +250,7 @@ impl Api {
     }
 
     pub fn service_ip_range_first(&self) -> IpAddr {
-        self.ips.lock().unwrap_or_else(|p| p.into_inner()).first()
+        self.allocations.first_ip()
     }
 
     /// Fails unless the namespace exists and is not terminating (upstream's NamespaceLifecycle).
@@ -656,12 +640,11 @@ impl Api {
             return Err(ApiError::invalid(res.kind, res.group, &name, &errs));
         }
         let allocated = if res.plural == "services" {
-            self.allocate_service(&mut obj, None, &name)?
+            self.allocate_service(&mut obj, None, &name, dry_run).await?
         } else {
             Allocated::default()
         };
         if dry_run {
-            self.release(&allocated);
             let existing = self.store.get(&res.key(ns, &name)).await?;
             if existing.is_some() {
                 return Err(ApiError::already_exists(&res.group_resource(), &name));
@@ -678,7 +661,7 @@ impl Api {
         match self.store.write(Op::Create { key: res.key(ns, &name), value: obj }).await {
             Ok(r) => Ok(r),
             Err(e) => {
-                self.release(&allocated);
+                self.release(&allocated).await;
                 Err(match e {
                     StoreError::AlreadyExists => ApiError::already_exists(&res.group_resource(), &name),
                     other => other.into(),
@@ -814,7 +797,7 @@ impl Api {
             return Err(ApiError::invalid(res.kind, res.group, name, &errs));
         }
         let allocated = if res.plural == "services" && !status_endpoint {
-            self.allocate_service(&mut obj, Some(&old), name)?
+            self.allocate_service(&mut obj, Some(&old), name, dry_run).await?
         } else {
             Allocated::default()
         };
@@ -822,11 +805,10 @@ impl Api {
         let mut cmp = obj.clone();
         set_meta(&mut cmp, "resourceVersion", json!(current.mod_rev.to_string()));
         if cmp == old {
-            self.release(&allocated);
+            self.release(&allocated).await;
             return Ok(current.clone());
         }
         if dry_run {
-            self.release(&allocated);
             let value = bytes::Bytes::from(serde_json::to_vec(&cmp).map_err(ApiError::internal)?);
             return Ok(Record { value, ..current.clone() });
         }
@@ -845,8 +827,8 @@ impl Api {
                 .write(Op::Delete { key: res.key(ns, name), expect: Some(current.mod_rev) })
                 .await
                 .map_err(|e| self.write_error(res, name, e))?;
-            self.release(&allocated);
-            self.release_service(res, &old);
+            self.release(&allocated).await;
+            self.release_service(res, &old).await;
             return Ok(deleted);
         }
         let result = self
@@ -855,13 +837,13 @@ impl Api {
             .await;
         match result {
             Ok(r) => {
-                if res.plural == "services" {
-                    self.release_replaced(&old, &obj);
+                if res.plural == "services" && !status_endpoint {
+                    self.release_replaced(&old, &obj).await;
                 }
                 Ok(r)
             }
             Err(e) => {
-                self.release(&allocated);
+                self.release(&allocated).await;
                 Err(self.write_error(res, name, e))
             }
         }
@@ -1046,7 +1028,7 @@ impl Api {
             }
             match self.store.write(Op::Delete { key: key.clone(), expect: Some(current.mod_rev) }).await {
                 Ok(r) => {
-                    self.release_service(res, &obj);
+                    self.release_service(res, &obj).await;
                     return Ok((r, true));
                 }
                 Err(StoreError::Conflict { .. }) if attempt < 8 => continue,
@@ -1056,91 +1038,90 @@ impl Api {
         Err(ApiError::internal("delete retries exhausted"))
     }
 
-    fn release_service(&self, res: &Resource, svc: &Value) {
+    async fn release_service(&self, res: &Resource, svc: &Value) {
         if res.plural != "services" {
             return;
         }
-        let mut ips = self.ips.lock().unwrap_or_else(|p| p.into_inner());
-        for ip in cluster_ips(svc) {
-            ips.release(ip);
-        }
-        drop(ips);
-        let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
-        for p in node_ports(svc) {
-            ports.release(p);
+        let owner = Owner::of(svc);
+        for item in crate::service_alloc::service_items(svc) {
+            self.allocations.release(item, &owner).await;
         }
     }
 
-    fn release_replaced(&self, old: &Value, new: &Value) {
-        let kept_ips = cluster_ips(new);
-        let mut ips = self.ips.lock().unwrap_or_else(|p| p.into_inner());
-        for ip in cluster_ips(old).into_iter().filter(|ip| !kept_ips.contains(ip)) {
-            ips.release(ip);
-        }
-        drop(ips);
-        let kept = node_ports(new);
-        let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
-        for p in node_ports(old).into_iter().filter(|p| !kept.contains(p)) {
-            ports.release(p);
+    /// After an update: gives back what the old Service held and the new one does not.
+    async fn release_replaced(&self, old: &Value, new: &Value) {
+        let kept = crate::service_alloc::service_items(new);
+        let owner = Owner::of(old);
+        for item in crate::service_alloc::service_items(old).into_iter().filter(|i| !kept.contains(i)) {
+            self.allocations.release(item, &owner).await;
         }
     }
 
-    fn release(&self, a: &Allocated) {
-        let mut ips = self.ips.lock().unwrap_or_else(|p| p.into_inner());
-        for ip in &a.ips {
-            ips.release(*ip);
-        }
-        drop(ips);
-        let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
-        for p in &a.ports {
-            ports.release(*p);
+    /// Gives back what one call of allocate_service claimed (its write failed or was a no-op).
+    async fn release(&self, a: &Allocated) {
+        for item in &a.items {
+            self.allocations.release(*item, &a.owner).await;
         }
     }
 
-    /// Allocates the cluster IP and node ports a Service needs (given or picked), recording what
-    /// this call allocated so a failed write can give it back.
-    fn allocate_service(&self, svc: &mut Value, old: Option<&Value>, name: &str) -> Result<Allocated, ApiError> {
-        let mut done = Allocated::default();
-        let result = self.allocate_service_inner(svc, old, &mut done);
-        if let Err(errs) = result {
-            self.release(&done);
-            return Err(ApiError::invalid("Service", "", name, &errs));
+    /// Allocates the cluster IP and node ports a Service needs (given or picked), claiming them
+    /// in the store (a dry run only checks), recording what this call claimed so a failed write
+    /// can give it back.
+    async fn allocate_service(&self, svc: &mut Value, old: Option<&Value>, name: &str, dry_run: bool) -> Result<Allocated, ApiError> {
+        let mut done = Allocated { owner: Owner::of(old.unwrap_or(svc)), items: Vec::new() };
+        let result = self.allocate_service_inner(svc, old, &mut done, dry_run).await;
+        match result {
+            Ok(()) => Ok(done),
+            Err(e) => {
+                self.release(&done).await;
+                Err(match e {
+                    AllocFailure::Invalid(errs) => ApiError::invalid("Service", "", name, &errs),
+                    AllocFailure::Store(e) => e.into(),
+                })
+            }
         }
-        Ok(done)
     }
 
-    fn allocate_service_inner(&self, svc: &mut Value, old: Option<&Value>, done: &mut Allocated) -> Result<(), Vec<FieldError>> {
+    async fn allocate_service_inner(&self, svc: &mut Value, old: Option<&Value>, done: &mut Allocated, dry_run: bool) -> Result<(), AllocFailure> {
         let ty = svc.pointer("/spec/type").and_then(|t| t.as_str()).unwrap_or("ClusterIP").to_string();
         let old_ips = old.map(cluster_ips).unwrap_or_default();
         if ty == "ExternalName" {
             return Ok(());
         }
+        let owner = done.owner.clone();
         let requested = svc.pointer("/spec/clusterIP").and_then(|c| c.as_str()).unwrap_or("").to_string();
         if requested != "None" {
-            let mut ips = self.ips.lock().unwrap_or_else(|p| p.into_inner());
             let ip = if requested.is_empty() {
                 if let Some(ip) = old_ips.first() {
                     *ip
                 } else {
-                    let ip = ips.allocate_next().map_err(|e| {
-                        vec![FieldError::invalid("spec.clusterIPs", json!([]), format!("failed to allocate IP: {e}"))]
+                    let ip = self.allocations.claim_next_ip(&owner, dry_run).await.map_err(|e| {
+                        AllocFailure::from_claim(e, |e| {
+                            vec![FieldError::invalid("spec.clusterIPs", json!([]), format!("failed to allocate IP: {e}"))]
+                        })
                     })?;
-                    done.ips.push(ip);
+                    if !dry_run {
+                        done.items.push(Item::Ip(ip));
+                    }
                     ip
                 }
             } else {
                 let ip: IpAddr = requested.parse().map_err(|_| {
-                    vec![FieldError::invalid("spec.clusterIPs[0]", json!(requested), "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)")]
+                    AllocFailure::Invalid(vec![FieldError::invalid("spec.clusterIPs[0]", json!(requested), "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)")])
                 })?;
                 if !old_ips.contains(&ip) {
-                    ips.allocate(ip).map_err(|e| {
-                        let msg = match e {
-                            AllocError::IpTaken => "failed to allocate IP ".to_string() + &requested + ": provided IP is already allocated",
-                            other => format!("failed to allocate IP {requested}: {other}"),
-                        };
-                        vec![FieldError::invalid("spec.clusterIPs", json!([requested]), &msg)]
+                    let claimed = self.allocations.claim(Item::Ip(ip), &owner, dry_run).await.map_err(|e| {
+                        AllocFailure::from_claim(e, |e| {
+                            let msg = match e {
+                                AllocError::IpTaken => "failed to allocate IP ".to_string() + &requested + ": provided IP is already allocated",
+                                other => format!("failed to allocate IP {requested}: {other}"),
+                            };
+                            vec![FieldError::invalid("spec.clusterIPs", json!([requested]), &msg)]
+                        })
                     })?;
-                    done.ips.push(ip);
+                    if claimed && !dry_run {
+                        done.items.push(Item::Ip(ip));
+                    }
                 }
                 ip
             };
@@ -1155,34 +1136,47 @@ impl Api {
         }
         if ty == "NodePort" || ty == "LoadBalancer" {
             let old_ports = old.map(node_ports).unwrap_or_default();
-            let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
             let mut errs = Vec::new();
-            if let Some(Value::Array(list)) = svc.pointer_mut("/spec/ports") {
-                for (i, p) in list.iter_mut().enumerate() {
-                    let requested = p.get("nodePort").and_then(|n| n.as_i64()).unwrap_or(0);
-                    if requested == 0 {
-                        // keep the one this port had, by port number
-                        match ports.allocate_next() {
-                            Ok(n) => {
-                                done.ports.push(n);
-                                p["nodePort"] = json!(n);
+            let mut picked: Vec<u16> = Vec::new();
+            let count = svc.pointer("/spec/ports").and_then(Value::as_array).map(Vec::len).unwrap_or(0);
+            for i in 0..count {
+                let requested = svc["spec"]["ports"][i].get("nodePort").and_then(|n| n.as_i64()).unwrap_or(0);
+                if requested == 0 {
+                    match self.allocations.claim_next_port(&owner, dry_run, &picked).await {
+                        Ok(n) => {
+                            picked.push(n);
+                            if !dry_run {
+                                done.items.push(Item::Port(n));
                             }
-                            Err(e) => errs.push(FieldError::invalid(format!("spec.ports[{i}].nodePort"), json!(0), format!("failed to allocate port: {e}"))),
+                            svc["spec"]["ports"][i]["nodePort"] = json!(n);
                         }
+                        Err(ClaimError::Alloc(e)) => errs.push(FieldError::invalid(format!("spec.ports[{i}].nodePort"), json!(0), format!("failed to allocate port: {e}"))),
+                        Err(ClaimError::Store(e)) => return Err(AllocFailure::Store(e)),
+                    }
+                } else {
+                    let n = u16::try_from(requested).unwrap_or(0);
+                    if old_ports.contains(&n) {
+                        continue;
+                    }
+                    let claim = if picked.contains(&n) {
+                        Err(ClaimError::Alloc(AllocError::PortTaken))
                     } else {
-                        let n = u16::try_from(requested).unwrap_or(0);
-                        if old_ports.contains(&n) {
-                            continue;
+                        self.allocations.claim(Item::Port(n), &owner, dry_run).await
+                    };
+                    match claim {
+                        Ok(claimed) => {
+                            picked.push(n);
+                            if claimed && !dry_run {
+                                done.items.push(Item::Port(n));
+                            }
                         }
-                        match ports.allocate(n) {
-                            Ok(()) => done.ports.push(n),
-                            Err(e) => errs.push(FieldError::invalid(format!("spec.ports[{i}].nodePort"), json!(requested), e.to_string())),
-                        }
+                        Err(ClaimError::Alloc(e)) => errs.push(FieldError::invalid(format!("spec.ports[{i}].nodePort"), json!(requested), e.to_string())),
+                        Err(ClaimError::Store(e)) => return Err(AllocFailure::Store(e)),
                     }
                 }
             }
             if !errs.is_empty() {
-                return Err(errs);
+                return Err(AllocFailure::Invalid(errs));
             }
         } else if let Some(Value::Array(list)) = svc.pointer_mut("/spec/ports") {
             for p in list.iter_mut().filter_map(|p| p.as_object_mut()) {
@@ -1193,10 +1187,25 @@ impl Api {
     }
 }
 
+enum AllocFailure {
+    Invalid(Vec<FieldError>),
+    Store(StoreError),
+}
+
+impl AllocFailure {
+    fn from_claim(e: ClaimError, invalid: impl FnOnce(AllocError) -> Vec<FieldError>) -> AllocFailure {
+        match e {
+            ClaimError::Alloc(e) => AllocFailure::Invalid(invalid(e)),
+            ClaimError::Store(e) => AllocFailure::Store(e),
+        }
+    }
+}
+
+/// What one allocate_service call claimed, and for whom.
 #[derive(Default)]
 struct Allocated {
-    ips: Vec<IpAddr>,
-    ports: Vec<u16>,
+    owner: Owner,
+    items: Vec<Item>,
 }
 
 fn cluster_ips(svc: &Value) -> Vec<IpAddr> {

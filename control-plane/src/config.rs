@@ -64,8 +64,29 @@ pub fn etcd_key_layout(prefix: &str) -> KeyLayout {
             };
             (r.prefix(None), segment)
         })
+        .chain([
+            // the Service allocations (crate::service_alloc): upstream's key for IPAddress
+            // objects, and ferro's own for NodePorts
+            (crate::service_alloc::IP_PREFIX.to_string(), "ipaddresses/".to_string()),
+            (crate::service_alloc::PORT_PREFIX.to_string(), "servicenodeports/".to_string()),
+        ])
         .collect();
     KeyLayout::mapped(prefix, segments)
+}
+
+/// How often every API server repairs the Service allocations (upstream's repair loops run
+/// every 3 minutes).
+const ALLOCATION_REPAIR_INTERVAL: std::time::Duration = std::time::Duration::from_secs(180);
+
+async fn repair_allocations(api: Arc<Api>) {
+    let mut tick = tokio::time::interval(ALLOCATION_REPAIR_INTERVAL);
+    tick.tick().await; // the first run was Api::new's
+    loop {
+        tick.tick().await;
+        if let Err(e) = api.allocations.repair().await {
+            tracing::warn!(error = %e, "repairing the service allocations failed; next run in 3m");
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -190,6 +211,7 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
         }
     };
     let api = Arc::new(Api::new(store, ips, ports).await?);
+    tokio::spawn(repair_allocations(api.clone()));
     bootstrap_objects(&api, cfg, kubernetes_ip).await?;
 
     // TLS: client certificates are optional; requests without one need a bearer token.

@@ -14,6 +14,7 @@ pub mod proxy;
 pub mod resources;
 pub mod selector;
 pub mod server;
+pub mod service_alloc;
 pub mod smp;
 pub mod store;
 pub mod strategy;

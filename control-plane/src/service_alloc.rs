@@ -1,0 +1,433 @@
+//! Service ClusterIP and NodePort allocation that every API server on one store shares.
+//!
+//! Each allocated address and port is a key of its own in the store, created with
+//! create-if-absent: `/registry/ipaddresses/<ip>` (an object shaped as upstream's
+//! networking.k8s.io/v1 IPAddress, at the key upstream keeps those at) and
+//! `/registry/servicenodeports/<port>` (ferro's own, the same shape). Two API servers that pick
+//! the same address at the same moment both try to create its key; the store (one etcd
+//! transaction comparing create_revision with 0) lets exactly one succeed and the other picks
+//! again. No state lives in one process's memory: a pick lists the claims (from the store's
+//! in-memory cache) and takes a free one.
+//!
+//! A claim names its Service (namespace, name and uid). A claim whose Service never got stored
+//! (a crash between the claim and the Service write) or whose release was lost is a leak;
+//! [`ServiceAllocations::repair`], run at start and then periodically by every API server,
+//! deletes a claim that it found leaked on two consecutive runs with the same revision (an
+//! in-flight create is never older than one run), and creates the claims of stored Services
+//! that have none (stores written before claims existed).
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+
+use crate::alloc::{AllocError, IpAllocator, PortAllocator};
+use crate::store::{Op, Revision, Store, StoreError};
+
+/// Store key prefix of the address claims (`/registry/ipaddresses/` in etcd).
+pub const IP_PREFIX: &str = "/networking.k8s.io/ipaddresses/";
+/// Store key prefix of the NodePort claims (`/registry/servicenodeports/` in etcd).
+pub const PORT_PREFIX: &str = "/ferro.dev/servicenodeports/";
+const SERVICES_PREFIX: &str = "/core/services/";
+const UID_ANNOTATION: &str = "ferro.dev/service-uid";
+/// Picks retried when another API server took the picked item first.
+const PICK_ATTEMPTS: usize = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The Service a claim belongs to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Owner {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl Owner {
+    pub fn of(svc: &Value) -> Owner {
+        let meta = |f: &str| svc.pointer(&format!("/metadata/{f}")).and_then(Value::as_str).unwrap_or("").to_string();
+        Owner { namespace: meta("namespace"), name: meta("name"), uid: meta("uid") }
+    }
+
+    fn of_claim(claim: &Value) -> Owner {
+        let s = |p: &str| claim.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
+        Owner {
+            namespace: s("/spec/parentRef/namespace"),
+            name: s("/spec/parentRef/name"),
+            uid: claim
+                .pointer("/metadata/annotations")
+                .and_then(|a| a.get(UID_ANNOTATION))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+        }
+    }
+}
+
+/// One allocated item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Item {
+    Ip(IpAddr),
+    Port(u16),
+}
+
+impl Item {
+    pub fn key(&self) -> String {
+        match self {
+            Item::Ip(ip) => format!("{IP_PREFIX}{ip}"),
+            Item::Port(p) => format!("{PORT_PREFIX}{p}"),
+        }
+    }
+
+    fn parse(key: &str) -> Option<Item> {
+        if let Some(ip) = key.strip_prefix(IP_PREFIX) {
+            return ip.parse().ok().map(Item::Ip);
+        }
+        key.strip_prefix(PORT_PREFIX)?.parse().ok().map(Item::Port)
+    }
+
+    /// The claim object: upstream's IPAddress shape for addresses, the same shape for ports.
+    fn claim(&self, owner: &Owner) -> Value {
+        let (api_version, kind, name, labels) = match self {
+            Item::Ip(ip) => (
+                "networking.k8s.io/v1",
+                "IPAddress",
+                ip.to_string(),
+                json!({
+                    "ipaddress.kubernetes.io/ip-family": if ip.is_ipv4() { "IPv4" } else { "IPv6" },
+                    "ipaddress.kubernetes.io/managed-by": "ipallocator.k8s.io",
+                }),
+            ),
+            Item::Port(p) => ("ferro.dev/v1", "ServiceNodePort", p.to_string(), json!({})),
+        };
+        json!({
+            "apiVersion": api_version,
+            "kind": kind,
+            "metadata": {
+                "name": name,
+                "labels": labels,
+                "annotations": { UID_ANNOTATION: owner.uid },
+                "creationTimestamp": jiff::Timestamp::now().round(jiff::Unit::Second).map(|t| t.to_string()).unwrap_or_default(),
+            },
+            "spec": { "parentRef": { "group": "", "resource": "services", "namespace": owner.namespace, "name": owner.name } },
+        })
+    }
+}
+
+/// The addresses and ports a stored Service holds.
+pub fn service_items(svc: &Value) -> Vec<Item> {
+    let mut out: Vec<Item> = svc
+        .pointer("/spec/clusterIPs")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|s| s.as_str()?.parse().ok()).map(Item::Ip).collect())
+        .unwrap_or_default();
+    if let Some(ip) = svc.pointer("/spec/clusterIP").and_then(|c| c.as_str()?.parse().ok()) {
+        if !out.contains(&Item::Ip(ip)) {
+            out.push(Item::Ip(ip));
+        }
+    }
+    if let Some(ports) = svc.pointer("/spec/ports").and_then(Value::as_array) {
+        out.extend(
+            ports
+                .iter()
+                .filter_map(|p| p.get("nodePort")?.as_u64().and_then(|n| u16::try_from(n).ok()))
+                .map(Item::Port),
+        );
+    }
+    out
+}
+
+/// What one repair run did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RepairReport {
+    /// Claims of stored Services that were missing and got created.
+    pub created: Vec<Item>,
+    /// Claims found leaked on two consecutive runs and deleted.
+    pub released: Vec<Item>,
+    /// Claims found leaked for the first time (deleted on the next run if still leaked).
+    pub suspected: usize,
+    /// Items two stored Services hold at once (reported, left alone).
+    pub conflicts: Vec<Item>,
+}
+
+/// What a repair run does.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct RepairPlan {
+    /// Claims to create for stored Services that hold an item without one.
+    pub missing: Vec<(Item, Owner)>,
+    /// Claims leaked on this run and the last, at the same revision: delete (guarded by it).
+    pub release: Vec<(Item, Revision)>,
+    /// Claims leaked on this run (the next run's `previous`).
+    pub leaked: HashSet<(Item, Revision)>,
+    /// Items two stored Services hold.
+    pub conflicts: Vec<Item>,
+}
+
+/// What a repair run decides from the claims and the Services it listed: a pure function.
+/// `previous` holds the leaks (key, revision) of the last run.
+pub fn plan_repair(claims: &BTreeMap<Item, (Owner, Revision)>, services: &[Value], previous: &HashSet<(Item, Revision)>) -> RepairPlan {
+    let mut held: BTreeMap<Item, Owner> = BTreeMap::new();
+    let mut conflicts = Vec::new();
+    for svc in services {
+        let owner = Owner::of(svc);
+        for item in service_items(svc) {
+            if let Some(other) = held.get(&item) {
+                if *other != owner {
+                    conflicts.push(item);
+                }
+                continue;
+            }
+            held.insert(item, owner.clone());
+        }
+    }
+    let missing = held
+        .iter()
+        .filter(|(item, _)| !claims.contains_key(item))
+        .map(|(item, owner)| (*item, owner.clone()))
+        .collect();
+    let mut release = Vec::new();
+    let mut leaked = HashSet::new();
+    for (item, (owner, rev)) in claims {
+        if held.get(item) == Some(owner) {
+            continue;
+        }
+        if previous.contains(&(*item, *rev)) {
+            release.push((*item, *rev));
+        } else {
+            leaked.insert((*item, *rev));
+        }
+    }
+    RepairPlan { missing, release, leaked, conflicts }
+}
+
+pub struct ServiceAllocations {
+    store: Arc<dyn Store>,
+    /// Empty allocators holding the ranges (`--service-cluster-ip-range`,
+    /// `--service-node-port-range`).
+    ips: IpAllocator,
+    ports: PortAllocator,
+    leaked: Mutex<HashSet<(Item, Revision)>>,
+}
+
+impl ServiceAllocations {
+    pub fn new(store: Arc<dyn Store>, ips: IpAllocator, ports: PortAllocator) -> Self {
+        ServiceAllocations { store, ips, ports, leaked: Mutex::default() }
+    }
+
+    /// The first address of the range (the `kubernetes` Service's).
+    pub fn first_ip(&self) -> IpAddr {
+        self.ips.first()
+    }
+
+    async fn claims(&self, prefix: &str) -> Result<BTreeMap<Item, (Owner, Revision)>, StoreError> {
+        let listing = self.store.list(prefix).await?;
+        let mut out = BTreeMap::new();
+        for r in &listing.records {
+            if let Some(item) = Item::parse(&r.key) {
+                out.insert(item, (Owner::of_claim(&r.json()?), r.mod_rev));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Claims `item` for `owner` (checks only when `dry_run`). `Ok(true)`: claimed by this call;
+    /// `Ok(false)`: the owner already held it.
+    pub async fn claim(&self, item: Item, owner: &Owner, dry_run: bool) -> Result<bool, ClaimError> {
+        match item {
+            Item::Ip(ip) => self.ips.clone().allocate(ip)?,
+            Item::Port(p) => self.ports.clone().allocate(p)?,
+        }
+        let taken = match item {
+            Item::Ip(_) => AllocError::IpTaken,
+            Item::Port(_) => AllocError::PortTaken,
+        };
+        let key = item.key();
+        if dry_run {
+            return match self.store.get(&key).await? {
+                None => Ok(true),
+                Some(r) if Owner::of_claim(&r.json()?) == *owner => Ok(false),
+                Some(_) => Err(taken.into()),
+            };
+        }
+        match self.store.write(Op::Create { key: key.clone(), value: item.claim(owner) }).await {
+            Ok(_) => Ok(true),
+            Err(StoreError::AlreadyExists) => match self.store.get(&key).await? {
+                Some(r) if Owner::of_claim(&r.json()?) == *owner => Ok(false),
+                _ => Err(taken.into()),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Picks a free address and claims it (only picks when `dry_run`).
+    pub async fn claim_next_ip(&self, owner: &Owner, dry_run: bool) -> Result<IpAddr, ClaimError> {
+        for _ in 0..PICK_ATTEMPTS {
+            let mut free = self.ips.clone();
+            for item in self.claims(IP_PREFIX).await?.keys() {
+                if let Item::Ip(ip) = item {
+                    // claims outside the current range (a changed flag) are not ours to count
+                    let _outside = free.allocate(*ip);
+                }
+            }
+            let ip = free.allocate_next()?;
+            match self.claim(Item::Ip(ip), owner, dry_run).await {
+                Ok(_) => return Ok(ip),
+                Err(ClaimError::Alloc(AllocError::IpTaken)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(AllocError::Full.into())
+    }
+
+    /// Picks a free NodePort and claims it (only picks when `dry_run`). `also_taken`: ports this
+    /// request picked already (a dry run claims nothing, so they are not in the store).
+    pub async fn claim_next_port(&self, owner: &Owner, dry_run: bool, also_taken: &[u16]) -> Result<u16, ClaimError> {
+        for _ in 0..PICK_ATTEMPTS {
+            let mut free = self.ports.clone();
+            for item in self.claims(PORT_PREFIX).await?.keys() {
+                if let Item::Port(p) = item {
+                    let _outside = free.allocate(*p);
+                }
+            }
+            for p in also_taken {
+                let _outside = free.allocate(*p);
+            }
+            let port = free.allocate_next()?;
+            match self.claim(Item::Port(port), owner, dry_run).await {
+                Ok(_) => return Ok(port),
+                Err(ClaimError::Alloc(AllocError::PortTaken)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(AllocError::Full.into())
+    }
+
+    /// Gives `item` back if `owner` holds it. Failures are logged: the repair collects what a
+    /// failed release leaves.
+    pub async fn release(&self, item: Item, owner: &Owner) {
+        let key = item.key();
+        let result = async {
+            let Some(r) = self.store.get(&key).await? else { return Ok(()) };
+            if Owner::of_claim(&r.json()?) != *owner {
+                return Ok(());
+            }
+            match self.store.write(Op::Delete { key: key.clone(), expect: Some(r.mod_rev) }).await {
+                Ok(_) | Err(StoreError::NotFound) | Err(StoreError::Conflict { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::warn!(claim = %key, error = %e, "releasing a service allocation failed; the repair will collect it");
+        }
+    }
+
+    /// One repair run (see the module's notes).
+    pub async fn repair(&self) -> Result<RepairReport, StoreError> {
+        // Claims first, then Services: a Service created between the two lists is seen.
+        let mut claims = self.claims(IP_PREFIX).await?;
+        claims.extend(self.claims(PORT_PREFIX).await?);
+        let services: Vec<Value> = self
+            .store
+            .list(SERVICES_PREFIX)
+            .await?
+            .records
+            .iter()
+            .map(|r| r.json())
+            .collect::<Result<_, _>>()?;
+        let previous = self.leaked.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let RepairPlan { missing, release, leaked, conflicts } = plan_repair(&claims, &services, &previous);
+        let mut report = RepairReport { suspected: leaked.len(), conflicts, ..Default::default() };
+        for (item, owner) in missing {
+            match self.store.write(Op::Create { key: item.key(), value: item.claim(&owner) }).await {
+                Ok(_) => report.created.push(item),
+                Err(StoreError::AlreadyExists) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        for (item, rev) in release {
+            match self.store.write(Op::Delete { key: item.key(), expect: Some(rev) }).await {
+                Ok(_) => report.released.push(item),
+                Err(StoreError::NotFound) | Err(StoreError::Conflict { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        *self.leaked.lock().unwrap_or_else(|p| p.into_inner()) = leaked;
+        if !report.created.is_empty() || !report.released.is_empty() || !report.conflicts.is_empty() {
+            tracing::info!(created = ?report.created, released = ?report.released, conflicts = ?report.conflicts, "service allocations repaired");
+        }
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn svc(ns: &str, name: &str, uid: &str, ip: &str, ports: &[u16]) -> Value {
+        let ports: Vec<Value> = ports.iter().map(|p| json!({"port": 80, "nodePort": p})).collect();
+        json!({"metadata": {"namespace": ns, "name": name, "uid": uid}, "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": ports}})
+    }
+
+    fn owner(ns: &str, name: &str, uid: &str) -> Owner {
+        Owner { namespace: ns.into(), name: name.into(), uid: uid.into() }
+    }
+
+    fn ip(s: &str) -> Item {
+        Item::Ip(s.parse().unwrap())
+    }
+
+    #[test]
+    fn claim_objects_name_their_service_and_parse_back() {
+        let o = owner("default", "web", "u1");
+        let c = ip("10.96.0.7").claim(&o);
+        assert_eq!(c["kind"], "IPAddress");
+        assert_eq!(c["metadata"]["name"], "10.96.0.7");
+        assert_eq!(Owner::of_claim(&c), o);
+        assert_eq!(Item::parse(&ip("10.96.0.7").key()), Some(ip("10.96.0.7")));
+        assert_eq!(Item::parse(&Item::Port(30001).key()), Some(Item::Port(30001)));
+        assert_eq!(Item::parse("/core/services/default/web"), None);
+        assert_eq!(
+            service_items(&svc("default", "web", "u1", "10.96.0.7", &[30001])),
+            vec![ip("10.96.0.7"), Item::Port(30001)]
+        );
+    }
+
+    #[test]
+    fn repair_creates_missing_claims_and_releases_a_leak_only_on_the_second_run() {
+        let services = vec![svc("default", "web", "u1", "10.96.0.7", &[30001])];
+        let mut claims = BTreeMap::new();
+        claims.insert(ip("10.96.0.7"), (owner("default", "web", "u1"), 5));
+        // a leak: the Service it names is gone (or a new Service of that name: another uid)
+        claims.insert(ip("10.96.0.9"), (owner("default", "old", "u0"), 6));
+        claims.insert(Item::Port(30002), (owner("default", "web", "u-previous"), 7));
+        let RepairPlan { missing, release, leaked, conflicts } = plan_repair(&claims, &services, &HashSet::new());
+        assert_eq!(missing, vec![(Item::Port(30001), owner("default", "web", "u1"))]);
+        assert!(release.is_empty(), "never on the first sighting: the create may be in flight");
+        assert_eq!(leaked.len(), 2);
+        assert!(conflicts.is_empty());
+        let RepairPlan { release, leaked: leaked2, .. } = plan_repair(&claims, &services, &leaked);
+        assert_eq!(release, vec![(ip("10.96.0.9"), 6), (Item::Port(30002), 7)]);
+        assert!(leaked2.is_empty());
+        // re-created in between (another revision): a fresh suspicion, not a release
+        claims.insert(ip("10.96.0.9"), (owner("default", "new", "u3"), 9));
+        let RepairPlan { release, .. } = plan_repair(&claims, &services, &leaked);
+        assert_eq!(release, vec![(Item::Port(30002), 7)]);
+    }
+
+    #[test]
+    fn repair_reports_an_item_two_services_hold() {
+        let services = vec![svc("a", "x", "u1", "10.96.0.7", &[]), svc("b", "y", "u2", "10.96.0.7", &[])];
+        let RepairPlan { missing, conflicts, .. } = plan_repair(&BTreeMap::new(), &services, &HashSet::new());
+        assert_eq!(missing.len(), 1);
+        assert_eq!(conflicts, vec![ip("10.96.0.7")]);
+    }
+}
