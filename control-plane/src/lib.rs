@@ -8,6 +8,7 @@ pub mod controllers;
 pub mod discovery;
 pub mod error;
 pub mod job_status;
+pub mod leader_election;
 pub mod pki;
 pub mod protobuf;
 pub mod proxy;

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use ferro_control_plane::config::{start, Config};
-use ferro_control_plane::pki;
+use ferro_control_plane::controllers::manager;
+use ferro_control_plane::{leader_election, pki};
 
 #[derive(Parser, Debug)]
 #[command(name = "ferro-control-plane", version, about = "A compact Kubernetes API server with an embedded store")]
@@ -89,7 +90,82 @@ struct Cli {
     /// started then).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// Run the loops only while this replica holds the leader Lease (upstream's default: true).
+    /// It takes effect where another replica can exist: with --etcd-servers or --kubeconfig; the
+    /// embedded store admits one server, which runs the loops at once.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// How long a candidate waits after the leader's last renewal before taking over.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    leader_elect_lease_duration: std::time::Duration,
+    /// How long the leader tries to renew before it stops leading (and exits).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    leader_elect_renew_deadline: std::time::Duration,
+    /// How often candidates try to acquire and the leader renews.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    leader_elect_retry_period: std::time::Duration,
+    /// The Lease all of ferro's loops share (scheduler and controllers run together).
+    #[arg(long, default_value = "ferro-control-plane")]
+    leader_elect_resource_name: String,
+    #[arg(long, default_value = "kube-system")]
+    leader_elect_resource_namespace: String,
 }
+
+impl Cli {
+    /// The election settings, when leader election applies.
+    fn election(&self) -> anyhow::Result<Option<leader_election::Config>> {
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        if self.etcd_servers.is_empty() && self.kubeconfig.is_none() {
+            tracing::info!("leader election skipped: the embedded store admits one server");
+            return Ok(None);
+        }
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let hostname = if hostname.trim().is_empty() { "localhost" } else { hostname.trim() };
+        // upstream's identity: the host name and a fresh uuid, unique per process
+        let identity = format!("{hostname}_{}", uuid::Uuid::new_v4());
+        let cfg = leader_election::Config {
+            lease_duration: self.leader_elect_lease_duration,
+            renew_deadline: self.leader_elect_renew_deadline,
+            retry_period: self.leader_elect_retry_period,
+            ..leader_election::Config::new(&self.leader_elect_resource_namespace, &self.leader_elect_resource_name, identity)
+        };
+        cfg.validate()?;
+        Ok(Some(cfg))
+    }
+}
+
+/// Runs the loops (under leader election when `election` is set) until a signal, or until
+/// leadership is lost (an error: the process exits non-zero and its supervisor restarts it).
+async fn run_loops(
+    client: kube::Client,
+    copts: &manager::Options,
+    election: Option<leader_election::Config>,
+    explain: Option<&ExplainSlot>,
+) -> anyhow::Result<()> {
+    let start = || {
+        let loops = manager::start(client.clone(), copts);
+        if let Some(slot) = explain {
+            let _already_set = slot.set(loops.explain());
+        }
+        loops
+    };
+    match election {
+        None => {
+            let _loops = start();
+            wait_for_signal().await
+        }
+        Some(cfg) => {
+            tokio::select! {
+                lost = leader_election::run(client.clone(), &cfg, start) => Err(lost.into()),
+                signal = wait_for_signal() => signal,
+            }
+        }
+    }
+}
+
+type ExplainSlot = std::sync::OnceLock<std::sync::Arc<ferro_control_plane::controllers::explain::Registry>>;
 
 /// A Go duration ("40s", "5m", "1h30m", "500ms"; the shared implementation) or, as ferro's
 /// flags have always taken, a plain number of seconds.
@@ -138,6 +214,7 @@ fn main() -> anyhow::Result<()> {
         print!("{}", pki::kubeconfig(server, &ca.cert_pem, user, pki::Credentials::Cert { cert_pem: &cert, key_pem: &key }));
         return Ok(());
     }
+    let election = cli.election()?;
     let cfg = Config {
         data_dir: cli.data_dir,
         bind_addresses: cli.bind_address,
@@ -182,23 +259,19 @@ fn main() -> anyhow::Result<()> {
     if let Some(path) = &cli.kubeconfig {
         return rt.block_on(async {
             let client = kube_client(path).await?;
-            let _loops = ferro_control_plane::controllers::manager::start(client, &copts);
-            wait_for_signal().await?;
+            run_loops(client, &copts, election, None).await?;
             tracing::info!("shutting down");
             anyhow::Ok(())
         });
     }
     rt.block_on(async {
         let running = start(&cfg).await?;
-        let _loops = if copts.controllers.iter().any(|c| !c.is_empty()) {
+        if copts.controllers.iter().any(|c| !c.is_empty()) {
             let client = kube_client(&cfg.data_dir.join("admin.kubeconfig")).await?;
-            let loops = ferro_control_plane::controllers::manager::start(client, &copts);
-            let _ = running.explain.set(loops.explain());
-            Some(loops)
+            run_loops(client, &copts, election, Some(&running.explain)).await?;
         } else {
-            None
-        };
-        wait_for_signal().await?;
+            wait_for_signal().await?;
+        }
         tracing::info!("shutting down");
         running.stop();
         anyhow::Ok(())

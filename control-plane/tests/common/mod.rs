@@ -30,6 +30,20 @@ pub fn etcd_backend() -> bool {
     }
 }
 
+/// What replicas share of the data dir (docs/operations.md).
+pub const SHARED_FILES: &[&str] = &["ca.crt", "ca.key", "tokens.csv"];
+
+/// Leader election timings of test servers on etcd: a server restarted by a test waits for the
+/// lease of its previous (killed) process to expire, so these are short.
+pub const FAST_ELECTION: &[&str] = &[
+    "--leader-elect-lease-duration",
+    "4s",
+    "--leader-elect-renew-deadline",
+    "3s",
+    "--leader-elect-retry-period",
+    "500ms",
+];
+
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
@@ -46,6 +60,23 @@ impl Server {
         let extra_args = args.iter().map(|a| a.to_string()).collect();
         let etcd = etcd_backend().then(etcd::Etcd::start);
         let mut s = Server { dir, port: free_port(), extra_args, child: None, etcd };
+        s.spawn();
+        s
+    }
+
+    /// One of several replicas on a shared etcd (the etcd is the caller's). `peer`: a replica
+    /// started before, whose CA and token file this one copies into its data dir before its
+    /// first start, as docs/operations.md has operators do.
+    pub fn replica(etcd: &etcd::Etcd, peer: Option<&Server>, args: &[&str]) -> Server {
+        let dir = tempfile::Builder::new().prefix("ferro-cp-test").tempdir().unwrap();
+        if let Some(peer) = peer {
+            for f in SHARED_FILES {
+                std::fs::copy(peer.data_dir().join(f), dir.path().join(f)).unwrap();
+            }
+        }
+        let mut extra_args: Vec<String> = etcd.flags();
+        extra_args.extend(args.iter().map(|a| a.to_string()));
+        let mut s = Server { dir, port: free_port(), extra_args, child: None, etcd: None };
         s.spawn();
         s
     }
@@ -70,6 +101,7 @@ impl Server {
             .args(["--bind-address", "127.0.0.1", "--secure-port", &self.port.to_string()])
             .args(["--service-node-port-range", "30000-30100", "--watch-history", "500"])
             .args(self.etcd.iter().flat_map(|e| e.flags()))
+            .args(self.etcd.iter().flat_map(|_| FAST_ELECTION))
             .args(&self.extra_args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())

@@ -1,0 +1,186 @@
+//! Two ferro-control-plane replicas on one etcd (Debian's etcd-server on loopback): both serve
+//! the API and see each other's writes, exactly one runs the loops (the one holding the leader
+//! Lease), the other takes over after a kill -9 of the leader, and Services created at once
+//! through both get distinct ClusterIPs and NodePorts. Needs etcd installed, so these tests are
+//! in the tier scripts/test.sh runs (--include-ignored); without etcd they fail, never skip.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::etcd::Etcd;
+use common::fake::eventually;
+use common::Server;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::Api;
+use serde_json::json;
+
+/// Short timings so a takeover does not take 15 s; the rule is the same.
+const ELECTION: &[&str] = &[
+    "--leader-elect-lease-duration",
+    "6s",
+    "--leader-elect-renew-deadline",
+    "4s",
+    "--leader-elect-retry-period",
+    "1s",
+];
+const LEASE: &str = "ferro-control-plane";
+
+/// The server's log without terminal colour codes.
+fn plain_log(s: &Server) -> String {
+    let log = s.log();
+    let mut out = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The election identity a replica logged (`<hostname>_<uuid>`).
+fn identity(s: &Server) -> String {
+    let log = plain_log(s);
+    let line = log.lines().find(|l| l.contains("attempting to acquire the leader lease")).unwrap_or_else(|| panic!("no election in the log: {log}"));
+    line.split_whitespace().find_map(|w| w.strip_prefix("identity=")).unwrap().to_string()
+}
+
+async fn holder(leases: &Api<Lease>) -> Option<(String, i32)> {
+    let spec = leases.get_opt(LEASE).await.ok()??.spec?;
+    let h = spec.holder_identity.filter(|h| !h.is_empty())?;
+    Some((h, spec.lease_transitions.unwrap_or(0)))
+}
+
+fn cm(name: &str) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": "v"}})).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn two_replicas_serve_one_leads_the_loops_and_the_other_takes_over_after_kill_9() {
+    let etcd = Etcd::start();
+    let mut a = Server::replica(&etcd, None, ELECTION);
+    let mut b = Server::replica(&etcd, Some(&a), ELECTION);
+    let ca = a.client().await;
+    let cb = b.client().await;
+
+    // (a) both serve, with one CA and one token file, and see each other's writes
+    Api::<ConfigMap>::namespaced(ca.clone(), "default").create(&PostParams::default(), &cm("from-a")).await.unwrap();
+    Api::<ConfigMap>::namespaced(cb.clone(), "default").create(&PostParams::default(), &cm("from-b")).await.unwrap();
+    for (client, name) in [(&cb, "from-a"), (&ca, "from-b")] {
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+        eventually(&format!("{name} through the other replica"), || async { cms.get_opt(name).await.ok()? }).await;
+    }
+
+    // (b) exactly one replica leads: the Lease names it, its log says it started the loops, and
+    // the other found the lease held (proof that it looked) and started nothing
+    let leases: Api<Lease> = Api::namespaced(cb.clone(), "kube-system");
+    let (leader_id, _) = eventually("a leader", || holder(&leases)).await;
+    let (ia, ib) = (identity(&a), identity(&b));
+    assert_ne!(ia, ib);
+    assert!(leader_id == ia || leader_id == ib, "the lease holder {leader_id} is neither {ia} nor {ib}");
+    let a_leads = leader_id == ia;
+    let (leader, follower) = if a_leads { (&a, &b) } else { (&b, &a) };
+    eventually("the follower to find the lease held", || async {
+        plain_log(follower).contains(&format!("the leader lease is held by another replica; waiting for it to expire holder={leader_id}")).then_some(())
+    })
+    .await;
+    assert!(plain_log(leader).contains("controller loops started"), "{}", plain_log(leader));
+    assert!(!plain_log(follower).contains("controller loops started"), "{}", plain_log(follower));
+
+    // a Deployment created through B gets its ReplicaSet from whichever leads
+    let deploy = json!({
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "busybox:1"}]}}}
+    });
+    let deps_b: Api<Deployment> = Api::namespaced(cb.clone(), "default");
+    deps_b.create(&PostParams::default(), &serde_json::from_value(deploy).unwrap()).await.unwrap();
+    let rss_b: Api<ReplicaSet> = Api::namespaced(cb.clone(), "default");
+    eventually("the ReplicaSet of web", || async {
+        let rs = rss_b.list(&ListParams::default()).await.ok()?.items;
+        (rs.len() == 1 && rs[0].spec.as_ref()?.replicas == Some(2)).then_some(())
+    })
+    .await;
+
+    // (c) kill -9 of the leader: the other takes the lease, and a Deployment scaled afterwards
+    // converges with one ReplicaSet
+    let (survivor_id, survivor) = if a_leads {
+        a.kill9();
+        (ib, &b)
+    } else {
+        b.kill9();
+        (ia, &a)
+    };
+    let cs = survivor.client().await;
+    let leases: Api<Lease> = Api::namespaced(cs.clone(), "kube-system");
+    let (_, transitions) = eventually("the survivor to take the lease", || async {
+        holder(&leases).await.filter(|(h, _)| *h == survivor_id)
+    })
+    .await;
+    assert!(transitions >= 1, "a takeover counts as a transition");
+    assert!(plain_log(survivor).contains("controller loops started"));
+    let deps: Api<Deployment> = Api::namespaced(cs.clone(), "default");
+    deps.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 4}}))).await.unwrap();
+    eventually("web scaled to 4 by the new leader", || async {
+        let d = deps.get("web").await.ok()?;
+        let st = d.status?;
+        (st.observed_generation == d.metadata.generation && st.replicas == Some(4)).then_some(())
+    })
+    .await;
+    let rss: Api<ReplicaSet> = Api::namespaced(cs.clone(), "default");
+    let rs = rss.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(rs.len(), 1, "no duplicate ReplicaSet after the takeover");
+    assert_eq!(rs[0].spec.as_ref().unwrap().replicas, Some(4));
+    let pods: Api<Pod> = Api::namespaced(cs.clone(), "default");
+    assert_eq!(pods.list(&ListParams::default().labels("app=web")).await.unwrap().items.len(), 4, "no duplicate pod");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn services_created_at_once_through_two_replicas_get_distinct_ips_and_node_ports() {
+    let etcd = Etcd::start();
+    let a = Server::replica(&etcd, None, ELECTION);
+    let b = Server::replica(&etcd, Some(&a), ELECTION);
+    let clients = [a.client().await, b.client().await];
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let svcs: Api<Service> = Api::namespaced(clients[i % 2].clone(), "default");
+        tasks.push(tokio::spawn(async move {
+            let svc = json!({"metadata": {"name": format!("s{i}")}, "spec": {"type": "NodePort", "ports": [{"port": 80}]}});
+            svcs.create(&PostParams::default(), &serde_json::from_value(svc).unwrap()).await.unwrap()
+        }));
+    }
+    let mut ips = BTreeSet::new();
+    let mut ports = BTreeSet::new();
+    for t in tasks {
+        let svc = t.await.unwrap();
+        let spec = svc.spec.unwrap();
+        ips.insert(spec.cluster_ip.unwrap());
+        ports.insert(spec.ports.unwrap()[0].node_port.unwrap());
+    }
+    assert_eq!((ips.len(), ports.len()), (50, 50), "distinct addresses and ports");
+    // each one is claimed in etcd once (plus the `kubernetes` Service's address)
+    let keys = |prefix: &str| etcd.ok(&["get", "--prefix", "--keys-only", prefix]).lines().filter(|l| !l.is_empty()).count();
+    assert_eq!(keys("/registry/ipaddresses/"), 51);
+    assert_eq!(keys("/registry/servicenodeports/"), 50);
+
+    // deleting them gives everything back
+    let svcs: Api<Service> = Api::namespaced(clients[1].clone(), "default");
+    for i in 0..50 {
+        svcs.delete(&format!("s{i}"), &DeleteParams::default()).await.unwrap();
+    }
+    assert_eq!(keys("/registry/ipaddresses/"), 1);
+    assert_eq!(keys("/registry/servicenodeports/"), 0);
+}
