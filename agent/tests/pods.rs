@@ -58,6 +58,21 @@ fn pods_run_network_init_and_status() {
     let cs = container_status(&web, "web").unwrap();
     assert!(cs["containerID"].as_str().unwrap().starts_with("containerd://"), "{cs}");
     assert_eq!(cs["ready"], true);
+    // The ServiceAccount admission gave the pod its kube-api-access volume; the agent filled
+    // it: a token bound to the pod (from TokenRequest), the cluster CA and the namespace.
+    let sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount";
+    assert_eq!(lab.kubectl_ok(&["exec", "web", "--", "cat", &format!("{sa_dir}/namespace")]), "default");
+    let ca = lab.kubectl_ok(&["exec", "web", "--", "cat", &format!("{sa_dir}/ca.crt")]);
+    let published = lab.kubectl_ok(&["get", "configmap", "kube-root-ca.crt", "-o", "jsonpath={.data.ca\\.crt}"]);
+    assert!(ca.starts_with("-----BEGIN CERTIFICATE-----") && ca == published, "{ca}");
+    let token = lab.kubectl_ok(&["exec", "web", "--", "cat", &format!("{sa_dir}/token")]);
+    let review = serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}});
+    let out = lab.kubectl_stdin(&["create", "--validate=false", "-f", "-", "-o", "json"], &review.to_string());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status = &serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["status"];
+    assert_eq!(status["user"]["username"], "system:serviceaccount:default:default", "{status}");
+    assert_eq!(status["user"]["extra"]["authentication.kubernetes.io/pod-name"], serde_json::json!(["web"]), "{status}");
+    assert_eq!(status["user"]["extra"]["authentication.kubernetes.io/node-name"], serde_json::json!([NODE]), "{status}");
     assert_eq!(cs["started"], true);
     assert_eq!(cs["restartCount"], 0);
     assert!(cs["state"]["running"]["startedAt"].is_string(), "{cs}");

@@ -40,6 +40,7 @@ const EXTRA_ROOTS: &[(&str, &str, &str)] = &[
     ("v1", "Binding", "io.k8s.api.core.v1.Binding"),
     ("policy/v1", "Eviction", "io.k8s.api.policy.v1.Eviction"),
     ("autoscaling/v1", "Scale", "io.k8s.api.autoscaling.v1.Scale"),
+    ("authentication.k8s.io/v1", "TokenRequest", "io.k8s.api.authentication.v1.TokenRequest"),
     ("*", "DeleteOptions", "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions"),
 ];
 
@@ -97,7 +98,7 @@ struct PbField {
 
 /// OpenAPI definitions of every type reachable from the request-body kinds.
 fn openapi_definitions() -> serde_json::Map<String, serde_json::Value> {
-    use k8s_openapi::api::{apps, autoscaling, batch, coordination, core, discovery, policy, storage};
+    use k8s_openapi::api::{apps, authentication, autoscaling, batch, coordination, core, discovery, policy, storage};
     use k8s_openapi::apimachinery::pkg::apis::meta;
     let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
     macro_rules! add {
@@ -112,7 +113,7 @@ fn openapi_definitions() -> serde_json::Map<String, serde_json::Value> {
         apps::v1::Deployment, apps::v1::ReplicaSet, apps::v1::DaemonSet, apps::v1::StatefulSet,
         apps::v1::ControllerRevision, batch::v1::Job, batch::v1::CronJob, policy::v1::PodDisruptionBudget,
         autoscaling::v1::Scale,
-        policy::v1::Eviction, meta::v1::DeleteOptions,
+        policy::v1::Eviction, meta::v1::DeleteOptions, authentication::v1::TokenRequest,
     );
     generator.take_definitions(true)
 }

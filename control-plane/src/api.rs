@@ -635,6 +635,9 @@ impl Api {
         if res.plural == "persistentvolumeclaims" {
             self.default_storage_class(&mut obj).await?;
         }
+        if res.plural == "pods" && !dry_run {
+            crate::sa_admission::admit_pod(self, ns.unwrap_or("default"), &name, &mut obj).await?;
+        }
         let errs = strategy::validate(res, &obj);
         if !errs.is_empty() {
             return Err(ApiError::invalid(res.kind, res.group, &name, &errs));

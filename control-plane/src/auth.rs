@@ -225,6 +225,18 @@ pub fn authorize(user: &User, a: &Attributes<'_>, graph: &dyn NodeGraph, body: O
                 _ => deny(String::new()),
             }
         }
+        // Tokens for the service accounts of pods bound to this node, bound to those pods
+        // (upstream's Node authorizer and NodeRestriction).
+        ("", "serviceaccounts", "token") => {
+            let b = body.cloned().unwrap_or(Value::Null);
+            let kind = b.pointer("/spec/boundObjectRef/kind").and_then(Value::as_str);
+            let pod = b.pointer("/spec/boundObjectRef/name").and_then(Value::as_str).unwrap_or("");
+            if a.verb == "create" && kind == Some("Pod") && graph.pod_node(a.namespace, pod).as_deref() == Some(node) {
+                Ok(())
+            } else {
+                deny(format!("node \"{node}\" can only create tokens bound to pods bound to it"))
+            }
+        }
         ("", "events", _) | ("events.k8s.io", "events", _) => {
             if matches!(a.verb, "create" | "update" | "patch") || read {
                 Ok(())

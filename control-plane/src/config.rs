@@ -217,8 +217,12 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
     // TLS: client certificates are optional; requests without one need a bearer token.
     let tls = tls_config(&ca.cert_pem, &serving_cert, &serving_key)?;
     let explain: Arc<std::sync::OnceLock<_>> = Arc::default();
+    let sa_key = crate::sa_token::SigningKey::load_or_create(dir, crate::sa_token::DEFAULT_ISSUER)
+        .map_err(|e| StartError::Internal(e.to_string()))?;
     let state = Arc::new(ServerState {
         api: api.clone(),
+        sa_key: Some(Arc::new(sa_key)),
+        api_audiences: vec![crate::sa_token::DEFAULT_ISSUER.to_string()],
         explain: explain.clone(),
         tokens,
         kubelet: Some(kubelet),

@@ -37,6 +37,7 @@ fn resource_entries(r: &Resource) -> Vec<Value> {
             Sub::Attach => ("PodAttachOptions", None, None, &["create", "get"]),
             Sub::PortForward => ("PodPortForwardOptions", None, None, &["create", "get"]),
             Sub::Finalize => (r.kind, None, None, &["update"]),
+            Sub::Token => ("TokenRequest", Some("authentication.k8s.io"), Some("v1"), &["create"]),
         };
         let mut e = json!({
             "name": format!("{}/{}", r.plural, s.name()),
@@ -54,18 +55,38 @@ fn resource_entries(r: &Resource) -> Vec<Value> {
     out
 }
 
+/// The review APIs (served without storage, create only): group, version, plural, kind.
+const REVIEWS: &[(&str, &str, &str, &str)] = &[
+    ("authentication.k8s.io", "v1", "tokenreviews", "TokenReview"),
+    ("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview"),
+];
+
+/// Every served group version: the stored resources' and the review APIs'.
+fn group_versions() -> Vec<(&'static str, &'static str)> {
+    let mut out = resources::group_versions();
+    for (g, v, ..) in REVIEWS {
+        if !out.contains(&(*g, *v)) {
+            out.push((*g, *v));
+        }
+    }
+    out
+}
+
 fn resource_list(group: &str, version: &str) -> Value {
     let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-    let resources: Vec<Value> = RESOURCES
+    let mut resources: Vec<Value> = RESOURCES
         .iter()
         .filter(|r| r.group == group && r.version == version)
         .flat_map(resource_entries)
         .collect();
+    for (_, _, plural, kind) in REVIEWS.iter().filter(|(g, v, ..)| *g == group && *v == version) {
+        resources.push(json!({"name": plural, "singularName": "", "namespaced": false, "kind": kind, "verbs": ["create"]}));
+    }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
 }
 
 fn group_doc(group: &str) -> Value {
-    let versions: Vec<Value> = resources::group_versions()
+    let versions: Vec<Value> = group_versions()
         .into_iter()
         .filter(|(g, _)| *g == group)
         .map(|(g, v)| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
@@ -86,7 +107,7 @@ pub fn serve(path: &str) -> Result<Option<Response<Body>>, ApiError> {
         "/api/v1" => resource_list("", "v1"),
         "/apis" => {
             let mut groups: Vec<&str> = Vec::new();
-            for (g, _) in resources::group_versions() {
+            for (g, _) in group_versions() {
                 if !g.is_empty() && !groups.contains(&g) {
                     groups.push(g);
                 }
@@ -111,8 +132,8 @@ pub fn serve(path: &str) -> Result<Option<Response<Body>>, ApiError> {
         p if p.starts_with("/apis/") => {
             let rest: Vec<&str> = p["/apis/".len()..].split('/').collect();
             match rest.as_slice() {
-                [g] if resources::group_versions().iter().any(|(x, _)| x == g) => group_doc(g),
-                [g, v] if resources::group_versions().contains(&(g, v)) => resource_list(g, v),
+                [g] if group_versions().iter().any(|(x, _)| x == g) => group_doc(g),
+                [g, v] if group_versions().contains(&(g, v)) => resource_list(g, v),
                 [_] | [_, _] => return Err(ApiError::no_route()),
                 _ => return Ok(None),
             }

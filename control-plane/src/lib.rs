@@ -13,6 +13,8 @@ pub mod pki;
 pub mod protobuf;
 pub mod proxy;
 pub mod resources;
+pub mod sa_admission;
+pub mod sa_token;
 pub mod selector;
 pub mod server;
 pub mod service_alloc;

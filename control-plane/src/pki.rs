@@ -28,6 +28,11 @@ pub enum PkiError {
     BadSan(String),
 }
 
+/// Writes a private file (mode 0600) atomically.
+pub fn write_secret(path: &Path, data: &[u8]) -> Result<(), PkiError> {
+    write_file(path, data, true)
+}
+
 fn write_file(path: &Path, data: &[u8], private: bool) -> Result<(), PkiError> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;

@@ -16,6 +16,8 @@ pub enum Sub {
     Attach,
     PortForward,
     Finalize,
+    /// serviceaccounts/token: the TokenRequest API.
+    Token,
 }
 
 impl Sub {
@@ -30,6 +32,7 @@ impl Sub {
             Sub::Attach => "attach",
             Sub::PortForward => "portforward",
             Sub::Finalize => "finalize",
+            Sub::Token => "token",
         }
     }
 }
@@ -135,7 +138,7 @@ pub static RESOURCES: &[Resource] = &[
     res!("", "v1", "Secret", "secrets", "secret", true, core::v1::Secret,
         short: [], cat: [], sub: [], gen: false),
     res!("", "v1", "ServiceAccount", "serviceaccounts", "serviceaccount", true, core::v1::ServiceAccount,
-        short: ["sa"], cat: [], sub: [], gen: false),
+        short: ["sa"], cat: [], sub: [Token], gen: false),
     res!("", "v1", "Event", "events", "event", true, core::v1::Event,
         short: ["ev"], cat: [], sub: [], gen: false),
     res!("", "v1", "PersistentVolume", "persistentvolumes", "persistentvolume", false, core::v1::PersistentVolume,

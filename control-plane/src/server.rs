@@ -34,6 +34,11 @@ pub struct ServerState {
     /// requests get 429 with Retry-After (long-running watches and proxies are not counted).
     pub readonly_inflight: Arc<tokio::sync::Semaphore>,
     pub mutating_inflight: Arc<tokio::sync::Semaphore>,
+    /// Signs and verifies service account tokens (None: no TokenRequest, no such tokens).
+    pub sa_key: Option<Arc<crate::sa_token::SigningKey>>,
+    /// The audiences the API server accepts in service account tokens (upstream's
+    /// --api-audiences, by default the issuer).
+    pub api_audiences: Vec<String>,
     /// The explainers of the loops running in this process, once they started.
     pub explain: Arc<std::sync::OnceLock<Arc<crate::controllers::explain::Registry>>>,
 }
@@ -381,12 +386,47 @@ async fn serve_review(
     let (parts, body) = read_body(req).await?;
     let obj = decode_body(&content_type(&parts), &body)?;
     Api::check_type(&obj, kind, &format!("{group}/{version}"))?;
+    if review == auth::Review::Token {
+        if let Some(answer) = service_account_token_review(state, &obj).await {
+            return Ok(json_response(201, &answer));
+        }
+    }
     let answer = match review {
         auth::Review::Token => auth::token_review(&state.tokens, &obj),
         auth::Review::SubjectAccess => auth::subject_access_review(&obj, &Graph(&state.api)),
     }
     .map_err(|why| ApiError::new(422, "Invalid", format!("{kind}.{group} \"\" is invalid: {why}")))?;
     Ok(json_response(201, &answer))
+}
+
+/// A TokenReview of a service account token: the token's user when it is valid for one of the
+/// review's audiences (the API server's when none are given), with the audiences it matched;
+/// None for a token that does not look like one (the static tokens are asked then).
+async fn service_account_token_review(state: &ServerState, review: &Value) -> Option<Value> {
+    let token = review.pointer("/spec/token").and_then(Value::as_str)?;
+    let key = state.sa_key.as_ref()?;
+    if token.matches('.').count() != 2 {
+        return None;
+    }
+    let wanted: Vec<String> = review
+        .pointer("/spec/audiences")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+        .filter(|a: &Vec<String>| !a.is_empty())
+        .unwrap_or_else(|| state.api_audiences.clone());
+    let mut out = review.clone();
+    match crate::subresources::authenticate_service_account(&state.api, key, &wanted, token).await {
+        Some((user, claims)) => {
+            let matched: Vec<&String> = claims.aud.iter().filter(|a| wanted.contains(a)).collect();
+            out["status"] = json!({
+                "authenticated": true,
+                "user": {"username": user.name, "uid": claims.kubernetes.serviceaccount.uid, "groups": user.groups, "extra": claims.extra()},
+                "audiences": matched,
+            });
+        }
+        None => out["status"] = json!({"user": {}, "error": "[invalid bearer token, service account token is not valid]"}),
+    }
+    Some(out)
 }
 
 /// Entry point for one request.
@@ -422,12 +462,13 @@ async fn serve_explain(state: &ServerState, user: &User, path: &str, rest: &str,
     let Some((name, key)) = target else {
         return Ok(json_response(200, &registry.index()));
     };
-    let e = registry.explain(&name, key).await.map_err(|e| match e {
-        ExplainError::BadPath => ApiError::bad_request(e.to_string()),
+    let q = query(req);
+    let e = registry.explain(&name, key, q.get("kind").cloned()).await.map_err(|e| match e {
+        ExplainError::BadPath | ExplainError::BadRequest(_) => ApiError::bad_request(e.to_string()),
         ExplainError::NotFound { resource, name } => ApiError::not_found(&resource, &name),
         _ => ApiError::new(404, "NotFound", e.to_string()),
     })?;
-    if query(req).get("format").map(String::as_str) == Some("text") {
+    if q.get("format").map(String::as_str) == Some("text") {
         return Ok(Response::builder()
             .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
             .body(full(e.to_text()))
@@ -453,9 +494,32 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
         Some(u) => u,
         None => {
             let authz = req.headers().get(header::AUTHORIZATION).and_then(|a| a.to_str().ok()).unwrap_or("");
-            state.tokens.authenticate(authz).ok_or_else(ApiError::unauthorized)?
+            match state.tokens.authenticate(authz) {
+                Some(u) => u,
+                None => {
+                    let token = authz.strip_prefix("Bearer ").map(str::trim).unwrap_or_default();
+                    let key = state.sa_key.as_ref().ok_or_else(ApiError::unauthorized)?;
+                    crate::subresources::authenticate_service_account(&state.api, key, &state.api_audiences, token)
+                        .await
+                        .map(|(u, _)| u)
+                        .ok_or_else(ApiError::unauthorized)?
+                }
+            }
         }
     };
+    // OIDC discovery of the service account issuer: any authenticated user (upstream binds
+    // system:service-account-issuer-discovery to service accounts; ferro has no RBAC yet).
+    if let Some(key) = state.sa_key.as_ref() {
+        match path.as_str() {
+            "/.well-known/openid-configuration" => return Ok(json_response(200, &key.openid_configuration())),
+            "/openid/v1/jwks" => {
+                let mut resp = json_response(200, &key.jwks());
+                resp.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/jwk-set+json"));
+                return Ok(resp);
+            }
+            _ => {}
+        }
+    }
     if let Some(review) = auth::Review::of_path(&path) {
         return serve_review(state, &user, review, req).await;
     }
@@ -591,6 +655,10 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
         (Some(Sub::Scale), v) => crate::subresources::scale(api, res, ns, name, v, &ct, body.as_deref()).await?,
         (Some(Sub::Binding), "create") => {
             crate::subresources::bind(api, ns, name, body_value.unwrap_or(Value::Null)).await?
+        }
+        (Some(Sub::Token), "create") => {
+            let key = state.sa_key.as_ref().ok_or_else(|| ApiError::service_unavailable("no service account signing key"))?;
+            crate::subresources::create_token(api, key, &state.api_audiences, ns.unwrap_or("default"), name, body_value.unwrap_or(Value::Null)).await?
         }
         (Some(Sub::Eviction), "create") => {
             crate::subresources::evict(api, ns, name, body_value.unwrap_or(Value::Null)).await?

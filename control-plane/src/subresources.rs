@@ -290,6 +290,173 @@ pub async fn evict(api: &Api, ns: Option<&str>, name: &str, body: Value) -> Resu
     Ok(json_response(201, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})))
 }
 
+/// `serviceaccounts/<name>/token` (the TokenRequest API): a token signed for the service
+/// account, for the requested audiences (default: the API server's) and time (default 1 h, at
+/// least 10 min), bound when asked to a Pod (with its Node), a Secret or a Node that must exist
+/// with the uid given.
+pub async fn create_token(
+    api: &Api,
+    key: &crate::sa_token::SigningKey,
+    api_audiences: &[String],
+    ns: &str,
+    name: &str,
+    body: Value,
+) -> Result<Response<Body>, ApiError> {
+    use crate::sa_token::{self as sat, Claims, KubernetesClaim, Ref};
+    use crate::validation::FieldError;
+    let find = |g: &str, v: &str, r: &str| resources::find(g, v, r).ok_or_else(|| ApiError::internal(format!("no {r} resource")));
+    let (sas, pods, secrets, nodes) = (find("", "v1", "serviceaccounts")?, find("", "v1", "pods")?, find("", "v1", "secrets")?, find("", "v1", "nodes")?);
+    let sa = api.get(sas, Some(ns), name).await?.json()?;
+    let spec = body.get("spec").cloned().unwrap_or_else(|| json!({}));
+    let expiration = spec.get("expirationSeconds").and_then(Value::as_i64).unwrap_or(sat::DEFAULT_EXPIRATION_SECONDS);
+    let mut errs = Vec::new();
+    if expiration < sat::MIN_EXPIRATION_SECONDS {
+        errs.push(FieldError::invalid("spec.expirationSeconds", expiration, "may not specify a duration less than 10 minutes"));
+    }
+    if expiration > 1 << 32 {
+        errs.push(FieldError::invalid("spec.expirationSeconds", expiration, "may not specify a duration larger than 2^32 seconds"));
+    }
+    let mut audiences: Vec<String> =
+        spec.get("audiences").and_then(Value::as_array).into_iter().flatten().filter_map(|a| a.as_str().map(str::to_string)).collect();
+    if audiences.is_empty() {
+        audiences = api_audiences.to_vec();
+    }
+    let bound = spec.get("boundObjectRef").filter(|b| !b.is_null());
+    let mut claim = KubernetesClaim {
+        namespace: ns.to_string(),
+        serviceaccount: Ref { name: name.to_string(), uid: sa.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default().to_string() },
+        ..KubernetesClaim::default()
+    };
+    if let Some(b) = bound {
+        let kind = b.get("kind").and_then(Value::as_str).unwrap_or_default();
+        let api_version = b.get("apiVersion").and_then(Value::as_str).unwrap_or("v1");
+        let bname = b.get("name").and_then(Value::as_str).unwrap_or_default();
+        let buid = b.get("uid").and_then(Value::as_str).unwrap_or_default();
+        if api_version != "v1" || !matches!(kind, "Pod" | "Secret" | "Node") {
+            errs.push(FieldError::not_supported("spec.boundObjectRef.kind", kind, &["Pod", "Node", "Secret"]));
+        }
+        if !errs.is_empty() {
+            return Err(ApiError::invalid("TokenRequest", "authentication.k8s.io", name, &errs));
+        }
+        let res = match kind {
+            "Pod" => pods,
+            "Secret" => secrets,
+            _ => nodes,
+        };
+        let obj = api.get(res, if kind == "Node" { None } else { Some(ns) }, bname).await?.json()?;
+        let uid = obj.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default().to_string();
+        if !buid.is_empty() && buid != uid {
+            return Err(ApiError::conflict(
+                res.plural,
+                bname,
+                &format!(
+                    "the UID in the bound object reference ({buid}) does not match the UID in record. The object might have been deleted and then recreated"
+                ),
+            ));
+        }
+        let r = Ref { name: bname.to_string(), uid };
+        match kind {
+            "Pod" => {
+                let pod_sa = obj.pointer("/spec/serviceAccountName").and_then(Value::as_str).unwrap_or("default");
+                if pod_sa != name {
+                    return Err(ApiError::bad_request(format!(
+                        "cannot bind token for serviceaccount {name:?} to pod running with different serviceaccount name."
+                    )));
+                }
+                if let Some(node) = obj.pointer("/spec/nodeName").and_then(Value::as_str).filter(|n| !n.is_empty()) {
+                    let node_uid = match api.get(nodes, None, node).await {
+                        Ok(n) => n.json()?.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default().to_string(),
+                        Err(_) => String::new(),
+                    };
+                    claim.node = Some(Ref { name: node.to_string(), uid: node_uid });
+                }
+                claim.pod = Some(r);
+            }
+            "Secret" => claim.secret = Some(r),
+            _ => claim.node = Some(r),
+        }
+    }
+    if !errs.is_empty() {
+        return Err(ApiError::invalid("TokenRequest", "authentication.k8s.io", name, &errs));
+    }
+    let now = jiff::Timestamp::now().as_second();
+    let claims = Claims {
+        iss: key.issuer.clone(),
+        sub: format!("system:serviceaccount:{ns}:{name}"),
+        aud: audiences.clone(),
+        exp: now + expiration,
+        iat: now,
+        nbf: now,
+        jti: sat::new_jti(),
+        kubernetes: claim,
+    };
+    let token = key.sign(&claims).map_err(|e| ApiError::internal(e.to_string()))?;
+    let expires = jiff::Timestamp::from_second(claims.exp).map(|t| t.to_string()).unwrap_or_default();
+    let created = jiff::Timestamp::from_second(now).map(|t| t.to_string()).unwrap_or_default();
+    let mut out_spec = spec.clone();
+    out_spec["audiences"] = json!(audiences);
+    out_spec["expirationSeconds"] = json!(expiration);
+    let out = json!({
+        "kind": "TokenRequest",
+        "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {"name": name, "namespace": ns, "creationTimestamp": created},
+        "spec": out_spec,
+        "status": {"token": token, "expirationTimestamp": expires},
+    });
+    Ok(json_response(201, &out))
+}
+
+/// The user a service account token names, once its signature, time and audience hold and the
+/// service account and the object it is bound to still exist with the uids it names
+/// (upstream's ServiceAccount token authenticator). None for anything else.
+pub async fn authenticate_service_account(
+    api: &Api,
+    key: &crate::sa_token::SigningKey,
+    audiences: &[String],
+    token: &str,
+) -> Option<(crate::auth::User, crate::sa_token::Claims)> {
+    if token.matches('.').count() != 2 {
+        return None;
+    }
+    let claims = match key.verify(token, jiff::Timestamp::now().as_second(), audiences) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(error = %e, "service account token refused");
+            return None;
+        }
+    };
+    let k = &claims.kubernetes;
+    let alive = |v: &Value, uid: &str| {
+        v.pointer("/metadata/uid").and_then(Value::as_str) == Some(uid) && v.pointer("/metadata/deletionTimestamp").is_none()
+    };
+    let get = |r: &str, ns: Option<&str>, name: &str| {
+        let res = resources::find("", "v1", r);
+        let (name, ns) = (name.to_string(), ns.map(str::to_string));
+        async move { api.get(res?, ns.as_deref(), &name).await.ok()?.json().ok() }
+    };
+    let sa = get("serviceaccounts", Some(&k.namespace), &k.serviceaccount.name).await?;
+    if !alive(&sa, &k.serviceaccount.uid) {
+        return None;
+    }
+    if let Some(p) = &k.pod {
+        let pod = get("pods", Some(&k.namespace), &p.name).await?;
+        if pod.pointer("/metadata/uid").and_then(Value::as_str) != Some(p.uid.as_str()) {
+            return None;
+        }
+    }
+    if let Some(s) = &k.secret {
+        if !alive(&get("secrets", Some(&k.namespace), &s.name).await?, &s.uid) {
+            return None;
+        }
+    }
+    if let (Some(n), None) = (&k.node, &k.pod) {
+        if !alive(&get("nodes", None, &n.name).await?, &n.uid) {
+            return None;
+        }
+    }
+    Some((crate::auth::User { name: claims.username(), groups: claims.groups() }, claims))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -344,3 +511,4 @@ mod tests {
         );
     }
 }
+

@@ -40,9 +40,12 @@ async fn raw(client: &kube::Client, method: &str, path: &str, ct: &str, body: Ve
     (status, serde_json::from_slice(&bytes).unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into())))
 }
 
+/// These tests count the objects of the `default` namespace: no `kube-root-ca.crt` there.
+const WITHOUT_ROOT_CA: &[&str] = &["--controllers=*,-root-ca-cert-publisher"];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_paginate_select_and_conflict() {
-    let s = Server::start();
+    let s = Server::start_with(WITHOUT_ROOT_CA);
     let client = s.client().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for i in 0..25 {
@@ -98,7 +101,7 @@ async fn list_paginate_select_and_conflict() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_resumes_across_a_restart_and_410_when_compacted() {
-    let mut s = Server::start();
+    let mut s = Server::start_with(WITHOUT_ROOT_CA);
     let client = s.client().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let first = cms.create(&PostParams::default(), &cm("w0", "a")).await.unwrap();
@@ -147,7 +150,7 @@ async fn watch_resumes_across_a_restart_and_410_when_compacted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_with_selector_sees_objects_enter_and_leave() {
-    let s = Server::start();
+    let s = Server::start_with(WITHOUT_ROOT_CA);
     let client = s.client().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let created = cms.create(&PostParams::default(), &cm("sel", "no")).await.unwrap();
@@ -164,7 +167,7 @@ async fn watch_with_selector_sees_objects_enter_and_leave() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_list_from_an_older_version_sends_the_current_state_first() {
-    let s = Server::start();
+    let s = Server::start_with(WITHOUT_ROOT_CA);
     let client = s.client().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let first = cms.create(&PostParams::default(), &cm("stream-a", "x")).await.unwrap();
@@ -198,7 +201,7 @@ async fn streaming_list_from_an_older_version_sends_the_current_state_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_credentials_are_limited_to_their_node() {
-    let s = Server::start();
+    let s = Server::start_with(WITHOUT_ROOT_CA);
     let admin = s.client().await;
     let nodes: Api<Node> = Api::all(admin.clone());
     for n in ["n1", "n2"] {
@@ -253,7 +256,7 @@ async fn node_credentials_are_limited_to_their_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_the_right_status_and_stores_nothing() {
-    let s = Server::start();
+    let s = Server::start_with(WITHOUT_ROOT_CA);
     let c = s.client().await;
     let base = "/api/v1/namespaces/default/configmaps";
     // (what, method, content type, body, expected code, expected reason)
@@ -316,7 +319,7 @@ async fn bad_input_gets_the_right_status_and_stores_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_kill_9() {
-    let mut s = Server::start();
+    let mut s = Server::start_with(WITHOUT_ROOT_CA);
     let client = s.client().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let acked = Arc::new(std::sync::Mutex::new(Vec::<(String, String)>::new()));
@@ -393,7 +396,7 @@ async fn requests_beyond_the_inflight_limit_get_429() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_without_a_class_gets_the_newest_default_class() {
-    let s = common::Server::start();
+    let s = common::Server::start_with(WITHOUT_ROOT_CA);
     let claim = |name: &str, class: &str| {
         format!("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {name}\nspec:\n{class}  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 1Gi\n")
     };
@@ -429,7 +432,7 @@ async fn a_claim_without_a_class_gets_the_newest_default_class() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_grow_only_when_bound_and_their_class_allows_it() {
-    let s = common::Server::start();
+    let s = common::Server::start_with(WITHOUT_ROOT_CA);
     let sc = |name: &str, expand: bool| {
         format!("apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: {name}\nprovisioner: loop.csi.ferro.dev\nallowVolumeExpansion: {expand}\n")
     };

@@ -390,3 +390,39 @@ spec:
     assert_eq!(e["wants"]["phase"], "gone");
     s.ok(&["patch", "configmap", "left", "-n", "gone", "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_garbage_collector_explains_an_object_of_any_kind() {
+    let s = Server::start();
+    s.ok(&["create", "configmap", "parent"]);
+    let uid = s.ok(&["get", "configmap", "parent", "-o", "jsonpath={.metadata.uid}"]);
+    s.apply(&format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: child\n  ownerReferences: [{{apiVersion: v1, kind: ConfigMap, name: parent, uid: {}}}]\n",
+        uid.trim()
+    ));
+    let e = eventually("the child in the graph", || async {
+        let out = raw(&s, "/debug/controllers/garbagecollector/default/child?kind=ConfigMap").ok()?;
+        let e: Value = serde_json::from_str(&out).ok()?;
+        (e["observed"]["owners"][0]["inGraph"] == true).then_some(e)
+    })
+    .await;
+    assert_eq!(e["object"]["kind"], "ConfigMap");
+    assert_eq!(strings(&e["waiting"]), ["nothing to do: its owners exist (ConfigMap parent)"]);
+    let e = explain(&s, "garbagecollector/default/parent?kind=ConfigMap");
+    assert_eq!(e["observed"]["dependents"], json!(["ConfigMap child"]));
+    assert_eq!(strings(&e["waiting"]), ["nothing to do: it has no owners"]);
+    // the kind is needed, and must be served
+    let err = raw(&s, "/debug/controllers/garbagecollector/default/child").unwrap_err();
+    assert!(err.contains("(BadRequest)") && err.contains("name one with ?kind=<Kind>"), "{err}");
+    let err = raw(&s, "/debug/controllers/garbagecollector/default/child?kind=Widget").unwrap_err();
+    assert!(err.contains("no served kind \"Widget\""), "{err}");
+    // deleting the parent in the foreground: the parent waits for its child
+    s.ok(&["patch", "configmap", "child", "--type=merge", "-p", r#"{"metadata":{"finalizers":["example.com/hold"]}}"#]);
+    s.ok(&["delete", "configmap", "parent", "--cascade=foreground", "--wait=false"]);
+    eventually("the parent waiting in the foreground", || async {
+        let e = explain(&s, "garbagecollector/default/parent?kind=ConfigMap");
+        strings(&e["waiting"]).contains(&"the foreground deletion waits for its 1 dependents to be gone".to_string()).then_some(())
+    })
+    .await;
+    s.ok(&["patch", "configmap", "child", "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#]);
+}

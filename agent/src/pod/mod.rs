@@ -10,6 +10,7 @@ pub mod model;
 pub mod plan;
 pub mod spec;
 pub mod status;
+pub mod token;
 pub mod hooks;
 pub mod imagegc;
 pub mod probe;

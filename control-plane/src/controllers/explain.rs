@@ -157,6 +157,8 @@ pub enum ExplainError {
     /// Upstream's not-found wording, e.g. `statefulsets.apps "web" not found`.
     #[error("{resource} {name:?} not found")]
     NotFound { resource: String, name: String },
+    #[error("{0}")]
+    BadRequest(String),
     #[error("the path must be /debug/controllers/<controller>/<namespace>/<name>, or /debug/controllers/<controller>/<name> for a cluster-scoped object")]
     BadPath,
 }
@@ -170,11 +172,17 @@ impl ExplainError {
 /// One loop's explainer: a dry run of its reconcile for a key.
 pub type Explainer = Arc<dyn Fn(ObjectKey) -> BoxFuture<'static, Result<Explanation, ExplainError>> + Send + Sync>;
 
+/// The explainer of a loop over objects of any kind (the garbage collector): the key and the
+/// `kind` query parameter (`ReplicaSet`, or `ReplicaSet.apps` when a kind name is ambiguous).
+pub type KindedExplainer =
+    Arc<dyn Fn(ObjectKey, Option<String>) -> BoxFuture<'static, Result<Explanation, ExplainError>> + Send + Sync>;
+
 /// The explainers of the loops running in this process.
 #[derive(Default)]
 pub struct Registry {
     running: RwLock<Vec<&'static str>>,
     loops: RwLock<BTreeMap<&'static str, Explainer>>,
+    kinded: RwLock<BTreeMap<&'static str, KindedExplainer>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -188,6 +196,10 @@ impl Registry {
         self.loops.write().unwrap_or_else(|e| e.into_inner()).insert(name, explainer);
     }
 
+    pub fn register_kinded(&self, name: &'static str, explainer: KindedExplainer) {
+        self.kinded.write().unwrap_or_else(|e| e.into_inner()).insert(name, explainer);
+    }
+
     pub fn set_running(&self, names: Vec<&'static str>) {
         *self.running.write().unwrap_or_else(|e| e.into_inner()) = names;
     }
@@ -197,7 +209,10 @@ impl Registry {
     }
 
     pub fn explaining(&self) -> Vec<&'static str> {
-        self.loops.read().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
+        let mut names: Vec<&'static str> = self.loops.read().unwrap_or_else(|e| e.into_inner()).keys().copied().collect();
+        names.extend(self.kinded.read().unwrap_or_else(|e| e.into_inner()).keys().copied());
+        names.sort_unstable();
+        names
     }
 
     /// `/debug/controllers`: the loops of this process and those that explain themselves.
@@ -210,12 +225,16 @@ impl Registry {
         })
     }
 
-    pub async fn explain(&self, name: &str, key: ObjectKey) -> Result<Explanation, ExplainError> {
+    pub async fn explain(&self, name: &str, key: ObjectKey, kind: Option<String>) -> Result<Explanation, ExplainError> {
         if !super::manager::ALL.contains(&name) {
             return Err(ExplainError::UnknownLoop { name: name.to_string(), known: super::manager::ALL.join(", ") });
         }
         if !self.running().contains(&name) {
             return Err(ExplainError::NotRunning { name: name.to_string() });
+        }
+        let kinded = self.kinded.read().unwrap_or_else(|e| e.into_inner()).get(name).cloned();
+        if let Some(k) = kinded {
+            return k(key, kind).await;
         }
         let explainer = self.loops.read().unwrap_or_else(|e| e.into_inner()).get(name).cloned();
         let Some(explainer) = explainer else {
@@ -273,17 +292,17 @@ mod tests {
     async fn a_loop_must_exist_run_here_and_explain_itself() {
         let r = Registry::default();
         let key = ObjectKey::new(Some("default"), "web");
-        assert!(matches!(r.explain("statefulsets", key.clone()).await, Err(ExplainError::UnknownLoop { .. })));
-        assert!(matches!(r.explain("statefulset", key.clone()).await, Err(ExplainError::NotRunning { .. })));
+        assert!(matches!(r.explain("statefulsets", key.clone(), None).await, Err(ExplainError::UnknownLoop { .. })));
+        assert!(matches!(r.explain("statefulset", key.clone(), None).await, Err(ExplainError::NotRunning { .. })));
         r.set_running(vec!["statefulset", "podgc"]);
-        assert!(matches!(r.explain("podgc", key.clone()).await, Err(ExplainError::NotExplaining { .. })));
+        assert!(matches!(r.explain("podgc", key.clone(), None).await, Err(ExplainError::NotExplaining { .. })));
         r.register(
             "statefulset",
             Arc::new(|k: ObjectKey| {
                 Box::pin(async move { Err(ExplainError::NotFound { resource: "statefulsets.apps".into(), name: k.name }) })
             }),
         );
-        let e = r.explain("statefulset", key).await.unwrap_err();
+        let e = r.explain("statefulset", key, None).await.unwrap_err();
         assert_eq!(e.to_string(), "statefulsets.apps \"web\" not found");
     }
 

@@ -11,7 +11,7 @@ use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    Endpoints, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Service, ServiceAccount,
+    ConfigMap, Endpoints, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Service, ServiceAccount,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::storage::v1::{CSIDriver, CSIStorageCapacity, StorageClass};
@@ -39,6 +39,7 @@ pub const ALL: &[&str] = &[
     "volumesnapshot",
     "cronjob",
     "disruption",
+    "root-ca-cert-publisher",
 ];
 
 /// Options of the loops (flags of ferro-control-plane).
@@ -61,6 +62,8 @@ pub struct Options {
     pub pod_gc_quarantine: Duration,
     /// The time loops that act on the clock (CronJobs) read; tests set a manual one.
     pub clock: super::clock::Clock,
+    /// The cluster CA (PEM) the root CA publisher puts in every namespace.
+    pub root_ca: Option<String>,
 }
 
 impl Default for Options {
@@ -75,6 +78,7 @@ impl Default for Options {
             terminated_pod_gc_threshold: super::podgc::plan::DEFAULT_THRESHOLD,
             pod_gc_quarantine: super::podgc::plan::QUARANTINE,
             clock: super::clock::Clock::System,
+            root_ca: None,
         }
     }
 }
@@ -150,6 +154,7 @@ informers! {
     storage_capacities: CSIStorageCapacity,
     namespaces: Namespace,
     service_accounts: ServiceAccount,
+    config_maps: ConfigMap,
     volume_snapshots: VolumeSnapshot,
     volume_snapshot_contents: VolumeSnapshotContent,
     volume_snapshot_classes: VolumeSnapshotClass,
@@ -178,6 +183,9 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     let on = |name: &str| enabled(&opts.controllers, name);
     if on("serviceaccount") {
         super::serviceaccount::start(&inf, opts);
+    }
+    if on("root-ca-cert-publisher") {
+        super::rootca::start(&inf, opts);
     }
     if on("namespace") {
         super::namespace::start(&inf, opts);
@@ -233,7 +241,7 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     let running: Vec<&str> = ALL
         .iter()
         .copied()
-        .filter(|n| on(n) && (*n != "nodeipam" || opts.allocate_node_cidrs))
+        .filter(|n| on(n) && (*n != "nodeipam" || opts.allocate_node_cidrs) && (*n != "root-ca-cert-publisher" || opts.root_ca.is_some()))
         .collect();
     tracing::info!(loops = %running.join(","), "controller loops started");
     inf.explain.set_running(running);

@@ -23,6 +23,7 @@ pub mod podgc;
 pub mod pvbinder;
 pub mod quantity;
 pub mod replicaset;
+pub mod rootca;
 pub mod scheduler;
 pub mod serviceaccount;
 pub mod snapshot;

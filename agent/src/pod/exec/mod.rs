@@ -135,6 +135,8 @@ struct Inner {
     pressure: Mutex<admission::NodePressure>,
     /// The cluster's Services (the service-link environment), set once by main.
     services: std::sync::OnceLock<Arc<ferro_runtime::Informer<k8s_openapi::api::core::v1::Service>>>,
+    /// Service account tokens of projected volumes.
+    tokens: crate::pod::token::TokenManager,
 }
 
 /// The pod workers of this node.
@@ -219,6 +221,7 @@ impl PodWorkers {
             relist: Mutex::new(None),
             pressure: Mutex::new(admission::NodePressure::default()),
             services: std::sync::OnceLock::new(),
+            tokens: crate::pod::token::TokenManager::default(),
         });
         tokio::spawn(async move {
             while let Some(uid) = notify_rx.recv().await {

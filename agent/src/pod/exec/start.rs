@@ -38,6 +38,11 @@ impl PodWorkers {
                 out.secrets.insert(n, s);
             }
         }
+        if let Some(p) = crate::pod::token::projection(pod) {
+            out.service_account_token = self.inner.tokens.token(&client, pod, p).await;
+            let desired = self.inner.desired.read().unwrap_or_else(|e| e.into_inner());
+            self.inner.tokens.retain(|uid| desired.contains_key(uid));
+        }
         // Service links: the namespace's Services unless enableServiceLinks is false, and the
         // API server's `kubernetes` Service always.
         use k8s_openapi::api::core::v1::Service;

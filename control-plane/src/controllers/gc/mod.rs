@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use ferro_runtime::{spawn_resync, spawn_workers, Change, Informer, Next, WorkQueue};
+use ferro_runtime::{spawn_resync, spawn_workers, Change, Informer, Next, ObjectKey, WorkQueue};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy};
 use kube::runtime::watcher;
@@ -18,6 +18,7 @@ use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
 use self::plan::{Dependent, DependentPlan, OwnerPlan};
+use crate::controllers::explain::{ExplainError, Explanation, Subject};
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::{is_conflict, is_not_found, Error};
 use crate::resources::RESOURCES;
@@ -133,6 +134,13 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         let g = gc.clone();
         spawn_resync(queue.clone(), opts.resync, move || g.graph().vertices.keys().cloned().collect());
     }
+    {
+        let (gc, informers) = (gc.clone(), informers.clone());
+        inf.explain().register_kinded(
+            "garbagecollector",
+            Arc::new(move |key, kind| Box::pin(explain(gc.clone(), informers.clone(), key, kind))),
+        );
+    }
     spawn_workers("garbagecollector", queue, 4, move |uid: String| {
         let (gc, informers) = (gc.clone(), informers.clone());
         async move {
@@ -142,6 +150,132 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
             reconcile(&gc, &uid).await
         }
     });
+}
+
+/// A dry run of [`reconcile`] for one object, named by its key and `?kind=`: its owners and
+/// dependents in the graph, what its deletion requires, and whether it is collected.
+async fn explain(
+    gc: Arc<Gc>,
+    informers: Vec<Arc<Informer<DynamicObject>>>,
+    key: ObjectKey,
+    kind: Option<String>,
+) -> Result<Explanation, ExplainError> {
+    for i in &informers {
+        i.wait_synced().await;
+    }
+    let kind = kind.ok_or_else(|| {
+        ExplainError::BadRequest(
+            "the garbage collector looks at objects of every kind: name one with ?kind=<Kind> (e.g. ?kind=ReplicaSet, or ?kind=ReplicaSet.apps)"
+                .into(),
+        )
+    })?;
+    let (kind_name, group) = match kind.split_once('.') {
+        Some((k, g)) => (k, Some(g)),
+        None => (kind.as_str(), None),
+    };
+    let candidates: Vec<usize> = (0..gc.kinds.len())
+        .filter(|i| gc.kinds[*i].0.kind == kind_name && group.is_none_or(|g| gc.kinds[*i].0.group == g))
+        .collect();
+    let idx = match candidates.as_slice() {
+        [i] => *i,
+        [] => return Err(ExplainError::BadRequest(format!("no served kind {kind:?}"))),
+        many => {
+            let names: Vec<String> = many.iter().map(|i| format!("{}.{}", gc.kinds[*i].0.kind, gc.kinds[*i].0.group)).collect();
+            return Err(ExplainError::BadRequest(format!("kind {kind:?} is ambiguous: {}", names.join(", "))));
+        }
+    };
+    let (ar, namespaced) = gc.kinds[idx].clone();
+    let ns = if namespaced { key.namespace.clone() } else { None };
+    let resource = if ar.group.is_empty() { ar.plural.clone() } else { format!("{}.{}", ar.plural, ar.group) };
+    let found = gc.graph().vertices.iter().find(|(_, v)| v.kind == idx && v.name == key.name && v.namespace == ns).map(|(u, v)| (u.clone(), v.clone()));
+    let (uid, v) = found.ok_or_else(|| ExplainError::NotFound { resource: resource.clone(), name: key.name.clone() })?;
+    let mut e = Explanation::new(
+        "garbagecollector",
+        Subject {
+            kind: ar.kind.clone(),
+            namespace: ns.clone().unwrap_or_default(),
+            name: v.name.clone(),
+            uid: uid.clone(),
+            resource_version: v.resource_version.clone(),
+            generation: None,
+        },
+    );
+    let (dependents, known): (Vec<(Dependent, Vertex)>, Vec<bool>) = {
+        let g = gc.graph();
+        let deps = g
+            .dependents_of(&uid)
+            .into_iter()
+            .map(|(u, d)| {
+                let has_dependents = !g.dependents_of(&u).is_empty();
+                (Dependent { uid: u, owners: d.owners.clone(), deleting: d.deleting, has_dependents }, d)
+            })
+            .collect();
+        (deps, v.owners.iter().map(|o| g.vertices.contains_key(&o.uid)).collect())
+    };
+    let name_of = |d: &Vertex| format!("{} {}", gc.kinds[d.kind].0.kind, d.name);
+    e.observed = serde_json::json!({
+        "owners": v.owners.iter().zip(&known).map(|(o, k)| serde_json::json!({
+            "kind": o.kind, "name": o.name, "uid": o.uid, "inGraph": k,
+        })).collect::<Vec<_>>(),
+        "dependents": dependents.iter().map(|(_, d)| name_of(d)).collect::<Vec<_>>(),
+        "deleting": v.deleting,
+        "finalizers": v.finalizers,
+    });
+    e.wants = serde_json::json!({"collectedWhenOwnersAreGone": !v.owners.is_empty()});
+    let deps: Vec<Dependent> = dependents.iter().map(|(d, _)| d.clone()).collect();
+    let dep_name = |u: &str| dependents.iter().find(|(d, _)| d.uid == u).map(|(_, v)| name_of(v)).unwrap_or_else(|| u.to_string());
+    match plan::plan_owner(&uid, v.deleting, &v.finalizers, &deps) {
+        OwnerPlan::None => {}
+        OwnerPlan::Orphan { release } => {
+            e.actions.extend(release.iter().map(|(u, _)| format!("release {} (orphan propagation)", dep_name(u))));
+            e.actions.push(format!("remove the {} finalizer", plan::ORPHAN_FINALIZER));
+            return Ok(e);
+        }
+        OwnerPlan::Foreground { delete } => {
+            e.actions.extend(delete.iter().map(|(u, fg)| {
+                format!("delete {} ({})", dep_name(u), if *fg { "foreground" } else { "background" })
+            }));
+            e.waiting.push(format!("the foreground deletion waits for its {} dependents to be gone", deps.len()));
+            return Ok(e.requeue(Some(Duration::from_secs(5))));
+        }
+        OwnerPlan::ForegroundDone => {
+            e.actions.push(format!("remove the {} finalizer: its dependents are gone", plan::FOREGROUND_FINALIZER));
+            return Ok(e);
+        }
+    }
+    if v.owners.is_empty() {
+        e.waiting.push("nothing to do: it has no owners".into());
+        return Ok(e);
+    }
+    if v.deleting {
+        e.waiting.push("nothing to do: it is being deleted".into());
+        return Ok(e);
+    }
+    let mut dangling = Vec::new();
+    for (o, in_graph) in v.owners.iter().zip(&known) {
+        if *in_graph {
+            continue;
+        }
+        let Some(k) = gc.kind_of(o) else { continue };
+        let ons = if gc.kinds[k].1 { v.namespace.as_deref() } else { None };
+        match gc.api(k, ons).get_metadata_opt(&o.name).await {
+            Ok(Some(live)) if live.metadata.uid.as_deref() == Some(o.uid.as_str()) => {}
+            Ok(_) => dangling.push(o.uid.clone()),
+            Err(err) => e.waiting.push(format!("cannot read the owner {} {}: {err}", o.kind, o.name)),
+        }
+    }
+    match plan::plan_dependent(&v.owners, v.deleting, &dangling) {
+        DependentPlan::Keep => {
+            let names: Vec<String> = v.owners.iter().map(|o| format!("{} {}", o.kind, o.name)).collect();
+            e.waiting.push(format!("nothing to do: its owners exist ({})", names.join(", ")));
+        }
+        DependentPlan::Delete => e.actions.push("delete it (background): every owner is gone".into()),
+        DependentPlan::DropOwners(live) => {
+            let names: Vec<String> = live.iter().map(|o| format!("{} {}", o.kind, o.name)).collect();
+            e.actions.push(format!("drop the owner references of gone owners, keeping {}", names.join(", ")));
+        }
+    }
+    Ok(e)
 }
 
 fn on_change(gc: &Gc, queue: &WorkQueue<String>, kind: usize, change: &Change<DynamicObject>) {

@@ -1,0 +1,171 @@
+//! Service accounts that work: the TokenRequest API (`kubectl create token`), tokens that
+//! authenticate as the service account for as long as what they are bound to lives, TokenReview
+//! of them, the OIDC discovery documents, the `kube-root-ca.crt` ConfigMap in every namespace,
+//! and the pods' kube-api-access volume from the ServiceAccount admission. Bad input: Status
+//! errors, nothing stored.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::fake::{eventually, FakeNodes};
+use common::Server;
+use serde_json::{json, Value};
+
+/// A kubeconfig that authenticates with a bearer token only.
+fn token_kubeconfig(s: &Server, token: &str) -> PathBuf {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(s.data_dir().join("ca.crt")).unwrap());
+    let kc = format!(
+        "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"https://127.0.0.1:{}\", certificate-authority-data: {ca}}}}}]\nusers: [{{name: u, user: {{token: \"{token}\"}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\ncurrent-context: x\n",
+        s.port
+    );
+    let path = s.data_dir().join(format!("token-{}.kubeconfig", &token[token.len() - 8..]));
+    std::fs::write(&path, kc).unwrap();
+    path
+}
+
+/// kubectl as the token's user: Ok(stdout) or Err(stderr).
+fn kubectl_as(s: &Server, token: &str, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("kubectl").arg("--kubeconfig").arg(token_kubeconfig(s, token)).args(args).output().unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+fn review(s: &Server, token: &str, audiences: &[&str]) -> Value {
+    let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token, "audiences": audiences}});
+    let out = s.kubectl_stdin(&["create", "--validate=false", "-f", "-", "-o", "json"], Some(&body.to_string()));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice::<Value>(&out.stdout).unwrap()["status"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_authenticate_as_their_service_account_while_it_and_its_pod_live() {
+    let s = Server::start();
+    let client = s.client().await;
+    let _nodes = FakeNodes::start(client.clone(), &["n1"], "4", "8Gi").await;
+    s.ok(&["create", "serviceaccount", "app"]);
+
+    // kubectl create token: a JWT that authenticates (a 403 from authorization, not a 401)
+    let token = s.ok(&["create", "token", "app", "--duration=1h"]).trim().to_string();
+    assert_eq!(token.matches('.').count(), 2, "{token}");
+    let err = kubectl_as(&s, &token, &["get", "pods"]).unwrap_err();
+    assert!(err.contains("User \"system:serviceaccount:default:app\" cannot list resource \"pods\""), "{err}");
+    let st = review(&s, &token, &[]);
+    assert_eq!(st["authenticated"], true, "{st}");
+    assert_eq!(st["user"]["username"], "system:serviceaccount:default:app");
+    assert_eq!(st["user"]["groups"], json!(["system:serviceaccounts", "system:serviceaccounts:default", "system:authenticated"]));
+    assert_eq!(st["audiences"], json!(["https://kubernetes.default.svc.cluster.local"]));
+    // a token for another audience is not one for the API server
+    let vault = s.ok(&["create", "token", "app", "--audience=vault"]).trim().to_string();
+    assert!(kubectl_as(&s, &vault, &["get", "pods"]).unwrap_err().contains("Unauthorized"));
+    assert_eq!(review(&s, &vault, &["vault"])["audiences"], json!(["vault"]));
+    assert!(review(&s, &vault, &[])["authenticated"].is_null());
+
+    // bound to a pod: valid while the pod lives, with the pod and node in the claims
+    s.apply("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {serviceAccountName: app, containers: [{name: c, image: \"busybox:1\"}]}\n");
+    eventually("p bound to n1", || async {
+        (s.ok(&["get", "pod", "p", "-o", "jsonpath={.spec.nodeName}"]).trim() == "n1").then_some(())
+    })
+    .await;
+    let bound = s.ok(&["create", "token", "app", "--bound-object-kind=Pod", "--bound-object-name=p"]).trim().to_string();
+    let st = review(&s, &bound, &[]);
+    assert_eq!(st["user"]["extra"]["authentication.kubernetes.io/pod-name"], json!(["p"]), "{st}");
+    assert_eq!(st["user"]["extra"]["authentication.kubernetes.io/node-name"], json!(["n1"]), "{st}");
+    s.ok(&["delete", "pod", "p", "--grace-period=0", "--force"]);
+    eventually("the bound token refused once the pod is gone", || async {
+        kubectl_as(&s, &bound, &["get", "pods"]).err().filter(|e| e.contains("Unauthorized")).map(|_| ())
+    })
+    .await;
+    // the service account deleted: its tokens go with it
+    s.ok(&["delete", "serviceaccount", "app"]);
+    eventually("the token refused once the account is gone", || async {
+        kubectl_as(&s, &token, &["get", "pods"]).err().filter(|e| e.contains("Unauthorized")).map(|_| ())
+    })
+    .await;
+
+    // the issuer's discovery documents
+    let cfg: Value = serde_json::from_str(&s.ok(&["get", "--raw", "/.well-known/openid-configuration"])).unwrap();
+    assert_eq!(cfg["issuer"], "https://kubernetes.default.svc.cluster.local");
+    assert_eq!(cfg["id_token_signing_alg_values_supported"], json!(["ES256"]));
+    let jwks: Value = serde_json::from_str(&s.ok(&["get", "--raw", "/openid/v1/jwks"])).unwrap();
+    assert_eq!(jwks["keys"][0]["kty"], "EC");
+    assert_eq!(jwks["keys"][0]["crv"], "P-256");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_token_requests_are_refused() {
+    let s = Server::start();
+    let client = s.client().await;
+    let _nodes = FakeNodes::start(client.clone(), &["n1"], "4", "8Gi").await;
+    let err = |args: &[&str]| {
+        let out = s.kubectl(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = err(&["create", "token", "nobody"]);
+    assert!(e.contains("serviceaccounts \"nobody\" not found"), "{e}");
+    s.ok(&["create", "serviceaccount", "app"]);
+    let e = err(&["create", "token", "app", "--duration=1m"]);
+    assert!(e.contains("spec.expirationSeconds: Invalid value: 60: may not specify a duration less than 10 minutes"), "{e}");
+    let e = err(&["create", "token", "app", "--bound-object-kind=Pod", "--bound-object-name=ghost"]);
+    assert!(e.contains("pods \"ghost\" not found"), "{e}");
+    s.apply("apiVersion: v1\nkind: Pod\nmetadata: {name: other}\nspec: {containers: [{name: c, image: \"busybox:1\"}]}\n");
+    let e = err(&["create", "token", "app", "--bound-object-kind=Pod", "--bound-object-name=other"]);
+    assert!(e.contains("cannot bind token for serviceaccount \"app\" to pod running with different serviceaccount name."), "{e}");
+    let e = err(&["create", "token", "app", "--bound-object-kind=Pod", "--bound-object-name=other", "--bound-object-uid=0000"]);
+    assert!(e.contains("the UID in the bound object reference (0000) does not match the UID in record"), "{e}");
+    // a forged token
+    let token = s.ok(&["create", "token", "app"]).trim().to_string();
+    let mut parts: Vec<&str> = token.split('.').collect();
+    let other = s.ok(&["create", "token", "default"]).trim().to_string();
+    parts[1] = other.split('.').nth(1).unwrap();
+    assert!(kubectl_as(&s, &parts.join("."), &["get", "pods"]).unwrap_err().contains("Unauthorized"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_get_their_api_access_volume_and_namespaces_the_root_ca() {
+    let s = Server::start();
+    s.ok(&["create", "namespace", "team"]);
+    // the root CA in every namespace, put back when deleted
+    let ca = std::fs::read_to_string(s.data_dir().join("ca.crt")).unwrap();
+    let get_ca = || s.kubectl(&["get", "configmap", "kube-root-ca.crt", "-n", "team", "-o", "jsonpath={.data.ca\\.crt}"]);
+    eventually("kube-root-ca.crt in team", || async {
+        let out = get_ca();
+        (out.status.success() && String::from_utf8_lossy(&out.stdout) == ca).then_some(())
+    })
+    .await;
+    s.ok(&["delete", "configmap", "kube-root-ca.crt", "-n", "team"]);
+    eventually("kube-root-ca.crt back", || async { get_ca().status.success().then_some(()) }).await;
+
+    // a pod created right after its namespace: the default account, the volume in every container
+    s.ok(&["create", "namespace", "fresh"]);
+    s.apply("apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: fresh}\nspec: {initContainers: [{name: i, image: \"busybox:1\"}], containers: [{name: c, image: \"busybox:1\"}]}\n");
+    let pod: Value = serde_json::from_str(&s.ok(&["get", "pod", "p", "-n", "fresh", "-o", "json"])).unwrap();
+    assert_eq!(pod["spec"]["serviceAccountName"], "default");
+    let vol = &pod["spec"]["volumes"][0];
+    assert!(vol["name"].as_str().unwrap().starts_with("kube-api-access-"), "{vol}");
+    assert_eq!(vol["projected"]["sources"][0]["serviceAccountToken"]["path"], "token");
+    for c in ["initContainers", "containers"] {
+        let m = &pod["spec"][c][0]["volumeMounts"][0];
+        assert_eq!(m["mountPath"], "/var/run/secrets/kubernetes.io/serviceaccount", "{pod}");
+        assert_eq!(m["readOnly"], true);
+    }
+    // automountServiceAccountToken: false on the account
+    s.apply("apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: quiet}\nautomountServiceAccountToken: false\n");
+    s.apply("apiVersion: v1\nkind: Pod\nmetadata: {name: q}\nspec: {serviceAccountName: quiet, containers: [{name: c, image: \"busybox:1\"}]}\n");
+    let vols = s.ok(&["get", "pod", "q", "-o", "jsonpath={.spec.volumes}"]);
+    assert_eq!(vols.trim(), "", "no volume: {vols}");
+    // a missing account is refused, nothing stored
+    let out = s.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some("apiVersion: v1\nkind: Pod\nmetadata: {name: r}\nspec: {serviceAccountName: ghost, containers: [{name: c, image: \"busybox:1\"}]}\n"),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("pods \"r\" is forbidden: error looking up service account default/ghost: serviceaccount \"ghost\" not found"), "{err}");
+    assert!(!s.kubectl(&["get", "pod", "r"]).status.success());
+}
