@@ -187,3 +187,131 @@ impl Drop for Etcd {
         self.kill9();
     }
 }
+
+/// A 3-member (or n-member) etcd cluster on loopback, plain http: every member with free
+/// ports and its own data dir under one temporary directory. Drop kills exactly the members'
+/// processes this fixture started and removes the directory.
+pub struct EtcdCluster {
+    dir: tempfile::TempDir,
+    members: Vec<Member>,
+}
+
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+impl Member {
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    fn peer(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+}
+
+impl EtcdCluster {
+    pub fn start(n: usize) -> EtcdCluster {
+        require_etcd();
+        let shm = Path::new("/dev/shm");
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("ferro-etcd-cluster-test");
+        let dir = if shm.is_dir() { builder.tempdir_in(shm) } else { builder.tempdir() }.unwrap();
+        let members = (0..n)
+            .map(|i| Member { name: format!("m{i}"), client_port: free_port(), peer_port: free_port(), child: None })
+            .collect();
+        let mut c = EtcdCluster { dir, members };
+        for i in 0..n {
+            c.spawn(i, "new");
+        }
+        c.wait_healthy(None);
+        c
+    }
+
+    fn spawn(&mut self, i: usize, state: &str) {
+        let cluster: Vec<String> = self.members.iter().map(|m| format!("{}={}", m.name, m.peer())).collect();
+        let m = &self.members[i];
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join(format!("{}.log", m.name))).unwrap();
+        let child = Command::new("etcd")
+            .args(["--name", &m.name, "--data-dir"])
+            .arg(self.dir.path().join(&m.name))
+            .args(["--listen-client-urls", &m.url(), "--advertise-client-urls", &m.url()])
+            .args(["--listen-peer-urls", &m.peer(), "--initial-advertise-peer-urls", &m.peer()])
+            .args(["--initial-cluster", &cluster.join(","), "--initial-cluster-state", state])
+            .args(["--initial-cluster-token", "ferro-test"])
+            .args(["--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.members[i].child = Some(child);
+    }
+
+    /// Waits until every running member (or just `only`) reports healthy.
+    fn wait_healthy(&mut self, only: Option<usize>) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for i in 0..self.members.len() {
+            if only.is_some_and(|o| o != i) || self.members[i].child.is_none() {
+                continue;
+            }
+            loop {
+                if let Some(status) = self.members[i].child.as_mut().unwrap().try_wait().unwrap() {
+                    panic!("etcd member {i} exited with {status}: {}", self.log(i));
+                }
+                if self.etcdctl_member(i, &["endpoint", "health"]).status.success() {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "etcd member {i} did not become healthy: {}", self.log(i));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{}.log", self.members[i].name))).unwrap_or_default()
+    }
+
+    /// etcdctl against one member only.
+    pub fn etcdctl_member(&self, i: usize, args: &[&str]) -> Output {
+        Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.members[i].url(), "--command-timeout=2s"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// SIGKILL to member `i` (the process this fixture started).
+    pub fn kill9(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts a killed member again on its data and ports, waiting until it is healthy.
+    pub fn restart(&mut self, i: usize) {
+        self.kill9(i);
+        self.spawn(i, "existing");
+        self.wait_healthy(Some(i));
+    }
+
+    /// Flags that point ferro-control-plane at every member.
+    pub fn flags(&self) -> Vec<String> {
+        let urls: Vec<String> = self.members.iter().map(Member::url).collect();
+        vec!["--etcd-servers".to_string(), urls.join(",")]
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill9(i);
+        }
+    }
+}

@@ -68,13 +68,18 @@ impl Server {
     /// started before, whose CA and token file this one copies into its data dir before its
     /// first start, as docs/operations.md has operators do.
     pub fn replica(etcd: &etcd::Etcd, peer: Option<&Server>, args: &[&str]) -> Server {
+        Server::replica_with(etcd.flags(), peer, args)
+    }
+
+    /// [`Server::replica`] with the etcd flags given (e.g. an [`etcd::EtcdCluster`]'s).
+    pub fn replica_with(etcd_flags: Vec<String>, peer: Option<&Server>, args: &[&str]) -> Server {
         let dir = tempfile::Builder::new().prefix("ferro-cp-test").tempdir().unwrap();
         if let Some(peer) = peer {
             for f in SHARED_FILES {
                 std::fs::copy(peer.data_dir().join(f), dir.path().join(f)).unwrap();
             }
         }
-        let mut extra_args: Vec<String> = etcd.flags();
+        let mut extra_args: Vec<String> = etcd_flags;
         extra_args.extend(args.iter().map(|a| a.to_string()));
         let mut s = Server { dir, port: free_port(), extra_args, child: None, etcd: None };
         s.spawn();
