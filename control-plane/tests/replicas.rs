@@ -85,6 +85,16 @@ async fn two_replicas_serve_one_leads_the_loops_and_the_other_takes_over_after_k
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
         eventually(&format!("{name} through the other replica"), || async { cms.get_opt(name).await.ok()? }).await;
     }
+    // a service account token one replica signed (the shared sa.key) authenticates at the other
+    a.ok(&["create", "serviceaccount", "app"]);
+    let token = a.ok(&["create", "token", "app"]).trim().to_string();
+    let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}).to_string();
+    eventually("B to authenticate A's token", || async {
+        let out = b.kubectl_stdin(&["create", "--validate=false", "-f", "-", "-o", "json"], Some(&review));
+        let st: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        (st["status"]["authenticated"] == true && st["status"]["user"]["username"] == "system:serviceaccount:default:app").then_some(())
+    })
+    .await;
 
     // (b) exactly one replica leads: the Lease names it, its log says it started the loops, and
     // the other found the lease held (proof that it looked) and started nothing

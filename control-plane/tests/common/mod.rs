@@ -31,7 +31,7 @@ pub fn etcd_backend() -> bool {
 }
 
 /// What replicas share of the data dir (docs/operations.md).
-pub const SHARED_FILES: &[&str] = &["ca.crt", "ca.key", "tokens.csv"];
+pub const SHARED_FILES: &[&str] = &["ca.crt", "ca.key", "tokens.csv", "sa.key"];
 
 /// Leader election timings of test servers on etcd: a server restarted by a test waits for the
 /// lease of its previous (killed) process to expire, so these are short.
