@@ -6,8 +6,11 @@
 //!   whether this replica leads (and when it last renewed) and the time now.
 //! - [`run`] is the executor: every retry period it reads the Lease, asks [`decide`], and writes
 //!   the Lease with the resourceVersion it read (a replace guarded by optimistic concurrency: of
-//!   two replicas writing the same version one gets 409 and reads again). It returns only when
-//!   leadership is lost; the caller ends the process (upstream's controller-manager exits too).
+//!   two replicas writing the same version one gets 409 and reads again). It returns an error
+//!   when leadership is lost; the caller ends the process (upstream's controller-manager exits
+//!   too). At shutdown a leader gives the Lease back (client-go's ReleaseOnCancel: holder empty,
+//!   a 1 s duration), so another replica takes over at its next retry instead of waiting for
+//!   the lease to expire.
 //!
 //! Expiry is judged on this replica's clock from the moment it saw the record change (as
 //! client-go's observedTime), never by comparing its clock with the renewTime another machine
@@ -188,6 +191,17 @@ pub fn next_record(identity: &str, lease_duration: Duration, old: Option<&Record
     r
 }
 
+/// The record a leader writes to give the Lease back (client-go's release).
+pub fn released_record(old: &Record, now: jiff::Timestamp) -> Record {
+    Record {
+        holder: String::new(),
+        lease_duration: Duration::from_secs(1),
+        acquire_time: Some(now),
+        renew_time: Some(now),
+        transitions: old.transitions,
+    }
+}
+
 fn spec_of(r: &Record) -> LeaseSpec {
     LeaseSpec {
         holder_identity: Some(r.holder.clone()),
@@ -199,9 +213,16 @@ fn spec_of(r: &Record) -> LeaseSpec {
     }
 }
 
-/// Runs the election until leadership is lost. `start` runs once, when this replica first
-/// leads; what it returns is kept alive until the loss.
-pub async fn run<T>(client: kube::Client, cfg: &Config, start: impl FnOnce() -> T) -> ElectionError {
+/// Runs the election until leadership is lost (an error) or `shutdown` resolves (Ok, after
+/// giving the Lease back if held). `start` runs once, when this replica first leads; what it
+/// returns is kept alive until then.
+pub async fn run<T>(
+    client: kube::Client,
+    cfg: &Config,
+    start: impl FnOnce() -> T,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ElectionError> {
+    tokio::pin!(shutdown);
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let mut observed = Observation::Unknown;
     let mut lease: Option<Lease> = None;
@@ -238,7 +259,7 @@ pub async fn run<T>(client: kube::Client, cfg: &Config, start: impl FnOnce() -> 
         let write = match &decision {
             Decision::Lost(reason) => {
                 tracing::error!(reason = %reason, "leaderelection lost");
-                return ElectionError::Lost(reason.clone());
+                return Err(ElectionError::Lost(reason.clone()));
             }
             Decision::Wait => {
                 if let Observation::Seen { record, .. } = &observed {
@@ -269,6 +290,7 @@ pub async fn run<T>(client: kube::Client, cfg: &Config, start: impl FnOnce() -> 
             match result {
                 Ok(Ok(written)) => {
                     observed = observe(&observed, Some(Record::of(&written)), now);
+                    lease = Some(written);
                     if leading.is_none() {
                         tracing::info!(lease = %format!("{}/{}", cfg.namespace, cfg.name), identity = %cfg.identity, "successfully acquired the leader lease");
                     }
@@ -285,7 +307,29 @@ pub async fn run<T>(client: kube::Client, cfg: &Config, start: impl FnOnce() -> 
                 Err(_) => tracing::warn!(decision = ?decision, "writing the leader lease timed out"),
             }
         }
-        tokio::time::sleep_until(now + cfg.retry_period).await;
+        tokio::select! {
+            _ = tokio::time::sleep_until(now + cfg.retry_period) => {}
+            _ = &mut shutdown => {
+                if let (Some(_), Some(held)) = (leading, lease.take()) {
+                    release(&api, cfg, held).await;
+                }
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Gives the Lease back, if this replica still holds it at the version it last wrote.
+async fn release(api: &Api<Lease>, cfg: &Config, mut held: Lease) {
+    let old = Record::of(&held);
+    if old.holder != cfg.identity {
+        return;
+    }
+    held.spec = Some(spec_of(&released_record(&old, jiff::Timestamp::now())));
+    match tokio::time::timeout(cfg.renew_deadline, api.replace(&cfg.name, &PostParams::default(), &held)).await {
+        Ok(Ok(_)) => tracing::info!(identity = %cfg.identity, "released the leader lease"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "releasing the leader lease failed; the others take over when it expires"),
+        Err(_) => tracing::warn!("releasing the leader lease timed out; the others take over when it expires"),
     }
 }
 
@@ -365,6 +409,18 @@ mod tests {
         let spec = spec_of(&taken);
         assert_eq!(spec.lease_duration_seconds, Some(15));
         assert_eq!(Record::of(&Lease { metadata: Default::default(), spec: Some(spec) }), taken);
+    }
+
+    #[test]
+    fn a_released_record_has_no_holder_and_keeps_the_transitions() {
+        let t = jiff::Timestamp::from_second(200).unwrap();
+        let held = Record { holder: "me".into(), lease_duration: Duration::from_secs(15), transitions: 3, ..Default::default() };
+        let r = released_record(&held, t);
+        assert_eq!((r.holder.as_str(), r.lease_duration, r.transitions), ("", Duration::from_secs(1), 3));
+        // a candidate takes a released lease at once, and counts a transition
+        let obs = observe(&Observation::Unknown, Some(r.clone()), Instant::now());
+        assert_eq!(decide("other", &obs, None, DEADLINE, Instant::now()), Decision::Acquire);
+        assert_eq!(next_record("other", Duration::from_secs(15), Some(&r), false, t).transitions, 4);
     }
 
     #[test]

@@ -157,10 +157,9 @@ async fn run_loops(
             wait_for_signal().await
         }
         Some(cfg) => {
-            tokio::select! {
-                lost = leader_election::run(client.clone(), &cfg, start) => Err(lost.into()),
-                signal = wait_for_signal() => signal,
-            }
+            // on a signal the election gives the Lease back (if held) before returning
+            let signal = shutdown_signal()?;
+            Ok(leader_election::run(client.clone(), &cfg, start, signal).await?)
         }
     }
 }
@@ -298,10 +297,18 @@ fn cluster_ca(data_dir: &std::path::Path, kubeconfig: Option<&std::path::Path>) 
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    shutdown_signal()?.await;
     Ok(())
+}
+
+/// Resolves at SIGINT or SIGTERM (the handlers are installed now).
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }

@@ -52,10 +52,10 @@ fn plain_log(s: &Server) -> String {
     out
 }
 
-/// The election identity a replica logged (`<hostname>_<uuid>`).
+/// The election identity a replica logged (`<hostname>_<uuid>`; its latest process's).
 fn identity(s: &Server) -> String {
     let log = plain_log(s);
-    let line = log.lines().find(|l| l.contains("attempting to acquire the leader lease")).unwrap_or_else(|| panic!("no election in the log: {log}"));
+    let line = log.lines().rev().find(|l| l.contains("attempting to acquire the leader lease")).unwrap_or_else(|| panic!("no election in the log: {log}"));
     line.split_whitespace().find_map(|w| w.strip_prefix("identity=")).unwrap().to_string()
 }
 
@@ -129,12 +129,12 @@ async fn two_replicas_serve_one_leads_the_loops_and_the_other_takes_over_after_k
 
     // (c) kill -9 of the leader: the other takes the lease, and a Deployment scaled afterwards
     // converges with one ReplicaSet
-    let (survivor_id, survivor) = if a_leads {
+    let (survivor_id, survivor, killed) = if a_leads {
         a.kill9();
-        (ib, &b)
+        (ib, &mut b, &mut a)
     } else {
         b.kill9();
-        (ia, &a)
+        (ia, &mut a, &mut b)
     };
     let cs = survivor.client().await;
     let leases: Api<Lease> = Api::namespaced(cs.clone(), "kube-system");
@@ -158,6 +158,24 @@ async fn two_replicas_serve_one_leads_the_loops_and_the_other_takes_over_after_k
     assert_eq!(rs[0].spec.as_ref().unwrap().replicas, Some(4));
     let pods: Api<Pod> = Api::namespaced(cs.clone(), "default");
     assert_eq!(pods.list(&ListParams::default().labels("app=web")).await.unwrap().items.len(), 4, "no duplicate pod");
+
+    // the killed replica comes back as a candidate; a SIGTERM of the leader (systemd stopping
+    // it) gives the Lease back and the candidate takes it
+    killed.spawn();
+    let back_id = identity(killed);
+    eventually("the restarted replica to find the lease held", || async {
+        plain_log(killed).contains(&format!("the leader lease is held by another replica; waiting for it to expire holder={survivor_id}")).then_some(())
+    })
+    .await;
+    let status = survivor.terminate();
+    assert!(status.success(), "a clean stop exits 0: {status}");
+    assert!(plain_log(survivor).contains("released the leader lease"), "{}", plain_log(survivor));
+    let leases: Api<Lease> = Api::namespaced(killed.client().await, "kube-system");
+    let (_, after) = eventually("the restarted replica to take the released lease", || async {
+        holder(&leases).await.filter(|(h, _)| *h == back_id)
+    })
+    .await;
+    assert_eq!(after, transitions + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -143,6 +143,14 @@ impl Server {
         }
     }
 
+    /// SIGTERM, as systemd stops a unit; waits for the exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("the server is running");
+        let sent = Command::new("kill").args(["-TERM", &c.id().to_string()]).status().unwrap();
+        assert!(sent.success());
+        c.wait().unwrap()
+    }
+
     pub fn restart(&mut self) {
         self.kill9();
         self.spawn();
