@@ -154,6 +154,44 @@ fn etcd_err(e: etcd_client::Error) -> StoreError {
     StoreError::Io(format!("etcd: {e}"))
 }
 
+/// Whether a failed request certainly never reached etcd: the connection to the member the
+/// client picked was refused (a member that is down). Sending it again, to whichever member
+/// the client picks next, cannot apply it twice. Anything else (a reset connection, a timeout,
+/// etcd's "request timed out") may have been applied and is not retried.
+fn never_sent(e: &etcd_client::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = match e {
+        etcd_client::Error::GRpcStatus(s) => Some(s),
+        etcd_client::Error::TransportError(t) => Some(t),
+        _ => None,
+    };
+    while let Some(err) = source {
+        if err.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused) {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// Tries a write transaction until it reaches etcd (see [`never_sent`]), at most 8 times, all
+/// within `limit`.
+async fn txn_once(kv: &KvClient, limit: Duration, what: &str, txn: Txn) -> Result<etcd_client::TxnResponse, StoreError> {
+    let attempts = async {
+        let mut tries = 0;
+        loop {
+            let mut kv = kv.clone();
+            match kv.txn(txn.clone()).await {
+                Err(e) if never_sent(&e) && tries < 8 => {
+                    tries += 1;
+                    tracing::debug!(error = %e, "an etcd member refused the connection; sending the write to another");
+                }
+                other => return other,
+            }
+        }
+    };
+    timed(limit, what, attempts).await
+}
+
 fn is_compacted(e: &etcd_client::Error) -> bool {
     matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::OutOfRange)
 }
@@ -381,14 +419,14 @@ impl EtcdStore {
             .to_etcd(&api_key)
             .ok_or_else(|| StoreError::InvalidValue(format!("no etcd key for {api_key}")))?;
         let indexer = self.cache.indexer();
-        let mut kv = self.kv.clone();
+        let kv = self.kv.clone();
         let record = match op {
             Op::Create { key: _, value } => {
                 let stored = stored_bytes(&value)?;
                 let txn = Txn::new()
                     .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
                     .and_then([TxnOp::put(key.as_str(), stored.clone(), None)]);
-                let resp = timed(self.request_timeout, "create", kv.txn(txn)).await?;
+                let resp = txn_once(&kv, self.request_timeout, "create", txn).await?;
                 if !resp.succeeded() {
                     return Err(StoreError::AlreadyExists);
                 }
@@ -401,7 +439,7 @@ impl EtcdStore {
                     .when([Self::guard(&key, expect)])
                     .and_then([TxnOp::put(key.as_str(), stored.clone(), Some(PutOptions::new().with_prev_key()))])
                     .or_else([TxnOp::get(key.as_str(), None)]);
-                let resp = timed(self.request_timeout, "update", kv.txn(txn)).await?;
+                let resp = txn_once(&kv, self.request_timeout, "update", txn).await?;
                 if !resp.succeeded() {
                     return Err(Self::precondition_failed(&resp));
                 }
@@ -421,7 +459,7 @@ impl EtcdStore {
                     .when([Self::guard(&key, expect)])
                     .and_then([TxnOp::delete(key.as_str(), Some(DeleteOptions::new().with_prev_key()))])
                     .or_else([TxnOp::get(key.as_str(), None)]);
-                let resp = timed(self.request_timeout, "delete", kv.txn(txn)).await?;
+                let resp = txn_once(&kv, self.request_timeout, "delete", txn).await?;
                 if !resp.succeeded() {
                     return Err(Self::precondition_failed(&resp));
                 }
@@ -691,6 +729,20 @@ mod tests {
         assert_eq!(m.from_etcd(b"/registry/minions/"), None);
         assert_eq!(m.from_etcd(b"/registry"), None);
         assert_eq!(m.range(), "/registry/");
+    }
+
+    #[test]
+    fn only_refused_connections_count_as_never_sent() {
+        let status = |kind: std::io::ErrorKind| {
+            etcd_client::Error::GRpcStatus(tonic::Status::from_error(Box::new(std::io::Error::new(kind, "x"))))
+        };
+        assert!(never_sent(&status(std::io::ErrorKind::ConnectionRefused)));
+        // a reset or a timeout may come after etcd applied the write
+        assert!(!never_sent(&status(std::io::ErrorKind::ConnectionReset)));
+        assert!(!never_sent(&status(std::io::ErrorKind::TimedOut)));
+        assert!(!never_sent(&etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+            "etcdserver: request timed out, possibly due to previous leader failure"
+        ))));
     }
 
     #[test]
