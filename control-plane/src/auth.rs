@@ -287,11 +287,14 @@ pub fn authorize(user: &User, a: &Attributes<'_>, graph: &dyn NodeGraph, body: O
 }
 
 /// The review APIs served without storage, as upstream's: `authentication.k8s.io/v1`
-/// TokenReview and `authorization.k8s.io/v1` SubjectAccessReview (create only).
+/// TokenReview and SelfSubjectReview (`kubectl auth whoami`), `authorization.k8s.io/v1`
+/// SubjectAccessReview and SelfSubjectAccessReview (`kubectl auth can-i`); create only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Review {
     Token,
     SubjectAccess,
+    SelfSubject,
+    SelfSubjectAccess,
 }
 
 impl Review {
@@ -300,6 +303,8 @@ impl Review {
         match path.trim_end_matches('/') {
             "/apis/authentication.k8s.io/v1/tokenreviews" => Some(Review::Token),
             "/apis/authorization.k8s.io/v1/subjectaccessreviews" => Some(Review::SubjectAccess),
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews" => Some(Review::SelfSubject),
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews" => Some(Review::SelfSubjectAccess),
             _ => None,
         }
     }
@@ -309,14 +314,39 @@ impl Review {
         match self {
             Review::Token => ("authentication.k8s.io", "v1", "TokenReview", "tokenreviews"),
             Review::SubjectAccess => ("authorization.k8s.io", "v1", "SubjectAccessReview", "subjectaccessreviews"),
+            Review::SelfSubject => ("authentication.k8s.io", "v1", "SelfSubjectReview", "selfsubjectreviews"),
+            Review::SelfSubjectAccess => ("authorization.k8s.io", "v1", "SelfSubjectAccessReview", "selfsubjectaccessreviews"),
         }
     }
 
     /// Who may create reviews: the admin and nodes (upstream's system:node role has `create`
-    /// on both, for the kubelet's delegated authentication and authorization).
-    pub fn allowed(user: &User) -> bool {
-        user.is_admin() || user.node_name().is_some()
+    /// on TokenReview and SubjectAccessReview, for the kubelet's delegated authentication and
+    /// authorization); anyone about themselves (upstream's system:basic-user).
+    pub fn allowed(self, user: &User) -> bool {
+        matches!(self, Review::SelfSubject | Review::SelfSubjectAccess) || user.is_admin() || user.node_name().is_some()
     }
+}
+
+/// A SelfSubjectReview: who the requester is.
+pub fn self_subject_review(user: &User) -> Value {
+    serde_json::json!({
+        "kind": "SelfSubjectReview",
+        "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {"creationTimestamp": null},
+        "status": {"userInfo": {"username": user.name, "groups": user.groups}},
+    })
+}
+
+/// A SelfSubjectAccessReview: the SubjectAccessReview of the requester itself.
+pub fn self_subject_access_review(user: &User, review: &Value, graph: &dyn NodeGraph) -> Result<Value, String> {
+    let mut as_sar = review.clone();
+    let spec = as_sar.get_mut("spec").and_then(Value::as_object_mut).ok_or("spec: Required value")?;
+    spec.insert("user".into(), serde_json::json!(user.name));
+    spec.insert("groups".into(), serde_json::json!(user.groups));
+    let answered = subject_access_review(&as_sar, graph)?;
+    let mut out = review.clone();
+    out["status"] = answered["status"].clone();
+    Ok(out)
 }
 
 /// Answers a TokenReview: `spec.token` checked against the static tokens. The request's
@@ -480,10 +510,27 @@ mod tests {
     fn review_paths_and_who_may_create() {
         assert_eq!(Review::of_path("/apis/authentication.k8s.io/v1/tokenreviews"), Some(Review::Token));
         assert_eq!(Review::of_path("/apis/authorization.k8s.io/v1/subjectaccessreviews/"), Some(Review::SubjectAccess));
-        assert_eq!(Review::of_path("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"), None);
-        assert!(Review::allowed(&User { name: "admin".into(), groups: vec!["system:masters".into()] }));
-        assert!(Review::allowed(&node()));
-        assert!(!Review::allowed(&User { name: "jane".into(), groups: vec!["system:authenticated".into()] }));
+        assert_eq!(Review::of_path("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"), Some(Review::SelfSubjectAccess));
+        assert_eq!(Review::of_path("/apis/authentication.k8s.io/v1/selfsubjectreviews"), Some(Review::SelfSubject));
+        assert_eq!(Review::of_path("/apis/authorization.k8s.io/v1/localsubjectaccessreviews"), None);
+        let jane = User { name: "jane".into(), groups: vec!["system:authenticated".into()] };
+        assert!(Review::Token.allowed(&User { name: "admin".into(), groups: vec!["system:masters".into()] }));
+        assert!(Review::SubjectAccess.allowed(&node()));
+        assert!(!Review::Token.allowed(&jane));
+        assert!(!Review::SubjectAccess.allowed(&jane));
+        assert!(Review::SelfSubject.allowed(&jane) && Review::SelfSubjectAccess.allowed(&jane));
+    }
+
+    #[test]
+    fn self_reviews_answer_for_the_requester() {
+        let jane = User { name: "jane".into(), groups: vec!["dev".into(), "system:authenticated".into()] };
+        assert_eq!(self_subject_review(&jane)["status"]["userInfo"], json!({"username": "jane", "groups": ["dev", "system:authenticated"]}));
+        let ask = json!({"spec": {"resourceAttributes": {"verb": "list", "resource": "pods", "namespace": "default"}}});
+        let out = self_subject_access_review(&jane, &ask, &Graph).unwrap();
+        assert_eq!(out["status"]["allowed"], false);
+        assert_eq!(out["spec"], ask["spec"], "the answer repeats the question, not the user filled in");
+        let admin = User { name: "admin".into(), groups: vec!["system:masters".into()] };
+        assert_eq!(self_subject_access_review(&admin, &ask, &Graph).unwrap()["status"]["allowed"], true);
     }
 
     #[test]

@@ -59,6 +59,8 @@ fn resource_entries(r: &Resource) -> Vec<Value> {
 const REVIEWS: &[(&str, &str, &str, &str)] = &[
     ("authentication.k8s.io", "v1", "tokenreviews", "TokenReview"),
     ("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview"),
+    ("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview"),
+    ("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview"),
 ];
 
 /// Every served group version: the stored resources' and the review APIs'.

@@ -250,13 +250,13 @@ fn main() -> anyhow::Result<()> {
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let mut copts = copts;
-    copts.root_ca = cluster_ca(&cfg.data_dir, cli.kubeconfig.as_deref());
     if let Some(file) = &cli.controllers_clock_file {
         copts.clock = rt
             .block_on(async { ferro_control_plane::controllers::clock::Clock::from_file(file.clone()) })
             .map_err(anyhow::Error::msg)?;
     }
     if let Some(path) = &cli.kubeconfig {
+        copts.root_ca = kubeconfig_ca(path);
         return rt.block_on(async {
             let client = kube_client(path).await?;
             run_loops(client, &copts, election, None).await?;
@@ -266,6 +266,8 @@ fn main() -> anyhow::Result<()> {
     }
     rt.block_on(async {
         let running = start(&cfg).await?;
+        // this server's CA, made by start at first start
+        copts.root_ca = std::fs::read_to_string(cfg.data_dir.join("ca.crt")).ok();
         if copts.controllers.iter().any(|c| !c.is_empty()) {
             let client = kube_client(&cfg.data_dir.join("admin.kubeconfig")).await?;
             run_loops(client, &copts, election, Some(&running.explain)).await?;
@@ -278,22 +280,17 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
-/// The cluster CA the root CA publisher hands out: the kubeconfig's when the loops run against
-/// another API server, else this server's (made now at first start).
-fn cluster_ca(data_dir: &std::path::Path, kubeconfig: Option<&std::path::Path>) -> Option<String> {
+/// The cluster CA the root CA publisher hands out when the loops run against another API
+/// server: the kubeconfig's.
+fn kubeconfig_ca(path: &std::path::Path) -> Option<String> {
     use base64::Engine as _;
-    match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).ok()?;
-            let cluster = kc.clusters.first()?.cluster.as_ref()?;
-            if let Some(data) = &cluster.certificate_authority_data {
-                let pem = base64::engine::general_purpose::STANDARD.decode(data.trim()).ok()?;
-                return String::from_utf8(pem).ok();
-            }
-            std::fs::read_to_string(cluster.certificate_authority.as_ref()?).ok()
-        }
-        None => ferro_control_plane::pki::Ca::load_or_create(data_dir).ok().map(|ca| ca.cert_pem),
+    let kc = kube::config::Kubeconfig::read_from(path).ok()?;
+    let cluster = kc.clusters.first()?.cluster.as_ref()?;
+    if let Some(data) = &cluster.certificate_authority_data {
+        let pem = base64::engine::general_purpose::STANDARD.decode(data.trim()).ok()?;
+        return String::from_utf8(pem).ok();
     }
+    std::fs::read_to_string(cluster.certificate_authority.as_ref()?).ok()
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {

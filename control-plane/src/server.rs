@@ -376,7 +376,7 @@ async fn serve_review(
     if req.method() != Method::POST {
         return Err(ApiError::method_not_allowed(req.method().as_str()));
     }
-    if !auth::Review::allowed(user) {
+    if !review.allowed(user) {
         return Err(ApiError::forbidden(
             &resource,
             "",
@@ -384,6 +384,10 @@ async fn serve_review(
         ));
     }
     let (parts, body) = read_body(req).await?;
+    if review == auth::Review::SelfSubject {
+        // the request carries nothing to read (kubectl sends it as protobuf)
+        return Ok(json_response(201, &auth::self_subject_review(user)));
+    }
     let obj = decode_body(&content_type(&parts), &body)?;
     Api::check_type(&obj, kind, &format!("{group}/{version}"))?;
     if review == auth::Review::Token {
@@ -392,6 +396,8 @@ async fn serve_review(
         }
     }
     let answer = match review {
+        auth::Review::SelfSubject => Ok(auth::self_subject_review(user)),
+        auth::Review::SelfSubjectAccess => auth::self_subject_access_review(user, &obj, &Graph(&state.api)),
         auth::Review::Token => auth::token_review(&state.tokens, &obj),
         auth::Review::SubjectAccess => auth::subject_access_review(&obj, &Graph(&state.api)),
     }
@@ -487,7 +493,8 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
                 .body(full("ok"))
                 .unwrap_or_else(|_| Response::new(full("ok"))));
         }
-        "/version" => return Ok(json_response(200, &state.version)),
+        // with a trailing slash too, as upstream (the Python client asks for /version/)
+        "/version" | "/version/" => return Ok(json_response(200, &state.version)),
         _ => {}
     }
     let user = match cert_user {

@@ -55,6 +55,20 @@ async fn tokens_authenticate_as_their_service_account_while_it_and_its_pod_live(
     assert_eq!(token.matches('.').count(), 2, "{token}");
     let err = kubectl_as(&s, &token, &["get", "pods"]).unwrap_err();
     assert!(err.contains("User \"system:serviceaccount:default:app\" cannot list resource \"pods\""), "{err}");
+    // kubectl auth whoami / can-i (SelfSubjectReview, SelfSubjectAccessReview)
+    let who = kubectl_as(&s, &token, &["auth", "whoami", "-o", "json"]).unwrap();
+    let who: Value = serde_json::from_str(&who).unwrap();
+    assert_eq!(who["status"]["userInfo"]["username"], "system:serviceaccount:default:app", "{who}");
+    let can = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(token_kubeconfig(&s, &token))
+        .args(["auth", "can-i", "list", "pods"])
+        .output()
+        .unwrap();
+    assert!(!can.status.success() && String::from_utf8_lossy(&can.stdout).starts_with("no"), "{can:?}");
+    assert_eq!(s.ok(&["auth", "can-i", "list", "pods"]).trim(), "yes");
+    let version: Value = serde_json::from_str(&s.ok(&["get", "--raw", "/version/"])).unwrap();
+    assert_eq!(version["major"], "1");
     let st = review(&s, &token, &[]);
     assert_eq!(st["authenticated"], true, "{st}");
     assert_eq!(st["user"]["username"], "system:serviceaccount:default:app");
