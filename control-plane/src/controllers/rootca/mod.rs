@@ -80,6 +80,17 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         let ns = namespaces.clone();
         spawn_resync(queue.clone(), opts.resync, move || ns.list().iter().map(|n| n.name_any()).collect());
     }
+    {
+        // The shared namespace informer may have listed before this loop's handler was added
+        // (another loop started it): every namespace is looked at once it has synced.
+        let (ns, q) = (namespaces.clone(), queue.clone());
+        tokio::spawn(async move {
+            ns.wait_synced().await;
+            for n in ns.list() {
+                q.add(n.name_any());
+            }
+        });
+    }
     let ctx = Arc::new(Context { client: inf.client(), ca, namespaces, config_maps });
     {
         let ctx = ctx.clone();
