@@ -412,14 +412,30 @@ async fn patch_owners(gc: &Gc, v: &Vertex, owners: Vec<OwnerReference>) -> Resul
     }
 }
 
+/// Removes one finalizer, guarded by the resourceVersion read; when the object changed in
+/// between (its controller writing its status, say), read it again and retry at once rather
+/// than through the queue's growing back-off (upstream's RetryOnConflict).
 async fn remove_finalizer(gc: &Gc, v: &Vertex, finalizer: &str) -> Result<(), Error> {
-    let rest: Vec<_> = v.finalizers.iter().filter(|f| *f != finalizer).collect();
-    let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": v.resource_version}});
-    match gc.api(v.kind, v.namespace.as_deref()).patch(&v.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-        Ok(_) => Ok(()),
-        Err(e) if is_not_found(&e) => Ok(()),
-        Err(e) => Err(e.into()),
+    let api = gc.api(v.kind, v.namespace.as_deref());
+    let (mut finalizers, mut rv) = (v.finalizers.clone(), v.resource_version.clone());
+    for _ in 0..5 {
+        let rest: Vec<&String> = finalizers.iter().filter(|f| *f != finalizer).collect();
+        let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": rv}});
+        match api.patch(&v.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => return Ok(()),
+            Err(e) if is_not_found(&e) => return Ok(()),
+            Err(e) if is_conflict(&e) => {
+                let Some(live) = api.get_metadata_opt(&v.name).await? else { return Ok(()) };
+                finalizers = live.metadata.finalizers.unwrap_or_default();
+                rv = live.metadata.resource_version.unwrap_or_default();
+                if !finalizers.iter().any(|f| f == finalizer) {
+                    return Ok(());
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
+    Err(Error::Other(format!("the {finalizer} finalizer of {} kept changing under us", v.name)))
 }
 
 #[cfg(test)]

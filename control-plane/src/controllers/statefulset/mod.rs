@@ -295,6 +295,9 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
     let obs = Observed::read(&ctx, &set);
     let rev_api: Api<ControllerRevision> = Api::namespaced(client.clone(), &ns);
     if !obs.orphans.is_empty() {
+        if !may_adopt(client, &set).await? {
+            return Ok(Next::Done);
+        }
         for name in &obs.orphans {
             let Some(r) = revisions.get(Some(&ns), name) else { continue };
             let mut refs = r.owner_references().to_vec();
@@ -386,6 +389,16 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
     Ok(next)
 }
 
+/// Whether the set may adopt orphans: a live read shows it is still there and not being
+/// deleted (upstream's RecheckDeletionTimestamp). The cache may not show a deletion yet while
+/// the garbage collector already releases the set's dependents (an orphaning delete): adopting
+/// one back then would leave it owned by a set that is about to go, and collected with it.
+async fn may_adopt(client: &kube::Client, set: &StatefulSet) -> Result<bool, kube::Error> {
+    let api: Api<StatefulSet> = Api::namespaced(client.clone(), set.metadata.namespace.as_deref().unwrap_or_default());
+    let live = api.get_opt(&set.name_any()).await?;
+    Ok(live.is_some_and(|l| l.metadata.uid == set.metadata.uid && l.metadata.deletion_timestamp.is_none()))
+}
+
 /// How an action went when it did not fail.
 enum Applied {
     Done,
@@ -407,6 +420,9 @@ async fn apply(
     match action {
         Action::Adopt { name } => {
             let Some(pod) = ctx.pods.get(key.namespace.as_deref(), name) else { return Ok(Applied::Done) };
+            if !may_adopt(&ctx.client, set).await? {
+                return Ok(Applied::Soon);
+            }
             let mut refs = pod.owner_references().to_vec();
             refs.push(controller_ref(set));
             patch_owners(pod_api, &pod, refs).await
