@@ -110,7 +110,21 @@ async fn reconcile(ctx: Arc<Context>, name: String) -> Result<Next, Error> {
     if node.spec.as_ref().and_then(|s| s.pod_cidr.as_ref()).is_some() {
         return Ok(Next::Done);
     }
-    let mut used = used_cidrs(nodes);
+    // What is taken, from a live list rather than the cache: an assignment whose response was
+    // lost, or one the cache has not shown yet, must never be handed out twice.
+    let live = Api::<Node>::all(client.clone()).list(&Default::default()).await?;
+    if live.items.iter().any(|n| n.name_any() == name && n.spec.as_ref().and_then(|s| s.pod_cidr.as_ref()).is_some()) {
+        return Ok(Next::Done);
+    }
+    let mut used: BTreeSet<IpNet> = live
+        .items
+        .iter()
+        .flat_map(|n| {
+            let spec = n.spec.clone().unwrap_or_default();
+            spec.pod_cidrs.unwrap_or_default().into_iter().chain(spec.pod_cidr)
+        })
+        .filter_map(|c| c.parse::<IpNet>().ok())
+        .collect();
     let pending = {
         let mut a = assigned.lock().unwrap_or_else(|p| p.into_inner());
         // forget assignments the informer reflects now, and nodes that are gone
