@@ -109,7 +109,8 @@ async fn two_replicas_serve_one_leads_the_loops_and_the_other_takes_over_after_k
         plain_log(follower).contains(&format!("the leader lease is held by another replica; waiting for it to expire holder={leader_id}")).then_some(())
     })
     .await;
-    assert!(plain_log(leader).contains("controller loops started"), "{}", plain_log(leader));
+    // the Lease is written before the loops start and log it: wait for the line
+    eventually("the leader to start its loops", || async { plain_log(leader).contains("controller loops started").then_some(()) }).await;
     assert!(!plain_log(follower).contains("controller loops started"), "{}", plain_log(follower));
 
     // a Deployment created through B gets its ReplicaSet from whichever leads
@@ -143,7 +144,7 @@ async fn two_replicas_serve_one_leads_the_loops_and_the_other_takes_over_after_k
     })
     .await;
     assert!(transitions >= 1, "a takeover counts as a transition");
-    assert!(plain_log(survivor).contains("controller loops started"));
+    eventually("the survivor to start its loops", || async { plain_log(survivor).contains("controller loops started").then_some(()) }).await;
     let deps: Api<Deployment> = Api::namespaced(cs.clone(), "default");
     deps.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 4}}))).await.unwrap();
     eventually("web scaled to 4 by the new leader", || async {
