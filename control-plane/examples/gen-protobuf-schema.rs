@@ -321,7 +321,8 @@ fn roots() -> Vec<(String, String, String)> {
     let mut out: Vec<(String, String, String)> = RESOURCES
         .iter()
         // Served from CustomResourceDefinitions upstream: JSON only, no protobuf message.
-        .filter(|r| r.group != "snapshot.storage.k8s.io")
+        // CustomResourceDefinitions: JSON only here (their clients send JSON).
+        .filter(|r| !matches!(r.group, "snapshot.storage.k8s.io" | "apiextensions.k8s.io"))
         .map(|r| {
             let pkg = if r.group.is_empty() { "core" } else { r.group.split('.').next().unwrap_or(r.group) };
             (r.api_version(), r.kind.to_string(), format!("io.k8s.api.{pkg}.{}.{}", r.version, r.kind))

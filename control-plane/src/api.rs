@@ -551,6 +551,9 @@ impl Api {
         field_validation: &str,
         warnings: &mut Vec<String>,
     ) -> Result<Value, ApiError> {
+        if let Some(c) = res.custom {
+            return crate::crd::objects::decode(res, c, obj, field_validation, warnings);
+        }
         let normalized = (res.normalize)(obj.clone()).map_err(|e| {
             ApiError::bad_request(format!("{} in version \"{}\" cannot be handled as a {}: {e}", res.kind, res.api_version(), res.kind))
         })?;
@@ -579,6 +582,15 @@ impl Api {
         mut obj: Value,
         dry_run: bool,
     ) -> Result<Record, ApiError> {
+        crate::crd::controller::refuse_create(res)?;
+        if res.is("customresourcedefinitions") {
+            let fins = obj.pointer_mut("/metadata/finalizers");
+            match fins.and_then(Value::as_array_mut) {
+                Some(f) if f.iter().any(|x| x == crate::crd::CLEANUP_FINALIZER) => {}
+                Some(f) => f.push(json!(crate::crd::CLEANUP_FINALIZER)),
+                None => set_meta(&mut obj, "finalizers", json!([crate::crd::CLEANUP_FINALIZER])),
+            }
+        }
         if res.namespaced {
             let ns = ns.ok_or_else(|| ApiError::bad_request("a namespace is required"))?;
             match meta_str(&obj, "namespace") {
@@ -623,26 +635,26 @@ impl Api {
         } else {
             remove_meta(&mut obj, "generation");
         }
-        if res.plural == "daemonsets" {
+        if res.is("daemonsets") {
             strategy::daemonset_template_generation(None, &mut obj);
         }
-        if res.has(Sub::Status) && res.plural != "nodes" {
+        if res.has(Sub::Status) && !res.is("nodes") {
             if let Some(m) = obj.as_object_mut() {
                 m.remove("status");
             }
         }
         strategy::apply_defaults(res, &mut obj);
-        if res.plural == "persistentvolumeclaims" {
+        if res.is("persistentvolumeclaims") {
             self.default_storage_class(&mut obj).await?;
         }
-        if res.plural == "pods" && !dry_run {
+        if res.is("pods") && !dry_run {
             crate::sa_admission::admit_pod(self, ns.unwrap_or("default"), &name, &mut obj).await?;
         }
         let errs = strategy::validate(res, &obj);
         if !errs.is_empty() {
             return Err(ApiError::invalid(res.kind, res.group, &name, &errs));
         }
-        let allocated = if res.plural == "services" {
+        let allocated = if res.is("services") {
             self.allocate_service(&mut obj, None, &name, dry_run).await?
         } else {
             Allocated::default()
@@ -700,7 +712,7 @@ impl Api {
         }
         let key = res.key(ns, name);
         let Some(current) = self.store.get(&key).await? else {
-            if !status_endpoint && matches!(res.plural, "endpoints" | "leases" | "events" | "endpointslices") {
+            if !status_endpoint && res.custom.is_none() && matches!(res.plural, "endpoints" | "leases" | "events" | "endpointslices") {
                 let mut obj = obj;
                 set_meta(&mut obj, "name", json!(name));
                 remove_meta(&mut obj, "resourceVersion");
@@ -785,21 +797,21 @@ impl Api {
             let g = old.pointer("/metadata/generation").and_then(|g| g.as_i64()).unwrap_or(0);
             set_meta(&mut obj, "generation", json!(g + 1));
         }
-        if res.plural == "daemonsets" {
+        if res.is("daemonsets") {
             strategy::daemonset_template_generation(Some(&old), &mut obj);
         }
         let mut errs = strategy::validate(res, &obj);
         errs.extend(strategy::validate_update(res, &old, &obj));
-        if res.plural == "jobs" && status_endpoint {
+        if res.is("jobs") && status_endpoint {
             errs.extend(crate::job_status::validate_update(&old, &obj));
         }
-        if res.plural == "persistentvolumeclaims" && !status_endpoint {
+        if res.is("persistentvolumeclaims") && !status_endpoint {
             errs.extend(self.admit_claim_resize(&old, &obj).await?);
         }
         if !errs.is_empty() {
             return Err(ApiError::invalid(res.kind, res.group, name, &errs));
         }
-        let allocated = if res.plural == "services" && !status_endpoint {
+        let allocated = if res.is("services") && !status_endpoint {
             self.allocate_service(&mut obj, Some(&old), name, dry_run).await?
         } else {
             Allocated::default()
@@ -840,7 +852,7 @@ impl Api {
             .await;
         match result {
             Ok(r) => {
-                if res.plural == "services" && !status_endpoint {
+                if res.is("services") && !status_endpoint {
                     self.release_replaced(&old, &obj).await;
                 }
                 Ok(r)
@@ -887,7 +899,8 @@ impl Api {
                 }
                 None => return Err(ApiError::not_found(&res.group_resource(), name)),
             };
-            let old = current.json()?;
+            let mut old = current.json()?;
+            crate::crd::objects::served_value(res, &mut old);
             let patched = apply_patch(res, &old, patch_type, patch)?;
             Api::check_type(&patched, res.kind, &res.api_version())?;
             let precondition = match meta_str(&patched, "resourceVersion").filter(|v| !v.is_empty()) {
@@ -943,7 +956,7 @@ impl Api {
             }
             let mut changed = false;
             // Graceful deletion of pods bound to a node.
-            if res.plural == "pods" {
+            if res.is("pods") {
                 let bound = obj.pointer("/spec/nodeName").and_then(|n| n.as_str()).map(|n| !n.is_empty()).unwrap_or(false);
                 let phase = obj.pointer("/status/phase").and_then(|p| p.as_str()).unwrap_or("");
                 let terminal = phase == "Succeeded" || phase == "Failed";
@@ -998,11 +1011,11 @@ impl Api {
                     ))
                 }
             }
-            if res.plural == "namespaces" && !deleting {
+            if res.is("namespaces") && !deleting {
                 obj["status"]["phase"] = json!("Terminating");
                 changed = true;
             }
-            let ns_finalizers = res.plural == "namespaces"
+            let ns_finalizers = res.is("namespaces")
                 && obj.pointer("/spec/finalizers").and_then(|f| f.as_array()).map(|a| !a.is_empty()).unwrap_or(false);
             if !fins.is_empty() || ns_finalizers || changed && obj.pointer("/metadata/deletionGracePeriodSeconds").and_then(|g| g.as_i64()).unwrap_or(0) > 0 {
                 if !fins.is_empty() {
@@ -1042,7 +1055,7 @@ impl Api {
     }
 
     async fn release_service(&self, res: &Resource, svc: &Value) {
-        if res.plural != "services" {
+        if !res.is("services") {
             return;
         }
         let owner = Owner::of(svc);
@@ -1284,6 +1297,19 @@ pub fn apply_patch(res: &Resource, old: &Value, patch_type: PatchType, patch: &V
             Ok(doc)
         }
         PatchType::Merge => {
+            if !patch.is_object() {
+                return Err(ApiError::bad_request("the patch must be a JSON object"));
+            }
+            let mut doc = old.clone();
+            json_patch::merge(&mut doc, patch);
+            Ok(doc)
+        }
+        PatchType::Strategic if res.custom.is_some() => Err(ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+        )),
+        PatchType::Apply if res.custom.is_some() => {
             if !patch.is_object() {
                 return Err(ApiError::bad_request("the patch must be a JSON object"));
             }

@@ -59,7 +59,7 @@ pub fn etcd_key_layout(prefix: &str) -> KeyLayout {
                 ("", "nodes") => "minions/".to_string(),
                 ("", "services") => "services/specs/".to_string(),
                 ("", "endpoints") => "services/endpoints/".to_string(),
-                ("snapshot.storage.k8s.io", plural) => format!("snapshot.storage.k8s.io/{plural}/"),
+                ("snapshot.storage.k8s.io" | "apiextensions.k8s.io", plural) => format!("{}/{plural}/", r.group),
                 (_, plural) => format!("{plural}/"),
             };
             (r.prefix(None), segment)
@@ -212,6 +212,7 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
     };
     let api = Arc::new(Api::new(store, ips, ports).await?);
     tokio::spawn(repair_allocations(api.clone()));
+    tokio::spawn(crate::crd::controller::run(api.clone()));
     bootstrap_objects(&api, cfg, kubernetes_ip).await?;
 
     // TLS: client certificates are optional; requests without one need a bearer token.

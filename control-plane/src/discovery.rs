@@ -76,8 +76,8 @@ fn group_versions() -> Vec<(&'static str, &'static str)> {
 
 fn resource_list(group: &str, version: &str) -> Value {
     let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-    let mut resources: Vec<Value> = RESOURCES
-        .iter()
+    let mut resources: Vec<Value> = resources::all()
+        .into_iter()
         .filter(|r| r.group == group && r.version == version)
         .flat_map(resource_entries)
         .collect();
@@ -87,10 +87,36 @@ fn resource_list(group: &str, version: &str) -> Value {
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
 }
 
+/// Kubernetes' version priority (upstream's CompareKubeAwareVersionStrings): GA before beta
+/// before alpha, higher numbers first, anything else last in alphabetical order.
+pub fn version_priority(v: &str) -> (u8, i64, i64, String) {
+    let parse = |v: &str| -> Option<(u8, i64, i64)> {
+        let rest = v.strip_prefix('v')?;
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let major: i64 = digits.parse().ok()?;
+        let tail = &rest[digits.len()..];
+        if tail.is_empty() {
+            return Some((0, -major, 0));
+        }
+        for (level, pre) in [(1u8, "beta"), (2u8, "alpha")] {
+            if let Some(n) = tail.strip_prefix(pre) {
+                let minor: i64 = n.parse().ok()?;
+                return Some((level, -major, -minor));
+            }
+        }
+        None
+    };
+    match parse(v) {
+        Some((level, major, minor)) => (level, major, minor, String::new()),
+        None => (3, 0, 0, v.to_string()),
+    }
+}
+
 fn group_doc(group: &str) -> Value {
-    let versions: Vec<Value> = group_versions()
+    let mut gvs: Vec<(&str, &str)> = group_versions().into_iter().filter(|(g, _)| *g == group).collect();
+    gvs.sort_by_key(|(_, v)| version_priority(v));
+    let versions: Vec<Value> = gvs
         .into_iter()
-        .filter(|(g, _)| *g == group)
         .map(|(g, v)| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
         .collect();
     let preferred = versions.first().cloned().unwrap_or(Value::Null);
@@ -157,7 +183,13 @@ fn openapi_index() -> Value {
     let mut paths = Map::new();
     for (g, v) in resources::group_versions() {
         let p = gv_path(g, v);
-        let hash = format!("{:016X}", fnv(&p));
+        // custom groups change with their CRDs: the hash (kubectl caches by it) follows them
+        let custom: Vec<String> = resources::all()
+            .into_iter()
+            .filter(|r| r.group == g && r.version == v)
+            .filter_map(|r| r.custom.map(|c| format!("{}{}", c.crd, c.raw_schema)))
+            .collect();
+        let hash = format!("{:016X}", fnv(&format!("{p}{}", custom.concat())));
         paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={hash}")}));
     }
     json!({"paths": paths})
@@ -232,11 +264,17 @@ fn components(group: &str, version: &str) -> Map<String, Value> {
 fn openapi_doc(group: &str, version: &str) -> Value {
     static CACHE: OnceLock<std::sync::Mutex<std::collections::HashMap<String, Value>>> = OnceLock::new();
     let key = gv_path(group, version);
+    let custom = resources::all().into_iter().any(|r| r.group == group && r.version == version && r.custom.is_some());
     let cache = CACHE.get_or_init(Default::default);
-    if let Some(v) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-        return v.clone();
+    if !custom {
+        if let Some(v) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return v.clone();
+        }
     }
-    let schemas = components(group, version);
+    let mut schemas = components(group, version);
+    if custom {
+        schemas.extend(custom_components(group, version));
+    }
     // Paths with the fieldValidation parameter on PATCH/PUT/POST: kubectl then leaves field
     // validation to the server (which implements fieldValidation=Strict).
     let field_validation = json!({
@@ -244,7 +282,7 @@ fn openapi_doc(group: &str, version: &str) -> Value {
         "description": "fieldValidation instructs the server on how to handle objects in the request containing unknown or duplicate fields."
     });
     let mut paths = Map::new();
-    for r in RESOURCES.iter().filter(|r| r.group == group && r.version == version) {
+    for r in resources::all().into_iter().filter(|r| r.group == group && r.version == version) {
         let base = if r.namespaced {
             format!("/{}/namespaces/{{namespace}}/{}", key, r.plural)
         } else {
@@ -271,8 +309,48 @@ fn openapi_doc(group: &str, version: &str) -> Value {
         "paths": paths,
         "components": {"schemas": schemas},
     });
-    cache.lock().unwrap_or_else(|p| p.into_inner()).insert(key, doc.clone());
+    if !custom {
+        cache.lock().unwrap_or_else(|p| p.into_inner()).insert(key, doc.clone());
+    }
     doc
+}
+
+/// The schema name upstream gives a custom kind: the group reversed, the version, the kind
+/// (`com.example.v1.Widget`).
+fn custom_schema_name(r: &Resource) -> String {
+    let mut parts: Vec<&str> = r.group.split('.').collect();
+    parts.reverse();
+    format!("{}.{}.{}", parts.join("."), r.version, r.kind)
+}
+
+/// Components for the custom kinds of a group version: each version's schema with apiVersion,
+/// kind and metadata (ObjectMeta) as upstream's builder adds them, plus the ObjectMeta schema.
+fn custom_components(group: &str, version: &str) -> Map<String, Value> {
+    let settings = schemars::generate::SchemaSettings::openapi3().with(|s| {
+        s.definitions_path = "/components/schemas".into();
+    });
+    let mut generator = settings.into_generator();
+    let meta_ref = generator.subschema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>();
+    let mut defs: Map<String, Value> = generator.take_definitions(true).into_iter().collect();
+    for r in resources::all().into_iter().filter(|r| r.group == group && r.version == version) {
+        let Some(c) = r.custom else { continue };
+        let mut schema = c.raw_schema.clone();
+        if let Some(m) = schema.as_object_mut() {
+            let props = m.entry("properties").or_insert_with(|| json!({}));
+            if let Some(p) = props.as_object_mut() {
+                p.insert("apiVersion".into(), json!({"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources"}));
+                p.insert("kind".into(), json!({"type": "string", "description": "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds"}));
+                let mut meta = serde_json::to_value(&meta_ref).unwrap_or(Value::Null);
+                if let Some(own) = p.get("metadata").and_then(|x| x.get("properties")).cloned() {
+                    meta = json!({"allOf": [meta], "properties": own});
+                }
+                p.insert("metadata".into(), meta);
+            }
+            m.insert("x-kubernetes-group-version-kind".into(), json!([{"group": r.group, "version": r.version, "kind": r.kind}]));
+        }
+        defs.insert(custom_schema_name(r), schema);
+    }
+    defs
 }
 
 #[cfg(test)]

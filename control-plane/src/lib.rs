@@ -5,6 +5,7 @@ pub mod api;
 pub mod auth;
 pub mod config;
 pub mod controllers;
+pub mod crd;
 pub mod discovery;
 pub mod error;
 pub mod job_status;

@@ -54,6 +54,8 @@ pub struct Resource {
     /// metadata.generation is maintained (bumped on spec changes).
     pub generation: bool,
     pub normalize: Normalize,
+    /// Set for kinds served from a CustomResourceDefinition (crate::crd).
+    pub custom: Option<&'static crate::crd::Custom>,
 }
 
 impl Resource {
@@ -62,6 +64,20 @@ impl Resource {
             self.version.to_string()
         } else {
             format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// Whether this is the built-in resource with this plural (a custom resource may share
+    /// a built-in's plural in another group).
+    pub fn is(&self, plural: &str) -> bool {
+        self.custom.is_none() && self.plural == plural
+    }
+
+    /// The kind of a list of these (`spec.names.listKind` for custom resources).
+    pub fn list_kind(&self) -> String {
+        match self.custom {
+            Some(c) => c.list_kind.to_string(),
+            None => format!("{}List", self.kind),
         }
     }
 
@@ -118,6 +134,7 @@ macro_rules! res {
             subresources: &[$($sub),*],
             generation: $gen,
             normalize: roundtrip::<$ty>,
+            custom: None,
         }
     };
 }
@@ -180,25 +197,41 @@ pub static RESOURCES: &[Resource] = &[
         short: [], cat: ["all"], sub: [Status], gen: true),
     res!("batch", "v1", "CronJob", "cronjobs", "cronjob", true, batch::v1::CronJob,
         short: ["cj"], cat: ["all"], sub: [Status], gen: true),
+    res!("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", "customresourcedefinition", false,
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        short: ["crd", "crds"], cat: ["api-extensions"], sub: [Status], gen: true),
     res!("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", "poddisruptionbudget", true, policy::v1::PodDisruptionBudget,
         short: ["pdb"], cat: [], sub: [Status], gen: true),
 ];
+
+/// Every served resource: the built-in ones, then those of CustomResourceDefinitions.
+pub fn all() -> Vec<&'static Resource> {
+    let custom = crate::crd::registry::served();
+    RESOURCES.iter().chain(custom.iter().copied()).collect()
+}
 
 /// Looks a resource up by group, version and plural name.
 pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
     RESOURCES
         .iter()
         .find(|r| r.group == group && r.version == version && r.plural == plural)
+        .or_else(|| crate::crd::registry::served().iter().copied().find(|r| r.group == group && r.version == version && r.plural == plural))
 }
 
+/// The resource of a kind: for a custom kind served in several versions, the storage version.
 pub fn by_kind(group: &str, kind: &str) -> Option<&'static Resource> {
-    RESOURCES.iter().find(|r| r.group == group && r.kind == kind)
+    RESOURCES.iter().find(|r| r.group == group && r.kind == kind).or_else(|| {
+        let custom = crate::crd::registry::served();
+        let mut matching = custom.iter().copied().filter(|r| r.group == group && r.kind == kind);
+        let first = matching.next()?;
+        Some(std::iter::once(first).chain(matching).find(|r| r.custom.is_some_and(|c| c.storage_version == r.version)).unwrap_or(first))
+    })
 }
 
 /// The group/versions served, in discovery order (core "v1" first).
 pub fn group_versions() -> Vec<(&'static str, &'static str)> {
     let mut out: Vec<(&'static str, &'static str)> = Vec::new();
-    for r in RESOURCES {
+    for r in all() {
         if !out.contains(&(r.group, r.version)) {
             out.push((r.group, r.version));
         }
@@ -226,7 +259,12 @@ pub fn from_key(key: &str) -> Option<&'static Resource> {
     let group = parts.next()?;
     let plural = parts.next()?;
     let group = if group == "core" { "" } else { group };
-    RESOURCES.iter().find(|r| r.group == group && r.plural == plural)
+    RESOURCES.iter().find(|r| r.group == group && r.plural == plural).or_else(|| {
+        let custom = crate::crd::registry::served();
+        let mut matching = custom.iter().copied().filter(|r| r.group == group && r.plural == plural);
+        let first = matching.next()?;
+        Some(std::iter::once(first).chain(matching).find(|r| r.custom.is_some_and(|c| c.storage_version == r.version)).unwrap_or(first))
+    })
 }
 
 #[cfg(test)]

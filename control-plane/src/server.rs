@@ -209,7 +209,7 @@ fn respond(out: &Output, status: u16, res: Option<&Resource>, obj: Value) -> Res
                     let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""));
                     (vec![obj], json!({"resourceVersion": rv}))
                 };
-                let t = crate::table::table(res.plural, &items, include_object, list_meta, jiff::Timestamp::now());
+                let t = table_of(res, &items, include_object, list_meta);
                 json_response(status, &t)
             }
             _ => json_response(status, &obj),
@@ -217,11 +217,23 @@ fn respond(out: &Output, status: u16, res: Option<&Resource>, obj: Value) -> Res
     }
 }
 
+/// The Table of objects of a resource: upstream's printer for built-in kinds, the CRD's
+/// printer columns for custom ones.
+fn table_of(res: &Resource, objects: &[Value], include_object: &str, list_meta: Value) -> Value {
+    match res.custom {
+        Some(c) => crate::crd::objects::table(c, objects, include_object, list_meta, jiff::Timestamp::now()),
+        None => crate::table::table(res.plural, objects, include_object, list_meta, jiff::Timestamp::now()),
+    }
+}
+
 fn record_response(out: &Output, status: u16, res: &Resource, r: &Record) -> Response<Body> {
     match out {
-        Output::Json => raw_json_response(status, r.value.clone()),
+        Output::Json => raw_json_response(status, crate::crd::objects::served_bytes(res, &r.value)),
         _ => match r.json() {
-            Ok(v) => respond(out, status, Some(res), v),
+            Ok(mut v) => {
+                crate::crd::objects::served_value(res, &mut v);
+                respond(out, status, Some(res), v)
+            }
             Err(e) => error_response(&e.into()),
         },
     }
@@ -657,7 +669,7 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
                     Err(e) => return Err(e),
                 }
             }
-            json_response(200, &json!({"kind": format!("{}List", res.kind), "apiVersion": res.api_version(), "metadata": {}, "items": items}))
+            json_response(200, &json!({"kind": res.list_kind(), "apiVersion": res.api_version(), "metadata": {}, "items": items}))
         }
         (Some(Sub::Scale), v) => crate::subresources::scale(api, res, ns, name, v, &ct, body.as_deref()).await?,
         (Some(Sub::Binding), "create") => {
@@ -747,19 +759,28 @@ async fn list(api: &Api, res: &'static Resource, ns: Option<&str>, q: &HashMap<S
         // Splice the stored bytes without re-encoding each object.
         let mut buf = Vec::with_capacity(page.records.iter().map(|r| r.value.len() + 1).sum::<usize>() + 256);
         buf.extend_from_slice(
-            format!("{{\"kind\":\"{}List\",\"apiVersion\":\"{}\",\"metadata\":{},\"items\":[", res.kind, res.api_version(), meta).as_bytes(),
+            format!("{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{},\"items\":[", res.list_kind(), res.api_version(), meta).as_bytes(),
         );
         for (i, r) in page.records.iter().enumerate() {
             if i > 0 {
                 buf.push(b',');
             }
-            buf.extend_from_slice(&r.value);
+            buf.extend_from_slice(&crate::crd::objects::served_bytes(res, &r.value));
         }
         buf.extend_from_slice(b"]}");
         return Ok(raw_json_response(200, Bytes::from(buf)));
     }
-    let items: Result<Vec<Value>, _> = page.records.iter().map(|r| r.json()).collect();
-    let list = json!({"kind": format!("{}List", res.kind), "apiVersion": res.api_version(), "metadata": meta, "items": items?});
+    let items: Result<Vec<Value>, _> = page
+        .records
+        .iter()
+        .map(|r| {
+            r.json().map(|mut v| {
+                crate::crd::objects::served_value(res, &mut v);
+                v
+            })
+        })
+        .collect();
+    let list = json!({"kind": res.list_kind(), "apiVersion": res.api_version(), "metadata": meta, "items": items?});
     Ok(respond(out, 200, Some(res), list))
 }
 
@@ -804,9 +825,10 @@ fn watch_line(res: &Resource, out: &Output, item: WatchItem, first_table: &mut b
     let mut line = match item {
         WatchItem::Event { kind, object } => match out {
             Output::Table { include_object } => {
-                let obj: Value = serde_json::from_slice(&object).unwrap_or(Value::Null);
+                let mut obj: Value = serde_json::from_slice(&object).unwrap_or(Value::Null);
+                crate::crd::objects::served_value(res, &mut obj);
                 let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""));
-                let mut t = crate::table::table(res.plural, &[obj], include_object, json!({"resourceVersion": rv}), jiff::Timestamp::now());
+                let mut t = table_of(res, &[obj], include_object, json!({"resourceVersion": rv}));
                 if !*first_table {
                     t["columnDefinitions"] = json!([]);
                 }
@@ -816,7 +838,7 @@ fn watch_line(res: &Resource, out: &Output, item: WatchItem, first_table: &mut b
             _ => {
                 let mut v = Vec::with_capacity(object.len() + 32);
                 v.extend_from_slice(format!("{{\"type\":\"{kind}\",\"object\":").as_bytes());
-                v.extend_from_slice(&object);
+                v.extend_from_slice(&crate::crd::objects::served_bytes(res, &object));
                 v.push(b'}');
                 v
             }

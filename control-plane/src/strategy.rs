@@ -47,6 +47,9 @@ pub fn daemonset_template_generation(old: Option<&Value>, obj: &mut Value) {
 
 /// Field-selector fields each kind supports (beyond metadata.name and metadata.namespace).
 pub fn selectable_fields(res: &Resource) -> &'static [&'static str] {
+    if res.custom.is_some() {
+        return &[];
+    }
     match res.plural {
         "pods" => &[
             "spec.nodeName",
@@ -297,7 +300,12 @@ fn default_template(obj: &mut Value) {
 
 /// Applies upstream's defaults for the kind.
 pub fn apply_defaults(res: &Resource, obj: &mut Value) {
+    if let Some(c) = res.custom {
+        crate::crd::schema::apply_defaults(&c.schema, obj);
+        return;
+    }
     match res.plural {
+        "customresourcedefinitions" => crate::crd::definition::apply_defaults(obj),
         "pods" => {
             let spec = obj_mut(obj, "spec");
             default_pod_spec(spec);
@@ -621,9 +629,19 @@ fn selector_matches_template(obj: &Value, errs: &mut Vec<FieldError>) {
 
 /// Validation of a new object (422 causes when not empty).
 pub fn validate(res: &Resource, obj: &Value) -> Vec<FieldError> {
+    if let Some(c) = res.custom {
+        return crate::crd::objects::validate(res, c, obj);
+    }
     let meta = obj.get("metadata").cloned().unwrap_or(Value::Null);
-    let mut errs = validation::validate_object_meta(&meta, res.namespaced, name_rule(res));
+    let mut errs = if res.is("customresourcedefinitions") {
+        // apiextensions validates metadata with apimachinery's generic rules (its own
+        // finalizer has no domain prefix)
+        validation::validate_generic_object_meta(&meta, res.namespaced, name_rule(res))
+    } else {
+        validation::validate_object_meta(&meta, res.namespaced, name_rule(res))
+    };
     match res.plural {
+        "customresourcedefinitions" => errs.extend(crate::crd::definition::validate(obj, None)),
         "pods" => {
             if let Some(spec) = obj.get("spec") {
                 validate_containers(spec, "spec", &mut errs);
@@ -931,7 +949,16 @@ fn immutable(old: &Value, new: &Value, ptr: &str, field: &str, errs: &mut Vec<Fi
 /// Rules an update must keep (on top of [`validate`]).
 pub fn validate_update(res: &Resource, old: &Value, new: &Value) -> Vec<FieldError> {
     let mut errs = Vec::new();
+    if res.custom.is_some() {
+        return errs;
+    }
     match res.plural {
+        "customresourcedefinitions" => {
+            // validate() checked the new object alone; these are the rules between the two
+            let all = crate::crd::definition::validate(new, Some(old));
+            let alone = crate::crd::definition::validate(new, None);
+            errs.extend(all.into_iter().filter(|e| !alone.contains(e)));
+        }
         "pods" => {
             // Upstream lets only images, activeDeadlineSeconds, tolerations (additions) and
             // terminationGracePeriodSeconds change.

@@ -29,7 +29,34 @@ fn selector_string(sel: &Value) -> String {
     parts.join(",")
 }
 
-fn to_scale(obj: &Value) -> Value {
+/// Where a resource keeps its scale: the workloads' fixed fields, or a CRD's scale paths
+/// (JSON pointers of spec replicas, status replicas and the label selector string).
+fn scale_paths(res: &Resource) -> (String, String, Option<String>) {
+    match res.custom.and_then(|c| c.scale.as_ref()) {
+        Some(p) => (
+            crate::crd::pointer_of(&p.spec_replicas),
+            crate::crd::pointer_of(&p.status_replicas),
+            p.label_selector.as_deref().map(crate::crd::pointer_of),
+        ),
+        None => ("/spec/replicas".into(), "/status/replicas".into(), None),
+    }
+}
+
+/// A merge patch setting the value at a JSON pointer.
+fn patch_at(pointer: &str, value: Value) -> Value {
+    pointer.rsplit('/').filter(|s| !s.is_empty()).fold(value, |inner, seg| {
+        let key = seg.replace("~1", "/").replace("~0", "~");
+        json!({ key: inner })
+    })
+}
+
+fn to_scale(res: &Resource, obj: &Value) -> Value {
+    let (spec_replicas, status_replicas, selector) = scale_paths(res);
+    let selector = match selector {
+        Some(p) => obj.pointer(&p).and_then(Value::as_str).unwrap_or("").to_string(),
+        None if res.custom.is_some() => String::new(),
+        None => selector_string(obj.pointer("/spec/selector").unwrap_or(&Value::Null)),
+    };
     let meta = obj.get("metadata").cloned().unwrap_or(json!({}));
     let mut m = serde_json::Map::new();
     for k in ["name", "namespace", "uid", "resourceVersion", "creationTimestamp"] {
@@ -41,10 +68,10 @@ fn to_scale(obj: &Value) -> Value {
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",
         "metadata": m,
-        "spec": {"replicas": obj.pointer("/spec/replicas").cloned().unwrap_or(json!(0))},
+        "spec": {"replicas": obj.pointer(&spec_replicas).cloned().unwrap_or(json!(0))},
         "status": {
-            "replicas": obj.pointer("/status/replicas").cloned().unwrap_or(json!(0)),
-            "selector": selector_string(obj.pointer("/spec/selector").unwrap_or(&Value::Null)),
+            "replicas": obj.pointer(&status_replicas).cloned().unwrap_or(json!(0)),
+            "selector": selector,
         },
     })
 }
@@ -61,7 +88,7 @@ pub async fn scale(
 ) -> Result<Response<Body>, ApiError> {
     let current = api.get(res, ns, name).await?;
     let obj = current.json()?;
-    let scale = to_scale(&obj);
+    let scale = to_scale(res, &obj);
     let new_scale = match verb {
         "get" => return Ok(json_response(200, &scale)),
         "update" => crate::server::decode_body(content_type, body.unwrap_or_default())?,
@@ -70,7 +97,7 @@ pub async fn scale(
                 .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
             let patch: Value = serde_json::from_slice(body.unwrap_or_default())
                 .map_err(|e| ApiError::bad_request(format!("invalid patch: {e}")))?;
-            let scale_res = resources::Resource { kind: "Scale", ..*res };
+            let scale_res = resources::Resource { kind: "Scale", custom: None, ..*res };
             apply_patch(&scale_res, &scale, if pt == PatchType::Strategic { PatchType::Merge } else { pt }, &patch)?
         }
         other => return Err(ApiError::method_not_allowed(other)),
@@ -92,10 +119,12 @@ pub async fn scale(
             &[crate::validation::FieldError::invalid("spec.replicas", json!(replicas), "must be greater than or equal to 0")],
         ));
     }
-    let patch = json!({"spec": {"replicas": replicas}});
+    let patch = patch_at(&scale_paths(res).0, json!(replicas));
     let mut warnings = Vec::new();
     let r = api.patch(res, ns, name, PatchType::Merge, &patch, false, "Ignore", &mut warnings, false).await?;
-    Ok(json_response(200, &to_scale(&r.json()?)))
+    let mut obj = r.json()?;
+    crate::crd::objects::served_value(res, &mut obj);
+    Ok(json_response(200, &to_scale(res, &obj)))
 }
 
 /// POST pods/<name>/binding: sets spec.nodeName once and the PodScheduled condition.

@@ -114,6 +114,7 @@ impl KeyLayout {
             .iter()
             .find(|(api, _)| key.starts_with(api.as_str()))
             .map(|(api, seg)| format!("{}/{seg}{}", self.prefix, &key[api.len()..]))
+            .or_else(|| custom_group(key.strip_prefix('/')?, false).map(|_| format!("{}{key}", self.prefix)))
     }
 
     /// The API key of an etcd key, or `None` for keys outside the layout.
@@ -130,7 +131,20 @@ impl KeyLayout {
             .iter()
             .find(|(_, seg)| rest.starts_with(seg.as_str()) && rest.len() > seg.len())
             .map(|(api, seg)| format!("{api}{}", &rest[seg.len()..]))
+            .or_else(|| custom_group(rest, true).map(|_| format!("/{rest}")))
     }
+}
+
+/// The group of a key (`<group>/<plural>/...`, without the leading slash) of a kind served from
+/// a CustomResourceDefinition: upstream keeps those under `<prefix>/<group>/<plural>/`, and
+/// their groups have a dot (built-in resources' segments never do). `object`: a whole key
+/// (not a list prefix), which names an object after the plural.
+fn custom_group(rest: &str, object: bool) -> Option<&str> {
+    let mut parts = rest.splitn(3, '/');
+    let group = parts.next()?;
+    let plural = parts.next()?;
+    let tail = parts.next()?;
+    (group.contains('.') && !plural.is_empty() && (!object || !tail.is_empty())).then_some(group)
 }
 
 /// [`Store`] on an etcd v3 cluster, reads served from a watch cache.
@@ -728,6 +742,11 @@ mod tests {
         assert_eq!(m.from_etcd(b"/registry/secrets/a/b"), None);
         assert_eq!(m.from_etcd(b"/registry/minions/"), None);
         assert_eq!(m.from_etcd(b"/registry"), None);
+        // custom resources: upstream's <prefix>/<group>/<plural>/...
+        assert_eq!(m.to_etcd("/example.com/widgets/ns/a").unwrap(), "/registry/example.com/widgets/ns/a");
+        assert_eq!(m.from_etcd(b"/registry/example.com/widgets/ns/a").unwrap(), "/example.com/widgets/ns/a");
+        assert_eq!(m.from_etcd(b"/registry/example.com/widgets"), None);
+        assert_eq!(m.to_etcd("/example.com/widgets/").unwrap(), "/registry/example.com/widgets/");
         assert_eq!(m.range(), "/registry/");
     }
 
