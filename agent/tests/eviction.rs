@@ -121,10 +121,11 @@ fn mem_available_mib() -> u64 {
 #[ignore = "privileged: needs root and containerd; run by scripts/test.sh"]
 fn memory_pressure_evicts_the_pod_holding_the_most_memory() {
     let mut lab = Lab::start("evictmem");
-    // A memory.available threshold 400 MiB below what the machine has available now: a pod
-    // holding 800 MiB (a memory-backed emptyDir it fills) crosses it; the machine keeps all
-    // but those 800 MiB.
-    let threshold = mem_available_mib().saturating_sub(400);
+    // A memory.available threshold 1.5 GiB below what the machine has available now: a pod
+    // holding 3 GiB (a memory-backed emptyDir it fills) crosses it; the machine keeps all but
+    // those 3 GiB. The margin is what other processes may take meanwhile without a pressure
+    // of their own evicting the bystander (a build next to the suite took 400 MiB once).
+    let threshold = mem_available_mib().saturating_sub(1536);
     lab.agent.kill();
     lab.write_agent_config(&format!("evictionHard:\n  memory.available: {threshold}Mi\nevictionPressureTransitionPeriod: 5s\n"));
     lab.start_agent();
@@ -140,7 +141,7 @@ fn memory_pressure_evicts_the_pod_holding_the_most_memory() {
     ));
     lab.wait_pod("bystander", "Running", MIN, |p| p["status"]["phase"] == "Running");
     lab.apply(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: hog\nspec:\n  terminationGracePeriodSeconds: 5\n  volumes:\n  - name: mem\n    emptyDir: {{medium: Memory, sizeLimit: 1Gi}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sh, -c, 'dd if=/dev/zero of=/mem/fill bs=1M count=800; exec sleep 3600']\n    volumeMounts:\n    - {{name: mem, mountPath: /mem}}\n"
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: hog\nspec:\n  terminationGracePeriodSeconds: 5\n  volumes:\n  - name: mem\n    emptyDir: {{medium: Memory, sizeLimit: 4Gi}}\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sh, -c, 'dd if=/dev/zero of=/mem/fill bs=1M count=3072; exec sleep 3600']\n    volumeMounts:\n    - {{name: mem, mountPath: /mem}}\n"
     ));
     let evicted = lab.wait_pod("hog", "evicted", Duration::from_secs(120), |p| p["status"]["phase"] == "Failed");
     let st = &evicted["status"];
