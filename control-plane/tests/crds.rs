@@ -183,6 +183,15 @@ async fn a_crd_is_served_validated_printed_scaled_explained_and_deleted_with_its
         other => panic!("unexpected {other:?}"),
     }
 
+    // the garbage collector follows custom kinds: a ConfigMap owned by a Widget goes with it
+    s.kubectl_stdin(&["create", "-f", "-"], Some(&widget("owner", json!({"size": "small"}))));
+    let uid = s.ok(&["get", "widget", "owner", "-o", "jsonpath={.metadata.uid}"]);
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owned", "ownerReferences": [
+        {"apiVersion": "example.com/v1", "kind": "Widget", "name": "owner", "uid": uid}]}, "data": {"k": "v"}});
+    s.kubectl_stdin(&["create", "-f", "-"], Some(&cm.to_string()));
+    s.ok(&["delete", "widget", "owner"]);
+    eventually("the owned ConfigMap collected", || async { (!s.kubectl(&["get", "configmap", "owned"]).status.success()).then_some(()) }).await;
+
     // deleting the CRD: a finalizer on an object holds it (creates are refused meanwhile);
     // once it goes, the CRD goes, and with it the served resource
     s.ok(&["patch", "widget", "w2", "--type=merge", "-p", r#"{"metadata":{"finalizers":["example.com/hold"]}}"#]);

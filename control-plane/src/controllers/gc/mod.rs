@@ -80,10 +80,23 @@ impl Graph {
     }
 }
 
+/// A kind the collector watches: the built-in kinds from the start, custom kinds (their
+/// storage version) while their CustomResourceDefinition is established. Indices never change;
+/// a kind whose CRD went keeps its slot, without a watch.
+struct Kind {
+    ar: ApiResource,
+    namespaced: bool,
+    informer: Arc<Informer<DynamicObject>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    /// The CRD it comes from.
+    crd: Option<String>,
+}
+
 struct Gc {
     client: kube::Client,
-    kinds: Vec<(ApiResource, bool)>,
+    kinds: Mutex<Vec<Kind>>,
     graph: Mutex<Graph>,
+    queue: WorkQueue<String>,
 }
 
 impl Gc {
@@ -91,60 +104,131 @@ impl Gc {
         self.graph.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn kinds(&self) -> MutexGuard<'_, Vec<Kind>> {
+        self.kinds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn kind(&self, i: usize) -> (ApiResource, bool) {
+        let kinds = self.kinds();
+        (kinds[i].ar.clone(), kinds[i].namespaced)
+    }
+
+    fn informers(&self) -> Vec<Arc<Informer<DynamicObject>>> {
+        self.kinds().iter().filter(|k| k.task.is_some()).map(|k| k.informer.clone()).collect()
+    }
+
     fn api(&self, kind: usize, namespace: Option<&str>) -> Api<DynamicObject> {
-        let (ar, namespaced) = &self.kinds[kind];
+        let (ar, namespaced) = self.kind(kind);
         match (namespaced, namespace) {
-            (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, ar),
-            _ => Api::all_with(self.client.clone(), ar),
+            (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            _ => Api::all_with(self.client.clone(), &ar),
         }
     }
 
     fn kind_of(&self, owner: &OwnerReference) -> Option<usize> {
         let group = owner.api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
-        self.kinds.iter().position(|(ar, _)| ar.group == group && ar.kind == owner.kind)
+        self.kinds().iter().position(|k| k.ar.group == group && k.ar.kind == owner.kind && k.task.is_some())
+    }
+
+    /// Starts watching a kind; returns its index.
+    fn watch_kind(self: &Arc<Self>, ar: ApiResource, namespaced: bool, crd: Option<String>) -> usize {
+        let mut kinds = self.kinds();
+        let i = kinds.len();
+        let informer: Arc<Informer<DynamicObject>> = Informer::new();
+        let (g, q) = (Arc::downgrade(self), self.queue.clone());
+        let follows_crds = ar.group == "apiextensions.k8s.io" && ar.plural == "customresourcedefinitions";
+        informer.on_change(move |c| {
+            if let Some(g) = g.upgrade() {
+                on_change(&g, &q, i, c);
+                if follows_crds {
+                    g.follow_crd(c);
+                }
+            }
+        });
+        let task = informer.spawn(Api::all_with(self.client.clone(), &ar), watcher::Config::default().page_size(1000));
+        kinds.push(Kind { ar, namespaced, informer, task: Some(task), crd });
+        i
+    }
+
+    /// Follows a CustomResourceDefinition: its storage version watched while it is
+    /// established, the watch stopped when it goes.
+    fn follow_crd(self: &Arc<Self>, change: &Change<DynamicObject>) {
+        match change {
+            Change::Applied { new, .. } => {
+                let Some(ar) = custom_kind(new) else { return };
+                let name = new.name_any();
+                let namespaced = new.data.pointer("/spec/scope").and_then(|s| s.as_str()) == Some("Namespaced");
+                let known = self
+                    .kinds()
+                    .iter()
+                    .any(|k| k.crd.as_deref() == Some(name.as_str()) && k.task.is_some() && k.ar.version == ar.version && k.ar.kind == ar.kind);
+                if !known {
+                    self.stop_crd(&name);
+                    tracing::info!(crd = %name, kind = %ar.kind, "garbage collector watches a custom kind");
+                    self.watch_kind(ar, namespaced, Some(name));
+                }
+            }
+            Change::Deleted(old) => self.stop_crd(&old.name_any()),
+        }
+    }
+
+    fn stop_crd(&self, name: &str) {
+        for k in self.kinds().iter_mut().filter(|k| k.crd.as_deref() == Some(name)) {
+            if let Some(t) = k.task.take() {
+                t.abort();
+            }
+        }
     }
 }
 
+/// The storage version of an established CRD as a kind to watch.
+fn custom_kind(crd: &DynamicObject) -> Option<ApiResource> {
+    let established = crd
+        .data
+        .pointer("/status/conditions")
+        .and_then(|c| c.as_array())
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Established" && c["status"] == "True"));
+    if !established || crd.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let group = crd.data.pointer("/spec/group")?.as_str()?;
+    let kind = crd.data.pointer("/status/acceptedNames/kind")?.as_str()?;
+    let plural = crd.data.pointer("/status/acceptedNames/plural")?.as_str()?;
+    let version = crd.data.pointer("/spec/versions")?.as_array()?.iter().find(|v| v["storage"] == true)?.get("name")?.as_str()?;
+    Some(ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: format!("{group}/{version}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    })
+}
+
 pub fn start(inf: &Arc<Informers>, opts: &Options) {
-    let kinds: Vec<(ApiResource, bool)> = RESOURCES
-        .iter()
-        .filter(|r| r.plural != "events")
-        .map(|r| {
-            let ar = ApiResource {
-                group: r.group.into(),
-                version: r.version.into(),
-                api_version: r.api_version(),
-                kind: r.kind.into(),
-                plural: r.plural.into(),
-            };
-            (ar, r.namespaced)
-        })
-        .collect();
-    let gc = Arc::new(Gc { client: inf.client(), kinds: kinds.clone(), graph: Mutex::default() });
     let queue: WorkQueue<String> = WorkQueue::new();
-    let mut informers = Vec::new();
-    for (i, (ar, _)) in kinds.iter().enumerate() {
-        let informer: Arc<Informer<DynamicObject>> = Informer::new();
-        let (g, q) = (gc.clone(), queue.clone());
-        informer.on_change(move |c| on_change(&g, &q, i, c));
-        informer.spawn(Api::all_with(inf.client(), ar), watcher::Config::default().page_size(1000));
-        informers.push(informer);
+    let gc = Arc::new(Gc { client: inf.client(), kinds: Mutex::default(), graph: Mutex::default(), queue: queue.clone() });
+    for r in RESOURCES.iter().filter(|r| r.plural != "events") {
+        let ar = ApiResource {
+            group: r.group.into(),
+            version: r.version.into(),
+            api_version: r.api_version(),
+            kind: r.kind.into(),
+            plural: r.plural.into(),
+        };
+        gc.watch_kind(ar, r.namespaced, None);
     }
     {
         let g = gc.clone();
         spawn_resync(queue.clone(), opts.resync, move || g.graph().vertices.keys().cloned().collect());
     }
     {
-        let (gc, informers) = (gc.clone(), informers.clone());
-        inf.explain().register_kinded(
-            "garbagecollector",
-            Arc::new(move |key, kind| Box::pin(explain(gc.clone(), informers.clone(), key, kind))),
-        );
+        let gc = gc.clone();
+        inf.explain().register_kinded("garbagecollector", Arc::new(move |key, kind| Box::pin(explain(gc.clone(), key, kind))));
     }
     spawn_workers("garbagecollector", queue, 4, move |uid: String| {
-        let (gc, informers) = (gc.clone(), informers.clone());
+        let gc = gc.clone();
         async move {
-            for i in &informers {
+            for i in gc.informers() {
                 i.wait_synced().await;
             }
             reconcile(&gc, &uid).await
@@ -154,13 +238,8 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
 
 /// A dry run of [`reconcile`] for one object, named by its key and `?kind=`: its owners and
 /// dependents in the graph, what its deletion requires, and whether it is collected.
-async fn explain(
-    gc: Arc<Gc>,
-    informers: Vec<Arc<Informer<DynamicObject>>>,
-    key: ObjectKey,
-    kind: Option<String>,
-) -> Result<Explanation, ExplainError> {
-    for i in &informers {
+async fn explain(gc: Arc<Gc>, key: ObjectKey, kind: Option<String>) -> Result<Explanation, ExplainError> {
+    for i in gc.informers() {
         i.wait_synced().await;
     }
     let kind = kind.ok_or_else(|| {
@@ -173,18 +252,25 @@ async fn explain(
         Some((k, g)) => (k, Some(g)),
         None => (kind.as_str(), None),
     };
-    let candidates: Vec<usize> = (0..gc.kinds.len())
-        .filter(|i| gc.kinds[*i].0.kind == kind_name && group.is_none_or(|g| gc.kinds[*i].0.group == g))
+    let candidates: Vec<usize> = gc
+        .kinds()
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| k.task.is_some() && k.ar.kind == kind_name && group.is_none_or(|g| k.ar.group == g))
+        .map(|(i, _)| i)
         .collect();
     let idx = match candidates.as_slice() {
         [i] => *i,
         [] => return Err(ExplainError::BadRequest(format!("no served kind {kind:?}"))),
         many => {
-            let names: Vec<String> = many.iter().map(|i| format!("{}.{}", gc.kinds[*i].0.kind, gc.kinds[*i].0.group)).collect();
+            let names: Vec<String> = many.iter().map(|i| {
+                let (ar, _) = gc.kind(*i);
+                format!("{}.{}", ar.kind, ar.group)
+            }).collect();
             return Err(ExplainError::BadRequest(format!("kind {kind:?} is ambiguous: {}", names.join(", "))));
         }
     };
-    let (ar, namespaced) = gc.kinds[idx].clone();
+    let (ar, namespaced) = gc.kind(idx);
     let ns = if namespaced { key.namespace.clone() } else { None };
     let resource = if ar.group.is_empty() { ar.plural.clone() } else { format!("{}.{}", ar.plural, ar.group) };
     let found = gc.graph().vertices.iter().find(|(_, v)| v.kind == idx && v.name == key.name && v.namespace == ns).map(|(u, v)| (u.clone(), v.clone()));
@@ -212,7 +298,7 @@ async fn explain(
             .collect();
         (deps, v.owners.iter().map(|o| g.vertices.contains_key(&o.uid)).collect())
     };
-    let name_of = |d: &Vertex| format!("{} {}", gc.kinds[d.kind].0.kind, d.name);
+    let name_of = |d: &Vertex| format!("{} {}", gc.kind(d.kind).0.kind, d.name);
     e.observed = serde_json::json!({
         "owners": v.owners.iter().zip(&known).map(|(o, k)| serde_json::json!({
             "kind": o.kind, "name": o.name, "uid": o.uid, "inGraph": k,
@@ -257,7 +343,7 @@ async fn explain(
             continue;
         }
         let Some(k) = gc.kind_of(o) else { continue };
-        let ons = if gc.kinds[k].1 { v.namespace.as_deref() } else { None };
+        let ons = if gc.kind(k).1 { v.namespace.as_deref() } else { None };
         match gc.api(k, ons).get_metadata_opt(&o.name).await {
             Ok(Some(live)) if live.metadata.uid.as_deref() == Some(o.uid.as_str()) => {}
             Ok(_) => dangling.push(o.uid.clone()),
@@ -372,7 +458,7 @@ async fn reconcile(gc: &Gc, uid: &str) -> Result<Next, Error> {
     for o in &unknown {
         // The watch may lag behind: confirm with a live read.
         let Some(kind) = gc.kind_of(o) else { continue };
-        let ns = if gc.kinds[kind].1 { v.namespace.as_deref() } else { None };
+        let ns = if gc.kind(kind).1 { v.namespace.as_deref() } else { None };
         match gc.api(kind, ns).get_metadata_opt(&o.name).await? {
             Some(live) if live.metadata.uid.as_deref() == Some(o.uid.as_str()) => {}
             _ => dangling.push(o.uid.clone()),
@@ -381,7 +467,7 @@ async fn reconcile(gc: &Gc, uid: &str) -> Result<Next, Error> {
     match plan::plan_dependent(&v.owners, v.deleting, &dangling) {
         DependentPlan::Keep => {}
         DependentPlan::Delete => {
-            tracing::info!(kind = gc.kinds[v.kind].0.kind, namespace = ?v.namespace, name = v.name, "deleting object whose owners are gone");
+            tracing::info!(kind = gc.kind(v.kind).0.kind, namespace = ?v.namespace, name = v.name, "deleting object whose owners are gone");
             delete(gc, uid, &v, PropagationPolicy::Background).await?;
         }
         DependentPlan::DropOwners(owners) => patch_owners(gc, &v, owners).await?,
