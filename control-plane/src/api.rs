@@ -572,6 +572,21 @@ impl Api {
                 warnings.extend(unknown.into_iter().map(|f| format!("unknown field \"{f}\"")));
             }
         }
+        if res.is("customresourcedefinitions") {
+            let rules: usize = normalized
+                .pointer("/spec/versions")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.pointer("/schema/openAPIV3Schema"))
+                .map(|raw| crate::crd::schema::cel_rules(&crate::crd::schema::Schema::parse(raw, "", &mut Vec::new())))
+                .sum();
+            if rules > 0 {
+                warnings.push(format!(
+                    "{rules} x-kubernetes-validations rule(s) are stored but not evaluated: ferro-control-plane does not run CEL; objects are checked against the rest of the schema"
+                ));
+            }
+        }
         Ok(with_type(res, normalized))
     }
 

@@ -249,7 +249,11 @@ async fn bad_crds_are_refused_with_the_field_path_and_nothing_is_stored() {
 
     // a cluster-scoped CRD: objects without a namespace
     let cluster = WIDGETS.replace("name: widgets.example.com", "name: knobs.example.com").replace("plural: widgets", "plural: knobs").replace("kind: Widget", "kind: Knob").replace("shortNames: [wg]", "shortNames: [kn]").replace("scope: Namespaced", "scope: Cluster");
-    s.apply(&cluster);
+    // with a CEL rule: stored, and the client told it is not evaluated
+    let cluster = cluster.replace("            required: [size]\n", "            required: [size]\n            x-kubernetes-validations:\n            - rule: \"self.size != 'huge'\"\n");
+    let out = s.kubectl_stdin(&["apply", "-f", "-"], Some(&cluster));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("1 x-kubernetes-validations rule(s) are stored but not evaluated"), "{}", stderr(&out));
     s.ok(&["wait", "--for=condition=established", "--timeout=60s", "crd/knobs.example.com"]);
     s.kubectl_stdin(&["create", "-f", "-"], Some(&json!({"apiVersion": "example.com/v1", "kind": "Knob", "metadata": {"name": "k1"}, "spec": {"size": "small"}}).to_string()));
     let k: Value = serde_json::from_str(&s.ok(&["get", "knob", "k1", "-o", "json"])).unwrap();
