@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use crate::alloc::{AllocError, IpAllocator, PortAllocator};
 use crate::service_alloc::{ClaimError, Item, Owner, ServiceAllocations};
 use crate::error::ApiError;
+use crate::managed;
 use crate::resources::{self, Resource, Sub};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::store::{Event, EventKind, Op, Record, Revision, Store, StoreError};
@@ -152,6 +153,16 @@ fn set_meta(obj: &mut Value, field: &str, value: Value) {
 fn remove_meta(obj: &mut Value, field: &str) {
     if let Some(Value::Object(m)) = obj.get_mut("metadata") {
         m.remove(field);
+    }
+}
+
+/// Sets metadata.managedFields (removed when there are none).
+fn set_managed(obj: &mut Value, entries: &[managed::Entry]) {
+    let list = managed::entries_to_json(entries);
+    if list.as_array().is_some_and(|a| a.is_empty()) {
+        remove_meta(obj, "managedFields");
+    } else {
+        set_meta(obj, "managedFields", list);
     }
 }
 
@@ -644,7 +655,10 @@ impl Api {
         set_meta(&mut obj, "creationTimestamp", json!(now_rfc3339()));
         remove_meta(&mut obj, "deletionTimestamp");
         remove_meta(&mut obj, "deletionGracePeriodSeconds");
-        remove_meta(&mut obj, "managedFields");
+        let given_fields = obj.pointer("/metadata/managedFields").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+        if !given_fields {
+            remove_meta(&mut obj, "managedFields");
+        }
         if res.generation {
             set_meta(&mut obj, "generation", json!(1));
         } else {
@@ -674,6 +688,17 @@ impl Api {
         } else {
             Allocated::default()
         };
+        // field ownership: the creator owns every field it set (an apply that creates brings
+        // its own entry; a client may set managedFields itself, as upstream allows)
+        let entries = if given_fields {
+            managed::entries_of(&obj)
+        } else {
+            let mut e = Vec::new();
+            let w = managed::writer();
+            managed::record_update(&mut e, &json!({}), &obj, managed::shape_of(res), &w.manager, &res.api_version(), "", &now_rfc3339());
+            e
+        };
+        set_managed(&mut obj, &entries);
         if dry_run {
             let existing = self.store.get(&res.key(ns, &name)).await?;
             if existing.is_some() {
@@ -785,6 +810,13 @@ impl Api {
         dry_run: bool,
     ) -> Result<Record, ApiError> {
         let old = current.json()?;
+        // managedFields a client sets itself (and differently) are taken as they are (kubectl
+        // moving client-side apply's ownership to its server-side apply manager; an apply's
+        // own result); otherwise this write's changes are recorded for its manager
+        let given_fields = obj
+            .pointer("/metadata/managedFields")
+            .filter(|m| m.as_array().is_some_and(|a| !a.is_empty()) && Some(*m) != old.pointer("/metadata/managedFields"))
+            .map(|_| managed::entries_of(&obj));
         // Fields the server owns.
         for f in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace", "generation", "name"] {
             match old.pointer(&format!("/metadata/{f}")) {
@@ -831,6 +863,17 @@ impl Api {
         } else {
             Allocated::default()
         };
+        let entries = match given_fields {
+            Some(e) => e,
+            None => {
+                let mut e = managed::entries_of(&old);
+                let w = managed::writer();
+                let sub = if status_endpoint { "status" } else { "" };
+                managed::record_update(&mut e, &old, &obj, managed::shape_of(res), &w.manager, &res.api_version(), sub, &now_rfc3339());
+                e
+            }
+        };
+        set_managed(&mut obj, &entries);
         // A no-op update writes nothing (the resourceVersion stays).
         let mut cmp = obj.clone();
         set_meta(&mut cmp, "resourceVersion", json!(current.mod_rev.to_string()));
@@ -905,10 +948,14 @@ impl Api {
             let current = match self.store.get(&key).await? {
                 Some(c) => c,
                 None if patch_type == PatchType::Apply && !status_endpoint => {
-                    // server-side apply creates
+                    // server-side apply creates; the applier owns its configuration
                     let mut obj = patch.clone();
                     Api::check_type(&obj, res.kind, &res.api_version())?;
                     set_meta(&mut obj, "name", json!(name));
+                    let mut entries = Vec::new();
+                    let w = managed::writer();
+                    managed::plan_apply(&mut entries, &json!({}), patch, patch, managed::shape_of(res), &w.manager, &res.api_version(), "", w.force, &now_rfc3339());
+                    set_managed(&mut obj, &entries);
                     let obj = Api::decode(res, obj, field_validation, warnings)?;
                     return self.create(res, ns, obj, dry_run).await;
                 }
@@ -916,8 +963,11 @@ impl Api {
             };
             let mut old = current.json()?;
             crate::crd::objects::served_value(res, &mut old);
-            let patched = apply_patch(res, &old, patch_type, patch)?;
+            let mut patched = apply_patch(res, &old, patch_type, patch)?;
             Api::check_type(&patched, res.kind, &res.api_version())?;
+            if patch_type == PatchType::Apply {
+                apply_ownership(res, &old, patch, &mut patched, status_endpoint)?;
+            }
             let precondition = match meta_str(&patched, "resourceVersion").filter(|v| !v.is_empty()) {
                 Some(v) if meta_str(&old, "resourceVersion") != Some(v) => Some(v.to_string()),
                 _ => None,
@@ -1300,6 +1350,35 @@ fn unknown_fields(input: &Value, decoded: &Value, path: String, out: &mut Vec<St
         }
         _ => {}
     }
+}
+
+/// Server-side apply's ownership on top of the merge: conflicts with other managers (409 unless
+/// forced), fields the applier no longer applies removed, managedFields updated.
+fn apply_ownership(res: &Resource, old: &Value, patch: &Value, merged: &mut Value, status_endpoint: bool) -> Result<(), ApiError> {
+    let w = managed::writer();
+    let mut entries = managed::entries_of(old);
+    // through the status subresource an apply owns only what it says of status
+    let applied = if status_endpoint { json!({"status": patch.get("status").cloned().unwrap_or(json!({}))}) } else { patch.clone() };
+    let sub = if status_endpoint { "status" } else { "" };
+    let plan = managed::plan_apply(&mut entries, old, &applied, merged, managed::shape_of(res), &w.manager, &res.api_version(), sub, w.force, &now_rfc3339());
+    if !plan.conflicts.is_empty() && !w.force {
+        let causes: Vec<Value> = plan
+            .conflicts
+            .iter()
+            .map(|c| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{}\" using {}", c.manager, c.api_version), "field": c.field}))
+            .collect();
+        let name = meta_str(old, "name").unwrap_or("");
+        let mut err = ApiError::new(409, "Conflict", managed::conflict_message(&plan.conflicts)).with_details(res.group, &res.plural, name);
+        if let Some(Value::Object(d)) = err.details.as_mut() {
+            d.insert("causes".into(), Value::Array(causes));
+        }
+        return Err(err);
+    }
+    for p in &plan.remove {
+        managed::remove_at(merged, p);
+    }
+    set_managed(merged, &entries);
+    Ok(())
 }
 
 pub fn apply_patch(res: &Resource, old: &Value, patch_type: PatchType, patch: &Value) -> Result<Value, ApiError> {

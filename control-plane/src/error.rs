@@ -19,7 +19,7 @@ impl ApiError {
         ApiError { code, reason, message: message.into(), details: None }
     }
 
-    fn with_details(mut self, group: &str, kind: &str, name: &str) -> Self {
+    pub(crate) fn with_details(mut self, group: &str, kind: &str, name: &str) -> Self {
         let mut d = serde_json::Map::new();
         if !name.is_empty() {
             d.insert("name".into(), json!(name));

@@ -10,6 +10,7 @@ pub mod discovery;
 pub mod error;
 pub mod job_status;
 pub mod leader_election;
+pub mod managed;
 pub mod pki;
 pub mod protobuf;
 pub mod proxy;

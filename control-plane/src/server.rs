@@ -452,7 +452,15 @@ pub async fn handle(state: Arc<ServerState>, cert_user: Option<User>, req: Reque
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     let started = std::time::Instant::now();
-    let resp = route(&state, cert_user, req).await;
+    let q = query(&req);
+    let writer = crate::managed::Writer {
+        manager: match q.get("fieldManager").filter(|m| !m.is_empty()) {
+            Some(m) => m.clone(),
+            None => crate::managed::default_manager(req.headers().get(header::USER_AGENT).and_then(|u| u.to_str().ok()).unwrap_or("")),
+        },
+        force: q.get("force").is_some_and(|f| f == "true"),
+    };
+    let resp = crate::managed::WRITER.scope(writer, route(&state, cert_user, req)).await;
     let resp = resp.unwrap_or_else(|e| error_response(&e));
     tracing::debug!(%method, %path, status = resp.status().as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request");
     resp
