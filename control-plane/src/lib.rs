@@ -11,6 +11,7 @@ pub mod error;
 pub mod job_status;
 pub mod leader_election;
 pub mod managed;
+pub mod metrics;
 pub mod pki;
 pub mod protobuf;
 pub mod proxy;

@@ -460,8 +460,35 @@ pub async fn handle(state: Arc<ServerState>, cert_user: Option<User>, req: Reque
         },
         force: q.get("force").is_some_and(|f| f == "true"),
     };
+    let apply = req.headers().get(header::CONTENT_TYPE).and_then(|c| c.to_str().ok()).is_some_and(|c| c.starts_with("application/apply-patch"));
+    let info = parse_path(&path);
     let resp = crate::managed::WRITER.scope(writer, route(&state, cert_user, req)).await;
     let resp = resp.unwrap_or_else(|e| error_response(&e));
+    {
+        let (verb, group, version, resource, sub, scope) = match &info {
+            Some(i) => {
+                let api_verb = verb_of(&method, i, &q);
+                let scope = if i.name.is_some() {
+                    "resource"
+                } else if i.namespace.is_some() {
+                    "namespace"
+                } else {
+                    "cluster"
+                };
+                (
+                    crate::metrics::canonical_verb(method.as_str(), api_verb, apply),
+                    i.group.as_str(),
+                    i.version.as_str(),
+                    i.resource.as_str(),
+                    i.subresource.as_deref().unwrap_or(""),
+                    scope,
+                )
+            }
+            None => (crate::metrics::canonical_verb(method.as_str(), "", false), "", "", "", "", ""),
+        };
+        let dry_run = q.get("dryRun").is_some_and(|d| d == "All");
+        crate::metrics::record_request(verb, group, version, resource, sub, scope, dry_run, resp.status().as_u16(), started.elapsed().as_secs_f64());
+    }
     tracing::debug!(%method, %path, status = resp.status().as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request");
     resp
 }
@@ -546,6 +573,17 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
             }
             _ => {}
         }
+    }
+    // Prometheus metrics: the admin's (upstream binds system:monitoring)
+    if path == "/metrics" {
+        if !user.is_admin() {
+            return Err(ApiError::new(403, "Forbidden", format!("forbidden: User \"{}\" cannot get path \"/metrics\"", user.name)));
+        }
+        let text = crate::metrics::render(&state.api).await;
+        return Ok(Response::builder()
+            .header(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
+            .body(full(text))
+            .unwrap_or_else(|_| Response::new(full(""))));
     }
     if let Some(review) = auth::Review::of_path(&path) {
         return serve_review(state, &user, review, req).await;

@@ -27,12 +27,17 @@ where
     E: Display + Send + 'static,
 {
     let reconcile = Arc::new(reconcile);
+    let metrics = queue.instrument(name);
     for _ in 0..workers.max(1) {
         let queue = queue.clone();
         let reconcile = reconcile.clone();
+        let metrics = metrics.clone();
         tokio::spawn(async move {
             while let Some(key) = queue.get().await {
-                match reconcile(key.clone()).await {
+                let started = std::time::Instant::now();
+                let result = reconcile(key.clone()).await;
+                metrics.work_duration.observe(started.elapsed().as_secs_f64());
+                match result {
                     Ok(next) => {
                         queue.forget(&key);
                         if let Next::After(d) = next {

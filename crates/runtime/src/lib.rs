@@ -7,6 +7,7 @@
 pub mod controller;
 pub mod events;
 pub mod informer;
+pub mod metrics;
 pub mod queue;
 
 pub use controller::{spawn_resync, spawn_workers, Next};

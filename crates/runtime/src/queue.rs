@@ -5,9 +5,11 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
+
+use crate::metrics::QueueMetrics;
 
 /// Per-key backoff for `add_rate_limited`: base * 2^failures, capped (client-go's defaults are
 /// 5 ms and 1000 s; ferro caps at 5 minutes so a repaired problem is noticed sooner).
@@ -21,6 +23,21 @@ struct State<K> {
     dirty: HashSet<K>,
     failures: HashMap<K, u32>,
     shut_down: bool,
+    /// Set once the queue is named ([`WorkQueue::instrument`]).
+    metrics: Option<Arc<QueueMetrics>>,
+    /// When each queued key was added (for workqueue_queue_duration_seconds).
+    added: HashMap<K, Instant>,
+}
+
+impl<K: Clone + Eq + Hash> State<K> {
+    fn enqueue(&mut self, key: K) {
+        if let Some(m) = &self.metrics {
+            m.adds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.added.insert(key.clone(), Instant::now());
+        }
+        self.queued.insert(key.clone());
+        self.queue.push_back(key);
+    }
 }
 
 /// A deduplicating work queue; cheap to clone (shared).
@@ -51,6 +68,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 dirty: HashSet::new(),
                 failures: HashMap::new(),
                 shut_down: false,
+                metrics: None,
+                added: HashMap::new(),
             })),
             notify: Arc::new(Notify::new()),
         }
@@ -73,10 +92,18 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             s.dirty.insert(key);
             return;
         }
-        s.queued.insert(key.clone());
-        s.queue.push_back(key);
+        s.enqueue(key);
         drop(s);
         self.notify.notify_one();
+    }
+
+    /// Names the queue for its metrics (client-go's `workqueue_*{name=...}`).
+    pub fn instrument(&self, name: &'static str) -> Arc<QueueMetrics> {
+        let m = crate::metrics::queue(name);
+        let q = self.clone();
+        m.set_depth(move || q.len());
+        self.lock().metrics = Some(m.clone());
+        m
     }
 
     /// Queues a key after a delay.
@@ -96,6 +123,9 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     pub fn add_rate_limited(&self, key: K) {
         let delay = {
             let mut s = self.lock();
+            if let Some(m) = &s.metrics {
+                m.retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             let n = s.failures.entry(key.clone()).or_insert(0);
             let d = backoff(*n);
             *n = n.saturating_add(1);
@@ -125,6 +155,11 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 let mut s = self.lock();
                 if let Some(key) = s.queue.pop_front() {
                     s.queued.remove(&key);
+                    if let Some(t) = s.added.remove(&key) {
+                        if let Some(m) = &s.metrics {
+                            m.queue_duration.observe(t.elapsed().as_secs_f64());
+                        }
+                    }
                     s.processing.insert(key.clone());
                     let more = !s.queue.is_empty();
                     drop(s);
@@ -146,8 +181,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         let mut s = self.lock();
         s.processing.remove(key);
         if s.dirty.remove(key) && !s.queued.contains(key) && !s.shut_down {
-            s.queued.insert(key.clone());
-            s.queue.push_back(key.clone());
+            s.enqueue(key.clone());
             drop(s);
             self.notify.notify_one();
         }

@@ -335,11 +335,16 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
             return Ok(Next::After(Duration::from_millis(100)));
         }
     }
-    let Some(pod) = pods.get(key.namespace.as_deref(), &key.name) else { return Ok(Next::Done) };
+    let Some(pod) = pods.get(key.namespace.as_deref(), &key.name) else {
+        forget_attempts(&key.to_string());
+        return Ok(Next::Done);
+    };
     if !plan::is_pending(&pod, SCHEDULER_NAME) {
+        forget_attempts(&key.to_string());
         return Ok(Next::Done);
     }
     let uid = pod.uid().unwrap_or_default();
+    let attempt_started = std::time::Instant::now();
     let decision = {
         let all_volumes = volumes.list();
         let claim_of = |ns: &str, name: &str| -> Option<Arc<PersistentVolumeClaim>> { claims.get(Some(ns), name) };
@@ -381,6 +386,16 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
             let claims = claims.clone();
             tokio::spawn(async move {
                 let r = bind(&client, &api, &claims, &pod, &d.node, &d.select_node_for_claims).await;
+                let attempts = attempt_done(&key.to_string(), r.is_ok());
+                let result = if r.is_ok() { "scheduled" } else { "error" };
+                crate::metrics::SCHEDULE_ATTEMPTS.inc(&[SCHEDULER_NAME, result]);
+                crate::metrics::ATTEMPT_DURATION.observe(&[SCHEDULER_NAME, result], attempt_started.elapsed().as_secs_f64());
+                if r.is_ok() {
+                    if let Some(created) = pod.metadata.creation_timestamp.as_ref() {
+                        let since = jiff::Timestamp::now().duration_since(created.0).as_secs_f64().max(0.0);
+                        crate::metrics::POD_SCHEDULING_DURATION.observe(&[&attempts.min(15).to_string()], since);
+                    }
+                }
                 match r {
                     Ok(()) => recorder.record(
                         pod.as_ref(),
@@ -401,12 +416,37 @@ async fn reconcile(ctx: Arc<Context>, key: ObjectKey) -> Result<Next, Error> {
             Ok(Next::Done)
         }
         Err(u) => {
+            attempt_done(&key.to_string(), false);
+            crate::metrics::SCHEDULE_ATTEMPTS.inc(&[SCHEDULER_NAME, "unschedulable"]);
+            crate::metrics::ATTEMPT_DURATION.observe(&[SCHEDULER_NAME, "unschedulable"], attempt_started.elapsed().as_secs_f64());
             mark_unschedulable(&api, &pod, &u.message).await?;
             recorder.record(pod.as_ref(), "Warning", "FailedScheduling", u.message.clone());
             // retried on cluster changes; and at the latest after 5 minutes, like upstream
             Ok(Next::After(Duration::from_secs(300)))
         }
     }
+}
+
+/// Attempts per pod (by namespace/name) so far (the `attempts` label of
+/// scheduler_pod_scheduling_duration_seconds); forgotten once the pod is bound or gone.
+static ATTEMPTS: std::sync::LazyLock<std::sync::Mutex<HashMap<String, u32>>> = std::sync::LazyLock::new(Default::default);
+
+/// Counts an attempt for the pod; returns how many it took when it ended in a binding.
+fn attempt_done(pod: &str, bound: bool) -> u32 {
+    let mut a = ATTEMPTS.lock().unwrap_or_else(|p| p.into_inner());
+    let n = {
+        let e = a.entry(pod.to_string()).or_insert(0);
+        *e += 1;
+        *e
+    };
+    if bound {
+        a.remove(pod);
+    }
+    n
+}
+
+fn forget_attempts(pod: &str) {
+    ATTEMPTS.lock().unwrap_or_else(|p| p.into_inner()).remove(pod);
 }
 
 /// Upstream's bindTimeoutSeconds: how long PreBind waits for the pod's claims to be bound.

@@ -1,0 +1,137 @@
+//! ferro-dns entry point: flags, the listen addresses' interface, the sockets (bound before
+//! anything is answered, so a port in use fails the start), the informers, the first index,
+//! READY=1, then answers until SIGTERM/SIGINT.
+
+use std::io::IsTerminal as _;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::watcher;
+use kube::Api;
+
+use ferro_dns::answer::Options;
+use ferro_dns::config::Args;
+use ferro_dns::controller::{self, Inputs, Model};
+use ferro_dns::forward::{Forwarder, Upstream};
+use ferro_dns::handler::Handler;
+use ferro_dns::{iface, server};
+
+async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context("no --kubeconfig and no in-cluster or default kubeconfig")?,
+    };
+    kube::Client::try_from(config).context("building the API client")
+}
+
+/// Tells systemd (Type=notify) that queries are answered; a no-op outside systemd.
+fn sd_notify(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let sock = match std::os::unix::net::UnixDatagram::unbound() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "sd_notify socket");
+            return;
+        }
+    };
+    let bytes = path.as_encoded_bytes();
+    let r = if let Some(abstract_name) = bytes.strip_prefix(b"@") {
+        use std::os::linux::net::SocketAddrExt as _;
+        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name).and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
+    } else {
+        sock.send_to(state.as_bytes(), &path)
+    };
+    if let Err(e) = r {
+        tracing::warn!(error = %e, "sd_notify");
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let cfg = args.validate(|p| std::fs::read_to_string(p))?;
+    tracing::info!(zone = %cfg.zone.domain, listen = ?cfg.listen, upstreams = ?cfg.upstreams, "ferro-dns starting");
+    let listen_ips: Vec<_> = cfg.listen.iter().map(|a| a.ip()).collect();
+    if cfg.setup_interface.is_some() {
+        let nl = iface::Netlink::new()?;
+        iface::prepare(&nl, cfg.setup_interface.as_deref(), &listen_ips).await.context("setting up the listen interface")?;
+    }
+    let mut udp = Vec::new();
+    let mut tcp = Vec::new();
+    for addr in &cfg.listen {
+        udp.push(std::net::UdpSocket::bind(addr).with_context(|| format!("binding udp {addr}"))?);
+        tcp.push(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding tcp {addr}"))?);
+    }
+    let client = client(cfg.kubeconfig.as_deref()).await?;
+    let inputs = Inputs::new();
+    let tasks = [
+        inputs.services.spawn(Api::<Service>::all(client.clone()), watcher::Config::default()),
+        inputs.slices.spawn(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default()),
+    ];
+    let model = Model::new(cfg.zone.clone());
+    let upstream: Option<Arc<dyn Upstream>> =
+        cfg.upstreams.clone().map(|servers| Arc::new(Forwarder { servers, timeout: cfg.forward_timeout }) as Arc<dyn Upstream>);
+    let handler = Arc::new(Handler { index: model.published.clone(), opts: Options { forward: upstream.is_some() }, upstream });
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    tokio::select! {
+        () = controller::run(inputs, model.clone(), cfg.resync_period) => {}
+        _ = term.recv() => return Ok(()),
+        _ = tokio::signal::ctrl_c() => return Ok(()),
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for s in udp {
+        threads.extend(server::spawn_udp(s, cfg.udp_threads, handler.clone(), tokio::runtime::Handle::current(), stop.clone())?);
+    }
+    let tcp_tasks: Vec<_> = tcp.into_iter().map(|l| tokio::spawn(server::serve_tcp(l, handler.clone()))).collect();
+    tracing::info!(services = model.published.load().services, "informers synced; answering");
+    sd_notify("READY=1");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("stopping");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks.iter().chain(tcp_tasks.iter()) {
+        t.abort();
+    }
+    for t in threads {
+        if t.join().is_err() {
+            tracing::warn!("a udp thread panicked");
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ferro-dns: starting the tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("ferro-dns: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
