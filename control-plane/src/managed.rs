@@ -153,13 +153,6 @@ impl Set {
             Some((first, rest)) => self.children.get(*first).is_some_and(|c| c.contains(rest)),
         }
     }
-
-    fn insert_path(&mut self, path: &[String]) {
-        match path.split_first() {
-            None => self.here = true,
-            Some((first, rest)) => self.children.entry(first.clone()).or_default().insert_path(rest),
-        }
-    }
 }
 
 /// How to walk an object: built-in kinds by their strategic-merge metadata, custom kinds by
@@ -375,27 +368,116 @@ pub fn remove_at(obj: &mut Value, path: &[String]) {
     }
 }
 
-/// The owned nodes whose values differ between two objects (added, removed or changed).
+/// The owned nodes whose values differ between two objects (added, removed or changed): one
+/// walk over both trees, equal subtrees skipped at once.
 pub fn changed(old: &Value, new: &Value, shape: Shape<'_>) -> Set {
-    let a = fields_of(old, shape);
-    let b = fields_of(new, shape);
-    let mut all = a.clone();
-    all.union(&b);
+    if old == new {
+        return Set::default();
+    }
+    let strip = |v: &Value| -> Value {
+        let mut v = v.clone();
+        if let Some(m) = v.as_object_mut() {
+            m.remove("apiVersion");
+            m.remove("kind");
+            if let Some(meta) = m.get_mut("metadata").and_then(Value::as_object_mut) {
+                for f in STRIPPED_META {
+                    meta.remove(*f);
+                }
+            }
+        }
+        v
+    };
+    let (old, new) = (strip(old), strip(new));
+    let mut out = struct_diff(&old, &new, shape);
+    // an emptied metadata is not a field of its own
+    if out.children.get("f:metadata").is_some_and(|m| m.children.is_empty()) {
+        out.children.remove("f:metadata");
+    }
+    out
+}
+
+fn struct_diff(old: &Value, new: &Value, shape: Shape<'_>) -> Set {
     let mut out = Set::default();
-    for p in all.leaves() {
-        if value_at(old, &p).map(strip_children) != value_at(new, &p).map(strip_children) {
-            out.insert_path(&p);
+    let empty = Map::new();
+    let (o, n) = (old.as_object().unwrap_or(&empty), new.as_object().unwrap_or(&empty));
+    for (k, nv) in n {
+        let d = field_diff(k, o.get(k), Some(nv), shape);
+        if !d.is_empty() {
+            out.children.insert(format!("f:{k}"), d);
+        }
+    }
+    for (k, ov) in o {
+        if !n.contains_key(k) {
+            let d = field_diff(k, Some(ov), None, shape);
+            if !d.is_empty() {
+                out.children.insert(format!("f:{k}"), d);
+            }
         }
     }
     out
 }
 
-/// A node's own value for comparison: for an owned map or keyed element (`.`), only whether it
-/// exists matters, its fields are compared on their own.
-fn strip_children(v: &Value) -> Value {
-    match v {
-        Value::Object(_) => Value::Bool(true),
-        other => other.clone(),
+/// The changed nodes under `field` of a struct of `parent` shape.
+fn field_diff(field: &str, old: Option<&Value>, new: Option<&Value>, parent: Shape<'_>) -> Set {
+    match (old, new) {
+        (Some(o), Some(n)) if o == n => Set::default(),
+        (None, Some(v)) | (Some(v), None) => value_fields(field, v, parent),
+        (None, None) => Set::default(),
+        (Some(o), Some(n)) => {
+            let shape = parent.child(field);
+            match (o, n) {
+                (Value::Object(om), Value::Object(nm)) if !om.is_empty() && !nm.is_empty() => struct_diff(o, n, shape),
+                (Value::Object(_), Value::Object(_)) => {
+                    // one side empty: everything the other side has changed
+                    let mut s = value_fields(field, o, parent);
+                    s.union(&value_fields(field, n, parent));
+                    s
+                }
+                (Value::Array(oa), Value::Array(na)) => match shape.list(field, parent) {
+                    ListKind::Keyed(keys) if !oa.is_empty() && !na.is_empty() => {
+                        let keyed = |a: &Vec<Value>| -> Option<Vec<(String, Value)>> { a.iter().map(|i| key_element(i, &keys).map(|k| (k, i.clone()))).collect() };
+                        match (keyed(oa), keyed(na)) {
+                            (Some(ok), Some(nk)) => {
+                                let mut s = Set::default();
+                                for (k, ni) in &nk {
+                                    match ok.iter().find(|(x, _)| x == k) {
+                                        Some((_, oi)) => {
+                                            let d = struct_diff(oi, ni, shape.items());
+                                            if !d.is_empty() {
+                                                s.children.insert(k.clone(), d);
+                                            }
+                                        }
+                                        None => {
+                                            let mut e = struct_fields(ni, shape.items());
+                                            e.here = true;
+                                            s.children.insert(k.clone(), e);
+                                        }
+                                    }
+                                }
+                                for (k, oi) in &ok {
+                                    if !nk.iter().any(|(x, _)| x == k) {
+                                        let mut e = struct_fields(oi, shape.items());
+                                        e.here = true;
+                                        s.children.insert(k.clone(), e);
+                                    }
+                                }
+                                s
+                            }
+                            _ => Set { here: true, children: BTreeMap::new() },
+                        }
+                    }
+                    ListKind::Set if !oa.is_empty() && !na.is_empty() => {
+                        let mut s = Set::default();
+                        for v in na.iter().filter(|v| !oa.contains(v)).chain(oa.iter().filter(|v| !na.contains(v))) {
+                            s.children.insert(format!("v:{v}"), Set { here: true, children: BTreeMap::new() });
+                        }
+                        s
+                    }
+                    _ => Set { here: true, children: BTreeMap::new() },
+                },
+                _ => Set { here: true, children: BTreeMap::new() },
+            }
+        }
     }
 }
 
@@ -450,7 +532,8 @@ pub fn entries_to_json(entries: &[Entry]) -> Value {
 
 /// Records a non-apply write: `manager` owns what it changed, nobody else does any more.
 pub fn record_update(entries: &mut Vec<Entry>, old: &Value, new: &Value, shape: Shape<'_>, manager: &str, api_version: &str, subresource: &str, now: &str) {
-    let changed = changed(old, new, shape);
+    let creating = old.as_object().is_none_or(|m| m.is_empty());
+    let changed = if creating { fields_of(new, shape) } else { changed(old, new, shape) };
     if changed.is_empty() {
         return;
     }
@@ -458,8 +541,7 @@ pub fn record_update(entries: &mut Vec<Entry>, old: &Value, new: &Value, shape: 
         e.fields.subtract(&changed);
     }
     // what is gone from the object is owned by nobody
-    let present = fields_of(new, shape);
-    let owned = changed.intersect(&present);
+    let owned = if creating { changed } else { changed.intersect(&fields_of(new, shape)) };
     match entries.iter_mut().find(|e| e.manager == manager && e.operation == "Update" && e.subresource == subresource) {
         Some(e) => {
             e.fields.union(&owned);
@@ -627,6 +709,12 @@ mod tests {
         assert!(entries[1].fields.contains(&["f:spec", "f:replicas"]));
         assert!(!entries[0].fields.contains(&["f:spec", "f:replicas"]));
         assert!(entries[0].fields.contains(&["f:metadata", "f:labels", "f:app"]));
+        // an empty map filled: its fields are the writer's
+        let mut entries2 = Vec::new();
+        let d0 = json!({"metadata": {"labels": {}}});
+        let d1 = json!({"metadata": {"labels": {"a": "x"}}});
+        record_update(&mut entries2, &d0, &d1, deploy_shape(), "m", "apps/v1", "", "T");
+        assert!(entries2[0].fields.contains(&["f:metadata", "f:labels", "f:a"]), "{entries2:?}");
         // a no-op writes nothing
         let before = entries.clone();
         record_update(&mut entries, &deployment(3, "nginx"), &deployment(3, "nginx"), deploy_shape(), "x", "apps/v1", "", "T2");
