@@ -32,6 +32,10 @@ pub struct Config {
     pub max_mutating_requests_inflight: usize,
     /// Keep objects in etcd instead of the embedded store.
     pub etcd: Option<EtcdConfig>,
+    /// `--service-account-issuer`.
+    pub service_account_issuer: String,
+    /// `--api-audiences` (the issuer when not given).
+    pub api_audiences: Vec<String>,
 }
 
 /// The etcd backend (`--etcd-servers` and friends).
@@ -218,12 +222,12 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
     // TLS: client certificates are optional; requests without one need a bearer token.
     let tls = tls_config(&ca.cert_pem, &serving_cert, &serving_key)?;
     let explain: Arc<std::sync::OnceLock<_>> = Arc::default();
-    let sa_key = crate::sa_token::SigningKey::load_or_create(dir, crate::sa_token::DEFAULT_ISSUER)
+    let sa_key = crate::sa_token::SigningKey::load_or_create(dir, &cfg.service_account_issuer)
         .map_err(|e| StartError::Internal(e.to_string()))?;
     let state = Arc::new(ServerState {
         api: api.clone(),
         sa_key: Some(Arc::new(sa_key)),
-        api_audiences: vec![crate::sa_token::DEFAULT_ISSUER.to_string()],
+        api_audiences: cfg.api_audiences.clone(),
         explain: explain.clone(),
         tokens,
         kubelet: Some(kubelet),

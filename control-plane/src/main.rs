@@ -86,6 +86,14 @@ struct Cli {
     /// How often old etcd revisions are compacted (0: never).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     etcd_compaction_interval: std::time::Duration,
+    /// The issuer of service account tokens: their `iss` claim and the OIDC discovery
+    /// documents (upstream's --service-account-issuer).
+    #[arg(long, default_value = ferro_control_plane::sa_token::DEFAULT_ISSUER)]
+    service_account_issuer: String,
+    /// The audiences the API accepts in service account tokens, comma separated; a
+    /// TokenRequest without audiences gets them (default: the issuer).
+    #[arg(long = "api-audiences", value_delimiter = ',')]
+    api_audiences: Vec<String>,
     /// Run the loops against this API server instead of the embedded one (no API server is
     /// started then).
     #[arg(long)]
@@ -233,6 +241,11 @@ fn main() -> anyhow::Result<()> {
             prefix: cli.etcd_prefix.clone(),
             compaction_interval: cli.etcd_compaction_interval,
         }),
+        api_audiences: match cli.api_audiences.iter().filter(|a| !a.is_empty()).count() {
+            0 => vec![cli.service_account_issuer.clone()],
+            _ => cli.api_audiences.iter().filter(|a| !a.is_empty()).cloned().collect(),
+        },
+        service_account_issuer: ferro_control_plane::sa_token::validate_issuer(&cli.service_account_issuer).map_err(anyhow::Error::msg)?,
     };
     ferro_control_plane::controllers::manager::validate(&cli.controllers).map_err(anyhow::Error::msg)?;
     let copts = ferro_control_plane::controllers::manager::Options {

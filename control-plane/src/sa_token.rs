@@ -18,6 +18,23 @@ use serde_json::{json, Value};
 
 /// Upstream's default issuer (kubeadm's `--service-account-issuer`).
 pub const DEFAULT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// Upstream's rules for `--service-account-issuer`: not empty; a URL (anything with a `:`)
+/// must be https without a query or fragment (its OIDC discovery documents live under it).
+pub fn validate_issuer(issuer: &str) -> Result<String, String> {
+    if issuer.is_empty() {
+        return Err("--service-account-issuer: must not be empty".into());
+    }
+    if issuer.contains(':') {
+        let rest = issuer
+            .strip_prefix("https://")
+            .ok_or_else(|| format!("--service-account-issuer {issuer:?}: an issuer URL must use the https scheme"))?;
+        if rest.is_empty() || rest.contains('?') || rest.contains('#') {
+            return Err(format!("--service-account-issuer {issuer:?}: an issuer URL needs a host and no query or fragment"));
+        }
+    }
+    Ok(issuer.to_string())
+}
 /// TokenRequest's default and minimum `expirationSeconds`.
 pub const DEFAULT_EXPIRATION_SECONDS: i64 = 3600;
 pub const MIN_EXPIRATION_SECONDS: i64 = 600;
@@ -209,6 +226,15 @@ pub fn new_jti() -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn issuers_as_upstream_accepts_them() {
+        assert!(validate_issuer(DEFAULT_ISSUER).is_ok());
+        assert!(validate_issuer("ferro").is_ok(), "not a URL: any string");
+        assert!(validate_issuer("").is_err());
+        assert!(validate_issuer("http://x.example").unwrap_err().contains("https"));
+        assert!(validate_issuer("https://x.example/?a=b").is_err());
+    }
 
     fn key() -> SigningKey {
         let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();

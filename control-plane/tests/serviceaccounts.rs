@@ -183,3 +183,39 @@ async fn pods_get_their_api_access_volume_and_namespaces_the_root_ca() {
     assert!(err.contains("pods \"r\" is forbidden: error looking up service account default/ghost: serviceaccount \"ghost\" not found"), "{err}");
     assert!(!s.kubectl(&["get", "pod", "r"]).status.success());
 }
+
+/// The claims of a JWT (no verification: the test reads what the server put in).
+fn jwt_claims(token: &str) -> Value {
+    use base64::Engine as _;
+    let payload = token.split('.').nth(1).unwrap();
+    serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_issuer_and_the_api_audiences_are_the_operators_choice() {
+    let s = Server::start_with(&["--service-account-issuer", "https://issuer.ferro.test", "--api-audiences", "api.ferro.test,other"]);
+    s.ok(&["create", "serviceaccount", "app"]);
+    let token = s.ok(&["create", "token", "app"]).trim().to_string();
+    let claims = jwt_claims(&token);
+    assert_eq!(claims["iss"], "https://issuer.ferro.test");
+    assert_eq!(claims["aud"], json!(["api.ferro.test", "other"]));
+    let oidc: Value = serde_json::from_str(&s.ok(&["get", "--raw", "/.well-known/openid-configuration"])).unwrap();
+    assert_eq!((oidc["issuer"].as_str(), oidc["jwks_uri"].as_str()), (Some("https://issuer.ferro.test"), Some("https://issuer.ferro.test/openid/v1/jwks")));
+    // the token authenticates (its audience is one the API accepts)...
+    let st = review(&s, &token, &[]);
+    assert_eq!(st["authenticated"], true, "{st}");
+    // ...one for another audience only does not
+    let elsewhere = s.ok(&["create", "token", "app", "--audience=vault"]).trim().to_string();
+    assert_eq!(jwt_claims(&elsewhere)["aud"], json!(["vault"]));
+    let err = kubectl_as(&s, &elsewhere, &["get", "pods"]).unwrap_err();
+    assert!(err.contains("Unauthorized") || err.contains("must be logged in"), "{err}");
+
+    // bad flags: a clear error, no server
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferro-control-plane"))
+        .args(["--data-dir", dir.path().to_str().unwrap(), "--service-account-issuer", "http://insecure.example"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("an issuer URL must use the https scheme"), "{}", String::from_utf8_lossy(&out.stderr));
+}
