@@ -140,6 +140,8 @@ pub struct Running {
     pub api: Arc<Api>,
     /// Serves `/debug/controllers` once the loops of this process are set here.
     pub explain: Arc<std::sync::OnceLock<Arc<crate::controllers::explain::Registry>>>,
+    /// The service account signing key (loops of this process sign legacy tokens with it).
+    pub sa_key: Arc<crate::sa_token::SigningKey>,
     shutdown: tokio::sync::watch::Sender<bool>,
 }
 
@@ -222,11 +224,12 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
     // TLS: client certificates are optional; requests without one need a bearer token.
     let tls = tls_config(&ca.cert_pem, &serving_cert, &serving_key)?;
     let explain: Arc<std::sync::OnceLock<_>> = Arc::default();
-    let sa_key = crate::sa_token::SigningKey::load_or_create(dir, &cfg.service_account_issuer)
-        .map_err(|e| StartError::Internal(e.to_string()))?;
+    let sa_key = Arc::new(
+        crate::sa_token::SigningKey::load_or_create(dir, &cfg.service_account_issuer).map_err(|e| StartError::Internal(e.to_string()))?,
+    );
     let state = Arc::new(ServerState {
         api: api.clone(),
-        sa_key: Some(Arc::new(sa_key)),
+        sa_key: Some(sa_key.clone()),
         api_audiences: cfg.api_audiences.clone(),
         explain: explain.clone(),
         tokens,
@@ -255,7 +258,7 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
         tokio::spawn(crate::server::serve_tls(state.clone(), listener, tls.clone(), rx.clone()));
     }
     tracing::info!(?addrs, kubeconfig = %dir.join("admin.kubeconfig").display(), "ferro-control-plane serving");
-    Ok(Running { addrs, api, explain, shutdown: tx })
+    Ok(Running { addrs, api, explain, sa_key, shutdown: tx })
 }
 
 fn tls_config(ca_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Arc<rustls::ServerConfig>, StartError> {

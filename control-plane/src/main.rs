@@ -281,6 +281,7 @@ fn main() -> anyhow::Result<()> {
         let running = start(&cfg).await?;
         // this server's CA, made by start at first start
         copts.root_ca = std::fs::read_to_string(cfg.data_dir.join("ca.crt")).ok();
+        copts.sa_key = Some(running.sa_key.clone());
         if copts.controllers.iter().any(|c| !c.is_empty()) {
             let client = kube_client(&cfg.data_dir.join("admin.kubeconfig")).await?;
             run_loops(client, &copts, election, Some(&running.explain)).await?;

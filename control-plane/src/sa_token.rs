@@ -35,6 +35,24 @@ pub fn validate_issuer(issuer: &str) -> Result<String, String> {
     }
     Ok(issuer.to_string())
 }
+/// The issuer of legacy (Secret-based) tokens.
+pub const LEGACY_ISSUER: &str = "kubernetes/serviceaccount";
+
+/// The claims of a legacy token.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct LegacyClaims {
+    pub iss: String,
+    pub sub: String,
+    #[serde(rename = "kubernetes.io/serviceaccount/namespace")]
+    pub namespace: String,
+    #[serde(rename = "kubernetes.io/serviceaccount/secret.name")]
+    pub secret: String,
+    #[serde(rename = "kubernetes.io/serviceaccount/service-account.name")]
+    pub account: String,
+    #[serde(rename = "kubernetes.io/serviceaccount/service-account.uid")]
+    pub account_uid: String,
+}
+
 /// TokenRequest's default and minimum `expirationSeconds`.
 pub const DEFAULT_EXPIRATION_SECONDS: i64 = 3600;
 pub const MIN_EXPIRATION_SECONDS: i64 = 600;
@@ -156,6 +174,10 @@ impl SigningKey {
 
     /// A signed token for `claims`.
     pub fn sign(&self, claims: &Claims) -> Result<String, TokenError> {
+        self.sign_value(&serde_json::to_value(claims).map_err(|e| TokenError::Invalid(e.to_string()))?)
+    }
+
+    fn sign_value(&self, claims: &Value) -> Result<String, TokenError> {
         let header = json!({"alg": "ES256", "kid": self.kid});
         let body = serde_json::to_vec(claims).map_err(|e| TokenError::Invalid(e.to_string()))?;
         let signing_input = format!("{}.{}", B64.encode(header.to_string()), B64.encode(body));
@@ -168,19 +190,8 @@ impl SigningKey {
     /// leeway, as upstream) and, when `audiences` is not empty, an audience among them.
     pub fn verify(&self, token: &str, now: i64, audiences: &[String]) -> Result<Claims, TokenError> {
         let bad = |why: &str| TokenError::Invalid(why.to_string());
-        let mut parts = token.split('.');
-        let (Some(h), Some(b), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
-            return Err(bad("not a JWT"));
-        };
-        let header: Value = serde_json::from_slice(&B64.decode(h).map_err(|_| bad("malformed header"))?).map_err(|_| bad("malformed header"))?;
-        if header.get("alg").and_then(Value::as_str) != Some("ES256") {
-            return Err(bad("unexpected signing algorithm"));
-        }
-        let sig = B64.decode(s).map_err(|_| bad("malformed signature"))?;
-        let public = signature::UnparsedPublicKey::new(&signature::ECDSA_P256_SHA256_FIXED, self.pair.public_key().as_ref());
-        public.verify(format!("{h}.{b}").as_bytes(), &sig).map_err(|_| bad("invalid signature"))?;
-        let claims: Claims = serde_json::from_slice(&B64.decode(b).map_err(|_| bad("malformed claims"))?)
-            .map_err(|e| TokenError::Invalid(format!("malformed claims: {e}")))?;
+        let body = self.verified_body(token)?;
+        let claims: Claims = serde_json::from_slice(&body).map_err(|e| TokenError::Invalid(format!("malformed claims: {e}")))?;
         if claims.iss != self.issuer {
             return Err(bad("invalid issuer"));
         }
@@ -193,6 +204,48 @@ impl SigningKey {
         }
         if !audiences.is_empty() && !claims.aud.iter().any(|a| audiences.contains(a)) {
             return Err(bad("token audiences are invalid"));
+        }
+        Ok(claims)
+    }
+
+    /// The claims' bytes of a JWT whose ES256 signature by this key is valid.
+    fn verified_body(&self, token: &str) -> Result<Vec<u8>, TokenError> {
+        let bad = |why: &str| TokenError::Invalid(why.to_string());
+        let mut parts = token.split('.');
+        let (Some(h), Some(b), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+            return Err(bad("not a JWT"));
+        };
+        let header: Value = serde_json::from_slice(&B64.decode(h).map_err(|_| bad("malformed header"))?).map_err(|_| bad("malformed header"))?;
+        if header.get("alg").and_then(Value::as_str) != Some("ES256") {
+            return Err(bad("unexpected signing algorithm"));
+        }
+        let sig = B64.decode(s).map_err(|_| bad("malformed signature"))?;
+        let public = signature::UnparsedPublicKey::new(&signature::ECDSA_P256_SHA256_FIXED, self.pair.public_key().as_ref());
+        public.verify(format!("{h}.{b}").as_bytes(), &sig).map_err(|_| bad("invalid signature"))?;
+        B64.decode(b).map_err(|_| bad("malformed claims"))
+    }
+
+    /// A legacy (Secret-based, non-expiring) token, as upstream's tokens controller signs it:
+    /// issuer `kubernetes/serviceaccount` and the `kubernetes.io/serviceaccount/*` claims.
+    pub fn sign_legacy(&self, namespace: &str, secret: &str, account: &str, account_uid: &str) -> Result<String, TokenError> {
+        let claims = json!({
+            "iss": LEGACY_ISSUER,
+            "sub": format!("system:serviceaccount:{namespace}:{account}"),
+            "kubernetes.io/serviceaccount/namespace": namespace,
+            "kubernetes.io/serviceaccount/secret.name": secret,
+            "kubernetes.io/serviceaccount/service-account.name": account,
+            "kubernetes.io/serviceaccount/service-account.uid": account_uid,
+        });
+        self.sign_value(&claims)
+    }
+
+    /// The claims of a legacy token this key signed (signature and issuer checked; the caller
+    /// checks that its Secret and account still exist).
+    pub fn verify_legacy(&self, token: &str) -> Result<LegacyClaims, TokenError> {
+        let body = self.verified_body(token)?;
+        let claims: LegacyClaims = serde_json::from_slice(&body).map_err(|e| TokenError::Invalid(format!("malformed claims: {e}")))?;
+        if claims.iss != LEGACY_ISSUER {
+            return Err(TokenError::Invalid("invalid issuer".into()));
         }
         Ok(claims)
     }
@@ -226,6 +279,19 @@ pub fn new_jti() -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn legacy_tokens_round_trip_and_are_not_bound_tokens() {
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let k = SigningKey::from_pem(&kp.serialize_pem(), DEFAULT_ISSUER).unwrap();
+        let t = k.sign_legacy("ns", "app-token", "app", "u1").unwrap();
+        let c = k.verify_legacy(&t).unwrap();
+        assert_eq!((c.namespace.as_str(), c.secret.as_str(), c.account.as_str(), c.account_uid.as_str()), ("ns", "app-token", "app", "u1"));
+        assert_eq!(c.sub, "system:serviceaccount:ns:app");
+        assert!(k.verify(&t, 0, &[]).is_err(), "a legacy token is no bound token");
+        let other = SigningKey::from_pem(&rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap().serialize_pem(), DEFAULT_ISSUER).unwrap();
+        assert!(other.verify_legacy(&t).is_err(), "another key's signature");
+    }
 
     #[test]
     fn issuers_as_upstream_accepts_them() {

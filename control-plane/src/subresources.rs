@@ -1,6 +1,7 @@
 //! The scale, binding and eviction subresources.
 
 use http::Response;
+use base64::Engine as _;
 use serde_json::{json, Value};
 
 use crate::api::{apply_patch, Api, DeleteOptions, PatchType};
@@ -450,6 +451,9 @@ pub async fn authenticate_service_account(
     let claims = match key.verify(token, jiff::Timestamp::now().as_second(), audiences) {
         Ok(c) => c,
         Err(e) => {
+            if let Ok(legacy) = key.verify_legacy(token) {
+                return authenticate_legacy(api, token, legacy).await;
+            }
             tracing::debug!(error = %e, "service account token refused");
             return None;
         }
@@ -483,6 +487,51 @@ pub async fn authenticate_service_account(
             return None;
         }
     }
+    Some((crate::auth::User { name: claims.username(), groups: claims.groups() }, claims))
+}
+
+/// A legacy token (from a `kubernetes.io/service-account-token` Secret) authenticates while
+/// its Secret exists, is not being deleted and still holds this token, and its service account
+/// exists with the uid the token names (upstream's legacy validator). It has no audience and
+/// no expiry, as upstream's.
+async fn authenticate_legacy(
+    api: &Api,
+    token: &str,
+    c: crate::sa_token::LegacyClaims,
+) -> Option<(crate::auth::User, crate::sa_token::Claims)> {
+    let get = |r: &str, name: &str| {
+        let res = resources::find("", "v1", r);
+        let (name, ns) = (name.to_string(), c.namespace.clone());
+        async move { api.get(res?, Some(&ns), &name).await.ok()?.json().ok() }
+    };
+    let secret: Value = get("secrets", &c.secret).await?;
+    let stored = secret.pointer("/data/token").and_then(Value::as_str)?;
+    let stored = base64::engine::general_purpose::STANDARD.decode(stored).ok()?;
+    if stored != token.as_bytes() || secret.pointer("/metadata/deletionTimestamp").is_some() {
+        return None;
+    }
+    let sa: Value = get("serviceaccounts", &c.account).await?;
+    if sa.pointer("/metadata/uid").and_then(Value::as_str) != Some(c.account_uid.as_str()) || sa.pointer("/metadata/deletionTimestamp").is_some() {
+        return None;
+    }
+    let claims = crate::sa_token::Claims {
+        iss: c.iss.clone(),
+        sub: c.sub.clone(),
+        aud: Vec::new(),
+        exp: i64::MAX / 2,
+        iat: 0,
+        nbf: 0,
+        jti: String::new(),
+        kubernetes: crate::sa_token::KubernetesClaim {
+            namespace: c.namespace.clone(),
+            serviceaccount: crate::sa_token::Ref { name: c.account.clone(), uid: c.account_uid.clone() },
+            secret: Some(crate::sa_token::Ref {
+                name: c.secret.clone(),
+                uid: secret.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_string(),
+            }),
+            ..Default::default()
+        },
+    };
     Some((crate::auth::User { name: claims.username(), groups: claims.groups() }, claims))
 }
 

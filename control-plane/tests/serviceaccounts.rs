@@ -219,3 +219,50 @@ async fn the_issuer_and_the_api_audiences_are_the_operators_choice() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("an issuer URL must use the https scheme"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// The token the legacy token loop put in a Secret, once it is there.
+async fn secret_token(s: &Server, name: &str) -> String {
+    use base64::Engine as _;
+    eventually(&format!("the token in {name}"), || async {
+        let out = s.kubectl(&["get", "secret", name, "-o", "jsonpath={.data.token}"]);
+        let b64 = String::from_utf8(out.stdout).ok()?;
+        let raw = base64::engine::general_purpose::STANDARD.decode(b64.trim()).ok()?;
+        (!raw.is_empty()).then(|| String::from_utf8(raw).unwrap())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_token_secrets_are_filled_when_asked_for_and_die_with_their_secret_or_account() {
+    let s = Server::start();
+    s.ok(&["create", "serviceaccount", "app"]);
+    let secret = |name: &str, account: &str| {
+        format!("apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n  annotations:\n    kubernetes.io/service-account.name: {account}\ntype: kubernetes.io/service-account-token\n")
+    };
+    s.apply(&secret("app-token", "app"));
+    let token = secret_token(&s, "app-token").await;
+    let claims = jwt_claims(&token);
+    assert_eq!(claims["iss"], "kubernetes/serviceaccount");
+    assert_eq!(claims["kubernetes.io/serviceaccount/secret.name"], "app-token");
+    let data: Value = serde_json::from_str(&s.ok(&["get", "secret", "app-token", "-o", "json"])).unwrap();
+    assert!(data["data"]["ca.crt"].is_string() && data["data"]["namespace"] == "ZGVmYXVsdA==", "{data}");
+    let uid = s.ok(&["get", "serviceaccount", "app", "-o", "jsonpath={.metadata.uid}"]);
+    assert_eq!(data["metadata"]["annotations"]["kubernetes.io/service-account.uid"], uid);
+    // it authenticates as the account (a 403 from authorization, not a 401)
+    let err = kubectl_as(&s, &token, &["get", "pods"]).unwrap_err();
+    assert!(err.contains("system:serviceaccount:default:app"), "{err}");
+    assert_eq!(review(&s, &token, &[])["user"]["username"], "system:serviceaccount:default:app");
+    // no Secret, no token
+    s.ok(&["delete", "secret", "app-token"]);
+    assert_ne!(review(&s, &token, &[])["authenticated"], true);
+    let err = kubectl_as(&s, &token, &["get", "pods"]).unwrap_err();
+    assert!(err.contains("Unauthorized") || err.contains("must be logged in"), "{err}");
+
+    // a Secret for an account that does not exist yet waits for it; deleting the account
+    // deletes its token Secrets
+    s.apply(&secret("later-token", "later"));
+    s.ok(&["create", "serviceaccount", "later"]);
+    secret_token(&s, "later-token").await;
+    s.ok(&["delete", "serviceaccount", "later"]);
+    eventually("the token Secret deleted with its account", || async { (!s.kubectl(&["get", "secret", "later-token"]).status.success()).then_some(()) }).await;
+}

@@ -40,6 +40,7 @@ pub const ALL: &[&str] = &[
     "cronjob",
     "disruption",
     "root-ca-cert-publisher",
+    "serviceaccount-token",
 ];
 
 /// Options of the loops (flags of ferro-control-plane).
@@ -64,6 +65,8 @@ pub struct Options {
     pub clock: super::clock::Clock,
     /// The cluster CA (PEM) the root CA publisher puts in every namespace.
     pub root_ca: Option<String>,
+    /// The service account signing key (the legacy token loop signs with it).
+    pub sa_key: Option<Arc<crate::sa_token::SigningKey>>,
 }
 
 impl Default for Options {
@@ -79,6 +82,7 @@ impl Default for Options {
             pod_gc_quarantine: super::podgc::plan::QUARANTINE,
             clock: super::clock::Clock::System,
             root_ca: None,
+            sa_key: None,
         }
     }
 }
@@ -187,6 +191,9 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     if on("root-ca-cert-publisher") {
         super::rootca::start(&inf, opts);
     }
+    if on("serviceaccount-token") {
+        super::satoken::start(&inf, opts);
+    }
     if on("namespace") {
         super::namespace::start(&inf, opts);
     }
@@ -241,7 +248,8 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     let running: Vec<&str> = ALL
         .iter()
         .copied()
-        .filter(|n| on(n) && (*n != "nodeipam" || opts.allocate_node_cidrs) && (*n != "root-ca-cert-publisher" || opts.root_ca.is_some()))
+        .filter(|n| on(n) && (*n != "nodeipam" || opts.allocate_node_cidrs) && (*n != "root-ca-cert-publisher" || opts.root_ca.is_some())
+            && (*n != "serviceaccount-token" || (opts.root_ca.is_some() && opts.sa_key.is_some())))
         .collect();
     tracing::info!(loops = %running.join(","), "controller loops started");
     inf.explain.set_running(running);

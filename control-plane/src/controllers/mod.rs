@@ -24,6 +24,7 @@ pub mod pvbinder;
 pub mod quantity;
 pub mod replicaset;
 pub mod rootca;
+pub mod satoken;
 pub mod scheduler;
 pub mod serviceaccount;
 pub mod snapshot;
