@@ -220,6 +220,8 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
     tokio::spawn(repair_allocations(api.clone()));
     tokio::spawn(crate::crd::controller::run(api.clone()));
     bootstrap_objects(&api, cfg, kubernetes_ip).await?;
+    // the `kubernetes` Service's endpoints: this server among the live ones
+    crate::apiserver_endpoints::start(api.clone(), cfg.advertise(), cfg.secure_port).await?;
 
     // TLS: client certificates are optional; requests without one need a bearer token.
     let tls = tls_config(&ca.cert_pem, &serving_cert, &serving_key)?;
@@ -303,10 +305,5 @@ async fn bootstrap_objects(api: &Api, cfg: &Config, kubernetes_ip: IpAddr) -> Re
             "spec": {"clusterIP": kubernetes_ip.to_string(), "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": cfg.secure_port}]}});
         api.create(services, Some("default"), svc, false).await?;
     }
-    let endpoints = resources::find("", "v1", "endpoints").ok_or_else(|| StartError::Internal("no endpoints resource".into()))?;
-    let ep = json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "kubernetes", "namespace": "default",
-        "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
-        "subsets": [{"addresses": [{"ip": cfg.advertise().to_string()}], "ports": [{"name": "https", "port": cfg.secure_port, "protocol": "TCP"}]}]});
-    api.update(endpoints, Some("default"), "kubernetes", ep, false, false).await?;
     Ok(())
 }

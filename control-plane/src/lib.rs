@@ -2,6 +2,7 @@
 
 pub mod alloc;
 pub mod api;
+pub mod apiserver_endpoints;
 pub mod auth;
 pub mod config;
 pub mod controllers;

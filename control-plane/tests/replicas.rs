@@ -65,6 +65,23 @@ async fn holder(leases: &Api<Lease>) -> Option<(String, i32)> {
     Some((h, spec.lease_transitions.unwrap_or(0)))
 }
 
+/// The ports of the `kubernetes` Endpoints (one subset per replica here: they share 127.0.0.1)
+/// when its EndpointSlices say the same.
+async fn kubernetes_ports(client: &kube::Client) -> Option<Vec<i32>> {
+    use k8s_openapi::api::core::v1::Endpoints;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let ep = Api::<Endpoints>::namespaced(client.clone(), "default").get("kubernetes").await.ok()?;
+    let mut ports: Vec<i32> = ep.subsets.unwrap_or_default().iter().flat_map(|s| s.ports.clone().unwrap_or_default()).map(|p| p.port).collect();
+    ports.sort();
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), "default")
+        .list(&ListParams::default().labels("kubernetes.io/service-name=kubernetes"))
+        .await
+        .ok()?;
+    let mut slice_ports: Vec<i32> = slices.items.iter().flat_map(|s| s.ports.clone().unwrap_or_default()).filter_map(|p| p.port).collect();
+    slice_ports.sort();
+    (ports == slice_ports).then_some(ports)
+}
+
 fn cm(name: &str) -> ConfigMap {
     serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": "v"}})).unwrap()
 }
@@ -113,6 +130,10 @@ async fn two_replicas_serve_one_leads_the_loops_and_the_other_takes_over_after_k
     eventually("the leader to start its loops", || async { plain_log(leader).contains("controller loops started").then_some(()) }).await;
     assert!(!plain_log(follower).contains("controller loops started"), "{}", plain_log(follower));
 
+    // the kubernetes Service's endpoints name every live replica (each one's lease)
+    let (port_a, port_b) = (i32::from(a.port), i32::from(b.port));
+    eventually("both replicas in the kubernetes endpoints", || async { (kubernetes_ports(&cb).await? == vec![port_a.min(port_b), port_a.max(port_b)]).then_some(()) }).await;
+
     // a Deployment created through B gets its ReplicaSet from whichever leads
     let deploy = json!({
         "metadata": {"name": "web"},
@@ -144,6 +165,9 @@ async fn two_replicas_serve_one_leads_the_loops_and_the_other_takes_over_after_k
     })
     .await;
     assert!(transitions >= 1, "a takeover counts as a transition");
+    // the killed replica leaves the kubernetes endpoints once its lease runs out
+    let survivor_port = i32::from(survivor.port);
+    eventually("the killed replica out of the kubernetes endpoints", || async { (kubernetes_ports(&cs).await? == vec![survivor_port]).then_some(()) }).await;
     eventually("the survivor to start its loops", || async { plain_log(survivor).contains("controller loops started").then_some(()) }).await;
     let deps: Api<Deployment> = Api::namespaced(cs.clone(), "default");
     deps.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 4}}))).await.unwrap();
