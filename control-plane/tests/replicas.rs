@@ -313,3 +313,40 @@ async fn acknowledged_writes_survive_an_etcd_member_killed_mid_stream() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn without_etcd_quorum_writes_fail_with_a_5xx_and_reads_keep_answering() {
+    let mut cluster = EtcdCluster::start(3);
+    let a = Server::replica_with(cluster.flags(), None, &["--controllers="]);
+    let client = a.client_without_retries().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    cms.create(&PostParams::default(), &cm("before")).await.unwrap();
+    tokio::task::block_in_place(|| {
+        cluster.kill9(1);
+        cluster.kill9(2);
+    });
+    // reads are served from the watch cache
+    let got = cms.get("before").await.unwrap();
+    assert_eq!(got.data.unwrap()["k"], "v");
+    assert!(cms.list(&ListParams::default()).await.unwrap().items.iter().any(|c| c.metadata.name.as_deref() == Some("before")));
+    // a write fails with a 5xx Status saying why (within the request timeout)
+    let err = cms.create(&PostParams::default(), &cm("during")).await.unwrap_err();
+    match &err {
+        kube::Error::Api(s) => {
+            assert!(s.code >= 500, "{s:?}");
+            assert!(s.message.contains("etcd"), "{s:?}");
+        }
+        other => panic!("not a Status: {other:?}"),
+    }
+    // quorum back: writes succeed again, and the failed one is there whole or not at all
+    tokio::task::block_in_place(|| {
+        cluster.restart(1);
+        cluster.restart(2);
+    });
+    eventually("writes with quorum again", || async { cms.create(&PostParams::default(), &cm("after")).await.ok() }).await;
+    if let Some(c) = cms.get_opt("during").await.unwrap() {
+        assert_eq!(c.data.unwrap()["k"], "v");
+    }
+    assert!(cms.get_opt("after").await.unwrap().is_some());
+}
