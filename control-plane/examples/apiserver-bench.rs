@@ -1,7 +1,7 @@
 //! Benchmark of ferro-control-plane: write throughput, list latency, watch delay, RSS.
 //!
 //! cargo build --release -p ferro-control-plane --example apiserver-bench --bin ferro-control-plane
-//! ./target/release/examples/apiserver-bench [--pods 10000] [--concurrency 16] [--watchers 100]
+//! ./target/release/examples/apiserver-bench [--pods 10000] [--concurrency 16] [--watchers 100] [--etcd-members 3]
 //!
 //! Starts the release binary on loopback with a fresh data dir, then:
 //! 1. creates N pods with a kube-rs client, C requests in flight: writes/s;
@@ -45,13 +45,44 @@ fn rss_mib(pid: u32) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// etcd's own put rate: `n` values of `size` bytes (a stored pod's), `conc` in flight, through
+/// etcd-client as ferro uses it.
+async fn etcd_floor(urls: &[String], n: usize, conc: usize, size: usize) {
+    let client = etcd_client::Client::connect(urls, None).await.unwrap();
+    let value = std::sync::Arc::new(vec![b'x'; size]);
+    let start = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let mut kv = client.kv_client();
+            let value = value.clone();
+            async move { kv.put(format!("/floor/p{i:05}"), value.as_slice().to_vec(), None).await.unwrap() }
+        })
+        .buffer_unordered(conc)
+        .for_each(|_| async {})
+        .await;
+    let secs = start.elapsed().as_secs_f64();
+    println!("floor: etcd put of {n} values of {} bytes, {conc} in flight: {secs:.2} s, {:.0} puts/s", value.len(), n as f64 / secs);
+}
+
 #[tokio::main]
 async fn main() {
     let n = arg("--pods", 10_000);
     let conc = arg("--concurrency", 16);
     let watchers = arg("--watchers", 100);
+    // --etcd-members N: on an N-member etcd cluster on loopback (Debian's etcd-server), with
+    // etcd's own put rate through the same client crate as the floor; 0: the embedded store.
+    let members = arg("--etcd-members", 0);
+    let etcd = (members > 0).then(|| common::EtcdCluster::start(members));
+    let mut args: Vec<String> = vec!["--controllers=".into()];
+    if let Some(e) = &etcd {
+        println!("backend: etcd, {members} members on loopback ({})", e.urls.join(","));
+        args.push(format!("--etcd-servers={}", e.urls.join(",")));
+    } else {
+        println!("backend: the embedded store");
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // The API server alone: no scheduler writing statuses of these node-less pods.
-    let server = common::Server::start("ferro-bench", &["--controllers="]).await;
+    let server = common::Server::start("ferro-bench", &args).await;
     let client = server.client.clone();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     println!("ferro-control-plane benchmark: {n} pods, {conc} concurrent writers, {watchers} watchers");
@@ -127,5 +158,10 @@ async fn main() {
         pct(&mut d, 0.99)
     );
     println!("RSS at the end: {:.1} MiB", rss_mib(server.child.id()));
+    if let Some(e) = &etcd {
+        // the floor, with values the size of a pod as ferro stored it
+        let stored = serde_json::to_vec(&pods.get("p00000").await.unwrap()).unwrap().len();
+        etcd_floor(&e.urls, n, conc, stored).await;
+    }
     drop(server);
 }

@@ -60,3 +60,62 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// An etcd cluster of Debian's etcd-server on loopback (data in /dev/shm when there is one,
+/// as the tests run it); every member killed (by pid) and its data removed when dropped.
+pub struct EtcdCluster {
+    children: Vec<std::process::Child>,
+    pub urls: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl EtcdCluster {
+    pub fn start(n: usize) -> EtcdCluster {
+        let shm = std::path::Path::new("/dev/shm");
+        let mut b = tempfile::Builder::new();
+        b.prefix("ferro-bench-etcd");
+        let dir = if shm.is_dir() { b.tempdir_in(shm) } else { b.tempdir() }.unwrap();
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let cluster: Vec<String> = ports.iter().enumerate().map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}")).collect();
+        let mut children = Vec::new();
+        let mut urls = Vec::new();
+        for (i, (c, p)) in ports.iter().enumerate() {
+            let url = format!("http://127.0.0.1:{c}");
+            let child = std::process::Command::new("etcd")
+                .args(["--name", &format!("m{i}"), "--data-dir"])
+                .arg(dir.path().join(format!("m{i}")))
+                .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+                .args(["--listen-peer-urls", &format!("http://127.0.0.1:{p}"), "--initial-advertise-peer-urls", &format!("http://127.0.0.1:{p}")])
+                .args(["--initial-cluster", &cluster.join(","), "--initial-cluster-state", "new", "--initial-cluster-token", "ferro-bench"])
+                .args(["--logger", "zap", "--log-outputs", "stderr", "--log-level", "error"])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("etcd (Debian's etcd-server) must be installed");
+            children.push(child);
+            urls.push(url);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        for u in &urls {
+            while !std::process::Command::new("etcdctl").args(["--endpoints", u, "endpoint", "health"]).env("ETCDCTL_API", "3").output().map(|o| o.status.success()).unwrap_or(false) {
+                assert!(std::time::Instant::now() < deadline, "etcd at {u} did not become healthy");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+        EtcdCluster { children, urls, _dir: dir }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
