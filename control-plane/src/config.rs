@@ -36,6 +36,8 @@ pub struct Config {
     pub service_account_issuer: String,
     /// `--api-audiences` (the issuer when not given).
     pub api_audiences: Vec<String>,
+    /// Tests only: tokens are issued and checked by the time in this file.
+    pub tokens_clock_file: Option<PathBuf>,
 }
 
 /// The etcd backend (`--etcd-servers` and friends).
@@ -226,6 +228,9 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
     // TLS: client certificates are optional; requests without one need a bearer token.
     let tls = tls_config(&ca.cert_pem, &serving_cert, &serving_key)?;
     let explain: Arc<std::sync::OnceLock<_>> = Arc::default();
+    if let Some(f) = &cfg.tokens_clock_file {
+        crate::sa_token::set_clock(crate::controllers::clock::Clock::from_file(f.clone()).map_err(StartError::Internal)?);
+    }
     let sa_key = Arc::new(
         crate::sa_token::SigningKey::load_or_create(dir, &cfg.service_account_issuer).map_err(|e| StartError::Internal(e.to_string()))?,
     );

@@ -94,6 +94,10 @@ struct Cli {
     /// TokenRequest without audiences gets them (default: the issuer).
     #[arg(long = "api-audiences", value_delimiter = ',')]
     api_audiences: Vec<String>,
+    /// Tests only: service account tokens are issued and checked by the RFC 3339 time in
+    /// this file (re-read as it changes), so a test can see one expire.
+    #[arg(long, hide = true)]
+    tokens_clock_file: Option<PathBuf>,
     /// Run the loops against this API server instead of the embedded one (no API server is
     /// started then).
     #[arg(long)]
@@ -245,6 +249,7 @@ fn main() -> anyhow::Result<()> {
             0 => vec![cli.service_account_issuer.clone()],
             _ => cli.api_audiences.iter().filter(|a| !a.is_empty()).cloned().collect(),
         },
+        tokens_clock_file: cli.tokens_clock_file.clone(),
         service_account_issuer: ferro_control_plane::sa_token::validate_issuer(&cli.service_account_issuer).map_err(anyhow::Error::msg)?,
     };
     ferro_control_plane::controllers::manager::validate(&cli.controllers).map_err(anyhow::Error::msg)?;

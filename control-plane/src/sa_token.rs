@@ -35,6 +35,20 @@ pub fn validate_issuer(issuer: &str) -> Result<String, String> {
     }
     Ok(issuer.to_string())
 }
+/// The clock tokens are issued and checked with: the system's, or (tests only, the hidden
+/// `--tokens-clock-file`) one that follows a file, so a test can see a token expire.
+static CLOCK: std::sync::OnceLock<crate::controllers::clock::Clock> = std::sync::OnceLock::new();
+
+/// Sets the tokens' clock (once, at start).
+pub fn set_clock(clock: crate::controllers::clock::Clock) {
+    let _ = CLOCK.set(clock);
+}
+
+/// Now, in seconds, by the tokens' clock.
+pub fn now() -> i64 {
+    CLOCK.get().map(|c| c.now()).unwrap_or_else(jiff::Timestamp::now).as_second()
+}
+
 /// The issuer of legacy (Secret-based) tokens.
 pub const LEGACY_ISSUER: &str = "kubernetes/serviceaccount";
 

@@ -409,7 +409,7 @@ pub async fn create_token(
     if !errs.is_empty() {
         return Err(ApiError::invalid("TokenRequest", "authentication.k8s.io", name, &errs));
     }
-    let now = jiff::Timestamp::now().as_second();
+    let now = crate::sa_token::now();
     let claims = Claims {
         iss: key.issuer.clone(),
         sub: format!("system:serviceaccount:{ns}:{name}"),
@@ -448,7 +448,7 @@ pub async fn authenticate_service_account(
     if token.matches('.').count() != 2 {
         return None;
     }
-    let claims = match key.verify(token, jiff::Timestamp::now().as_second(), audiences) {
+    let claims = match key.verify(token, crate::sa_token::now(), audiences) {
         Ok(c) => c,
         Err(e) => {
             if let Ok(legacy) = key.verify_legacy(token) {

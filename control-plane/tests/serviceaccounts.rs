@@ -266,3 +266,28 @@ async fn legacy_token_secrets_are_filled_when_asked_for_and_die_with_their_secre
     s.ok(&["delete", "serviceaccount", "later"]);
     eventually("the token Secret deleted with its account", || async { (!s.kubectl(&["get", "secret", "later-token"]).status.success()).then_some(()) }).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_is_accepted_until_it_expires_and_refused_after() {
+    // the API server issues and checks tokens by a clock this test moves (a hidden test flag)
+    let dir = tempfile::tempdir().unwrap();
+    let clock = dir.path().join("clock");
+    let t0: jiff::Timestamp = jiff::Timestamp::now().round(jiff::Unit::Second).unwrap();
+    std::fs::write(&clock, t0.to_string()).unwrap();
+    let s = Server::start_with(&["--tokens-clock-file", clock.to_str().unwrap()]);
+    s.ok(&["create", "serviceaccount", "app"]);
+    let token = s.ok(&["create", "token", "app", "--duration=10m"]).trim().to_string();
+    assert_eq!(jwt_claims(&token)["exp"].as_i64(), Some(t0.as_second() + 600));
+    let authenticated = |t: &str| kubectl_as(&s, t, &["get", "pods"]).unwrap_err().contains("system:serviceaccount:default:app");
+    assert!(authenticated(&token));
+    // just before the end (upstream's 60 s of leeway past exp): still accepted
+    std::fs::write(&clock, (t0 + jiff::SignedDuration::from_secs(600 + 59)).to_string()).unwrap();
+    eventually("the clock moved", || async { (jwt_claims(&s.ok(&["create", "token", "app"]))["iat"].as_i64()? == t0.as_second() + 659).then_some(()) }).await;
+    assert!(authenticated(&token));
+    // after: refused (401), and TokenReview says so
+    std::fs::write(&clock, (t0 + jiff::SignedDuration::from_secs(600 + 61)).to_string()).unwrap();
+    eventually("the token expired", || async { (!authenticated(&token)).then_some(()) }).await;
+    let err = kubectl_as(&s, &token, &["get", "pods"]).unwrap_err();
+    assert!(err.contains("Unauthorized") || err.contains("must be logged in"), "{err}");
+    assert_ne!(review(&s, &token, &[])["authenticated"], true);
+}
