@@ -52,6 +52,7 @@ stop() {
 }
 
 stop proxy ferro-proxy
+stop dns ferro-dns
 stop agent ferro-agent
 # SIGTERM: ferro-csi stops serving and leaves every volume as it is.
 stop csi ferro-csi

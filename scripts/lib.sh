@@ -5,7 +5,7 @@ set -euo pipefail
 
 FERRO_APT_PACKAGES=(iproute2 iputils-ping iptables nftables containernetworking-plugins curl ca-certificates e2fsprogs xfsprogs util-linux procps
   containerd runc umoci skopeo busybox-static file protobuf-compiler libprotobuf-dev iperf3 docker-registry ipset
-  etcd-server etcd-client)
+  etcd-server etcd-client dnsmasq-base dnsperf)
 
 # The quick start's lab (up.sh, down.sh).
 # shellcheck disable=SC2034 # used by the scripts that source this file
@@ -19,6 +19,7 @@ FERRO_APT_PACKAGES=(iproute2 iputils-ping iptables nftables containernetworking-
   LAB_CTRD_SOCK=$LAB_STATE/containerd/containerd.sock
   LAB_NODE=ferro-node-1
   LAB_POD_CIDR=10.244.0.0/24
+  LAB_DNS_IP=169.254.20.10                  # ferro-dns on its own link in the namespace: the pods' clusterDNS
 }
 
 ferro_require_root() {

@@ -7,7 +7,8 @@
 #   3. a private containerd inside the namespace (own config, root, state, socket; its CRI
 #      plugin pulls from the registry over plain http and calls ferro-cni);
 #   4. ferro-control-plane on 127.0.0.1:6443 inside the namespace;
-#   5. one node: ferro-agent in containerd's network and mount namespaces;
+#   5. one node: ferro-dns (cluster DNS on $LAB_DNS_IP, the pods' nameserver), then ferro-agent
+#      in containerd's network and mount namespaces;
 #   6. ferro-proxy (iptables mode) in the namespace, the node's kube-proxy;
 #   7. ferro-csi (loop.csi.ferro.dev) next to the agent, the default StorageClass "loop" and
 #      the default VolumeSnapshotClass "loop";
@@ -61,7 +62,7 @@ wait_for() {
 }
 
 step "building ferro (release)"
-cargo build --release -p ferro-control-plane -p ferro-agent -p ferro-cni -p ferro-proxy -p ferro-csi -p ferro-lab
+cargo build --release -p ferro-control-plane -p ferro-agent -p ferro-cni -p ferro-proxy -p ferro-csi -p ferro-dns -p ferro-lab
 # The CNI plugin is installed as a static binary, as upstream's plugins are: it runs once per
 # pod network call, and static linking saves ~0.2 ms of its ~2.5 ms ADD (no dynamic loader).
 cargo rustc --release -p ferro-cni --bin ferro-cni -- -C target-feature=+crt-static
@@ -160,6 +161,32 @@ fi
 wait_for "the API server answering /readyz" 30 "$LAB_STATE/control-plane.log" \
   "${KUBECTL[@]}" get --raw /readyz
 
+step "ferro-dns (cluster DNS) on $LAB_DNS_IP:53 in $LAB_NS, the pods' nameserver"
+if [ ! -s "$NODE_DIR/dns.kubeconfig" ]; then
+  # Until RBAC (issue 16) grants upstream's view of Services and EndpointSlices, the DNS
+  # server's identity gets system:masters in the lab, as the proxy's does.
+  "$BIN/ferro-control-plane" kubeconfig --data-dir "$CP_DATA" \
+    --user system:ferro-dns --group system:masters \
+    --server https://127.0.0.1:6443 >"$NODE_DIR/dns.kubeconfig.tmp"
+  mv "$NODE_DIR/dns.kubeconfig.tmp" "$NODE_DIR/dns.kubeconfig"
+fi
+if running dns ferro-dns; then
+  echo "ferro-dns already running (pid $(cat "$LAB_STATE/dns.pid"))"
+else
+  # Names outside cluster.local go to the resolvers of this machine's /etc/resolv.conf; the
+  # namespace has no route out, so in the lab they fail (SERVFAIL) unless FERRO_DNS_UPSTREAM
+  # names a resolver reachable from it (ip[:port]).
+  upstream=()
+  if [ -n "${FERRO_DNS_UPSTREAM:-}" ]; then upstream=(--upstream "$FERRO_DNS_UPSTREAM"); fi
+  NO_COLOR=1 RUST_LOG=${RUST_LOG:-info} ip netns exec "$LAB_NS" "$BIN/ferro-dns" \
+    --kubeconfig "$NODE_DIR/dns.kubeconfig" \
+    --listen-address "$LAB_DNS_IP" --setup-interface ferro-dns0 "${upstream[@]}" \
+    >"$LAB_STATE/dns.log" 2>&1 &
+  echo $! >"$LAB_STATE/dns.pid"
+fi
+wait_for "ferro-dns answering" 30 "$LAB_STATE/dns.log" \
+  grep -q "informers synced; answering" "$LAB_STATE/dns.log"
+
 step "node $LAB_NODE: ferro-agent in containerd's network and mount namespaces"
 if [ ! -s "$NODE_DIR/kubeconfig" ]; then
   "$BIN/ferro-control-plane" kubeconfig --data-dir "$CP_DATA" \
@@ -173,6 +200,7 @@ kind: KubeletConfiguration
 podCIDR: $LAB_POD_CIDR
 podLogsDir: $LAB_LOGS/pods
 clusterDomain: cluster.local
+clusterDNS: [$LAB_DNS_IP]
 # A lab on a developer's machine: only a nearly full disk counts as disk pressure (upstream's
 # default, nodefs.available<10%, would keep the demo from scheduling on a well-used disk).
 evictionHard:
@@ -430,7 +458,7 @@ cat <<TXT
 
 ferro is up in the network namespace $LAB_NS: ferro-control-plane (https://127.0.0.1:6443),
 containerd ($LAB_CTRD_SOCK), the registry ($LAB_REGISTRY) and node $LAB_NODE (ferro-agent,
-ferro-proxy, ferro-csi).
+ferro-proxy, ferro-csi, ferro-dns on $LAB_DNS_IP).
 Logs and pids: $LAB_STATE/*.log, $LAB_STATE/*.pid. Look at the demo with:
 
   $K get pods -o wide
@@ -440,6 +468,7 @@ Logs and pids: $LAB_STATE/*.log, $LAB_STATE/*.pid. Look at the demo with:
   $K exec ${POD_A:-<pod>} -- wget -qO- http://${DEMO_IP:-<cluster IP>}/      # a pod to the Service
   ip netns exec $LAB_NS curl -s http://${DEMO_IP:-<cluster IP>}/          # the Service, through ferro-proxy
   ip netns exec $LAB_NS iptables -t nat -S KUBE-SERVICES                     # its rules
+  $K exec ${POD_A:-<pod>} -- nslookup demo                                  # cluster DNS (ferro-dns)
   $K get pvc,pv; $K exec demo-db -- cat /data/starts                        # the persistent volume
   $K delete pod demo-db && scripts/up.sh                                      # a new pod, the same data
 
