@@ -55,7 +55,7 @@ fn ip_of(i: u64) -> Ipv4Addr {
 
 /// Waits until `port` answers `name` (dnsmasq starting).
 fn wait_answering(port: u16, name: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         let out = Command::new("dnsperf").args(["-s", "127.0.0.1", "-p", &port.to_string(), "-n", "1", "-t", "1"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn();
         if let Ok(mut c) = out {
