@@ -53,7 +53,7 @@ pub enum Outcome {
     Forward,
     /// The answer so far ends in a CNAME to a name outside the zone: ask the upstream for the
     /// target and finish with [`finish_chase`].
-    Chase(Chase),
+    Chase(Box<Chase>),
     /// Send nothing.
     Drop,
 }
@@ -185,7 +185,7 @@ pub fn answer(index: &Index, request: &[u8], transport: Transport, opts: &Option
     resp.set_authoritative(true);
     match lookup(index, qname, q.query_type(), &mut resp) {
         None => Outcome::Reply(encode(&resp, limit)),
-        Some(target) if opts.forward => Outcome::Chase(Chase { response: resp, target, qtype: q.query_type(), limit }),
+        Some(target) if opts.forward => Outcome::Chase(Box::new(Chase { response: resp, target, qtype: q.query_type(), limit })),
         // No upstream: the CNAME alone.
         Some(_) => Outcome::Reply(encode(&resp, limit)),
     }
@@ -271,7 +271,7 @@ pub fn chase_query(chase: &Chase) -> Message {
 
 /// The CNAME answer with what the upstream said about its target (its records and its
 /// response code, e.g. NXDOMAIN); only the CNAME when the upstream did not answer.
-pub fn finish_chase(mut chase: Chase, upstream: Option<Message>) -> Vec<u8> {
+pub fn finish_chase(mut chase: Box<Chase>, upstream: Option<Message>) -> Vec<u8> {
     if let Some(mut up) = upstream {
         chase.response.set_response_code(up.response_code());
         chase.response.add_answers(up.take_answers());

@@ -130,9 +130,12 @@ impl Upstream for Forwarder {
     }
 }
 
+/// How a [`FakeUpstream`] answers a query (None: it fails).
+pub type FakeAnswer = Box<dyn Fn(&[u8]) -> Option<Vec<u8>> + Send + Sync>;
+
 /// A fake upstream for tests: answers with `answer(query)` and records the queries.
 pub struct FakeUpstream {
-    pub answer: Box<dyn Fn(&[u8]) -> Option<Vec<u8>> + Send + Sync>,
+    pub answer: FakeAnswer,
     pub asked: Mutex<Vec<(Vec<u8>, bool)>>,
 }
 

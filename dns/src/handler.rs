@@ -83,3 +83,80 @@ impl Handler {
         self.complete(request, transport, o).await
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::forward::FakeUpstream;
+    use crate::model::{service_records, Zone};
+    use hickory_proto::op::{Message, Query, ResponseCode};
+    use hickory_proto::rr::{Name, RData, Record, RecordType};
+    use std::sync::Mutex;
+
+    fn handler(upstream: Option<Arc<FakeUpstream>>) -> Handler {
+        let zone = Zone::new("cluster.local", 5, vec![]).unwrap();
+        let svc = serde_json::from_value(serde_json::json!({"metadata": {"name": "ext", "namespace": "ns1"},
+            "spec": {"type": "ExternalName", "externalName": "www.example.test"}}))
+        .unwrap();
+        let idx = Index::build(&zone, 1, [&service_records(&zone, &svc, &[]).unwrap()]);
+        Handler {
+            index: Arc::new(Published::new(idx)),
+            opts: answer::Options { forward: upstream.is_some() },
+            upstream: upstream.map(|u| u as Arc<dyn Upstream>),
+        }
+    }
+
+    /// Answers every query with 192.0.2.7 for its name, except names starting with "down".
+    fn fake() -> Arc<FakeUpstream> {
+        Arc::new(FakeUpstream {
+            answer: Box::new(|q: &[u8]| {
+                let m = Message::from_vec(q).ok()?;
+                let name = m.queries()[0].name().clone();
+                if name.to_ascii().starts_with("down") {
+                    return None;
+                }
+                let mut r = answer::new_response(m.id(), m.op_code());
+                r.add_query(m.queries()[0].clone());
+                r.add_answer(Record::from_rdata(name, 60, RData::A("192.0.2.7".parse::<std::net::Ipv4Addr>().unwrap().into())));
+                r.to_vec().ok()
+            }),
+            asked: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn query(name: &str) -> Vec<u8> {
+        let mut m = Message::new();
+        m.set_id(77).set_recursion_desired(true);
+        m.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+        m.to_vec().unwrap()
+    }
+
+    #[tokio::test]
+    async fn forwards_chases_and_answers_servfail_when_the_upstream_fails() {
+        let up = fake();
+        let h = handler(Some(up.clone()));
+        let r = Message::from_vec(&h.handle(&query("www.outside.test."), Transport::Udp).await.unwrap()).unwrap();
+        assert_eq!(r.answers()[0].data().to_string(), "192.0.2.7");
+        // the query went as received, over the client's transport
+        assert_eq!(up.asked.lock().unwrap()[0], (query("www.outside.test."), false));
+        h.handle(&query("www.outside.test."), Transport::Tcp).await.unwrap();
+        assert!(up.asked.lock().unwrap()[1].1, "TCP stays TCP");
+        let r = Message::from_vec(&h.handle(&query("ext.ns1.svc.cluster.local."), Transport::Udp).await.unwrap()).unwrap();
+        let answers: Vec<String> = r.answers().iter().map(|a| a.data().to_string()).collect();
+        assert_eq!(answers, ["www.example.test.", "192.0.2.7"]);
+        let r = Message::from_vec(&h.handle(&query("down.outside.test."), Transport::Udp).await.unwrap()).unwrap();
+        assert_eq!(r.response_code(), ResponseCode::ServFail);
+        assert_eq!(r.id(), 77);
+        assert_eq!(up.asked.lock().unwrap().len(), 4);
+    }
+
+    #[tokio::test]
+    async fn without_an_upstream_outside_names_are_refused_and_cnames_stand_alone() {
+        let h = handler(None);
+        let r = Message::from_vec(&h.handle(&query("www.outside.test."), Transport::Udp).await.unwrap()).unwrap();
+        assert_eq!(r.response_code(), ResponseCode::Refused);
+        let r = Message::from_vec(&h.handle(&query("ext.ns1.svc.cluster.local."), Transport::Udp).await.unwrap()).unwrap();
+        assert_eq!(r.answers().len(), 1);
+    }
+}

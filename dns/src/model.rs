@@ -397,7 +397,7 @@ mod tests {
                 {"addresses": ["10.88.0.10"], "hostname": "db-0", "conditions": {"ready": true}},
                 {"addresses": ["10.88.0.11"], "conditions": {}},
                 {"addresses": ["10.88.0.12"], "hostname": "db-2", "conditions": {"ready": false}}]}));
-        let r = service_records(&zone(), &s, &[sl.clone()]).unwrap();
+        let r = service_records(&zone(), &s, std::slice::from_ref(&sl)).unwrap();
         assert!(has(&r, "db.ns1.svc.cluster.local.", "10.88.0.10"));
         assert!(has(&r, "db.ns1.svc.cluster.local.", "10.88.0.11"));
         assert!(!has(&r, "db.ns1.svc.cluster.local.", "10.88.0.12"));
@@ -409,7 +409,7 @@ mod tests {
         // publishNotReadyAddresses: the unready one too
         let mut s2 = s.clone();
         s2.spec.as_mut().unwrap().publish_not_ready_addresses = Some(true);
-        let r2 = service_records(&zone(), &s2, &[sl.clone()]).unwrap();
+        let r2 = service_records(&zone(), &s2, std::slice::from_ref(&sl)).unwrap();
         assert!(has(&r2, "db-2.db.ns1.svc.cluster.local.", "10.88.0.12"));
         // the legacy annotation likewise
         let mut s3 = s.clone();
