@@ -80,6 +80,8 @@ struct State {
     exec: Option<ExecFn>,
     /// Working set and writable-layer bytes per container name (ListContainerStats).
     usage: HashMap<String, (u64, u64)>,
+    /// Cumulative CPU core-nanoseconds per container name (ListContainerStats).
+    cpu: HashMap<String, u64>,
     /// Every call with the clock's time when it was made.
     calls: Vec<(i64, Call)>,
 }
@@ -157,6 +159,11 @@ impl FakeCri {
     /// writable-layer bytes.
     pub fn set_usage(&self, name: &str, working_set: u64, writable_layer: u64) {
         self.lock().usage.insert(name.to_string(), (working_set, writable_layer));
+    }
+
+    /// What ListContainerStats reports as the cumulative CPU time of containers named `name`.
+    pub fn set_cpu(&self, name: &str, usage_core_nano_seconds: u64) {
+        self.lock().cpu.insert(name.to_string(), usage_core_nano_seconds);
     }
 
     /// The running container `name` of pod `pod` exits now with `code` (a crash, an OOM kill).
@@ -563,6 +570,11 @@ impl Cri for FakeCri {
                         labels: c.config.labels.clone(),
                         annotations: c.config.annotations.clone(),
                     }),
+                    cpu: s.cpu.get(&container_name(c)).map(|ns| api::CpuUsage {
+                        timestamp: now,
+                        usage_core_nano_seconds: Some(api::UInt64Value { value: *ns }),
+                        usage_nano_cores: None,
+                    }),
                     memory: Some(api::MemoryUsage {
                         timestamp: now,
                         working_set_bytes: Some(api::UInt64Value { value: ws }),
@@ -577,5 +589,11 @@ impl Cri for FakeCri {
                 }
             })
             .collect())
+    }
+
+    /// Unimplemented, as a runtime without the RPC answers (the caller then sums the
+    /// containers' usage).
+    async fn list_pod_sandbox_stats(&self, _labels: HashMap<String, String>) -> Result<Vec<api::PodSandboxStats>, CriError> {
+        Err(CriError::Call("ListPodSandboxStats", tonic::Status::unimplemented("ListPodSandboxStats is not implemented")))
     }
 }

@@ -281,6 +281,15 @@ impl Runtime {
         Ok(call_within("ListContainerStats", CALL_TIMEOUT * 5, self.runtime.list_container_stats(req)).await?.stats)
     }
 
+    /// ListPodSandboxStats of the sandboxes with `labels`: the pods' CPU, memory, network and
+    /// processes (Unimplemented on runtimes without it).
+    pub async fn list_pod_sandbox_stats(&mut self, labels: HashMap<String, String>) -> Result<Vec<api::PodSandboxStats>, CriError> {
+        let req = api::ListPodSandboxStatsRequest {
+            filter: Some(api::PodSandboxStatsFilter { label_selector: labels, ..Default::default() }),
+        };
+        Ok(call_within("ListPodSandboxStats", CALL_TIMEOUT * 5, self.runtime.list_pod_sandbox_stats(req)).await?.stats)
+    }
+
     /// The image's id when present on the node.
     pub async fn image_present(&mut self, image: &str) -> Result<Option<String>, CriError> {
         Ok(self.image_status(image).await?.map(|i| i.id))
@@ -369,6 +378,8 @@ pub trait Cri: Send + Sync + 'static {
     async fn status_info(&self) -> Result<HashMap<String, String>, CriError>;
     /// ListContainerStats of the containers with `labels` (the eviction manager's usage).
     async fn list_container_stats(&self, labels: HashMap<String, String>) -> Result<Vec<api::ContainerStats>, CriError>;
+    /// ListPodSandboxStats of the sandboxes with `labels` (the Summary API's pod usage).
+    async fn list_pod_sandbox_stats(&self, labels: HashMap<String, String>) -> Result<Vec<api::PodSandboxStats>, CriError>;
 }
 
 /// Every call on a clone of the client (tonic clients are cheap handles on one channel).
@@ -435,6 +446,9 @@ impl Cri for Runtime {
     }
     async fn list_container_stats(&self, labels: HashMap<String, String>) -> Result<Vec<api::ContainerStats>, CriError> {
         Runtime::list_container_stats(&mut self.clone(), labels).await
+    }
+    async fn list_pod_sandbox_stats(&self, labels: HashMap<String, String>) -> Result<Vec<api::PodSandboxStats>, CriError> {
+        Runtime::list_pod_sandbox_stats(&mut self.clone(), labels).await
     }
 }
 
