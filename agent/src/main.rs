@@ -47,7 +47,8 @@ fn kubeconfig_ca(path: &Path) -> Option<Vec<u8>> {
     std::fs::read(cluster.certificate_authority?).ok()
 }
 
-/// Starts the HTTPS server on address:port (logs, exec, attach, port-forward, /pods, metrics).
+/// Starts the HTTPS server on address:port (logs, exec, attach, port-forward, /pods, metrics,
+/// the resource usage of /metrics/resource and /stats/summary).
 fn start_server(
     cfg: &AgentConfig,
     name: &str,
@@ -72,6 +73,16 @@ fn start_server(
         runtime_socket: cfg.runtime_socket.clone(),
         kube: client,
         authorization: cfg.authorization.clone(),
+        stats: Some(std::sync::Arc::new(ferro_agent::stats::Provider::new(
+            ferro_agent::stats::StatsConfig {
+                node_name: name.to_string(),
+                proc_root: Path::new("/proc").to_path_buf(),
+                cgroup_root: Path::new("/sys/fs/cgroup").to_path_buf(),
+                root_dir: cfg.root_dir.clone(),
+                pod_log_root: cfg.pod_logs_dir.clone(),
+            },
+            std::sync::Arc::new(cri::connect_lazy(&cfg.runtime_socket)),
+        ))),
     };
     let lookup: std::sync::Arc<dyn server::Lookup> = std::sync::Arc::new(workers);
     Ok(tokio::spawn(async move {

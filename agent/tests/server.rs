@@ -372,6 +372,7 @@ async fn in_netns(netns: String, socket: PathBuf, dir: PathBuf) {
             mode: ferro_agent::server::authz::Mode::Webhook,
             ..Default::default()
         },
+        stats: None,
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve_on(listener, server_cfg, fake.clone(), async move {

@@ -1,6 +1,6 @@
 //! The agent's HTTPS server (the kubelet port, 10250): what the API server proxies
-//! `pods/log`, `pods/exec`, `pods/attach` and `pods/portforward` to, plus `/healthz`, `/pods`
-//! and `/metrics`.
+//! `pods/log`, `pods/exec`, `pods/attach` and `pods/portforward` to, plus `/healthz`, `/pods`,
+//! `/metrics`, `/metrics/resource` and `/stats/summary` ([`crate::stats`]).
 //!
 //! - TLS with the configured serving pair, or a self-signed one kept under the cert dir.
 //! - Authentication: a client certificate signed by the client CA (what the API server's
@@ -109,6 +109,8 @@ pub struct ServerConfig {
     /// Also the SubjectAccessReviews of Webhook authorization.
     pub kube: Option<kube::Client>,
     pub authorization: authz::AuthzConfig,
+    /// `/metrics/resource` and `/stats/summary`; `None`: not served (404).
+    pub stats: Option<Arc<crate::stats::Provider>>,
 }
 
 /// Where a request goes. Pure function of method and path: [`route`].
@@ -117,6 +119,8 @@ pub enum Route {
     Healthz,
     Pods,
     Metrics,
+    MetricsResource,
+    StatsSummary,
     ContainerLogs { namespace: String, pod: String, container: String },
     Exec { namespace: String, pod: String, container: String },
     Attach { namespace: String, pod: String, container: String },
@@ -132,6 +136,8 @@ impl Route {
             Route::Healthz => "healthz",
             Route::Pods => "pods",
             Route::Metrics => "metrics",
+            Route::MetricsResource => "metrics/resource",
+            Route::StatsSummary => "stats/summary",
             Route::ContainerLogs { .. } => "containerLogs",
             Route::Exec { .. } => "exec",
             Route::Attach { .. } => "attach",
@@ -152,6 +158,8 @@ pub fn route(method: &Method, path: &str) -> Route {
         ["healthz"] => ok(read_only, Route::Healthz),
         ["pods"] => ok(read_only, Route::Pods),
         ["metrics"] => ok(read_only, Route::Metrics),
+        ["metrics", "resource"] => ok(read_only, Route::MetricsResource),
+        ["stats", "summary"] => ok(read_only, Route::StatsSummary),
         ["containerLogs", ns, pod, c] if ![ns, pod, c].iter().any(|x| x.is_empty()) => {
             ok(read_only, Route::ContainerLogs { namespace: s(ns), pod: s(pod), container: s(c) })
         }
@@ -215,6 +223,7 @@ pub(crate) struct State {
     pub(crate) streams: Counters<&'static str>,
     /// `/proc` (tests point it elsewhere).
     proc_root: PathBuf,
+    stats: Option<Arc<crate::stats::Provider>>,
 }
 
 pub(crate) fn text(code: StatusCode, msg: impl Into<String>) -> Response<Body> {
@@ -277,6 +286,7 @@ pub async fn serve_on(
         counters: Counters::default(),
         streams: Counters::default(),
         proc_root: PathBuf::from("/proc"),
+        stats: cfg.stats.clone(),
     });
     if let Ok(a) = listener.local_addr() {
         tracing::info!(address = %a, "agent server listening");
@@ -414,6 +424,8 @@ async fn dispatch(state: &Arc<State>, r: Route, req: Request<Incoming>) -> Respo
             );
             resp
         }
+        Route::MetricsResource => resource_stats(state, true, req.uri().query()).await,
+        Route::StatsSummary => resource_stats(state, false, req.uri().query()).await,
         Route::ContainerLogs { namespace, pod, container } => {
             container_logs(state.clone(), &namespace, &pod, &container, req.uri().query()).await
         }
@@ -427,6 +439,27 @@ async fn dispatch(state: &Arc<State>, r: Route, req: Request<Incoming>) -> Respo
         Route::MethodNotAllowed => text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
         Route::NotFound => text(StatusCode::NOT_FOUND, "404 page not found"),
     }
+}
+
+/// `/metrics/resource` (Prometheus text, `prometheus`) or `/stats/summary` (JSON;
+/// `only_cpu_and_memory=true` leaves out network, file systems and volumes) from one
+/// collection.
+async fn resource_stats(state: &State, prometheus: bool, query: Option<&str>) -> Response<Body> {
+    let Some(provider) = state.stats.as_ref() else {
+        return text(StatusCode::NOT_FOUND, "404 page not found");
+    };
+    let summary = provider.collect(&state.lookup.pods(), &state.lookup.volume_stats()).await;
+    let (body, content_type) = if prometheus {
+        (crate::stats::render::resource_metrics(&summary), "text/plain; version=0.0.4; charset=utf-8")
+    } else {
+        let only = query
+            .map(|q| form_urlencoded::parse(q.as_bytes()).any(|(k, v)| k == "only_cpu_and_memory" && v == "true"))
+            .unwrap_or(false);
+        (crate::stats::render::summary(&summary, only).to_string(), "application/json")
+    };
+    let mut resp = Response::new(full(body));
+    resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+    resp
 }
 
 /// The answer when a pod's container is unknown: which of the two is missing, in upstream's
@@ -715,6 +748,10 @@ mod tests {
         assert_eq!(route(&get, "/healthz"), Route::Healthz);
         assert_eq!(route(&get, "/pods/"), Route::Pods);
         assert_eq!(route(&get, "/metrics"), Route::Metrics);
+        assert_eq!(route(&get, "/metrics/resource"), Route::MetricsResource);
+        assert_eq!(route(&get, "/stats/summary/"), Route::StatsSummary);
+        assert_eq!(route(&get, "/stats"), Route::NotFound);
+        assert_eq!(route(&Method::POST, "/stats/summary"), Route::MethodNotAllowed);
         assert_eq!(
             route(&get, "/containerLogs/ns/p/c"),
             Route::ContainerLogs { namespace: "ns".into(), pod: "p".into(), container: "c".into() }
@@ -863,6 +900,7 @@ mod tests {
             runtime_socket: dir.path().join("none.sock"),
             kube: Some(token_reviewer()),
             authorization: authz::AuthzConfig::default(),
+            stats: None,
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve_on(listener, cfg, Arc::new(NoPods), async move {
@@ -912,6 +950,7 @@ mod tests {
             runtime_socket: dir.path().join("none.sock"),
             kube: None,
             authorization: authz::AuthzConfig::default(),
+            stats: None,
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve_on(listener, cfg, Arc::new(NoPods), async move {
@@ -961,6 +1000,7 @@ mod tests {
             counters: Counters::default(),
         streams: Counters::default(),
             proc_root: PathBuf::from("/proc"),
+            stats: None,
         })
     }
 
