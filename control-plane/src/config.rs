@@ -192,6 +192,7 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
         &["system:masters".to_string()],
     )?;
     let kubelet = crate::proxy::KubeletClient::new(&kc_cert, &kc_key).map_err(StartError::Tls)?;
+    let resource_metrics = Arc::new(crate::resource_metrics::Metrics::default());
 
     // Store and API.
     let store: Arc<dyn Store> = match &cfg.etcd {
@@ -220,6 +221,13 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
     };
     let api = Arc::new(Api::new(store, ips, ports).await?);
     tokio::spawn(repair_allocations(api.clone()));
+    // metrics.k8s.io: the agents' /metrics/resource every 15 s
+    tokio::spawn(crate::resource_metrics::scrape::run(
+        api.clone(),
+        crate::resource_metrics::scrape::AgentScraper(kubelet.clone()),
+        resource_metrics.clone(),
+        crate::resource_metrics::scrape::RESOLUTION,
+    ));
     tokio::spawn(crate::crd::controller::run(api.clone()));
     bootstrap_objects(&api, cfg, kubernetes_ip).await?;
     // the `kubernetes` Service's endpoints: this server among the live ones
@@ -239,6 +247,7 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
         sa_key: Some(sa_key.clone()),
         api_audiences: cfg.api_audiences.clone(),
         explain: explain.clone(),
+        resource_metrics,
         tokens,
         kubelet: Some(kubelet),
         readonly_inflight: Arc::new(tokio::sync::Semaphore::new(cfg.max_requests_inflight.max(1))),

@@ -71,6 +71,8 @@ fn group_versions() -> Vec<(&'static str, &'static str)> {
             out.push((*g, *v));
         }
     }
+    // metrics.k8s.io, served from the agents' usage (crate::resource_metrics)
+    out.push((crate::resource_metrics::objects::GROUP, crate::resource_metrics::objects::VERSION));
     out
 }
 
@@ -83,6 +85,15 @@ fn resource_list(group: &str, version: &str) -> Value {
         .collect();
     for (_, _, plural, kind) in REVIEWS.iter().filter(|(g, v, ..)| *g == group && *v == version) {
         resources.push(json!({"name": plural, "singularName": "", "namespaced": false, "kind": kind, "verbs": ["create"]}));
+    }
+    if (group, version) == ("", "v1") {
+        // served by crate::proxy (GET only)
+        resources.push(json!({"name": "nodes/proxy", "singularName": "", "namespaced": false, "kind": "NodeProxyOptions", "verbs": ["get"]}));
+    }
+    if (group, version) == (crate::resource_metrics::objects::GROUP, crate::resource_metrics::objects::VERSION) {
+        for (plural, kind, namespaced) in crate::resource_metrics::RESOURCES {
+            resources.push(json!({"name": plural, "singularName": "", "namespaced": namespaced, "kind": kind, "verbs": ["get", "list"]}));
+        }
     }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
 }
@@ -369,6 +380,23 @@ mod tests {
         let apps = resource_list("apps", "v1");
         let scale = apps["resources"].as_array().unwrap().iter().find(|r| r["name"] == "deployments/scale").unwrap();
         assert_eq!(scale["group"], "autoscaling");
+    }
+
+    #[test]
+    fn metrics_api_and_node_proxy_in_discovery() {
+        assert!(group_versions().contains(&("metrics.k8s.io", "v1beta1")));
+        let doc = group_doc("metrics.k8s.io");
+        assert_eq!(doc["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
+        let l = resource_list("metrics.k8s.io", "v1beta1");
+        assert_eq!(
+            l["resources"],
+            json!([
+                {"name": "nodes", "singularName": "", "namespaced": false, "kind": "NodeMetrics", "verbs": ["get", "list"]},
+                {"name": "pods", "singularName": "", "namespaced": true, "kind": "PodMetrics", "verbs": ["get", "list"]},
+            ])
+        );
+        let core = resource_list("", "v1");
+        assert!(core["resources"].as_array().unwrap().iter().any(|r| r["name"] == "nodes/proxy" && r["verbs"] == json!(["get"])));
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod pki;
 pub mod protobuf;
 pub mod proxy;
+pub mod resource_metrics;
 pub mod resources;
 pub mod sa_admission;
 pub mod sa_token;

@@ -1,7 +1,9 @@
 //! Proxying of pods/log, pods/exec, pods/attach and pods/portforward to the agent (kubelet) on
 //! the pod's node, including the HTTP upgrade (SPDY/3.1 or WebSocket) that exec, attach and
 //! port-forward use: the server forwards the upgrade request, and once the agent answers 101 it
-//! splices the two connections.
+//! splices the two connections. And the nodes/proxy subresource
+//! (`/api/v1/nodes/<node>/proxy/<path>`): GET requests passed to the node's agent as they are,
+//! its answer passed back as it is.
 
 use std::sync::Arc;
 
@@ -81,6 +83,86 @@ impl KubeletClient {
             .map_err(|e| format!("kubelet client certificate: {e}"))?;
         Ok(KubeletClient { tls: Arc::new(tls) })
     }
+}
+
+impl KubeletClient {
+    /// Sends `req` (a path and headers, no body) to the agent at `host:port` over TLS with the
+    /// server's client certificate; the agent's answer, unread.
+    pub async fn send(
+        &self,
+        host: &str,
+        port: u16,
+        req: Request<Empty<bytes::Bytes>>,
+    ) -> Result<Response<Incoming>, ApiError> {
+        let tcp = tokio::net::TcpStream::connect((host, port))
+            .await
+            .map_err(|e| ApiError::service_unavailable(format!("error dialing backend: dial tcp {host}:{port}: {e}")))?;
+        let server_name =
+            ServerName::try_from(host.to_string()).map_err(|e| ApiError::internal(format!("agent address {host}: {e}")))?;
+        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+            .connect(server_name, tcp)
+            .await
+            .map_err(|e| ApiError::service_unavailable(format!("error dialing backend: tls: {e}")))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .map_err(|e| ApiError::service_unavailable(format!("error dialing backend: {e}")))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "agent connection ended");
+            }
+        });
+        sender
+            .send_request(req)
+            .await
+            .map_err(|e| ApiError::service_unavailable(format!("error talking to the agent: {e}")))
+    }
+}
+
+/// `/api/v1/nodes/<node>/proxy[/<path>]`: the node's name and the agent path (`/` and the rest,
+/// its query kept); None for any other path.
+pub fn node_proxy_path<'a>(path: &'a str, query: Option<&str>) -> Option<(&'a str, String)> {
+    let rest = path.strip_prefix("/api/v1/nodes/")?;
+    let (node, tail) = rest.split_once('/')?;
+    let tail = tail.strip_prefix("proxy")?;
+    if node.is_empty() || !(tail.is_empty() || tail.starts_with('/')) {
+        return None;
+    }
+    let mut target = if tail.is_empty() { "/".to_string() } else { tail.to_string() };
+    if let Some(q) = query.filter(|q| !q.is_empty()) {
+        target.push('?');
+        target.push_str(q);
+    }
+    Some((node, target))
+}
+
+/// nodes/proxy: a GET to `path` on the node's agent, answered as the agent answers (status,
+/// headers, body). An unknown node is NotFound; a node without an address to reach its agent
+/// is 503.
+pub async fn proxy_node(api: &Api, kubelet: &KubeletClient, node_name: &str, path: &str, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    if req.method() != http::Method::GET && req.method() != http::Method::HEAD {
+        return Err(ApiError::method_not_allowed(req.method().as_str()));
+    }
+    let nodes = resources::find("", "v1", "nodes").ok_or_else(|| ApiError::internal("no nodes"))?;
+    let node = api.get(nodes, None, node_name).await?.json()?;
+    // (kubelet_address takes any address there is: only a node without one has none)
+    let (host, port) = kubelet_address(&node)
+        .ok_or_else(|| ApiError::service_unavailable("no preferred addresses found; known addresses: []"))?;
+    let mut out = Request::builder().method(req.method().clone()).uri(path);
+    for (k, v) in req.headers() {
+        if k == header::AUTHORIZATION || k == header::HOST || k == header::CONNECTION || k == header::UPGRADE {
+            continue;
+        }
+        out = out.header(k, v);
+    }
+    out = out.header(header::HOST, format!("{host}:{port}"));
+    let out = out.body(Empty::<bytes::Bytes>::new()).map_err(ApiError::internal)?;
+    let resp = kubelet.send(&host, port, out).await?;
+    let (mut parts, body) = resp.into_parts();
+    for h in [header::CONNECTION, header::TRANSFER_ENCODING, header::UPGRADE] {
+        parts.headers.remove(h);
+    }
+    parts.headers.remove("keep-alive");
+    Ok(Response::from_parts(parts, body.map_err(std::io::Error::other).boxed()))
 }
 
 /// Where the agent of a node listens: its InternalIP (or first address) and the kubelet port.
@@ -285,6 +367,19 @@ mod tests {
         let e = agent_path(&two, "ns", "p", Sub::Log, None).unwrap_err();
         assert_eq!(e.message, "a container name must be specified for pod p, choose one of: [a b]");
         assert_eq!(agent_path(&two, "ns", "p", Sub::Log, Some("container=x")).unwrap_err().code, 400);
+    }
+
+    #[test]
+    fn node_proxy_paths() {
+        assert_eq!(node_proxy_path("/api/v1/nodes/n1/proxy/metrics/resource", None), Some(("n1", "/metrics/resource".into())));
+        assert_eq!(node_proxy_path("/api/v1/nodes/n1/proxy/stats/summary", Some("only_cpu_and_memory=true")), Some(("n1", "/stats/summary?only_cpu_and_memory=true".into())));
+        assert_eq!(node_proxy_path("/api/v1/nodes/n1/proxy", None), Some(("n1", "/".into())));
+        assert_eq!(node_proxy_path("/api/v1/nodes/n1/proxy/", None), Some(("n1", "/".into())));
+        assert_eq!(node_proxy_path("/api/v1/nodes/n1/proxyx", None), None);
+        assert_eq!(node_proxy_path("/api/v1/nodes/n1/status", None), None);
+        assert_eq!(node_proxy_path("/api/v1/nodes/n1", None), None);
+        assert_eq!(node_proxy_path("/api/v1/nodes//proxy/x", None), None);
+        assert_eq!(node_proxy_path("/api/v1/namespaces/a/pods/b/proxy", None), None);
     }
 
     #[test]

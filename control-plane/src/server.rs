@@ -41,6 +41,8 @@ pub struct ServerState {
     pub api_audiences: Vec<String>,
     /// The explainers of the loops running in this process, once they started.
     pub explain: Arc<std::sync::OnceLock<Arc<crate::controllers::explain::Registry>>>,
+    /// metrics.k8s.io: the agents' usage the scrape loop keeps.
+    pub resource_metrics: Arc<crate::resource_metrics::Metrics>,
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
@@ -596,9 +598,35 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
     if let Some(resp) = discovery::serve(&path)? {
         return Ok(resp);
     }
+    // nodes/proxy: to the node's agent, authorized as <verb> nodes/proxy
+    if let Some((node, target)) = crate::proxy::node_proxy_path(&path, req.uri().query()) {
+        let info = RequestInfo { resource: "nodes".into(), name: Some(node.to_string()), ..Default::default() };
+        let attrs = Attributes { verb: verb_of(req.method(), &info, &q), group: "", resource: "nodes", subresource: "proxy", namespace: "", name: node };
+        if let Err(why) = auth::authorize(&user, &attrs, &Graph(&state.api), None) {
+            return Err(ApiError::forbidden("nodes", node, why));
+        }
+        let kubelet = state.kubelet.as_ref().ok_or_else(|| ApiError::service_unavailable("no kubelet client configured"))?;
+        return crate::proxy::proxy_node(&state.api, kubelet, node, &target, req).await;
+    }
     let Some(info) = parse_path(&path) else {
         return Err(ApiError::no_route());
     };
+    // metrics.k8s.io: served from the scraped usage, authorized as any read
+    if info.group == crate::resource_metrics::GROUP {
+        let name = info.name.as_deref().unwrap_or("");
+        let attrs = Attributes {
+            verb: verb_of(req.method(), &info, &q),
+            group: crate::resource_metrics::GROUP,
+            resource: &info.resource,
+            subresource: info.subresource.as_deref().unwrap_or(""),
+            namespace: info.namespace.as_deref().unwrap_or(""),
+            name,
+        };
+        if let Err(why) = auth::authorize(&user, &attrs, &Graph(&state.api), None) {
+            return Err(ApiError::forbidden(&format!("{}.{}", info.resource, info.group), name, why));
+        }
+        return crate::resource_metrics::serve(&state.api, &state.resource_metrics, req.method(), &info, &q).await;
+    }
     let res = resources::find(&info.group, &info.version, &info.resource).ok_or_else(ApiError::no_route)?;
     if res.namespaced != info.namespace.is_some() && !(res.namespaced && info.namespace.is_none() && info.name.is_none()) {
         return Err(ApiError::no_route());
