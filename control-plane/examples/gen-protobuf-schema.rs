@@ -42,6 +42,7 @@ const EXTRA_ROOTS: &[(&str, &str, &str)] = &[
     ("autoscaling/v1", "Scale", "io.k8s.api.autoscaling.v1.Scale"),
     ("authentication.k8s.io/v1", "TokenRequest", "io.k8s.api.authentication.v1.TokenRequest"),
     ("authorization.k8s.io/v1", "SelfSubjectAccessReview", "io.k8s.api.authorization.v1.SelfSubjectAccessReview"),
+    ("authorization.k8s.io/v1", "SelfSubjectRulesReview", "io.k8s.api.authorization.v1.SelfSubjectRulesReview"),
     ("*", "DeleteOptions", "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions"),
 ];
 
@@ -99,7 +100,7 @@ struct PbField {
 
 /// OpenAPI definitions of every type reachable from the request-body kinds.
 fn openapi_definitions() -> serde_json::Map<String, serde_json::Value> {
-    use k8s_openapi::api::{apps, authentication, authorization, autoscaling, batch, coordination, core, discovery, policy, storage};
+    use k8s_openapi::api::{apps, authentication, authorization, autoscaling, batch, coordination, core, discovery, policy, rbac, storage};
     use k8s_openapi::apimachinery::pkg::apis::meta;
     let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
     macro_rules! add {
@@ -115,7 +116,8 @@ fn openapi_definitions() -> serde_json::Map<String, serde_json::Value> {
         apps::v1::ControllerRevision, batch::v1::Job, batch::v1::CronJob, policy::v1::PodDisruptionBudget,
         autoscaling::v1::Scale,
         policy::v1::Eviction, meta::v1::DeleteOptions, authentication::v1::TokenRequest,
-        authorization::v1::SelfSubjectAccessReview,
+        authorization::v1::SelfSubjectAccessReview, authorization::v1::SelfSubjectRulesReview,
+        rbac::v1::ClusterRole, rbac::v1::ClusterRoleBinding, rbac::v1::Role, rbac::v1::RoleBinding,
     );
     generator.take_definitions(true)
 }

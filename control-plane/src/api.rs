@@ -673,6 +673,8 @@ impl Api {
             }
         }
         strategy::apply_defaults(res, &mut obj);
+        // RBAC's escalation check (upstream's policybased storage), before validation as there
+        crate::rbac::escalation::admit(res, ns, &obj, None).await?;
         if res.is("persistentvolumeclaims") {
             self.default_storage_class(&mut obj).await?;
         }
@@ -840,6 +842,7 @@ impl Api {
             }
         }
         strategy::apply_defaults(res, &mut obj);
+        crate::rbac::escalation::admit(res, ns, &obj, Some(&old)).await?;
         if res.generation && !status_endpoint && strategy::spec_changed(&old, &obj) {
             let g = old.pointer("/metadata/generation").and_then(|g| g.as_i64()).unwrap_or(0);
             set_meta(&mut obj, "generation", json!(g + 1));

@@ -232,6 +232,9 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
     bootstrap_objects(&api, cfg, kubernetes_ip).await?;
     // the `kubernetes` Service's endpoints: this server among the live ones
     crate::apiserver_endpoints::start(api.clone(), cfg.advertise(), cfg.secure_port).await?;
+    // RBAC: upstream's default roles and bindings, then the policy the authorizer follows
+    crate::rbac::bootstrap::reconcile(&api).await?;
+    let rbac = crate::rbac::Policy::start(api.store.clone()).await?;
 
     // TLS: client certificates are optional; requests without one need a bearer token.
     let tls = tls_config(&ca.cert_pem, &serving_cert, &serving_key)?;
@@ -248,6 +251,7 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
         api_audiences: cfg.api_audiences.clone(),
         explain: explain.clone(),
         resource_metrics,
+        rbac,
         tokens,
         kubelet: Some(kubelet),
         readonly_inflight: Arc::new(tokio::sync::Semaphore::new(cfg.max_requests_inflight.max(1))),

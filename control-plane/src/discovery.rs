@@ -61,6 +61,7 @@ const REVIEWS: &[(&str, &str, &str, &str)] = &[
     ("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview"),
     ("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview"),
     ("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview"),
+    ("authorization.k8s.io", "v1", "selfsubjectrulesreviews", "SelfSubjectRulesReview"),
 ];
 
 /// Every served group version: the stored resources' and the review APIs'.
@@ -213,7 +214,7 @@ fn fnv(s: &str) -> u64 {
 /// Builds the schema components for every kind of a group version with schemars from the
 /// k8s-openapi types, tagged with x-kubernetes-group-version-kind as upstream does.
 fn components(group: &str, version: &str) -> Map<String, Value> {
-    use k8s_openapi::api::{apps, batch, coordination, core, discovery, policy, storage};
+    use k8s_openapi::api::{apps, batch, coordination, core, discovery, policy, rbac, storage};
     let settings = schemars::generate::SchemaSettings::openapi3().with(|s| {
         s.definitions_path = "/components/schemas".into();
     });
@@ -257,6 +258,10 @@ fn components(group: &str, version: &str) -> Map<String, Value> {
     add!(batch::v1::Job, "jobs");
     add!(batch::v1::CronJob, "cronjobs");
     add!(policy::v1::PodDisruptionBudget, "poddisruptionbudgets");
+    add!(rbac::v1::ClusterRole, "clusterroles");
+    add!(rbac::v1::ClusterRoleBinding, "clusterrolebindings");
+    add!(rbac::v1::Role, "roles");
+    add!(rbac::v1::RoleBinding, "rolebindings");
     let mut defs: Map<String, Value> = generator
         .take_definitions(true)
         .into_iter()

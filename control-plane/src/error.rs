@@ -130,7 +130,8 @@ impl ApiError {
         let message = format!("{kind} \"{name}\" is invalid: {joined}");
         let causes: Vec<Value> = errors
             .iter()
-            .map(|e| json!({"reason": e.reason(), "message": e.message(), "field": e.field}))
+            // upstream's cause message is the error's body: kubectl prints the field before it
+            .map(|e| json!({"reason": e.reason(), "message": e.body(), "field": e.field}))
             .collect();
         let mut err = ApiError::new(422, "Invalid", message).with_details(group, kind, name);
         if let Some(Value::Object(d)) = err.details.as_mut() {
@@ -235,5 +236,6 @@ mod tests {
         assert_eq!(s["message"], "Pod \"Bad\" is invalid: metadata.name: Invalid value: \"Bad\": x");
         assert_eq!(s["details"]["causes"][0]["field"], "metadata.name");
         assert_eq!(s["details"]["causes"][0]["reason"], "FieldValueInvalid");
+        assert_eq!(s["details"]["causes"][0]["message"], "Invalid value: \"Bad\": x", "without the field, as upstream's");
     }
 }

@@ -17,6 +17,7 @@ pub mod pki;
 pub mod protobuf;
 pub mod proxy;
 pub mod resource_metrics;
+pub mod rbac;
 pub mod resources;
 pub mod sa_admission;
 pub mod sa_token;

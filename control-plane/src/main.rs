@@ -50,7 +50,8 @@ struct Cli {
     /// `*,-scheduler`). Names: scheduler, endpointslice, endpoints, nodelifecycle,
     /// garbagecollector, namespace, replicaset, deployment, statefulset, daemonset, job,
     /// ttl-after-finished, cronjob, disruption, podgc, persistentvolume-binder, serviceaccount,
-    /// nodeipam, volumesnapshot.
+    /// nodeipam, volumesnapshot, root-ca-cert-publisher,
+    /// clusterrole-aggregation.
     #[arg(long, default_value = "*", value_delimiter = ',')]
     controllers: Vec<String>,
     /// Time a node may go without renewing its Lease before it is marked unreachable.

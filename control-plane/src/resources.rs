@@ -1,7 +1,7 @@
 //! The table of served resources: names, scope, subresources and typed decoding.
 
 use api_ext::snapshot;
-use k8s_openapi::api::{apps, batch, coordination, core, discovery, policy, storage};
+use k8s_openapi::api::{apps, batch, coordination, core, discovery, policy, rbac, storage};
 use serde_json::Value;
 
 /// A subresource served under a resource.
@@ -202,6 +202,14 @@ pub static RESOURCES: &[Resource] = &[
         short: ["crd", "crds"], cat: ["api-extensions"], sub: [Status], gen: true),
     res!("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", "poddisruptionbudget", true, policy::v1::PodDisruptionBudget,
         short: ["pdb"], cat: [], sub: [Status], gen: true),
+    res!("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", "clusterrole", false, rbac::v1::ClusterRole,
+        short: [], cat: [], sub: [], gen: false),
+    res!("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", "clusterrolebinding", false, rbac::v1::ClusterRoleBinding,
+        short: [], cat: [], sub: [], gen: false),
+    res!("rbac.authorization.k8s.io", "v1", "Role", "roles", "role", true, rbac::v1::Role,
+        short: [], cat: [], sub: [], gen: false),
+    res!("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", "rolebinding", true, rbac::v1::RoleBinding,
+        short: [], cat: [], sub: [], gen: false),
 ];
 
 /// Every served resource: the built-in ones, then those of CustomResourceDefinitions.

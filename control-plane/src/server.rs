@@ -14,11 +14,11 @@ use hyper::body::{Frame, Incoming};
 use serde_json::{json, Value};
 
 use crate::api::{Api, DeleteOptions, ListOptions, PatchType, WatchItem};
-use crate::auth::{self, Attributes, NodeGraph, Tokens, User};
+use crate::auth::{self, Action, Attributes, NodeGraph, Tokens, User};
 use crate::discovery;
 use crate::error::ApiError;
 use crate::resources::{self, Resource, Sub};
-use crate::store::Record;
+use crate::store::{Record, Revision};
 
 pub type Body = BoxBody<Bytes, std::io::Error>;
 
@@ -43,6 +43,8 @@ pub struct ServerState {
     pub explain: Arc<std::sync::OnceLock<Arc<crate::controllers::explain::Registry>>>,
     /// metrics.k8s.io: the agents' usage the scrape loop keeps.
     pub resource_metrics: Arc<crate::resource_metrics::Metrics>,
+    /// The RBAC policy the authorizer decides with (kept current from the store).
+    pub rbac: Arc<crate::rbac::Policy>,
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
@@ -378,24 +380,18 @@ fn verb_of(method: &Method, info: &RequestInfo, q: &HashMap<String, String>) -> 
     }
 }
 
-/// TokenReview and SubjectAccessReview: POST only, answered at once, nothing stored.
+/// The review APIs: POST only, answered at once, nothing stored (authorized as a create of
+/// the review's resource by [`route`]).
 async fn serve_review(
     state: &Arc<ServerState>,
     user: &User,
     review: auth::Review,
     req: Request<Incoming>,
+    seen: Revision,
 ) -> Result<Response<Body>, ApiError> {
-    let (group, version, kind, plural) = review.names();
-    let resource = format!("{plural}.{group}");
+    let (group, version, kind, _) = review.names();
     if req.method() != Method::POST {
         return Err(ApiError::method_not_allowed(req.method().as_str()));
-    }
-    if !review.allowed(user) {
-        return Err(ApiError::forbidden(
-            &resource,
-            "",
-            format!("User \"{}\" cannot create resource \"{plural}\" in API group \"{group}\" at the cluster scope", user.name),
-        ));
     }
     let (parts, body) = read_body(req).await?;
     if review == auth::Review::SelfSubject {
@@ -409,13 +405,27 @@ async fn serve_review(
             return Ok(json_response(201, &answer));
         }
     }
-    let answer = match review {
-        auth::Review::SelfSubject => Ok(auth::self_subject_review(user)),
-        auth::Review::SelfSubjectAccess => auth::self_subject_access_review(user, &obj, &Graph(&state.api)),
-        auth::Review::Token => auth::token_review(&state.tokens, &obj),
-        auth::Review::SubjectAccess => auth::subject_access_review(&obj, &Graph(&state.api)),
+    if review == auth::Review::SelfSubjectRules {
+        state.rbac.caught_up(seen, std::time::Duration::from_secs(1)).await;
+        return Ok(json_response(201, &crate::rbac::review::self_subject_rules_review(user, &obj, &state.rbac.read())?));
     }
-    .map_err(|why| ApiError::new(422, "Invalid", format!("{kind}.{group} \"\" is invalid: {why}")))?;
+    let answer = || {
+        let graph = Graph(&state.api);
+        let policy = state.rbac.read();
+        match review {
+            auth::Review::SelfSubjectAccess => auth::self_subject_access_review(user, &obj, &graph, &policy),
+            auth::Review::SubjectAccess => auth::subject_access_review(&obj, &graph, &policy),
+            auth::Review::Token => auth::token_review(&state.tokens, &obj),
+            auth::Review::SelfSubject | auth::Review::SelfSubjectRules => Ok(auth::self_subject_review(user)),
+        }
+    };
+    let mut answered = answer();
+    // a refusal lets the policy reach the revision the request saw (a binding just made)
+    let refused = answered.as_ref().is_ok_and(|v| v.pointer("/status/allowed") == Some(&Value::Bool(false)));
+    if refused && state.rbac.applied() < seen && state.rbac.caught_up(seen, std::time::Duration::from_secs(1)).await {
+        answered = answer();
+    }
+    let answer = answered.map_err(|why| ApiError::new(422, "Invalid", format!("{kind}.{group} \"\" is invalid: {why}")))?;
     Ok(json_response(201, &answer))
 }
 
@@ -464,7 +474,8 @@ pub async fn handle(state: Arc<ServerState>, cert_user: Option<User>, req: Reque
     };
     let apply = req.headers().get(header::CONTENT_TYPE).and_then(|c| c.to_str().ok()).is_some_and(|c| c.starts_with("application/apply-patch"));
     let info = parse_path(&path);
-    let resp = crate::managed::WRITER.scope(writer, route(&state, cert_user, req)).await;
+    // room for the requester too, which RBAC's escalation checks read (upstream's request context)
+    let resp = crate::managed::WRITER.scope(writer, crate::rbac::escalation::scope(route(&state, cert_user, req))).await;
     let resp = resp.unwrap_or_else(|e| error_response(&e));
     {
         let (verb, group, version, resource, sub, scope) = match &info {
@@ -496,14 +507,12 @@ pub async fn handle(state: Arc<ServerState>, cert_user: Option<User>, req: Reque
 }
 
 /// `/debug/controllers[/<loop>/<namespace>/<name>]`: what a loop would do for an object and
-/// why it waits (controllers::explain); the admin's only, like upstream's /debug paths.
-async fn serve_explain(state: &ServerState, user: &User, path: &str, rest: &str, req: &Request<Incoming>) -> Result<Response<Body>, ApiError> {
+/// why it waits (controllers::explain); like upstream's /debug paths, for those allowed the
+/// path (cluster-admin's `*`).
+async fn serve_explain(state: &ServerState, rest: &str, req: &Request<Incoming>) -> Result<Response<Body>, ApiError> {
     use crate::controllers::explain::{ExplainError, Registry};
     if req.method() != Method::GET {
         return Err(ApiError::method_not_allowed(req.method().as_str()));
-    }
-    if !user.is_admin() {
-        return Err(ApiError::new(403, "Forbidden", format!("forbidden: User \"{}\" cannot get path \"{path}\"", user.name)));
     }
     let empty;
     let registry: &Registry = match state.explain.get() {
@@ -532,8 +541,25 @@ async fn serve_explain(state: &ServerState, user: &User, path: &str, rest: &str,
     Ok(json_response(200, &serde_json::to_value(&e).unwrap_or_default()))
 }
 
+/// The authorizer chain on one request (`auth::authorize`). A refusal first lets the RBAC
+/// policy reach the store revision the request saw (a binding created just before by the
+/// same client), then decides again.
+async fn authorize(state: &ServerState, user: &User, action: &Action<'_>, body: Option<&Value>, seen: Revision) -> Result<(), String> {
+    let decide = || auth::authorize(user, action, &Graph(&state.api), body, &state.rbac.read());
+    match decide() {
+        Err(_) if state.rbac.applied() < seen && state.rbac.caught_up(seen, std::time::Duration::from_secs(1)).await => decide(),
+        other => other,
+    }
+}
+
+/// The verb of a request that is not on a resource: the method, lower-case (upstream's).
+fn path_verb(method: &Method) -> String {
+    method.as_str().to_ascii_lowercase()
+}
+
 async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let path = req.uri().path().to_string();
+    let seen = state.api.store.revision();
     // Public endpoints (upstream's system:public-info-viewer).
     match path.as_str() {
         "/healthz" | "/livez" | "/readyz" | "/healthz/ping" | "/livez/ping" | "/readyz/ping" => {
@@ -563,8 +589,21 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
             }
         }
     };
-    // OIDC discovery of the service account issuer: any authenticated user (upstream binds
-    // system:service-account-issuer-discovery to service accounts; ferro has no RBAC yet).
+    // Impersonation (kubectl --as): the requester must be allowed to impersonate each part.
+    let user = {
+        let may = |a: &Attributes<'_>| auth::authorize(&user, &Action::Resource(a.clone()), &Graph(&state.api), None, &state.rbac.read());
+        crate::rbac::impersonation::impersonate(&user, req.headers(), &may)?.unwrap_or(user)
+    };
+    crate::rbac::escalation::set_requester(crate::rbac::escalation::Requester { user: user.clone(), policy: state.rbac.clone(), seen });
+    // Requests that are not on a resource (discovery, OpenAPI, the issuer's documents, the
+    // loops' explanations) are authorized on their path (upstream's system:discovery,
+    // system:service-account-issuer-discovery, cluster-admin's `*`).
+    if parse_path(&path).is_none() && crate::proxy::node_proxy_path(&path, None).is_none() {
+        let verb = path_verb(req.method());
+        if let Err(why) = authorize(state, &user, &Action::Path { verb: &verb, path: &path }, None, seen).await {
+            return Err(ApiError::new(403, "Forbidden", format!("forbidden: {why}")));
+        }
+    }
     if let Some(key) = state.sa_key.as_ref() {
         match path.as_str() {
             "/.well-known/openid-configuration" => return Ok(json_response(200, &key.openid_configuration())),
@@ -576,11 +615,9 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
             _ => {}
         }
     }
-    // Prometheus metrics: the admin's (upstream binds system:monitoring)
+    // Prometheus metrics (authorized above: upstream's system:monitoring, bound to the
+    // system:monitoring group, and cluster-admin)
     if path == "/metrics" {
-        if !user.is_admin() {
-            return Err(ApiError::new(403, "Forbidden", format!("forbidden: User \"{}\" cannot get path \"/metrics\"", user.name)));
-        }
         let text = crate::metrics::render(&state.api).await;
         return Ok(Response::builder()
             .header(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
@@ -588,13 +625,18 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
             .unwrap_or_else(|_| Response::new(full(""))));
     }
     if let Some(review) = auth::Review::of_path(&path) {
-        return serve_review(state, &user, review, req).await;
+        let (group, _, _, plural) = review.names();
+        let verb = if req.method() == Method::POST { "create" } else { verb_of(req.method(), &RequestInfo::default(), &HashMap::new()) };
+        let attrs = Attributes { verb, group, resource: plural, subresource: "", namespace: "", name: "" };
+        if let Err(why) = authorize(state, &user, &Action::Resource(attrs), None, seen).await {
+            return Err(ApiError::forbidden(&format!("{plural}.{group}"), "", why));
+        }
+        return serve_review(state, &user, review, req, seen).await;
     }
     if let Some(rest) = path.strip_prefix("/debug/controllers").filter(|r| r.is_empty() || r.starts_with('/')) {
-        return serve_explain(state, &user, &path, rest, &req).await;
+        return serve_explain(state, rest, &req).await;
     }
     let q = query(&req);
-    // Discovery and OpenAPI: any authenticated user (upstream's system:discovery).
     if let Some(resp) = discovery::serve(&path)? {
         return Ok(resp);
     }
@@ -602,7 +644,7 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
     if let Some((node, target)) = crate::proxy::node_proxy_path(&path, req.uri().query()) {
         let info = RequestInfo { resource: "nodes".into(), name: Some(node.to_string()), ..Default::default() };
         let attrs = Attributes { verb: verb_of(req.method(), &info, &q), group: "", resource: "nodes", subresource: "proxy", namespace: "", name: node };
-        if let Err(why) = auth::authorize(&user, &attrs, &Graph(&state.api), None) {
+        if let Err(why) = authorize(state, &user, &Action::Resource(attrs), None, seen).await {
             return Err(ApiError::forbidden("nodes", node, why));
         }
         let kubelet = state.kubelet.as_ref().ok_or_else(|| ApiError::service_unavailable("no kubelet client configured"))?;
@@ -622,7 +664,7 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
             namespace: info.namespace.as_deref().unwrap_or(""),
             name,
         };
-        if let Err(why) = auth::authorize(&user, &attrs, &Graph(&state.api), None) {
+        if let Err(why) = authorize(state, &user, &Action::Resource(attrs), None, seen).await {
             return Err(ApiError::forbidden(&format!("{}.{}", info.resource, info.group), name, why));
         }
         return crate::resource_metrics::serve(&state.api, &state.resource_metrics, req.method(), &info, &q).await;
@@ -675,7 +717,7 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
         namespace: ns.unwrap_or(""),
         name,
     };
-    if let Err(why) = auth::authorize(&user, &attrs, &Graph(&state.api), body_value.as_ref()) {
+    if let Err(why) = authorize(state, &user, &Action::Resource(attrs), body_value.as_ref(), seen).await {
         return Err(ApiError::forbidden(&res.group_resource(), name, why));
     }
     let dry_run = q.get("dryRun").map(|d| d == "All").unwrap_or(false);

@@ -304,6 +304,9 @@ pub fn apply_defaults(res: &Resource, obj: &mut Value) {
         crate::crd::schema::apply_defaults(&c.schema, obj);
         return;
     }
+    if res.group == crate::rbac::GROUP {
+        crate::rbac::validation::apply_defaults(res.plural, obj);
+    }
     match res.plural {
         "customresourcedefinitions" => crate::crd::definition::apply_defaults(obj),
         "pods" => {
@@ -525,6 +528,8 @@ fn name_rule(res: &Resource) -> fn(&str) -> Vec<String> {
     match res.plural {
         "namespaces" => validation::dns1123_label,
         "services" => validation::dns1035_label,
+        // upstream's ValidateRBACName
+        "roles" | "clusterroles" | "rolebindings" | "clusterrolebindings" if res.group == crate::rbac::GROUP => validation::path_segment_name,
         _ => validation::dns1123_subdomain,
     }
 }
@@ -745,6 +750,7 @@ pub fn validate(res: &Resource, obj: &Value) -> Vec<FieldError> {
         }
         "volumesnapshots" => validate_volume_snapshot(obj, &mut errs),
         "volumesnapshotcontents" => validate_volume_snapshot_content(obj, &mut errs),
+        plural if res.group == crate::rbac::GROUP => errs.extend(crate::rbac::validation::validate(plural, obj)),
         "persistentvolumes" => {
             if obj.pointer("/spec/capacity/storage").is_none() {
                 errs.push(FieldError::required("spec.capacity", ""));
@@ -951,6 +957,9 @@ pub fn validate_update(res: &Resource, old: &Value, new: &Value) -> Vec<FieldErr
     let mut errs = Vec::new();
     if res.custom.is_some() {
         return errs;
+    }
+    if res.group == crate::rbac::GROUP {
+        errs.extend(crate::rbac::validation::validate_update(res.plural, old, new));
     }
     match res.plural {
         "customresourcedefinitions" => {

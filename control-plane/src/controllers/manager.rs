@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Endpoints, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Service, ServiceAccount,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::api::storage::v1::{CSIDriver, CSIStorageCapacity, StorageClass};
 use kube::runtime::watcher;
 use kube::Api;
@@ -41,6 +42,7 @@ pub const ALL: &[&str] = &[
     "disruption",
     "root-ca-cert-publisher",
     "serviceaccount-token",
+    "clusterrole-aggregation",
 ];
 
 /// Options of the loops (flags of ferro-control-plane).
@@ -168,6 +170,7 @@ informers! {
     jobs: Job,
     cron_jobs: CronJob,
     pod_disruption_budgets: PodDisruptionBudget,
+    cluster_roles: ClusterRole,
 }
 
 impl Informers {
@@ -241,6 +244,9 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     }
     if on("scheduler") {
         super::scheduler::start(&inf, opts);
+    }
+    if on("clusterrole-aggregation") {
+        super::clusterroleaggregation::start(&inf, opts);
     }
     if on("nodeipam") && opts.allocate_node_cidrs {
         super::nodeipam::start(&inf, opts);

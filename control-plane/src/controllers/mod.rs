@@ -6,6 +6,7 @@
 
 pub mod daemonset;
 pub mod clock;
+pub mod clusterroleaggregation;
 pub mod cronjob;
 pub mod deployment;
 pub mod disruption;
