@@ -16,6 +16,11 @@ pub struct Flags {
     /// Kubeconfig with the node's credentials. Without it the agent runs standalone.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// API servers to use in turn with the kubeconfig's credentials, comma-separated (several
+    /// ferro-control-plane replicas without a load balancer; default: the kubeconfig's server).
+    /// When one cannot be reached the next requests go to the next (ferro_runtime::apiclient).
+    #[arg(long, env = "FERRO_API_SERVERS", value_delimiter = ',')]
+    pub api_servers: Vec<String>,
     /// Node name to use instead of the host name.
     #[arg(long)]
     pub hostname_override: Option<String>,
@@ -176,6 +181,8 @@ impl KubeletConfiguration {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentConfig {
     pub kubeconfig: Option<PathBuf>,
+    /// `--api-servers`, as given (parsed when the client is built).
+    pub api_servers: Vec<String>,
     pub hostname_override: Option<String>,
     pub node_ip: Option<IpAddr>,
     pub root_dir: PathBuf,
@@ -318,6 +325,7 @@ impl AgentConfig {
             image_maximum_gc_age,
             image_gc_period,
             kubeconfig: flags.kubeconfig.clone(),
+            api_servers: flags.api_servers.clone(),
             hostname_override: flags.hostname_override.clone(),
             node_ip: flags.node_ip,
             root_dir: flags.root_dir.clone(),

@@ -16,12 +16,10 @@ use ferro_agent::status;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::signal::unix::{signal, SignalKind};
 
-async fn kube_client(path: &Path) -> anyhow::Result<kube::Client> {
-    let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .with_context(|| format!("loading {}", path.display()))?;
-    Ok(kube::Client::try_from(cfg)?)
+async fn kube_client(path: &Path, servers: &[String]) -> anyhow::Result<kube::Client> {
+    use ferro_runtime::apiclient;
+    let servers = apiclient::parse_servers(&servers.join(","))?;
+    Ok(apiclient::client(Some(path), &servers).await?)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -196,7 +194,7 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     };
     let mut term = signal(SignalKind::terminate())?;
     let client = match cfg.kubeconfig.as_deref() {
-        Some(k) => Some(kube_client(k).await?),
+        Some(k) => Some(kube_client(k, &cfg.api_servers).await?),
         None => None,
     };
     let workers = start_pods(&cfg, &name, &facts, client.clone()).await?;

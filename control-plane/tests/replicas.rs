@@ -439,3 +439,74 @@ async fn a_rollout_in_flight_finishes_after_the_leader_dies_and_a_watch_through_
         }
     }
 }
+
+/// What a node binary given `--api-servers <a>,<b>` does when replica a dies: its client
+/// (ferro_runtime::apiclient, the one every node binary builds) loses at most the request in
+/// flight, then its Lease renewals and its pod watch carry on through b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn a_node_client_given_both_replicas_fails_over_when_the_one_it_uses_dies() {
+    use futures::StreamExt as _;
+    use kube::runtime::{watcher, WatchStreamExt as _};
+
+    let etcd = Etcd::start();
+    let mut a = Server::replica(&etcd, None, ELECTION);
+    let b = Server::replica(&etcd, Some(&a), ELECTION);
+    // a node's own credentials (Node authorizer), both replicas, a first
+    let kubeconfig = a.cert_kubeconfig("system:node:n1", &["system:nodes"]);
+    let servers = ferro_runtime::apiclient::parse_servers(&format!("https://127.0.0.1:{},https://127.0.0.1:{}", a.port, b.port)).unwrap();
+    let node = ferro_runtime::apiclient::client(Some(&kubeconfig), &servers).await.unwrap();
+    let admin_b = b.client().await;
+
+    // the node's Lease, through a
+    let leases: Api<Lease> = Api::namespaced(node.clone(), "kube-node-lease");
+    let lease = |t: &str| -> Lease {
+        serde_json::from_value(json!({"metadata": {"name": "n1"}, "spec": {"holderIdentity": "n1", "leaseDurationSeconds": 40, "renewTime": t}})).unwrap()
+    };
+    leases.create(&PostParams::default(), &lease("2026-01-01T00:00:00.000000Z")).await.unwrap();
+
+    // the node's pod watch, through a
+    let seen: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+    let watch = {
+        let seen = seen.clone();
+        let pods: Api<Pod> = Api::all(node.clone());
+        tokio::spawn(async move {
+            let mut stream = watcher(pods, watcher::Config::default()).default_backoff().applied_objects().boxed();
+            while let Some(ev) = stream.next().await {
+                if let Ok(p) = ev {
+                    seen.lock().unwrap().insert(p.metadata.name.unwrap_or_default());
+                }
+            }
+        })
+    };
+    let pod = |name: &str| -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}})).unwrap()
+    };
+    let pods_b: Api<Pod> = Api::namespaced(admin_b.clone(), "default");
+    pods_b.create(&PostParams::default(), &pod("before")).await.unwrap();
+    eventually("the node's watch sees the pod made before the kill", || async { seen.lock().unwrap().contains("before").then_some(()) }).await;
+
+    a.kill9();
+
+    // renewals: at most the request in flight is lost, the next goes to b
+    let mut failures = 0;
+    let mut renewed = 0;
+    for i in 0..5 {
+        let patch = json!({"spec": {"renewTime": format!("2026-01-01T00:00:0{i}.000000Z")}});
+        match leases.patch("n1", &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => renewed += 1,
+            Err(e) => {
+                assert!(!matches!(e, kube::Error::Api(_)), "an HTTP answer, not a lost server: {e}");
+                failures += 1;
+            }
+        }
+    }
+    assert!(failures <= 1 && renewed >= 4, "{failures} failed renewals, {renewed} renewed");
+    let got = Api::<Lease>::namespaced(admin_b.clone(), "kube-node-lease").get("n1").await.unwrap();
+    assert_eq!(got.spec.unwrap().renew_time.unwrap().0.to_string(), "2026-01-01T00:00:04Z", "the last renewal is stored");
+
+    // the watch resumed through b: a pod made after the kill reaches it
+    pods_b.create(&PostParams::default(), &pod("after")).await.unwrap();
+    eventually("the node's watch sees the pod made after the kill, through b", || async { seen.lock().unwrap().contains("after").then_some(()) }).await;
+    watch.abort();
+}

@@ -41,6 +41,11 @@ struct Args {
     /// this node runs for the claims selected for it. Without it ferro-csi serves CSI only.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// API servers for the provisioner to use in turn with the kubeconfig's credentials,
+    /// comma-separated (several ferro-control-plane replicas without a load balancer; default:
+    /// the kubeconfig's server).
+    #[arg(long = "api-servers", env = "FERRO_API_SERVERS", value_delimiter = ',')]
+    api_servers: Vec<String>,
     /// The kubelet's plugin registry dir (`<agent root>/plugins_registry`): ferro-csi
     /// registers itself there as the node-driver-registrar would. Without it, nothing registers.
     #[arg(long)]
@@ -105,12 +110,8 @@ async fn main() -> anyhow::Result<()> {
     info!(?report, "start-up recovery done");
     if let Some(path) = &args.kubeconfig {
         anyhow::ensure!(args.mode != Mode::Node, "the provisioner (--kubeconfig) needs the controller service (--mode all or controller)");
-        let kc = kube::config::Kubeconfig::read_from(path)
-            .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .with_context(|| format!("loading kubeconfig {}", path.display()))?;
-        let client = kube::Client::try_from(config).context("building the API client")?;
+        let servers = ferro_runtime::apiclient::parse_servers(&args.api_servers.join(","))?;
+        let client = ferro_runtime::apiclient::client(Some(path), &servers).await?;
         let capacity = ferro_csi::provisioner::CapacityConfig {
             namespace: args.capacity_namespace.clone(),
             poll_interval: k8s_semantics::parse_duration(&args.capacity_poll_interval)

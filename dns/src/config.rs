@@ -18,6 +18,10 @@ pub struct Args {
     /// Kubeconfig for the API server (else in-cluster or the default kubeconfig).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// API servers to use in turn with the kubeconfig's credentials, comma-separated (several
+    /// ferro-control-plane replicas without a load balancer; default: the kubeconfig's server).
+    #[arg(long = "api-servers", env = "FERRO_API_SERVERS", value_delimiter = ',')]
+    pub api_servers: Vec<String>,
     /// The cluster domain (the kubelet's clusterDomain).
     #[arg(long, default_value = "cluster.local")]
     pub cluster_domain: String,
@@ -58,6 +62,8 @@ pub struct Args {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub kubeconfig: Option<PathBuf>,
+    /// `--api-servers`, as given (parsed when the client is built).
+    pub api_servers: Vec<String>,
     pub zone: Zone,
     pub listen: Vec<SocketAddr>,
     pub setup_interface: Option<String>,
@@ -110,6 +116,7 @@ impl Args {
         };
         Ok(Config {
             kubeconfig: self.kubeconfig.clone(),
+            api_servers: self.api_servers.clone(),
             zone,
             listen,
             setup_interface: self.setup_interface.clone().filter(|s| !s.is_empty()),

@@ -21,17 +21,10 @@ use ferro_dns::forward::{Forwarder, Upstream};
 use ferro_dns::handler::Handler;
 use ferro_dns::{iface, server};
 
-async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer().await.context("no --kubeconfig and no in-cluster or default kubeconfig")?,
-    };
-    kube::Client::try_from(config).context("building the API client")
+async fn client(kubeconfig: Option<&std::path::Path>, servers: &[String]) -> anyhow::Result<kube::Client> {
+    use ferro_runtime::apiclient;
+    let servers = apiclient::parse_servers(&servers.join(","))?;
+    Ok(apiclient::client(kubeconfig, &servers).await?)
 }
 
 /// Tells systemd (Type=notify) that queries are answered; a no-op outside systemd.
@@ -70,7 +63,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         udp.push(std::net::UdpSocket::bind(addr).with_context(|| format!("binding udp {addr}"))?);
         tcp.push(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding tcp {addr}"))?);
     }
-    let client = client(cfg.kubeconfig.as_deref()).await?;
+    let client = client(cfg.kubeconfig.as_deref(), &cfg.api_servers).await?;
     let inputs = Inputs::new();
     let tasks = [
         inputs.services.spawn(Api::<Service>::all(client.clone()), watcher::Config::default()),

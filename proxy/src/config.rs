@@ -55,6 +55,10 @@ pub struct Args {
     /// kubeconfig to reach the API server (default: in-cluster, then ~/.kube/config).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// API servers to use in turn with the kubeconfig's credentials, comma-separated (several
+    /// ferro-control-plane replicas without a load balancer; default: the kubeconfig's server).
+    #[arg(long = "api-servers", env = "FERRO_API_SERVERS", value_delimiter = ',')]
+    pub api_servers: Vec<String>,
     /// This node's name in the API (default: the host name).
     #[arg(long = "hostname-override")]
     pub hostname_override: Option<String>,
@@ -151,6 +155,8 @@ pub struct IpvsSettings {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub kubeconfig: Option<PathBuf>,
+    /// `--api-servers`, as given (parsed when the client is built).
+    pub api_servers: Vec<String>,
     pub node_name: String,
     pub mode: Mode,
     pub cluster_cidrs: Vec<IpNet>,
@@ -352,6 +358,7 @@ impl Args {
         }
         Ok(Config {
             kubeconfig,
+            api_servers: self.api_servers.clone(),
             node_name,
             mode,
             cluster_cidrs,

@@ -28,16 +28,9 @@ fn hostname() -> Option<String> {
 }
 
 async fn client(cfg: &Config) -> anyhow::Result<kube::Client> {
-    let config = match &cfg.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer().await.context("no --kubeconfig and no in-cluster or default kubeconfig")?,
-    };
-    kube::Client::try_from(config).context("building the API client")
+    use ferro_runtime::apiclient;
+    let servers = apiclient::parse_servers(&cfg.api_servers.join(","))?;
+    Ok(apiclient::client(cfg.kubeconfig.as_deref(), &servers).await?)
 }
 
 /// Tells systemd (Type=notify) that the first sync is done; a no-op outside systemd.

@@ -35,6 +35,10 @@ pub struct Args {
     /// kubeconfig to reach the API server (default: in-cluster, then ~/.kube/config).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// API servers to use in turn with the kubeconfig's credentials, comma-separated (several
+    /// ferro-control-plane replicas without a load balancer; default: the kubeconfig's server).
+    #[arg(long = "api-servers", env = "FERRO_API_SERVERS", value_delimiter = ',')]
+    pub api_servers: Vec<String>,
     /// This node's name in the API (default: the host name).
     #[arg(long = "hostname-override")]
     pub hostname_override: Option<String>,
@@ -78,6 +82,8 @@ pub struct Args {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     pub kubeconfig: Option<PathBuf>,
+    /// `--api-servers`, as given (parsed when the client is built).
+    pub api_servers: Vec<String>,
     pub node_name: String,
     pub cni_conf_dir: PathBuf,
     pub subnet_file: PathBuf,
@@ -197,6 +203,7 @@ impl Args {
         let resync_period = parse_duration(&self.resync_period)?;
         Ok(Config {
             kubeconfig: self.kubeconfig,
+            api_servers: self.api_servers,
             node_name,
             cni_conf_dir: self.cni_conf_dir,
             subnet_file: self.subnet_file,

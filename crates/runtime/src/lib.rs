@@ -5,6 +5,7 @@
 //! and the agent share, and systemd's notify protocol (READY, STOPPING, the watchdog) every
 //! binary speaks.
 
+pub mod apiclient;
 pub mod controller;
 pub mod events;
 pub mod informer;
