@@ -20,6 +20,12 @@ pub const SUBNET: &str = "10.88.0.0/24";
 pub const NODE: &str = "lab-node";
 pub const BUSYBOX: &str = ferro_lab::images::BUSYBOX_IMAGE;
 pub const API_PORT: u16 = 6443;
+/// The API server's address for pods: on the lab namespace's `lo` (the node's own address, as
+/// a real node's would be on its NIC), served and advertised by the control plane, so the
+/// `kubernetes` Service's endpoints name it and a pod's request to the Service's ClusterIP,
+/// DNATed by ferro-proxy in the node's namespace, arrives (127.0.0.1 would not: it is the
+/// pod's own loopback, and the node drops a DNAT to it from another interface).
+pub const API_ADDRESS: &str = "10.87.0.1";
 /// The test machines' disks can be more than 90% full (upstream's default nodefs.available<10%
 /// would taint the node with disk-pressure and nothing would schedule): only a nearly full disk
 /// counts in the lab.
@@ -186,6 +192,7 @@ impl Lab {
         // namespace; leftovers of runs that died are removed by their dead pid.
         remove_dead_leftovers(&format!("ferro-al-{tag}-"));
         let ns = NetNs::new(&format!("ferro-al-{tag}-{}", std::process::id())).unwrap();
+        ns.ip(&["addr", "add", &format!("{API_ADDRESS}/32"), "dev", "lo"]).unwrap();
 
         let cp = Proc(None);
 
@@ -251,7 +258,8 @@ impl Lab {
             .command(sibling_bin("ferro-control-plane").to_str().unwrap())
             .arg("--data-dir")
             .arg(d.join("cp"))
-            .args(["--bind-address", "127.0.0.1", "--secure-port", &API_PORT.to_string()])
+            .args(["--bind-address", "127.0.0.1", "--bind-address", API_ADDRESS, "--advertise-address", API_ADDRESS])
+            .args(["--secure-port", &API_PORT.to_string()])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(cp_log)
@@ -482,6 +490,48 @@ impl Lab {
             let out = l.kubectl(&["get", "csinode", NODE, "-o", "jsonpath={.spec.drivers[*].name}"]);
             (String::from_utf8_lossy(&out.stdout) == "loop.csi.ferro.dev").then_some(())
         });
+    }
+
+    /// ferro-proxy (the node's kube-proxy) in the lab namespace in `mode` (iptables or
+    /// nftables), with the node's credentials; its log is `<lab dir>/proxy.log` (appended).
+    /// Returns once its first sync is done (/healthz).
+    pub fn start_proxy(&self, mode: &str) -> Proc {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("proxy.log")).unwrap();
+        let child = self
+            .ns
+            .command(sibling_bin("ferro-proxy").to_str().unwrap())
+            .arg("--kubeconfig")
+            .arg(self.node_kubeconfig())
+            .args(["--hostname-override", NODE, "--proxy-mode", mode, "--cluster-cidr", "10.88.0.0/16"])
+            // Pod-to-Service traffic whose endpoint is on the same bridge comes back through the
+            // node only when it is masqueraded (no br_netfilter here): upstream's flag for that.
+            .arg("--masquerade-all")
+            .args(["--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let p = Proc(Some(child));
+        self.wait("ferro-proxy's first sync", Duration::from_secs(60), |l| {
+            let out = l.ns.command("curl").args(["-s", "--max-time", "2", "http://127.0.0.1:10256/healthz"]).output().ok()?;
+            String::from_utf8_lossy(&out.stdout).contains("lastUpdated").then_some(())
+        });
+        p
+    }
+
+    /// ferro-proxy's log.
+    pub fn proxy_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("proxy.log")).unwrap_or_default()
+    }
+
+    /// Makes the demo operator's image from its static binary `bin`
+    /// ([`ferro_lab::images::build_static_demo_operator`]) and imports it into the node's
+    /// containerd as [`ferro_lab::images::DEMO_OPERATOR_IMAGE`].
+    pub fn import_demo_operator(&self, bin: &Path) {
+        let work = self.dir.path().join("images");
+        let tar = ferro_lab::images::demo_operator_image(&work, bin).unwrap();
+        self.ctrd.import(&tar).unwrap();
     }
 
     /// A host directory pods can mount with hostPath to hand results back.
