@@ -329,6 +329,10 @@ impl Api {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }
+                if opts.resource_version.as_deref().is_none_or(str::is_empty) {
+                    // the most recent state: what any replica acknowledged before this request
+                    self.store.sync().await?;
+                }
                 let listing = self.store.list(&prefix).await?;
                 (Arc::new(listing.records), listing.revision, None)
             }

@@ -726,6 +726,9 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
     let api = &state.api;
     let mut resp = match (sub, verb) {
         (None, "get") => {
+            if q.get("resourceVersion").is_none_or(|v| v.is_empty()) {
+                api.store.sync().await?;
+            }
             let r = api.get(res, ns, name).await?;
             record_response(&out, 200, res, &r)
         }
@@ -764,6 +767,9 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
             record_response(&out, 200, res, &r)
         }
         (Some(Sub::Status), "get") => {
+            if q.get("resourceVersion").is_none_or(|v| v.is_empty()) {
+                api.store.sync().await?;
+            }
             let r = api.get(res, ns, name).await?;
             record_response(&out, 200, res, &r)
         }

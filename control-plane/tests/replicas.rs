@@ -510,3 +510,34 @@ async fn a_node_client_given_both_replicas_fails_over_when_the_one_it_uses_dies(
     eventually("the node's watch sees the pod made after the kill, through b", || async { seen.lock().unwrap().contains("after").then_some(()) }).await;
     watch.abort();
 }
+
+/// Reads through one replica see every write acknowledged by another before them (upstream's
+/// consistent reads from the watch cache): a get and a list through b right after each create
+/// through a find the object, every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn reads_through_one_replica_see_writes_acknowledged_by_the_other() {
+    let etcd = Etcd::start();
+    let a = Server::replica(&etcd, None, ELECTION);
+    let b = Server::replica(&etcd, Some(&a), ELECTION);
+    let (ca, cb) = (a.client().await, b.client().await);
+    let on_a: Api<ConfigMap> = Api::namespaced(ca, "default");
+    let on_b: Api<ConfigMap> = Api::namespaced(cb, "default");
+    let mut stale = Vec::new();
+    for i in 0..300 {
+        let made = on_a.create(&PostParams::default(), &cm(&format!("c{i}"))).await.unwrap();
+        let rv: i64 = made.metadata.resource_version.unwrap().parse().unwrap();
+        match on_b.get_opt(&format!("c{i}")).await.unwrap() {
+            Some(got) => assert_eq!(got.metadata.uid, made.metadata.uid),
+            None => stale.push(format!("get c{i}")),
+        }
+        if i % 10 == 0 {
+            let list = on_b.list(&ListParams::default()).await.unwrap();
+            let list_rv: i64 = list.metadata.resource_version.unwrap().parse().unwrap();
+            if list_rv < rv || !list.items.iter().any(|c| c.metadata.name.as_deref() == Some(&format!("c{i}"))) {
+                stale.push(format!("list after c{i}: at {list_rv}, the create at {rv}"));
+            }
+        }
+    }
+    assert!(stale.is_empty(), "reads through b older than writes acknowledged by a: {stale:?}");
+}

@@ -154,7 +154,19 @@ pub struct EtcdStore {
     layout: KeyLayout,
     request_timeout: Duration,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// When etcd last failed to tell its revision: reads are served from the cache without
+    /// asking again for [`PROBE_QUIET`] (they stay available while etcd has no quorum).
+    probe_failed: std::sync::Mutex<Option<Instant>>,
+    /// The last etcd revision a consistent read waited for in vain (moved by keys outside the
+    /// prefix, which no event brings): reads that find etcd still there do not wait again.
+    unreached: std::sync::atomic::AtomicI64,
 }
+
+/// How long a consistent read waits for etcd's revision, and for the cache to reach it.
+const SYNC_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+const SYNC_WAIT: Duration = Duration::from_secs(1);
+/// After a failed probe, reads skip probing for this long.
+const PROBE_QUIET: Duration = Duration::from_secs(2);
 
 impl Drop for EtcdStore {
     fn drop(&mut self) {
@@ -367,7 +379,7 @@ impl EtcdStore {
         if !opts.compaction_interval.is_zero() {
             tasks.push(tokio::spawn(compactor(kv.clone(), opts.compaction_interval, opts.request_timeout)));
         }
-        Ok(EtcdStore { kv, cache, layout, request_timeout: opts.request_timeout, tasks })
+        Ok(EtcdStore { kv, cache, layout, request_timeout: opts.request_timeout, tasks, probe_failed: Default::default(), unreached: Default::default() })
     }
 
     /// Loads the cache at up to `history` revisions before `current` and replays the changes
@@ -706,6 +718,51 @@ impl Store for EtcdStore {
 
     fn oldest_watchable(&self) -> Revision {
         self.cache.oldest_watchable()
+    }
+
+    fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(self.consistent())
+    }
+}
+
+impl EtcdStore {
+    /// Upstream's consistent read from the watch cache: etcd's current revision (a
+    /// linearizable count-only range), then a wait until the cache has applied it. Events in
+    /// flight arrive in milliseconds; a revision the cache does not reach within [`SYNC_WAIT`]
+    /// was moved by keys outside the prefix (etcd's compaction key, another tenant), which no
+    /// event brings, and the cache answers (and later reads at that revision do not wait).
+    /// Upstream asks etcd for a progress notification instead; etcd before 3.4.25 may send one
+    /// ahead of events still in flight (etcd#15220), and Debian 12 ships 3.4.23. When etcd
+    /// cannot say (no quorum, unreachable) the cache answers as it is: reads stay available,
+    /// as docs/operations.md says.
+    async fn consistent(&self) -> Result<(), StoreError> {
+        let quiet = self.probe_failed.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|t| t.elapsed() < PROBE_QUIET);
+        if quiet {
+            return Ok(());
+        }
+        let probe = GetOptions::new().with_count_only();
+        let mut kv = self.kv.clone();
+        let current = match tokio::time::timeout(SYNC_PROBE_TIMEOUT, kv.get(self.layout.range(), Some(probe))).await {
+            Ok(Ok(resp)) => resp.header().map(|h| h.revision()).unwrap_or(0),
+            failed => {
+                let why = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer within {SYNC_PROBE_TIMEOUT:?}"),
+                };
+                tracing::warn!(error = %why, "etcd did not tell its revision; reading from the watch cache as it is");
+                *self.probe_failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+                return Ok(());
+            }
+        };
+        use std::sync::atomic::Ordering;
+        if self.cache.revision() >= current || self.unreached.load(Ordering::Acquire) == current {
+            return Ok(());
+        }
+        if !self.cache.wait_for(current, SYNC_WAIT).await {
+            tracing::debug!(etcd = current, cache = self.cache.revision(), "no event reached etcd's revision; keys outside the prefix moved it");
+            self.unreached.store(current, Ordering::Release);
+        }
+        Ok(())
     }
 }
 

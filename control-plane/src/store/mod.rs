@@ -152,6 +152,12 @@ pub trait Store: Send + Sync + 'static {
     fn watch(&self, after: Revision) -> Result<Watch, StoreError>;
     /// The oldest revision a watch can start after.
     fn oldest_watchable(&self) -> Revision;
+    /// Waits until reads from this store reflect every write acknowledged anywhere before the
+    /// call (upstream's consistent reads from the watch cache). A store that is the only
+    /// writer of its data (the embedded one) is always there.
+    fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// Sets `metadata.resourceVersion` of an object to `rev` and returns its JSON bytes (keys in
