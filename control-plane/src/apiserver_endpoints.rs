@@ -4,6 +4,8 @@
 //! address and port it serves on; every API server writes the `kubernetes` Endpoints and
 //! EndpointSlice(s) from the live leases, so in-cluster clients (through ferro-proxy's rules
 //! for the Service) reach any replica, and a dead one leaves them within the lease duration.
+//! Each also deletes the leases of servers gone for longer than two lease durations (upstream's
+//! apiserver lease garbage collector), so restarts leave no leases behind.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -47,6 +49,31 @@ pub fn live_members(leases: &[Value], now: jiff::Timestamp) -> Vec<Member> {
     out.sort();
     out.dedup();
     out
+}
+
+/// The API server leases expired at `now` for longer than one more lease duration (a margin for
+/// clock skew between replicas): their names and resourceVersions, for deletes guarded by the
+/// version (a lease renewed in between stays).
+pub fn stale_leases(leases: &[Value], now: jiff::Timestamp) -> Vec<(String, String)> {
+    leases
+        .iter()
+        .filter(|l| l.pointer("/metadata/labels").and_then(|m| m.get(IDENTITY_LABEL)).and_then(Value::as_str) == Some("kube-apiserver"))
+        .filter(|l| l.pointer("/metadata/deletionTimestamp").is_none())
+        .filter_map(|l| {
+            let secs = l.pointer("/spec/leaseDurationSeconds").and_then(Value::as_i64)?;
+            // a lease that was never renewed counts from its creation
+            let renew: jiff::Timestamp = l
+                .pointer("/spec/renewTime")
+                .or_else(|| l.pointer("/metadata/creationTimestamp"))
+                .and_then(Value::as_str)?
+                .parse()
+                .ok()?;
+            let stale = renew.as_second() + 2 * secs < now.as_second();
+            let name = l.pointer("/metadata/name").and_then(Value::as_str)?;
+            let rv = l.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("");
+            stale.then(|| (name.to_string(), rv.to_string()))
+        })
+        .collect()
 }
 
 /// The `kubernetes` Endpoints: one subset per port, its addresses sorted.
@@ -113,6 +140,15 @@ async fn reconcile(api: &Api, id: &str, ip: IpAddr, port: u16) -> Result<(), cra
     let listing = api.store.list(&leases.prefix(Some("kube-system"))).await?;
     let all: Vec<Value> = listing.records.iter().filter_map(|r| r.json().ok()).collect();
     let members = live_members(&all, now);
+    for (stale, rv) in stale_leases(&all, now) {
+        let opts = crate::api::DeleteOptions { precondition_rv: Some(rv).filter(|v| !v.is_empty()), ..Default::default() };
+        match api.delete(leases, Some("kube-system"), &stale, &opts).await {
+            Ok(_) => tracing::info!(lease = %stale, "deleted the lease of an API server gone for two lease durations"),
+            // another replica deleted it first, or the server came back and renewed it
+            Err(e) if e.code == 404 || e.code == 409 => {}
+            Err(e) => tracing::warn!(lease = %stale, error = %e.message, "deleting a stale API server lease"),
+        }
+    }
     let endpoints_res = resources::find("", "v1", "endpoints").ok_or_else(|| crate::error::ApiError::internal("no endpoints"))?;
     let want = endpoints(&members);
     let current = api.store.get(&endpoints_res.key(Some("default"), "kubernetes")).await?.and_then(|r| r.json().ok());
@@ -191,5 +227,27 @@ mod tests {
         // nobody alive: no subsets, no slices
         assert!(endpoints(&[]).get("subsets").is_none());
         assert!(slices(&[]).is_empty());
+    }
+
+    #[test]
+    fn leases_gone_for_two_durations_are_collected() {
+        let now: jiff::Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+        let named = |name: &str, renew: &str| {
+            let mut l = lease("10.0.0.1", 6443, renew);
+            l["metadata"]["name"] = json!(name);
+            l["metadata"]["resourceVersion"] = json!("7");
+            l
+        };
+        let leases = vec![
+            named("apiserver-live", "2026-01-01T00:00:59.000000Z"),
+            named("apiserver-expired", "2026-01-01T00:00:40.000000Z"), // expired 5 s ago: kept
+            named("apiserver-gone", "2026-01-01T00:00:29.000000Z"),   // 31 s > 2 x 15 s
+            json!({"metadata": {"name": "node-lease", "resourceVersion": "3"}, "spec": {"renewTime": "2020-01-01T00:00:00Z", "leaseDurationSeconds": 15}}),
+        ];
+        assert_eq!(stale_leases(&leases, now), vec![("apiserver-gone".to_string(), "7".to_string())]);
+        // being deleted already: left alone
+        let mut deleting = named("apiserver-gone", "2026-01-01T00:00:00.000000Z");
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:50Z");
+        assert!(stale_leases(&[deleting], now).is_empty());
     }
 }

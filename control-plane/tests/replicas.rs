@@ -168,6 +168,15 @@ async fn two_replicas_serve_one_leads_the_loops_and_the_other_takes_over_after_k
     // the killed replica leaves the kubernetes endpoints once its lease runs out
     let survivor_port = i32::from(survivor.port);
     eventually("the killed replica out of the kubernetes endpoints", || async { (kubernetes_ports(&cs).await? == vec![survivor_port]).then_some(()) }).await;
+    // ... and its lease is deleted once gone for two lease durations (upstream's apiserver lease
+    // garbage collector), the survivor's stays
+    let killed_port = killed.port.to_string();
+    let api_leases = || async {
+        let list = leases.list(&ListParams::default().labels("apiserver.kubernetes.io/identity=kube-apiserver")).await.ok()?;
+        Some(list.items.iter().filter_map(|l| l.metadata.annotations.as_ref()?.get("ferro.dev/apiserver-port").cloned()).collect::<Vec<_>>())
+    };
+    eventually("the killed replica's apiserver lease collected", || async { api_leases().await.filter(|ports| !ports.contains(&killed_port)) }).await;
+    assert_eq!(api_leases().await.unwrap(), vec![survivor_port.to_string()]);
     eventually("the survivor to start its loops", || async { plain_log(survivor).contains("controller loops started").then_some(()) }).await;
     let deps: Api<Deployment> = Api::namespaced(cs.clone(), "default");
     deps.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 4}}))).await.unwrap();
