@@ -1,7 +1,7 @@
 //! What RBAC adds to a request with many bindings: the authorizer chain (`auth::authorize`:
 //! system:masters, the node rules, then RBAC over the policy index) timed per decision, with
 //! the bootstrap policy plus N RoleBindings (one per user, spread over namespaces, each to a
-//! Role of its namespace or to `view`) and N/10 ClusterRoleBindings. The policy is built the
+//! Role of its namespace or to a ClusterRole) and N/10 ClusterRoleBindings. The policy is built the
 //! way the server builds it: the objects are written to an embedded store and the policy
 //! follows it. For comparison, the same decisions by upstream's method (every cluster binding
 //! and every binding of the namespace looked at per request) in the same run.
@@ -84,6 +84,12 @@ async fn main() -> anyhow::Result<()> {
     for b in &bindings {
         writes.push((format!("/rbac.authorization.k8s.io/clusterrolebindings/{}", b["metadata"]["name"].as_str().unwrap_or("")), b.clone()));
     }
+    // a ClusterRole of the bench's own (the bootstrap `view` gets its rules from the aggregation
+    // loop, which does not run here)
+    writes.push((
+        "/rbac.authorization.k8s.io/clusterroles/bench-viewer".to_string(),
+        json!({"metadata": {"name": "bench-viewer"}, "rules": [{"verbs": ["get", "list", "watch"], "apiGroups": [""], "resources": ["configmaps", "pods", "services"]}]}),
+    ));
     for i in 0..namespaces {
         let ns = format!("ns-{i}");
         let role = json!({"metadata": {"name": "cm-writer", "namespace": ns},
@@ -92,9 +98,9 @@ async fn main() -> anyhow::Result<()> {
     }
     for i in 0..n {
         let ns = format!("ns-{}", i % namespaces);
-        let (kind, role) = if i % 2 == 0 { ("Role", "cm-writer") } else { ("ClusterRole", "view") };
+        let (kind, role) = if i % 2 == 0 { ("Role", "cm-writer") } else { ("ClusterRole", "bench-viewer") };
         let subject = if i % 3 == 0 {
-            json!({"kind": "ServiceAccount", "name": format!("sa-{i}")})
+            json!({"kind": "ServiceAccount", "name": format!("sa-{i}"), "namespace": ns})
         } else {
             json!({"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": format!("user-{i}")})
         };
@@ -102,7 +108,7 @@ async fn main() -> anyhow::Result<()> {
         writes.push((format!("/rbac.authorization.k8s.io/rolebindings/{ns}/b-{i}"), b));
     }
     for i in 0..n / 10 {
-        let b = json!({"metadata": {"name": format!("crb-{i}")}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+        let b = json!({"metadata": {"name": format!("crb-{i}")}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "bench-viewer"},
             "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": format!("group-{i}")}]});
         writes.push((format!("/rbac.authorization.k8s.io/clusterrolebindings/crb-{i}"), b));
     }
