@@ -193,6 +193,7 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         pod_cidr: cfg.pod_cidr.clone(),
     };
     let mut term = signal(SignalKind::terminate())?;
+    let sd = ferro_runtime::systemd::Systemd::from_env();
     let client = match cfg.kubeconfig.as_deref() {
         Some(k) => Some(kube_client(k, &cfg.api_servers).await?),
         None => None,
@@ -216,10 +217,12 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let server = start_server(&cfg, &name, &facts, client.clone(), workers.clone())?;
     let Some(client) = client else {
         tracing::info!(node = %name, "no --kubeconfig: running standalone (static pods only), nothing to register");
+        sd.ready("standalone: static pods only");
         tokio::select! {
             _ = term.recv() => {}
             _ = tokio::signal::ctrl_c() => {}
         }
+        sd.stopping();
         drop(workers);
         server.abort();
         return Ok(());
@@ -251,10 +254,13 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         .run(),
     );
     let probe_every = cfg.node_status_update_frequency;
+    // The watchdog's heartbeat: this loop turning (a probe of the runtime every period).
+    let heartbeat = sd.heartbeat();
     let probe_task = tokio::spawn(async move {
         loop {
             tokio::time::sleep(probe_every).await;
             let mut h = prober.probe().await;
+            heartbeat.beat();
             health_tx.send_if_modified(|old| {
                 // The pressure conditions are the eviction manager's.
                 (h.memory_pressure, h.disk_pressure, h.pid_pressure) = (old.memory_pressure, old.disk_pressure, old.pid_pressure);
@@ -280,6 +286,7 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         } else {
             None
         };
+        sd.ready("node registered");
         let lease = status::lease_loop(
             client.clone(),
             name.clone(),
@@ -301,6 +308,7 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         _ = term.recv() => tracing::info!("SIGTERM: exiting"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: exiting"),
     }
+    sd.stopping();
     probe_task.abort();
     eviction_task.abort();
     registry_task.abort();

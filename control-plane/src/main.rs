@@ -290,6 +290,12 @@ fn main() -> anyhow::Result<()> {
     }
     rt.block_on(async {
         let running = start(&cfg).await?;
+        // The API listens and the store is open: READY=1; the watchdog's keep-alives while
+        // the server answers its own /readyz.
+        let sd = ferro_runtime::systemd::Systemd::from_env();
+        let admin = kube_client(&cfg.data_dir.join("admin.kubeconfig")).await?;
+        sd.ready("serving the API");
+        let _liveness = sd.heartbeat().drive(std::time::Duration::from_secs(10), move || readyz(admin.clone()));
         // this server's CA, made by start at first start
         copts.root_ca = std::fs::read_to_string(cfg.data_dir.join("ca.crt")).ok();
         copts.sa_key = Some(running.sa_key.clone());
@@ -299,10 +305,17 @@ fn main() -> anyhow::Result<()> {
         } else {
             wait_for_signal().await?;
         }
+        sd.stopping();
         tracing::info!("shutting down");
         running.stop();
         anyhow::Ok(())
     })
+}
+
+/// The watchdog's liveness check: GET /readyz answered 200.
+async fn readyz(client: kube::Client) -> Result<(), String> {
+    let req = http::Request::get("/readyz").body(Vec::new()).map_err(|e| e.to_string())?;
+    client.request_text(req).await.map(drop).map_err(|e| e.to_string())
 }
 
 /// The cluster CA the root CA publisher hands out when the loops run against another API

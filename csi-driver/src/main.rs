@@ -72,6 +72,24 @@ fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(path))
 }
 
+/// A CSI Probe over the driver's own socket: READY's condition and the watchdog's check.
+async fn probe(socket: PathBuf) -> Result<(), String> {
+    let path = socket.clone();
+    let channel = tonic::transport::Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+        }))
+        .await
+        .map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
+    let mut identity = csi_proto::csi::identity_client::IdentityClient::new(channel);
+    tokio::time::timeout(std::time::Duration::from_secs(5), identity.probe(csi_proto::csi::ProbeRequest {}))
+        .await
+        .map_err(|_| "no Probe answer within 5s".to_string())?
+        .map_err(|s| format!("Probe: {s}"))?;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -122,13 +140,33 @@ async fn main() -> anyhow::Result<()> {
         info!(node = %args.node_id, "provisioner running");
     }
     info!(socket = %socket.display(), node = %args.node_id, mode = ?args.mode, "serving CSI");
-    let shutdown = async {
+    // READY=1 once a Probe over the socket is answered; keep-alives while Probes are.
+    let sd = Arc::new(ferro_runtime::systemd::Systemd::from_env());
+    let ready = {
+        let (sd, socket) = (Arc::clone(&sd), socket.clone());
+        tokio::spawn(async move {
+            while let Err(e) = probe(socket.clone()).await {
+                tracing::debug!(error = %e, "not serving yet");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            sd.ready("serving CSI");
+        })
+    };
+    let liveness = {
+        let socket = socket.clone();
+        sd.heartbeat().drive(std::time::Duration::from_secs(10), move || probe(socket.clone()))
+    };
+    let stopping = Arc::clone(&sd);
+    let shutdown = async move {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
         }
+        stopping.stopping();
+        ready.abort();
+        liveness.abort();
         // Shutdown detaches, unmounts and deletes nothing: volumes stay as they are.
         info!("shutting down");
     };

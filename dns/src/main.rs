@@ -27,25 +27,27 @@ async fn client(kubeconfig: Option<&std::path::Path>, servers: &[String]) -> any
     Ok(apiclient::client(kubeconfig, &servers).await?)
 }
 
-/// Tells systemd (Type=notify) that queries are answered; a no-op outside systemd.
-fn sd_notify(state: &str) {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
-    let sock = match std::os::unix::net::UnixDatagram::unbound() {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "sd_notify socket");
-            return;
-        }
-    };
-    let bytes = path.as_encoded_bytes();
-    let r = if let Some(abstract_name) = bytes.strip_prefix(b"@") {
-        use std::os::linux::net::SocketAddrExt as _;
-        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name).and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
-    } else {
-        sock.send_to(state.as_bytes(), &path)
-    };
-    if let Err(e) = r {
-        tracing::warn!(error = %e, "sd_notify");
+/// The watchdog's liveness check: a query for the zone's SOA to this server's first listen
+/// address answered (any answer with the query's ID) within 2 s.
+async fn answers(addr: std::net::SocketAddr, zone: hickory_proto::rr::Name) -> Result<(), String> {
+    use hickory_proto::op::{Message, Query};
+    let mut msg = Message::new();
+    let id = rand::random::<u16>();
+    msg.set_id(id).add_query(Query::query(zone, hickory_proto::rr::RecordType::SOA));
+    let bytes = msg.to_vec().map_err(|e| e.to_string())?;
+    let bind: std::net::SocketAddr =
+        if addr.is_ipv4() { (std::net::Ipv4Addr::UNSPECIFIED, 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
+    let sock = tokio::net::UdpSocket::bind(bind).await.map_err(|e| e.to_string())?;
+    sock.send_to(&bytes, addr).await.map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 4096];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(2), sock.recv(&mut buf))
+        .await
+        .map_err(|_| format!("no answer from {addr} within 2s"))?
+        .map_err(|e| e.to_string())?;
+    match Message::from_vec(&buf[..n]) {
+        Ok(m) if m.id() == id => Ok(()),
+        Ok(_) => Err("an answer with another ID".into()),
+        Err(e) => Err(format!("an answer that does not parse: {e}")),
     }
 }
 
@@ -75,6 +77,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let handler = Arc::new(Handler { index: model.published.clone(), opts: Options { forward: upstream.is_some() }, upstream });
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let sd = ferro_runtime::systemd::Systemd::from_env();
     tokio::select! {
         () = controller::run(inputs, model.clone(), cfg.resync_period) => {}
         _ = term.recv() => return Ok(()),
@@ -87,11 +90,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let tcp_tasks: Vec<_> = tcp.into_iter().map(|l| tokio::spawn(server::serve_tcp(l, handler.clone()))).collect();
     tracing::info!(services = model.published.load().services, "informers synced; answering");
-    sd_notify("READY=1");
+    sd.ready("informers synced; answering");
+    let (probe, zone) = (cfg.listen[0], cfg.zone.domain.clone());
+    let liveness = sd.heartbeat().drive(std::time::Duration::from_secs(10), move || answers(probe, zone.clone()));
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
+    sd.stopping();
+    liveness.abort();
     tracing::info!("stopping");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for t in tasks.iter().chain(tcp_tasks.iter()) {

@@ -21,6 +21,7 @@ use ferro_proxy::health::Health;
 use ferro_proxy::metrics::Metrics;
 use ferro_proxy::model::{Family, Problem, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
 use ferro_proxy::{backend, cleanup, server};
+use ferro_runtime::systemd::Systemd;
 use ferro_runtime::Informer;
 
 fn hostname() -> Option<String> {
@@ -31,28 +32,6 @@ async fn client(cfg: &Config) -> anyhow::Result<kube::Client> {
     use ferro_runtime::apiclient;
     let servers = apiclient::parse_servers(&cfg.api_servers.join(","))?;
     Ok(apiclient::client(cfg.kubeconfig.as_deref(), &servers).await?)
-}
-
-/// Tells systemd (Type=notify) that the first sync is done; a no-op outside systemd.
-fn sd_notify(state: &str) {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
-    let sock = match std::os::unix::net::UnixDatagram::unbound() {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "sd_notify socket");
-            return;
-        }
-    };
-    let bytes = path.as_encoded_bytes();
-    let r = if let Some(abstract_name) = bytes.strip_prefix(b"@") {
-        use std::os::linux::net::SocketAddrExt as _;
-        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name).and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
-    } else {
-        sock.send_to(state.as_bytes(), &path)
-    };
-    if let Err(e) = r {
-        tracing::warn!(error = %e, "sd_notify");
-    }
 }
 
 fn problem_reason(p: &Problem) -> &'static str {
@@ -109,10 +88,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let notify = Arc::new(tokio::sync::Notify::new());
     let triggers = controller::watch_changes(&inputs, notify.clone(), metrics.clone(), health.clone());
     let (progress_tx, mut progress_rx) = tokio::sync::watch::channel(Progress::default());
+    // READY=1 after the first sync put the rules in the kernel; the watchdog's keep-alives
+    // while /livez would say 200 (no update waiting longer than twice the sync period).
+    let sd = Arc::new(Systemd::from_env());
+    let ready = sd.clone();
     tokio::spawn(async move {
         if progress_rx.wait_for(|p| p.syncs > 0).await.is_ok() {
-            sd_notify("READY=1");
+            ready.ready("first sync done: rules in the kernel");
         }
+    });
+    let live = health.clone();
+    let liveness = sd.heartbeat().drive(Duration::from_secs(10), move || {
+        let healthy = live.answer(true, std::time::SystemTime::now()).healthy;
+        async move { if healthy { Ok(()) } else { Err("no sync yet, or an update has waited longer than twice the sync period".to_string()) } }
     });
     let recorder = ferro_runtime::events::Recorder::new(client.clone(), "ferro-proxy").with_host(&cfg.node_name);
     let services = inputs.services.clone();
@@ -140,11 +128,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         drift_check_period: Duration::from_secs(2),
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let stopping = sd.clone();
     let shutdown = async move {
         tokio::select! {
             _ = term.recv() => {}
             _ = tokio::signal::ctrl_c() => {}
         }
+        stopping.stopping();
     };
     // stale UDP flows are deleted through ctnetlink after each sync
     let conntrack = ferro_proxy::conntrack::netlink::Ctnetlink::new();
@@ -152,6 +142,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         loop_cfg, inputs, backend, conntrack, health, metrics, notify, triggers, progress_tx, on_problem, shutdown,
     )
     .await;
+    liveness.abort();
     for t in tasks.iter().chain(servers.iter()) {
         t.abort();
     }

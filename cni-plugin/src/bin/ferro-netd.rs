@@ -29,13 +29,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let kernel = kernel::Netlink::new()?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
-    let shutdown = async move {
+    // READY=1 once the node's routes are programmed; STOPPING=1 at the signal
+    let sd = ferro_runtime::systemd::Systemd::from_env();
+    let shutdown = async {
         tokio::select! {
             _ = term.recv() => {}
             _ = tokio::signal::ctrl_c() => {}
         }
+        sd.stopping();
     };
-    controller::run(cfg, client, kernel, shutdown).await;
+    controller::run(cfg, client, kernel, &sd, shutdown).await;
     Ok(())
 }
 

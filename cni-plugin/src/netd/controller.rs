@@ -179,13 +179,23 @@ async fn patch_annotations(
         })
 }
 
+/// How often the waiting loop beats the watchdog's heartbeat (well under WatchdogSec / 2).
+pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Runs until `shutdown` resolves. The dataplane is left in place on exit.
+///
+/// `sd`: READY=1 after the first reconcile that programmed everything (no wait, no error), and
+/// the watchdog's heartbeat at every turn and every [`HEARTBEAT_EVERY`] while it waits (a
+/// reconcile that hangs stops the beats).
 pub async fn run<K: Kernel>(
     cfg: Config,
     client: kube::Client,
     kernel: K,
+    sd: &ferro_runtime::systemd::Systemd,
     shutdown: impl Future<Output = ()>,
 ) {
+    let heartbeat = sd.heartbeat();
+    let mut ready = false;
     let api: Api<Node> = Api::all(client);
     let informer = Informer::<Node>::new();
     let notify = Arc::new(tokio::sync::Notify::new());
@@ -223,6 +233,10 @@ pub async fn run<K: Kernel>(
                             tracing::warn!(error = %e, "reconcile incomplete; retrying at the next event or resync");
                         }
                         tracing::info!(applied = out.applied, errors = out.errors.len(), nodes = nodes.len(), "reconciled");
+                        if !ready && out.errors.is_empty() {
+                            ready = true;
+                            sd.ready("routes programmed");
+                        }
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "reconcile failed; retrying at the next event or resync"),
@@ -230,10 +244,18 @@ pub async fn run<K: Kernel>(
         }
         .instrument(span)
         .await;
-        tokio::select! {
-            () = notify.notified() => {}
-            () = tokio::time::sleep(cfg.resync_period) => {}
-            () = &mut shutdown => break,
+        heartbeat.beat();
+        let resync = tokio::time::Instant::now() + cfg.resync_period;
+        let stop = loop {
+            tokio::select! {
+                () = notify.notified() => break false,
+                () = tokio::time::sleep_until(resync) => break false,
+                () = tokio::time::sleep(HEARTBEAT_EVERY) => heartbeat.beat(),
+                () = &mut shutdown => break true,
+            }
+        };
+        if stop {
+            break;
         }
     }
     watch.abort();

@@ -127,7 +127,8 @@ impl Heartbeat {
     {
         let hb = self.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
+            // the first check one period after the start (the service is still coming up)
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
