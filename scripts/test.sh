@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ferro_require_root
 ferro_install_deps
+# One build from scratch (CI's case): incremental compilation only costs time and several GB
+# of disk there. Set CARGO_INCREMENTAL=1 to keep it for repeated local runs.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 cargo build --workspace --all-targets
 # Tests that need root, network namespaces, containerd or kubectl are marked
 # #[ignore = "privileged: ..."] so that plain `cargo test` stays the unprivileged tier;
