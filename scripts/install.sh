@@ -1,0 +1,284 @@
+#!/usr/bin/env bash
+# Installs ferro on a host as systemd units (docs/operations.md): the binaries, the units,
+# default configuration under /etc/ferro and, on a control-plane node, the components'
+# kubeconfigs signed by the cluster CA. Idempotent: a second run with the same arguments
+# changes nothing (files already in place with the same content are left alone, configuration
+# a person edited is never overwritten). --uninstall removes what it installed (recorded in
+# /var/lib/ferro/installed-files) and leaves the state (store, volumes) in place.
+#
+#   scripts/install.sh --role control-plane [--node-name NAME] [--node-ip IP]
+#   scripts/install.sh --role worker --kubeconfig-dir DIR [--node-name NAME] [--node-ip IP]
+#   scripts/install.sh --uninstall
+#
+# Options:
+#   --bin-dir DIR         where the built binaries are (default: target/release)
+#   --root DIR            install into this directory tree instead of / (nothing is started;
+#                         the units are enabled only with --enable)
+#   --node-name NAME      this node's name (default: the host name; with --root, DIR/etc/hostname)
+#   --node-ip IP          the node's address (agent, netd, control plane's advertise address)
+#   --cluster-cidr CIDR   the pod network (default 10.244.0.0/16)
+#   --api-server URL      the API server the node components use on a control-plane node
+#                         (default https://127.0.0.1:6443)
+#   --kubeconfig-dir DIR  worker: agent.kubeconfig, netd.kubeconfig, proxy.kubeconfig,
+#                         dns.kubeconfig and csi.kubeconfig, made on the control plane with
+#                         `ferro-control-plane kubeconfig` (docs/operations.md)
+#   --enable / --no-enable  enable and start the units (default: enable when installing into /
+#                         under a running systemd)
+#   --dry-run             say what would change, change nothing
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+die() { echo "install.sh: $*" >&2; exit 1; }
+
+ROLE=""
+BIN_DIR=""
+ROOT=""
+NODE_NAME=""
+NODE_IP=""
+CLUSTER_CIDR=10.244.0.0/16
+API_SERVER=https://127.0.0.1:6443
+KUBECONFIG_DIR=""
+ENABLE=""
+UNINSTALL=0
+DRY_RUN=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --role) ROLE=${2:?}; shift 2 ;;
+    --bin-dir) BIN_DIR=${2:?}; shift 2 ;;
+    --root) ROOT=${2:?}; shift 2 ;;
+    --node-name) NODE_NAME=${2:?}; shift 2 ;;
+    --node-ip) NODE_IP=${2:?}; shift 2 ;;
+    --cluster-cidr) CLUSTER_CIDR=${2:?}; shift 2 ;;
+    --api-server) API_SERVER=${2:?}; shift 2 ;;
+    --kubeconfig-dir) KUBECONFIG_DIR=${2:?}; shift 2 ;;
+    --enable) ENABLE=1; shift ;;
+    --no-enable) ENABLE=0; shift ;;
+    --uninstall) UNINSTALL=1; shift ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument $1 (see --help)" ;;
+  esac
+done
+
+[ "$(id -u)" -eq 0 ] || die "run as root"
+if [ -n "$ROOT" ]; then
+  [ -d "$ROOT" ] || die "--root $ROOT is not a directory"
+  ROOT=$(cd "$ROOT" && pwd)
+  [ "$ROOT" != / ] || ROOT=""
+fi
+SRC_DIR=$(cd "$(dirname "$0")/.." && pwd)
+MANIFEST=/var/lib/ferro/installed-files
+UNITS_ALL=(ferro-control-plane ferro-agent ferro-netd ferro-proxy ferro-dns ferro-csi)
+CHANGED=0
+
+say() { echo "$*"; }
+note_change() { CHANGED=$((CHANGED + 1)); say "$*"; }
+# Records a path (relative to the root) as installed by this script.
+record() {
+  local p=$1
+  grep -qxF "$p" "$ROOT$MANIFEST" 2>/dev/null && return 0
+  [ "$DRY_RUN" = 1 ] && return 0
+  mkdir -p "$ROOT$(dirname "$MANIFEST")"
+  echo "$p" >>"$ROOT$MANIFEST"
+}
+# install_file SRC DEST MODE: copies when the content or mode differs.
+install_file() {
+  local src=$1 dest=$2 mode=$3
+  if [ -f "$ROOT$dest" ] && cmp -s "$src" "$ROOT$dest" && [ "$(stat -c %a "$ROOT$dest")" = "$mode" ]; then
+    record "$dest"
+    return 0
+  fi
+  note_change "install $dest"
+  if [ "$DRY_RUN" = 0 ]; then
+    mkdir -p "$ROOT$(dirname "$dest")"
+    install -m "$mode" "$src" "$ROOT$dest.ferro-new"
+    mv -f "$ROOT$dest.ferro-new" "$ROOT$dest"
+  fi
+  record "$dest"
+}
+# config_file DEST MODE < content: written only when absent (a person's edits stay).
+config_file() {
+  local dest=$1 mode=$2 tmp
+  tmp=$(mktemp)
+  cat >"$tmp"
+  if [ -e "$ROOT$dest" ]; then
+    cmp -s "$tmp" "$ROOT$dest" || say "keep $dest (differs from the default; not overwritten)"
+    rm -f "$tmp"
+    record "$dest"
+    return 0
+  fi
+  note_change "write $dest"
+  if [ "$DRY_RUN" = 0 ]; then
+    mkdir -p "$ROOT$(dirname "$dest")"
+    install -m "$mode" "$tmp" "$ROOT$dest"
+  fi
+  rm -f "$tmp"
+  record "$dest"
+}
+make_dir() {
+  local dir=$1 mode=$2
+  if [ -d "$ROOT$dir" ]; then return 0; fi
+  note_change "mkdir $dir"
+  [ "$DRY_RUN" = 1 ] || install -d -m "$mode" "$ROOT$dir"
+  record "$dir/"
+}
+systemd_here() { [ -z "$ROOT" ] && [ -d /run/systemd/system ]; }
+systemctl_root() {
+  if [ -n "$ROOT" ]; then systemctl --root="$ROOT" "$@"; else systemctl "$@"; fi
+}
+
+uninstall() {
+  [ -f "$ROOT$MANIFEST" ] || { say "nothing installed by install.sh under ${ROOT:-/}"; return 0; }
+  local units=() u p
+  for u in "${UNITS_ALL[@]}"; do
+    grep -qxF "/etc/systemd/system/$u.service" "$ROOT$MANIFEST" && units+=("$u.service")
+  done
+  if [ "${#units[@]}" -gt 0 ]; then
+    if systemd_here; then
+      systemctl disable --now "${units[@]}" || true
+    else
+      systemctl_root disable "${units[@]}" >/dev/null 2>&1 || true
+    fi
+  fi
+  # files first (newest first), then the directories it made, deepest first
+  tac "$ROOT$MANIFEST" | while read -r p; do
+    case "$p" in */) ;; *) [ -e "$ROOT$p" ] && { say "remove $p"; rm -f "$ROOT$p"; } ;; esac
+  done
+  tac "$ROOT$MANIFEST" | grep '/$' | sort -r | while read -r p; do
+    if rmdir "$ROOT$p" 2>/dev/null; then say "remove $p"; fi
+  done
+  rm -f "$ROOT$MANIFEST"
+  if systemd_here; then systemctl daemon-reload; fi
+  say "uninstalled (state under /var/lib/ferro stays: remove it by hand to wipe the node)"
+}
+
+if [ "$UNINSTALL" = 1 ]; then
+  uninstall
+  exit 0
+fi
+
+case "$ROLE" in
+  control-plane) UNITS=("${UNITS_ALL[@]}") ;;
+  worker) UNITS=(ferro-agent ferro-netd ferro-proxy ferro-dns ferro-csi) ;;
+  "") die "--role control-plane or --role worker is needed (or --uninstall)" ;;
+  *) die "unknown --role $ROLE (control-plane or worker)" ;;
+esac
+BIN_DIR=${BIN_DIR:-$SRC_DIR/target/release}
+for u in "${UNITS[@]}"; do
+  [ -x "$BIN_DIR/$u" ] || die "$BIN_DIR/$u is missing: build with 'cargo build --release --workspace --bins' or pass --bin-dir"
+  [ -f "$SRC_DIR/systemd/$u.service" ] || die "$SRC_DIR/systemd/$u.service is missing"
+done
+if [ -z "$NODE_NAME" ]; then
+  if [ -n "$ROOT" ] && [ -s "$ROOT/etc/hostname" ]; then NODE_NAME=$(head -n1 "$ROOT/etc/hostname"); else NODE_NAME=$(hostname); fi
+fi
+NODE_NAME=$(echo "$NODE_NAME" | tr '[:upper:]' '[:lower:]')
+[[ $NODE_NAME =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] || die "node name $NODE_NAME is not a DNS subdomain (--node-name)"
+if [ "$ROLE" = worker ]; then
+  [ -n "$KUBECONFIG_DIR" ] || die "--role worker needs --kubeconfig-dir (the TLS bootstrap join is not there yet: docs/operations.md)"
+  for c in agent netd proxy dns csi; do
+    [ -s "$KUBECONFIG_DIR/$c.kubeconfig" ] || die "$KUBECONFIG_DIR/$c.kubeconfig is missing"
+  done
+fi
+
+# --- binaries and units
+for u in "${UNITS[@]}"; do
+  install_file "$BIN_DIR/$u" "/usr/local/bin/$u" 755
+  install_file "$SRC_DIR/systemd/$u.service" "/etc/systemd/system/$u.service" 644
+done
+
+# --- configuration (/etc/ferro), state (/var/lib/ferro); sockets go under /run/ferro
+make_dir /etc/ferro 755
+make_dir /etc/ferro/manifests 755
+make_dir /var/lib/ferro 755
+advertise=()
+[ -z "$NODE_IP" ] || advertise=(--advertise-address "$NODE_IP")
+node_ip=()
+[ -z "$NODE_IP" ] || node_ip=(--node-ip "$NODE_IP")
+if [ "$ROLE" = control-plane ]; then
+  config_file /etc/ferro/control-plane.env 644 <<EOF
+# ferro-control-plane's flags (ferro-control-plane --help)
+FERRO_CONTROL_PLANE_ARGS="--allocate-node-cidrs --cluster-cidr $CLUSTER_CIDR${advertise[*]:+ ${advertise[*]}}"
+EOF
+fi
+config_file /etc/ferro/agent.env 644 <<EOF
+# ferro-agent's flags (ferro-agent --help); the KubeletConfiguration is agent-config.yaml
+FERRO_AGENT_ARGS="--hostname-override $NODE_NAME${node_ip[*]:+ ${node_ip[*]}}"
+EOF
+config_file /etc/ferro/agent-config.yaml 644 <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+clusterDomain: cluster.local
+# ferro-dns on this node (ferro-dns.service, its default listen address)
+clusterDNS: [169.254.20.10]
+EOF
+config_file /etc/ferro/netd.env 644 <<EOF
+# ferro-netd's flags (ferro-netd --help)
+FERRO_NETD_ARGS="--hostname-override $NODE_NAME --cluster-cidr $CLUSTER_CIDR${node_ip[*]:+ ${node_ip[*]}}"
+EOF
+config_file /etc/ferro/proxy.env 644 <<EOF
+# ferro-proxy's flags (ferro-proxy --help)
+FERRO_PROXY_ARGS="--hostname-override $NODE_NAME --cluster-cidr $CLUSTER_CIDR --healthz-bind-address 127.0.0.1:10256"
+EOF
+config_file /etc/ferro/dns.env 644 <<EOF
+# ferro-dns's flags (ferro-dns --help), e.g. --upstream 10.0.0.2 or --no-forward
+FERRO_DNS_ARGS=""
+EOF
+config_file /etc/ferro/csi.env 644 <<EOF
+# ferro-csi: this node's name and flags (ferro-csi --help), e.g. --pool-size 50Gi
+NODE_NAME=$NODE_NAME
+FERRO_CSI_ARGS=""
+EOF
+
+# --- kubeconfigs: signed here on a control-plane node, given on a worker
+kubeconfig_for() { # component user group
+  local c=$1 user=$2 group=$3 dest=/etc/ferro/$1.kubeconfig
+  if [ -s "$ROOT$dest" ]; then record "$dest"; return 0; fi
+  note_change "write $dest ($user)"
+  if [ "$DRY_RUN" = 0 ]; then
+    local tmp
+    tmp=$(mktemp)
+    if [ "$ROLE" = control-plane ]; then
+      # the cluster CA is made in the control plane's data dir on first use and is the one
+      # ferro-control-plane.service serves with
+      install -d -m 700 "$ROOT/var/lib/ferro/control-plane"
+      "$BIN_DIR/ferro-control-plane" kubeconfig --data-dir "$ROOT/var/lib/ferro/control-plane" \
+        --user "$user" --group "$group" --server "$API_SERVER" >"$tmp"
+    else
+      cat "$KUBECONFIG_DIR/$c.kubeconfig" >"$tmp"
+    fi
+    install -m 600 "$tmp" "$ROOT$dest"
+    rm -f "$tmp"
+  fi
+  record "$dest"
+}
+# Identities as the lab's (scripts/up.sh): the agent as upstream's node user; the others get
+# system:masters until RBAC grants them upstream's roles (issue 16).
+kubeconfig_for agent "system:node:$NODE_NAME" system:nodes
+kubeconfig_for netd system:ferro-netd system:masters
+kubeconfig_for proxy system:kube-proxy system:masters
+kubeconfig_for dns system:ferro-dns system:masters
+kubeconfig_for csi system:ferro-csi system:masters
+
+# --- enable and start
+if [ -z "$ENABLE" ]; then
+  if systemd_here; then ENABLE=1; else ENABLE=0; fi
+fi
+if [ "$DRY_RUN" = 0 ]; then
+  if systemd_here; then systemctl daemon-reload; fi
+  if [ "$ENABLE" = 1 ]; then
+    services=()
+    for u in "${UNITS[@]}"; do services+=("$u.service"); done
+    if systemd_here; then
+      # the control plane first: the others wait for it to answer
+      if [ "$ROLE" = control-plane ]; then systemctl enable --now ferro-control-plane.service; fi
+      systemctl enable --now "${services[@]}"
+    else
+      systemctl_root enable "${services[@]}" >/dev/null 2>&1
+    fi
+  fi
+fi
+if [ "$CHANGED" = 0 ]; then
+  say "nothing to change: ferro ($ROLE, node $NODE_NAME) is installed under ${ROOT:-/}"
+else
+  say "$CHANGED change(s): ferro ($ROLE, node $NODE_NAME) installed under ${ROOT:-/}"
+fi
