@@ -5,7 +5,8 @@ set -euo pipefail
 
 FERRO_APT_PACKAGES=(iproute2 iputils-ping iptables nftables containernetworking-plugins curl ca-certificates e2fsprogs xfsprogs util-linux procps
   containerd runc umoci skopeo busybox-static file protobuf-compiler libprotobuf-dev iperf3 docker-registry ipset
-  etcd-server etcd-client dnsmasq-base dnsperf)
+  etcd-server etcd-client dnsmasq-base dnsperf
+  mmdebstrap systemd-container) # the units' test: a Debian root booted under systemd-nspawn
 
 # The quick start's lab (up.sh, down.sh).
 # shellcheck disable=SC2034 # used by the scripts that source this file

@@ -10,6 +10,8 @@
 //!   cleaned up on drop.
 //! - [`cri`]: CRI v1 clients (k8s-cri + tonic) over the unix socket.
 //! - [`storage`]: a scratch directory whose loop devices and mounts go with it.
+//! - [`nspawn`]: a cached minimal Debian root booted under systemd-nspawn (systemd as PID 1,
+//!   a private network), for the units' tests.
 //!
 //! Nothing here touches the machine's root network namespace or the system containerd.
 //! Everything needs root and the Debian packages `containerd runc umoci skopeo
@@ -20,6 +22,7 @@ pub mod containerd;
 pub mod cri;
 pub mod images;
 pub mod netns;
+pub mod nspawn;
 pub mod storage;
 
 use std::process::{Command, Output};

@@ -1,0 +1,239 @@
+//! ferro's systemd units under a real systemd as PID 1 (docs/operations.md): a cached minimal
+//! Debian root is copied, scripts/install.sh installs a control-plane node into it (twice: the
+//! second run changes nothing), it boots under systemd-nspawn --private-network, and every unit
+//! starts and reaches active through READY=1 (Type=notify), restarts after a SIGKILL of its
+//! main process, and stops cleanly. An invalid config file fails its unit with the reason in
+//! the journal and no endless restart loop. --uninstall removes what was installed. The
+//! container and its copy are removed afterwards, also on failure.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use ferro_lab::nspawn::{cached_root, wait_for, Machine, RootCopy};
+
+/// The units in start order: the control plane first, the node's components pointed at it.
+const UNITS: &[(&str, &str)] = &[
+    ("ferro-control-plane", "serving the API"),
+    ("ferro-dns", "informers synced; answering"),
+    ("ferro-csi", "serving CSI"),
+    ("ferro-agent", "node registered"),
+    ("ferro-netd", "routes programmed"),
+    ("ferro-proxy", "first sync done: rules in the kernel"),
+];
+
+/// The node's address on its (container-private) underlay.
+const NODE_IP: &str = "192.168.77.10";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// The binaries cargo built next to this test (target/<profile>).
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    for (u, _) in UNITS {
+        assert!(
+            dir.join(u).is_file(),
+            "{} is missing: build the workspace first (cargo build --workspace --all-targets, as scripts/test.sh does)",
+            dir.join(u).display()
+        );
+    }
+    dir
+}
+
+fn install(root: &Path, args: &[&str]) -> String {
+    let out = Command::new(repo().join("scripts/install.sh"))
+        .arg("--root")
+        .arg(root)
+        .arg("--bin-dir")
+        .arg(bin_dir())
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "install.sh {args:?} failed: {text}");
+    text
+}
+
+/// Path, mode, size and modification time of everything under the installer's places.
+fn snapshot(root: &Path) -> BTreeMap<PathBuf, (u32, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut all = BTreeMap::new();
+    let mut stack: Vec<PathBuf> =
+        ["etc/ferro", "etc/systemd/system", "usr/local/bin", "var/lib/ferro"].iter().map(|d| root.join(d)).collect();
+    while let Some(p) = stack.pop() {
+        let Ok(md) = std::fs::symlink_metadata(&p) else { continue };
+        all.insert(p.clone(), (md.mode(), md.size(), md.mtime(), md.mtime_nsec()));
+        if md.is_dir() {
+            stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
+        }
+    }
+    all
+}
+
+fn journal(m: &Machine, unit: &str) -> String {
+    m.cmd(&["journalctl", "-u", unit, "--no-pager", "-o", "cat"])
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// Starts a unit (systemctl start returns once READY=1 came) and checks it is active with the
+/// status text its READY carried.
+fn start(m: &Machine, unit: &str, status: &str) {
+    if let Err(e) = m.ok(&["systemctl", "start", unit]) {
+        panic!("{e:#}\njournal of {unit}:\n{}", journal(m, unit));
+    }
+    assert_eq!(m.prop(unit, "ActiveState").unwrap(), "active", "{unit}");
+    assert_eq!(m.prop(unit, "SubState").unwrap(), "running", "{unit}");
+    assert_eq!(m.prop(unit, "Type").unwrap(), "notify", "{unit}");
+    assert_eq!(m.prop(unit, "StatusText").unwrap(), status, "{unit}: READY=1 came with its status");
+}
+
+/// SIGKILL to the main process: systemd restarts the unit and it becomes active again (READY).
+fn kill_and_restart(m: &Machine, unit: &str) {
+    let restarts: u32 = m.prop(unit, "NRestarts").unwrap().parse().unwrap();
+    let pid = m.prop(unit, "MainPID").unwrap();
+    assert_ne!(pid, "0", "{unit} has a main process");
+    m.ok(&["kill", "-9", &pid]).unwrap();
+    let r = wait_for(&format!("{unit} restarted and active again"), Duration::from_secs(120), || {
+        let n: u32 = m.prop(unit, "NRestarts").ok()?.parse().ok()?;
+        let state = m.prop(unit, "ActiveState").ok()?;
+        let new_pid = m.prop(unit, "MainPID").ok()?;
+        (n > restarts && state == "active" && new_pid != pid && new_pid != "0").then_some(())
+    });
+    if let Err(e) = r {
+        panic!("{e:#}\njournal of {unit}:\n{}", journal(m, unit));
+    }
+}
+
+fn stop(m: &Machine, unit: &str) {
+    m.ok(&["systemctl", "stop", unit]).unwrap();
+    assert_eq!(m.prop(unit, "ActiveState").unwrap(), "inactive", "{unit} stopped cleanly, not failed");
+    assert_eq!(m.prop(unit, "Result").unwrap(), "success", "{unit}");
+}
+
+/// A unit whose config is broken fails, stays failed (no endless restarts) and says why.
+/// Returns how often systemd restarted it before giving up.
+fn fails_with_reason(m: &Machine, unit: &str, reason: &str) -> u32 {
+    let before: u32 = m.prop(unit, "NRestarts").unwrap().parse().unwrap();
+    let started = m.cmd(&["systemctl", "start", unit]).unwrap();
+    assert!(!started.status.success(), "{unit} started with a broken config");
+    wait_for(&format!("{unit} failed for good"), Duration::from_secs(120), || {
+        (m.prop(unit, "ActiveState").ok()? == "failed").then_some(())
+    })
+    .unwrap();
+    // failed means no restart is pending: systemd gave up and left the reason in the journal
+    let j = journal(m, unit);
+    assert!(j.contains(reason), "the journal of {unit} names the reason ({reason:?}):\n{j}");
+    let after: u32 = m.prop(unit, "NRestarts").unwrap().parse().unwrap();
+    after - before
+}
+
+#[test]
+#[ignore = "privileged: boots a Debian root under systemd-nspawn (root, mmdebstrap, systemd-container)"]
+fn units_under_systemd_as_pid1() {
+    bin_dir();
+    let cached = cached_root().unwrap();
+    let name = format!("ferro-units-{}", std::process::id());
+    let copy = RootCopy::new(&cached, &name).unwrap();
+    let root = copy.path();
+
+    // the installer, twice: the second run changes nothing
+    let args = ["--role", "control-plane", "--node-name", &name, "--node-ip", NODE_IP];
+    let first = install(root, &args);
+    assert!(first.contains("installed under"), "{first}");
+    let before = snapshot(root);
+    let second = install(root, &args);
+    assert!(second.contains("nothing to change"), "second run: {second}");
+    assert_eq!(before, snapshot(root), "the second install changed files");
+    for (u, _) in UNITS {
+        assert!(root.join("usr/local/bin").join(u).is_file());
+        assert!(root.join("etc/systemd/system").join(format!("{u}.service")).is_file());
+    }
+
+    // a worker beside it (installed only, not booted): the node's units with the kubeconfigs
+    // it is given, none of the control plane's, and again idempotent
+    let worker = tempfile::Builder::new().prefix("ferro-units-worker-").tempdir_in("/var/tmp").unwrap();
+    let kubeconfigs = root.join("etc/ferro");
+    let wargs = ["--role", "worker", "--node-name", "worker-1", "--kubeconfig-dir", kubeconfigs.to_str().unwrap()];
+    let out = install(worker.path(), &wargs);
+    assert!(out.contains("installed under"), "{out}");
+    assert!(!worker.path().join("usr/local/bin/ferro-control-plane").exists(), "a worker runs no control plane");
+    assert!(!worker.path().join("etc/ferro/control-plane.env").exists());
+    for c in ["agent", "netd", "proxy", "dns", "csi"] {
+        let given = std::fs::read(kubeconfigs.join(format!("{c}.kubeconfig"))).unwrap();
+        assert_eq!(std::fs::read(worker.path().join(format!("etc/ferro/{c}.kubeconfig"))).unwrap(), given, "{c}");
+    }
+    let agent_env = std::fs::read_to_string(worker.path().join("etc/ferro/agent.env")).unwrap();
+    assert!(agent_env.contains("--hostname-override worker-1"), "{agent_env}");
+    let before = snapshot(worker.path());
+    assert!(install(worker.path(), &wargs).contains("nothing to change"));
+    assert_eq!(before, snapshot(worker.path()), "the second worker install changed files");
+    let missing = Command::new(repo().join("scripts/install.sh"))
+        .args(["--root", worker.path().to_str().unwrap(), "--bin-dir", bin_dir().to_str().unwrap(), "--role", "worker"])
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("--role worker needs --kubeconfig-dir"));
+    assert!(install(worker.path(), &["--uninstall"]).contains("uninstalled"));
+    assert!(!worker.path().join("usr/local/bin/ferro-agent").exists());
+    assert!(!worker.path().join("etc/ferro").exists());
+
+    let log = std::env::temp_dir().join(format!("{name}.log"));
+    let mut m = Machine::boot(root, &name, &log).unwrap();
+    // The node's underlay inside the container's own network namespace (nspawn
+    // --private-network gives it only lo): a veth pair holding the node IP, which netd's
+    // VXLAN device and the control plane's advertise address use.
+    m.ok(&["ip", "link", "add", "ferro-ul", "type", "veth", "peer", "name", "ferro-ul-peer"]).unwrap();
+    m.ok(&["ip", "addr", "add", &format!("{NODE_IP}/24"), "dev", "ferro-ul"]).unwrap();
+    m.ok(&["ip", "link", "set", "ferro-ul", "up"]).unwrap();
+    m.ok(&["ip", "link", "set", "ferro-ul-peer", "up"]).unwrap();
+    for (u, _) in UNITS {
+        let unit = format!("/etc/systemd/system/{u}.service");
+        m.ok(&["systemd-analyze", "verify", &unit]).unwrap();
+    }
+    // containerd for the agent (Debian's unit, the root's package)
+    m.ok(&["systemctl", "start", "containerd.service"]).unwrap();
+
+    for (u, status) in UNITS {
+        start(&m, u, status);
+    }
+    for (u, status) in UNITS {
+        kill_and_restart(&m, u);
+        assert_eq!(m.prop(u, "StatusText").unwrap(), *status, "{u} after its restart");
+    }
+    for (u, _) in UNITS.iter().rev() {
+        stop(&m, u);
+    }
+
+    // invalid configuration: a bad flag in an env file (exit status 2, not restarted) and a
+    // KubeletConfiguration that does not parse (a few restarts, then failed for good)
+    std::fs::write(root.join("etc/ferro/proxy.env"), "FERRO_PROXY_ARGS=\"--proxy-mode bogus\"\n").unwrap();
+    let restarts = fails_with_reason(&m, "ferro-proxy", "invalid value 'bogus' for '--proxy-mode");
+    assert_eq!(restarts, 0, "a bad flag is not retried (RestartPreventExitStatus=2)");
+    std::fs::write(root.join("etc/ferro/agent-config.yaml"), "kind: KubeletConfiguration\nmaxPods: many\n").unwrap();
+    let restarts = fails_with_reason(&m, "ferro-agent", "parsing /etc/ferro/agent-config.yaml: maxPods: invalid type");
+    // StartLimitBurst=5 starts in StartLimitIntervalSec=120 (the earlier starts of this test
+    // count too): then systemd gives up
+    assert!(restarts <= 5, "StartLimitBurst=5 ends the restarts ({restarts})");
+    let result = m.prop("ferro-agent", "Result").unwrap();
+    assert!(["exit-code", "start-limit-hit"].contains(&result.as_str()), "ferro-agent: {result}");
+
+    m.shutdown().unwrap();
+    drop(m);
+
+    // --uninstall removes what the installer put there; the state stays
+    let out = install(root, &["--uninstall"]);
+    assert!(out.contains("uninstalled"), "{out}");
+    for (u, _) in UNITS {
+        assert!(!root.join("usr/local/bin").join(u).exists(), "{u} still installed");
+        assert!(!root.join("etc/systemd/system").join(format!("{u}.service")).exists());
+    }
+    assert!(!root.join("etc/ferro").exists(), "/etc/ferro left behind");
+    assert!(root.join("var/lib/ferro/control-plane").exists(), "the store stays");
+}
