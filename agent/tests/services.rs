@@ -9,42 +9,15 @@
 mod lab;
 
 use std::collections::BTreeSet;
-use std::process::Stdio;
 use std::time::Duration;
 
-use lab::{Lab, Proc, BUSYBOX};
+use lab::{Lab, BUSYBOX};
 
 const MIN: Duration = Duration::from_secs(60);
 
-/// ferro-proxy in the lab namespace (containerd's), with the node's credentials.
-fn start_proxy(lab: &Lab, mode: &str) -> Proc {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(lab.dir.path().join("proxy.log")).unwrap();
-    let child = lab
-        .ns
-        .command(lab::sibling_bin("ferro-proxy").to_str().unwrap())
-        .arg("--kubeconfig")
-        .arg(lab.node_kubeconfig())
-        .args(["--hostname-override", lab::NODE, "--proxy-mode", mode, "--cluster-cidr", "10.88.0.0/16"])
-        // Pod-to-Service traffic whose endpoint is on the same bridge comes back through the
-        // node only when it is masqueraded (no br_netfilter here): upstream's flag for that.
-        .arg("--masquerade-all")
-        .args(["--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249"])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let p = Proc(Some(child));
-    lab.wait("ferro-proxy's first sync", MIN, |l| {
-        let out = l.ns.command("curl").args(["-s", "--max-time", "2", "http://127.0.0.1:10256/healthz"]).output().ok()?;
-        String::from_utf8_lossy(&out.stdout).contains("lastUpdated").then_some(())
-    });
-    p
-}
-
 /// The proxy's log, the node's NAT rules and the client's view, for a failure message.
 fn diag(lab: &Lab, url: &str) -> String {
-    let log = std::fs::read_to_string(lab.dir.path().join("proxy.log")).unwrap_or_default();
+    let log = lab.proxy_log();
     let nat = lab.ns.command("iptables-save").args(["-t", "nat"]).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
     let nft = lab.ns.command("nft").args(["list", "ruleset"]).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
     let sysctl = lab.ns.command("sysctl").arg("net.ipv4.ip_forward").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
@@ -87,7 +60,7 @@ fn a_pod_reaches_a_deployment_through_its_service_in_both_proxy_modes() {
     let url = format!("http://{ip}/");
 
     for mode in ["iptables", "nftables"] {
-        let proxy = start_proxy(&lab, mode);
+        let proxy = lab.start_proxy(mode);
         // Both endpoints answer through the ClusterIP.
         let mut seen = BTreeSet::new();
         let deadline = std::time::Instant::now() + MIN;
@@ -119,10 +92,10 @@ fn a_pod_reaches_a_deployment_through_its_service_in_both_proxy_modes() {
     }
 
     // The Service deleted (nftables mode running): its address no longer answers.
-    let _proxy = start_proxy(&lab, "nftables");
+    let _proxy = lab.start_proxy("nftables");
     assert!(fetch(&lab, &url).0, "the Service answers before its deletion");
     lab.kubectl_ok(&["delete", "svc", "web"]);
     lab.wait("the deleted Service's address refused", MIN, |l| (!fetch(l, &url).0).then_some(()));
-    let log = std::fs::read_to_string(lab.dir.path().join("proxy.log")).unwrap_or_default();
+    let log = lab.proxy_log();
     assert!(!log.contains("ERROR"), "{log}");
 }
