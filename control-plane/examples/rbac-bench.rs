@@ -98,8 +98,8 @@ async fn main() -> anyhow::Result<()> {
     }
     for i in 0..n {
         let ns = format!("ns-{}", i % namespaces);
-        let (kind, role) = if i % 2 == 0 { ("Role", "cm-writer") } else { ("ClusterRole", "bench-viewer") };
-        let subject = if i % 3 == 0 {
+        let (kind, role) = if i.is_multiple_of(2) { ("Role", "cm-writer") } else { ("ClusterRole", "bench-viewer") };
+        let subject = if i.is_multiple_of(3) {
             json!({"kind": "ServiceAccount", "name": format!("sa-{i}"), "namespace": ns})
         } else {
             json!({"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": format!("user-{i}")})
@@ -168,7 +168,7 @@ async fn main() -> anyhow::Result<()> {
     for d in 0..decisions {
         let i = (d * 7919) % n;
         let ns = format!("ns-{}", i % namespaces);
-        let user = if i % 3 == 0 {
+        let user = if i.is_multiple_of(3) {
             User { name: format!("system:serviceaccount:{ns}:sa-{i}"), groups: vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{ns}"), "system:authenticated".into()] }
         } else {
             User { name: format!("user-{i}"), groups: vec![format!("group-{}", i % (n / 10).max(1)), "system:authenticated".into()] }
@@ -187,7 +187,7 @@ async fn main() -> anyhow::Result<()> {
         if !(ok && refused) {
             mismatches += 1;
         }
-        if d % 10 == 0 {
+        if d.is_multiple_of(10) {
             let t = Instant::now();
             let l = linear.allows(&user, &get, &ns);
             linear_t.push(t.elapsed());

@@ -1375,7 +1375,7 @@ fn apply_ownership(res: &Resource, old: &Value, patch: &Value, merged: &mut Valu
             .map(|c| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{}\" using {}", c.manager, c.api_version), "field": c.field}))
             .collect();
         let name = meta_str(old, "name").unwrap_or("");
-        let mut err = ApiError::new(409, "Conflict", managed::conflict_message(&plan.conflicts)).with_details(res.group, &res.plural, name);
+        let mut err = ApiError::new(409, "Conflict", managed::conflict_message(&plan.conflicts)).with_details(res.group, res.plural, name);
         if let Some(Value::Object(d)) = err.details.as_mut() {
             d.insert("causes".into(), Value::Array(causes));
         }

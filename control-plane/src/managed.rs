@@ -531,6 +531,7 @@ pub fn entries_to_json(entries: &[Entry]) -> Value {
 }
 
 /// Records a non-apply write: `manager` owns what it changed, nobody else does any more.
+#[allow(clippy::too_many_arguments)] // the write's facts, as its callers have them at hand
 pub fn record_update(entries: &mut Vec<Entry>, old: &Value, new: &Value, shape: Shape<'_>, manager: &str, api_version: &str, subresource: &str, now: &str) {
     let creating = old.as_object().is_none_or(|m| m.is_empty());
     let changed = if creating { fields_of(new, shape) } else { changed(old, new, shape) };

@@ -74,16 +74,13 @@ fn only_gc_fields_changed(old: &Value, new: &Value) -> bool {
     strip(old) == strip(new)
 }
 
+/// The rules of a role: (kind, namespace, name) -> its rules, or why there are none.
+pub type RoleRules<'a> = dyn Fn(&str, &str, &str) -> Result<Vec<Rule>, String> + 'a;
+
 /// The pure part: what writing `obj` (over `old`) requires, given how a binding's roleRef
 /// resolves. ClusterRoles with an aggregationRule need everything (upstream: "must have
 /// cluster-admin privileges to use the aggregationRule"), checked separately by [`admit`].
-pub fn needs(
-    plural: &str,
-    namespace: &str,
-    obj: &Value,
-    old: Option<&Value>,
-    role_rules: &dyn Fn(&str, &str, &str) -> Result<Vec<Rule>, String>,
-) -> Needs {
+pub fn needs(plural: &str, namespace: &str, obj: &Value, old: Option<&Value>, role_rules: &RoleRules<'_>) -> Needs {
     if old.is_some_and(|o| only_gc_fields_changed(o, obj)) {
         return Needs::Nothing;
     }

@@ -60,7 +60,7 @@ impl Binding {
     pub fn applies_to(&self, user: &User) -> Option<usize> {
         self.subjects.iter().position(|s| match s.kind.as_str() {
             "User" => s.name == user.name,
-            "Group" => user.groups.iter().any(|g| *g == s.name),
+            "Group" => user.groups.contains(&s.name),
             "ServiceAccount" => self.sa_user(s).is_some_and(|u| u == user.name),
             _ => false,
         })
