@@ -32,6 +32,9 @@ const WELL_KNOWN: &[(&str, &str)] = &[
     ("io.k8s.apimachinery.pkg.api.resource.Quantity", "Quantity"),
     ("io.k8s.apimachinery.pkg.util.intstr.IntOrString", "IntOrString"),
     ("io.k8s.apimachinery.pkg.runtime.RawExtension", "RawExtension"),
+    ("io.k8s.api.certificates.v1.ExtraValue", "StringList"),
+    ("io.k8s.api.authentication.v1.ExtraValue", "StringList"),
+    ("io.k8s.api.authorization.v1.ExtraValue", "StringList"),
 ];
 
 /// Kinds accepted as request bodies besides the served resources: subresource bodies and the
@@ -100,7 +103,7 @@ struct PbField {
 
 /// OpenAPI definitions of every type reachable from the request-body kinds.
 fn openapi_definitions() -> serde_json::Map<String, serde_json::Value> {
-    use k8s_openapi::api::{apps, authentication, authorization, autoscaling, batch, coordination, core, discovery, policy, rbac, storage};
+    use k8s_openapi::api::{apps, authentication, authorization, autoscaling, batch, certificates, coordination, core, discovery, policy, rbac, storage};
     use k8s_openapi::apimachinery::pkg::apis::meta;
     let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
     macro_rules! add {
@@ -118,6 +121,7 @@ fn openapi_definitions() -> serde_json::Map<String, serde_json::Value> {
         policy::v1::Eviction, meta::v1::DeleteOptions, authentication::v1::TokenRequest,
         authorization::v1::SelfSubjectAccessReview, authorization::v1::SelfSubjectRulesReview,
         rbac::v1::ClusterRole, rbac::v1::ClusterRoleBinding, rbac::v1::Role, rbac::v1::RoleBinding,
+        certificates::v1::CertificateSigningRequest,
     );
     generator.take_definitions(true)
 }

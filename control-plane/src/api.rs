@@ -178,6 +178,35 @@ fn finalizers(obj: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+
+/// Which endpoint an update came through: the main resource, `/status`, or a
+/// CertificateSigningRequest's `/approval`; each may change a different part of the object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Main,
+    Status,
+    Approval,
+}
+
+impl Endpoint {
+    pub fn of(sub: Option<Sub>) -> Endpoint {
+        match sub {
+            Some(Sub::Status) => Endpoint::Status,
+            Some(Sub::Approval) => Endpoint::Approval,
+            _ => Endpoint::Main,
+        }
+    }
+
+    /// The subresource's name, as managedFields records it.
+    pub fn subresource(self) -> &'static str {
+        match self {
+            Endpoint::Main => "",
+            Endpoint::Status => "status",
+            Endpoint::Approval => "approval",
+        }
+    }
+}
+
 impl Api {
     pub async fn new(
         store: Arc<dyn Store>,
@@ -679,6 +708,10 @@ impl Api {
         strategy::apply_defaults(res, &mut obj);
         // RBAC's escalation check (upstream's policybased storage), before validation as there
         crate::rbac::escalation::admit(res, ns, &obj, None).await?;
+        if crate::certificates::is_csr(res) {
+            crate::certificates::prepare_create(&mut obj);
+            crate::certificates::admit_create(&obj)?;
+        }
         if res.is("persistentvolumeclaims") {
             self.default_storage_class(&mut obj).await?;
         }
@@ -738,9 +771,10 @@ impl Api {
         ns: Option<&str>,
         name: &str,
         obj: Value,
-        status_endpoint: bool,
+        endpoint: Endpoint,
         dry_run: bool,
     ) -> Result<(Record, bool), ApiError> {
+        let status_endpoint = endpoint != Endpoint::Main;
         match meta_str(&obj, "name") {
             Some(n) if !n.is_empty() && n != name => {
                 return Err(ApiError::bad_request(format!(
@@ -777,7 +811,7 @@ impl Api {
                 return Err(ApiError::stale(&res.group_resource(), name));
             }
         }
-        let record = self.update_from(res, ns, name, &current, obj, status_endpoint, dry_run).await?;
+        let record = self.update_from(res, ns, name, &current, obj, endpoint, dry_run).await?;
         Ok((record, false))
     }
 
@@ -799,7 +833,7 @@ impl Api {
             }
             None => new["spec"] = json!({"finalizers": fins}),
         }
-        self.update_from(res, None, name, &current, new, false, dry_run).await
+        self.update_from(res, None, name, &current, new, Endpoint::Main, dry_run).await
     }
 
     /// Applies an update computed against `current`. Conflicts with concurrent writers come
@@ -812,9 +846,10 @@ impl Api {
         name: &str,
         current: &Record,
         mut obj: Value,
-        status_endpoint: bool,
+        endpoint: Endpoint,
         dry_run: bool,
     ) -> Result<Record, ApiError> {
+        let status_endpoint = endpoint != Endpoint::Main;
         let old = current.json()?;
         // managedFields a client sets itself (and differently) are taken as they are (kubectl
         // moving client-side apply's ownership to its server-side apply manager; an apply's
@@ -831,7 +866,10 @@ impl Api {
             }
         }
         remove_meta(&mut obj, "managedFields");
-        strategy::keep_unchangeable(res, status_endpoint, &old, &mut obj);
+        strategy::keep_unchangeable(res, endpoint, &old, &mut obj);
+        if crate::certificates::is_csr(res) {
+            crate::certificates::prepare_update(endpoint, &old, &mut obj, &now_rfc3339());
+        }
         if old.pointer("/metadata/deletionTimestamp").is_some() {
             // finalizers may only be removed once deletion started
             let before = finalizers(&old);
@@ -862,6 +900,12 @@ impl Api {
         if res.is("persistentvolumeclaims") && !status_endpoint {
             errs.extend(self.admit_claim_resize(&old, &obj).await?);
         }
+        if crate::certificates::is_csr(res) {
+            errs.extend(crate::certificates::validate_update(endpoint, &old, &obj));
+            if errs.is_empty() {
+                crate::certificates::admit_update(endpoint, &old, &obj).await?;
+            }
+        }
         if !errs.is_empty() {
             return Err(ApiError::invalid(res.kind, res.group, name, &errs));
         }
@@ -875,7 +919,7 @@ impl Api {
             None => {
                 let mut e = managed::entries_of(&old);
                 let w = managed::writer();
-                let sub = if status_endpoint { "status" } else { "" };
+                let sub = endpoint.subresource();
                 managed::record_update(&mut e, &old, &obj, managed::shape_of(res), &w.manager, &res.api_version(), sub, &now_rfc3339());
                 e
             }
@@ -945,11 +989,12 @@ impl Api {
         name: &str,
         patch_type: PatchType,
         patch: &Value,
-        status_endpoint: bool,
+        endpoint: Endpoint,
         field_validation: &str,
         warnings: &mut Vec<String>,
         dry_run: bool,
     ) -> Result<Record, ApiError> {
+        let status_endpoint = endpoint != Endpoint::Main;
         let key = res.key(ns, name);
         for attempt in 0.. {
             let current = match self.store.get(&key).await? {
@@ -983,7 +1028,7 @@ impl Api {
                 return Err(ApiError::stale(&res.group_resource(), name));
             }
             let patched = Api::decode(res, patched, field_validation, warnings)?;
-            match self.update_from(res, ns, name, &current, patched, status_endpoint, dry_run).await {
+            match self.update_from(res, ns, name, &current, patched, endpoint, dry_run).await {
                 Err(e) if e.code == 409 && e.reason == "Conflict" && attempt < 8 => continue,
                 other => return other,
             }

@@ -136,7 +136,7 @@ async fn reconcile(api: &Api, id: &str, ip: IpAddr, port: u16) -> Result<(), cra
         "metadata": {"name": name, "namespace": "kube-system", "labels": {IDENTITY_LABEL: "kube-apiserver"},
                      "annotations": {ADDRESS_ANNOTATION: ip.to_string(), PORT_ANNOTATION: port.to_string()}},
         "spec": {"holderIdentity": name, "leaseDurationSeconds": LEASE_DURATION.as_secs(), "renewTime": micro}});
-    api.update(leases, Some("kube-system"), &name, lease, false, false).await?;
+    api.update(leases, Some("kube-system"), &name, lease, crate::api::Endpoint::Main, false).await?;
     let listing = api.store.list(&leases.prefix(Some("kube-system"))).await?;
     let all: Vec<Value> = listing.records.iter().filter_map(|r| r.json().ok()).collect();
     let members = live_members(&all, now);
@@ -153,14 +153,14 @@ async fn reconcile(api: &Api, id: &str, ip: IpAddr, port: u16) -> Result<(), cra
     let want = endpoints(&members);
     let current = api.store.get(&endpoints_res.key(Some("default"), "kubernetes")).await?.and_then(|r| r.json().ok());
     if !current.as_ref().is_some_and(|c| same(c, &want, &["subsets"])) {
-        api.update(endpoints_res, Some("default"), "kubernetes", want, false, false).await?;
+        api.update(endpoints_res, Some("default"), "kubernetes", want, crate::api::Endpoint::Main, false).await?;
     }
     let slices_res = resources::find("discovery.k8s.io", "v1", "endpointslices").ok_or_else(|| crate::error::ApiError::internal("no endpointslices"))?;
     let wanted = slices(&members);
     for (n, s) in &wanted {
         let current = api.store.get(&slices_res.key(Some("default"), n)).await?.and_then(|r| r.json().ok());
         if !current.as_ref().is_some_and(|c| same(c, s, &["endpoints", "ports", "addressType"])) {
-            api.update(slices_res, Some("default"), n, s.clone(), false, false).await?;
+            api.update(slices_res, Some("default"), n, s.clone(), crate::api::Endpoint::Main, false).await?;
         }
     }
     // slices of ports or families no longer served

@@ -338,6 +338,9 @@ fn node_rules(node: &str, a: &Attributes<'_>, graph: &dyn NodeGraph, body: Optio
                 deny(format!("node \"{node}\" can only modify its own CSINode"))
             }
         }
+        // certificate requests: to renew its own client certificate (upstream's node rules);
+        // whether one is approved is the approver's SubjectAccessReview (selfnodeclient)
+        ("certificates.k8s.io", "certificatesigningrequests", "") if matches!(a.verb, "create" | "get" | "list" | "watch") => Ok(()),
         // delegated authentication and authorization (upstream's static node rules)
         ("authentication.k8s.io", "tokenreviews", "") | ("authorization.k8s.io", "subjectaccessreviews" | "localsubjectaccessreviews", "")
             if a.verb == "create" =>

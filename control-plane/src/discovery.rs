@@ -37,6 +37,7 @@ fn resource_entries(r: &Resource) -> Vec<Value> {
             Sub::Attach => ("PodAttachOptions", None, None, &["create", "get"]),
             Sub::PortForward => ("PodPortForwardOptions", None, None, &["create", "get"]),
             Sub::Finalize => (r.kind, None, None, &["update"]),
+            Sub::Approval => (r.kind, None, None, &["get", "patch", "update"]),
             Sub::Token => ("TokenRequest", Some("authentication.k8s.io"), Some("v1"), &["create"]),
         };
         let mut e = json!({

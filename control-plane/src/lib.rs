@@ -4,6 +4,8 @@ pub mod alloc;
 pub mod api;
 pub mod apiserver_endpoints;
 pub mod auth;
+pub mod bootstrap_token;
+pub mod certificates;
 pub mod config;
 pub mod controllers;
 pub mod crd;

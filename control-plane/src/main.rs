@@ -127,6 +127,16 @@ struct Cli {
     leader_elect_resource_name: String,
     #[arg(long, default_value = "kube-system")]
     leader_elect_resource_namespace: String,
+    /// The CA certificate the csrsigning loop signs with (default: the data dir's ca.crt
+    /// when this server runs the API).
+    #[arg(long, requires = "cluster_signing_key_file")]
+    cluster_signing_cert_file: Option<PathBuf>,
+    #[arg(long, requires = "cluster_signing_cert_file")]
+    cluster_signing_key_file: Option<PathBuf>,
+    /// How long certificates signed for CertificateSigningRequests are valid (a request's
+    /// expirationSeconds may shorten it).
+    #[arg(long, default_value = "8760h", value_parser = parse_duration)]
+    cluster_signing_duration: std::time::Duration,
 }
 
 impl Cli {
@@ -215,6 +225,55 @@ enum Command {
         #[arg(long, default_value = "https://127.0.0.1:6443")]
         server: String,
     },
+    /// Bootstrap tokens for joining nodes (kubeadm token's subset).
+    #[command(subcommand)]
+    Token(TokenCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCmd {
+    /// Create a bootstrap token (a Secret in kube-system, through the API with the data dir's
+    /// admin.kubeconfig) and print it: `<id>.<secret>`. A worker joins with it
+    /// (ferro-agent --bootstrap-kubeconfig; scripts/install.sh --role worker --token).
+    Create {
+        /// How long the token is valid (0: forever).
+        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        ttl: std::time::Duration,
+        #[arg(long, default_value = "ferro join token")]
+        description: String,
+        /// Extra groups (system:bootstrappers:...); the default group may join nodes.
+        #[arg(long = "groups", value_delimiter = ',', default_value = ferro_control_plane::bootstrap_token::DEFAULT_GROUP)]
+        groups: Vec<String>,
+        /// The token to create (default: random).
+        token: Option<String>,
+    },
+}
+
+/// `token create`: writes the token's Secret and prints the token.
+fn token_create(data_dir: &std::path::Path, token: Option<&str>, ttl: std::time::Duration, description: &str, groups: &[String]) -> anyhow::Result<()> {
+    use ferro_control_plane::bootstrap_token as bt;
+    let token = token.map(str::to_string).unwrap_or_else(bt::generate);
+    if bt::split(&token).is_none() {
+        anyhow::bail!("token {token:?} is not of the form [a-z0-9]{{6}}.[a-z0-9]{{16}}");
+    }
+    if let Some(g) = groups.iter().find(|g| !bt::valid_group(g)) {
+        anyhow::bail!("group {g:?} is not a system:bootstrappers:... group");
+    }
+    let expiration = (!ttl.is_zero())
+        .then(|| jiff::Timestamp::now().checked_add(jiff::SignedDuration::try_from(ttl).unwrap_or(jiff::SignedDuration::MAX)))
+        .transpose()
+        .context("token expiration")?;
+    let secret = bt::secret_for(&token, expiration, description, groups).context("token shape")?;
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(secret)?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let client = kube_client(&data_dir.join("admin.kubeconfig")).await?;
+        let api: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(client, bt::NAMESPACE);
+        api.create(&kube::api::PostParams::default(), &secret).await.context("creating the token's Secret")?;
+        anyhow::Ok(())
+    })?;
+    println!("{token}");
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -230,6 +289,9 @@ fn main() -> anyhow::Result<()> {
         let (cert, key) = ca.client(user, groups).context("signing the client certificate")?;
         print!("{}", pki::kubeconfig(server, &ca.cert_pem, user, pki::Credentials::Cert { cert_pem: &cert, key_pem: &key }));
         return Ok(());
+    }
+    if let Some(Command::Token(TokenCmd::Create { ttl, description, groups, token })) = &cli.command {
+        return token_create(&cli.data_dir, token.as_deref(), *ttl, description, groups);
     }
     let election = cli.election()?;
     let cfg = Config {
@@ -267,6 +329,11 @@ fn main() -> anyhow::Result<()> {
         node_cidr_mask_size: cli.node_cidr_mask_size,
         terminated_pod_gc_threshold: cli.terminated_pod_gc_threshold,
         pod_gc_quarantine: cli.pod_gc_quarantine,
+        cluster_signing_duration: cli.cluster_signing_duration,
+        signing_ca: match (&cli.cluster_signing_cert_file, &cli.cluster_signing_key_file) {
+            (Some(c), Some(k)) => Some(std::sync::Arc::new(ferro_control_plane::pki::Ca::load(c, k)?)),
+            _ => None,
+        },
         ..Default::default()
     };
     if cli.allocate_node_cidrs && cli.cluster_cidr.is_none() {
@@ -298,6 +365,9 @@ fn main() -> anyhow::Result<()> {
         let _liveness = sd.heartbeat().drive(std::time::Duration::from_secs(10), move || readyz(admin.clone()));
         // this server's CA, made by start at first start
         copts.root_ca = std::fs::read_to_string(cfg.data_dir.join("ca.crt")).ok();
+        if copts.signing_ca.is_none() {
+            copts.signing_ca = Some(std::sync::Arc::new(ferro_control_plane::pki::Ca::load_or_create(&cfg.data_dir)?));
+        }
         copts.sa_key = Some(running.sa_key.clone());
         if copts.controllers.iter().any(|c| !c.is_empty()) {
             let client = kube_client(&cfg.data_dir.join("admin.kubeconfig")).await?;

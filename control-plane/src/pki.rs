@@ -60,7 +60,19 @@ pub struct Ca {
     key: KeyPair,
 }
 
+impl std::fmt::Debug for Ca {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ca").field("cert_pem", &self.cert_pem).finish_non_exhaustive()
+    }
+}
+
 impl Ca {
+    /// Loads a CA from its certificate and key files (upstream's
+    /// --cluster-signing-cert-file/--cluster-signing-key-file).
+    pub fn load(cert: &Path, key: &Path) -> Result<Ca, PkiError> {
+        Ok(Ca { cert_pem: read(cert)?, key: KeyPair::from_pem(&read(key)?)? })
+    }
+
     /// Loads `ca.crt`/`ca.key` from `dir`, creating them at first start.
     pub fn load_or_create(dir: &Path) -> Result<Ca, PkiError> {
         let crt = dir.join("ca.crt");
@@ -120,6 +132,71 @@ impl Ca {
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         self.sign(params)
+    }
+}
+
+/// A certificate a signer issues for an approved CertificateSigningRequest.
+pub struct Issue<'a> {
+    pub request: &'a crate::certificates::request::Request,
+    pub usages: &'a [String],
+    /// Seconds since the epoch.
+    pub not_before: i64,
+    pub not_after: i64,
+    /// Subject alternative names are copied (serving certificates).
+    pub with_sans: bool,
+}
+
+impl Ca {
+    /// Signs a certificate for the request's public key and subject (CN, O), with the key
+    /// usages of `usages` (upstream's signer: the CSR's own extensions are not copied), a
+    /// random serial and the validity given. PEM.
+    pub fn issue(&self, what: &Issue<'_>) -> Result<String, PkiError> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        let mut dn = DistinguishedName::new();
+        if !what.request.common_name.is_empty() {
+            dn.push(DnType::CommonName, what.request.common_name.as_str());
+        }
+        for o in &what.request.organizations {
+            dn.push(DnType::OrganizationName, o.as_str());
+        }
+        params.distinguished_name = dn;
+        if what.with_sans {
+            for d in &what.request.dns_names {
+                params.subject_alt_names.push(SanType::DnsName(d.clone().try_into().map_err(|_| PkiError::BadSan(d.clone()))?));
+            }
+            for ip in &what.request.ip_addresses {
+                params.subject_alt_names.push(SanType::IpAddress(*ip));
+            }
+        }
+        for u in what.usages {
+            match u.as_str() {
+                "digital signature" => params.key_usages.push(KeyUsagePurpose::DigitalSignature),
+                "key encipherment" => params.key_usages.push(KeyUsagePurpose::KeyEncipherment),
+                "client auth" => params.extended_key_usages.push(ExtendedKeyUsagePurpose::ClientAuth),
+                "server auth" => params.extended_key_usages.push(ExtendedKeyUsagePurpose::ServerAuth),
+                _ => {}
+            }
+        }
+        let ts = |t: i64| time::OffsetDateTime::from_unix_timestamp(t).map_err(|_| PkiError::Generate(rcgen::Error::Time));
+        params.not_before = ts(what.not_before)?;
+        params.not_after = ts(what.not_after)?;
+        use rand::Rng as _;
+        let mut serial: [u8; 16] = rand::rng().random();
+        serial[0] &= 0x7f;
+        params.serial_number = Some(rcgen::SerialNumber::from_slice(&serial));
+        params.use_authority_key_identifier_extension = true;
+        let key = rcgen::SubjectPublicKeyInfo::from_der(&what.request.public_key_der)?;
+        let issuer = Issuer::from_ca_cert_pem(&self.cert_pem, &self.key)?;
+        Ok(params.signed_by(&key, &issuer)?.pem())
+    }
+
+    /// The CA certificate's notAfter, seconds since the epoch (an issued certificate never
+    /// outlives its CA).
+    pub fn not_after(&self) -> Option<i64> {
+        use rustls::pki_types::pem::PemObject as _;
+        let der = rustls::pki_types::CertificateDer::from_pem_slice(self.cert_pem.as_bytes()).ok()?;
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+        Some(cert.validity().not_after.timestamp())
     }
 }
 

@@ -1,7 +1,7 @@
 //! The table of served resources: names, scope, subresources and typed decoding.
 
 use api_ext::snapshot;
-use k8s_openapi::api::{apps, batch, coordination, core, discovery, policy, rbac, storage};
+use k8s_openapi::api::{apps, batch, certificates, coordination, core, discovery, policy, rbac, storage};
 use serde_json::Value;
 
 /// A subresource served under a resource.
@@ -18,6 +18,8 @@ pub enum Sub {
     Finalize,
     /// serviceaccounts/token: the TokenRequest API.
     Token,
+    /// certificatesigningrequests/approval: the Approved/Denied conditions.
+    Approval,
 }
 
 impl Sub {
@@ -33,6 +35,7 @@ impl Sub {
             Sub::PortForward => "portforward",
             Sub::Finalize => "finalize",
             Sub::Token => "token",
+            Sub::Approval => "approval",
         }
     }
 }
@@ -202,6 +205,8 @@ pub static RESOURCES: &[Resource] = &[
         short: ["crd", "crds"], cat: ["api-extensions"], sub: [Status], gen: true),
     res!("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", "poddisruptionbudget", true, policy::v1::PodDisruptionBudget,
         short: ["pdb"], cat: [], sub: [Status], gen: true),
+    res!("certificates.k8s.io", "v1", "CertificateSigningRequest", "certificatesigningrequests", "certificatesigningrequest", false, certificates::v1::CertificateSigningRequest,
+        short: ["csr"], cat: [], sub: [Status, Approval], gen: false),
     res!("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", "clusterrole", false, rbac::v1::ClusterRole,
         short: [], cat: [], sub: [], gen: false),
     res!("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", "clusterrolebinding", false, rbac::v1::ClusterRoleBinding,

@@ -580,11 +580,15 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
                 Some(u) => u,
                 None => {
                     let token = authz.strip_prefix("Bearer ").map(str::trim).unwrap_or_default();
-                    let key = state.sa_key.as_ref().ok_or_else(ApiError::unauthorized)?;
-                    crate::subresources::authenticate_service_account(&state.api, key, &state.api_audiences, token)
-                        .await
-                        .map(|(u, _)| u)
-                        .ok_or_else(ApiError::unauthorized)?
+                    if crate::bootstrap_token::split(token).is_some() {
+                        crate::bootstrap_token::authenticate(&state.api, token).await.ok_or_else(ApiError::unauthorized)?
+                    } else {
+                        let key = state.sa_key.as_ref().ok_or_else(ApiError::unauthorized)?;
+                        crate::subresources::authenticate_service_account(&state.api, key, &state.api_audiences, token)
+                            .await
+                            .map(|(u, _)| u)
+                            .ok_or_else(ApiError::unauthorized)?
+                    }
                 }
             }
         }
@@ -741,11 +745,11 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
             let r = api.create(res, ns, obj, dry_run).await?;
             record_response(&out, 201, res, &r)
         }
-        (None | Some(Sub::Status), "update") => {
+        (None | Some(Sub::Status | Sub::Approval), "update") => {
             let obj = body_value.ok_or_else(|| ApiError::bad_request("the request body is empty"))?;
             Api::check_type(&obj, res.kind, &res.api_version())?;
             let obj = Api::decode(res, obj, &field_validation, &mut warnings)?;
-            let (r, created) = api.update(res, ns, name, obj, sub == Some(Sub::Status), dry_run).await?;
+            let (r, created) = api.update(res, ns, name, obj, crate::api::Endpoint::of(sub), dry_run).await?;
             record_response(&out, if created { 201 } else { 200 }, res, &r)
         }
         (Some(Sub::Finalize), "update") => {
@@ -755,18 +759,18 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
             let r = api.finalize_namespace(res, name, obj, dry_run).await?;
             record_response(&out, 200, res, &r)
         }
-        (None | Some(Sub::Status), "patch") => {
+        (None | Some(Sub::Status | Sub::Approval), "patch") => {
             let pt = PatchType::from_content_type(&ct).ok_or_else(|| ApiError::unsupported_media_type(&ct))?;
             let patch = decode_body(&ct, body.as_deref().unwrap_or_default())?;
             if pt == PatchType::Apply && q.get("fieldManager").map(|m| m.is_empty()).unwrap_or(true) {
                 return Err(ApiError::bad_request("PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"));
             }
             let r = api
-                .patch(res, ns, name, pt, &patch, sub == Some(Sub::Status), &field_validation, &mut warnings, dry_run)
+                .patch(res, ns, name, pt, &patch, crate::api::Endpoint::of(sub), &field_validation, &mut warnings, dry_run)
                 .await?;
             record_response(&out, 200, res, &r)
         }
-        (Some(Sub::Status), "get") => {
+        (Some(Sub::Status | Sub::Approval), "get") => {
             if q.get("resourceVersion").is_none_or(|v| v.is_empty()) {
                 api.store.sync().await?;
             }

@@ -298,6 +298,26 @@ fn default_template(obj: &mut Value) {
     }
 }
 
+/// A Secret's write-only `stringData` goes into `data` (base64, its keys winning) and is not
+/// stored (upstream's conversion); `type` defaults to Opaque.
+fn merge_string_data(obj: &mut Value) {
+    use base64::Engine as _;
+    let Some(m) = obj.as_object_mut() else { return };
+    if let Some(Value::Object(strings)) = m.remove("stringData") {
+        let data = m.entry("data").or_insert_with(|| Value::Object(Map::new()));
+        if !data.is_object() {
+            *data = Value::Object(Map::new());
+        }
+        if let Some(d) = data.as_object_mut() {
+            for (k, v) in strings {
+                let text = v.as_str().unwrap_or_default();
+                d.insert(k, json!(base64::engine::general_purpose::STANDARD.encode(text)));
+            }
+        }
+    }
+    default(m, "type", json!("Opaque"));
+}
+
 /// Applies upstream's defaults for the kind.
 pub fn apply_defaults(res: &Resource, obj: &mut Value) {
     if let Some(c) = res.custom {
@@ -309,6 +329,7 @@ pub fn apply_defaults(res: &Resource, obj: &mut Value) {
     }
     match res.plural {
         "customresourcedefinitions" => crate::crd::definition::apply_defaults(obj),
+        "secrets" => merge_string_data(obj),
         "pods" => {
             let spec = obj_mut(obj, "spec");
             default_pod_spec(spec);
@@ -435,11 +456,6 @@ pub fn apply_defaults(res: &Resource, obj: &mut Value) {
                 }
             }
         }
-        "secrets" => {
-            if let Some(m) = obj.as_object_mut() {
-                default(m, "type", json!("Opaque"));
-            }
-        }
         "persistentvolumes" => {
             let spec = obj_mut(obj, "spec");
             default(spec, "persistentVolumeReclaimPolicy", json!("Retain"));
@@ -530,6 +546,9 @@ fn name_rule(res: &Resource) -> fn(&str) -> Vec<String> {
         "services" => validation::dns1035_label,
         // upstream's ValidateRBACName
         "roles" | "clusterroles" | "rolebindings" | "clusterrolebindings" if res.group == crate::rbac::GROUP => validation::path_segment_name,
+        // upstream: "we don't care what you call your certificate requests" (a path segment
+        // still, to be addressable)
+        "certificatesigningrequests" => validation::path_segment_name,
         _ => validation::dns1123_subdomain,
     }
 }
@@ -647,6 +666,7 @@ pub fn validate(res: &Resource, obj: &Value) -> Vec<FieldError> {
     };
     match res.plural {
         "customresourcedefinitions" => errs.extend(crate::crd::definition::validate(obj, None)),
+        "certificatesigningrequests" if crate::certificates::is_csr(res) => errs.extend(crate::certificates::validate(obj)),
         "pods" => {
             if let Some(spec) = obj.get("spec") {
                 validate_containers(spec, "spec", &mut errs);
@@ -1101,10 +1121,32 @@ pub fn main_keeps_status(res: &Resource) -> bool {
 
 /// Copies the part an endpoint may not change from `old` into `new`.
 /// For the main resource: status; for the status subresource: everything but status
-/// (metadata labels and annotations may change through status, as upstream allows).
-pub fn keep_unchangeable(res: &Resource, status_endpoint: bool, old: &Value, new: &mut Value) {
+/// (metadata labels and annotations may change through status, as upstream allows); for a
+/// CertificateSigningRequest's approval: everything but status.conditions (upstream's
+/// csrApprovalStrategy).
+pub fn keep_unchangeable(res: &Resource, endpoint: crate::api::Endpoint, old: &Value, new: &mut Value) {
     let Some(n) = new.as_object_mut() else { return };
-    if status_endpoint {
+    if endpoint == crate::api::Endpoint::Approval {
+        let conditions = n.get("status").and_then(|s| s.get("conditions")).cloned();
+        let mut kept = old.clone();
+        match (conditions, kept.as_object_mut()) {
+            (Some(c), Some(k)) => {
+                let status = k.entry("status").or_insert_with(|| Value::Object(Map::new()));
+                if let Some(s) = status.as_object_mut() {
+                    s.insert("conditions".into(), c);
+                }
+            }
+            (None, Some(k)) => {
+                if let Some(s) = k.get_mut("status").and_then(Value::as_object_mut) {
+                    s.remove("conditions");
+                }
+            }
+            _ => {}
+        }
+        *new = kept;
+        return;
+    }
+    if endpoint == crate::api::Endpoint::Status {
         let status = n.remove("status");
         let meta = n.remove("metadata");
         *n = old.as_object().cloned().unwrap_or_default();
@@ -1271,6 +1313,14 @@ mod tests {
     }
 
     #[test]
+    fn secrets_take_string_data_into_data() {
+        let secrets = crate::resources::find("", "v1", "secrets").unwrap();
+        let mut s = json!({"metadata": {"name": "s"}, "data": {"a": "eA==", "b": "eA=="}, "stringData": {"b": "yz", "c": "w"}});
+        apply_defaults(secrets, &mut s);
+        assert_eq!(s, json!({"metadata": {"name": "s"}, "type": "Opaque", "data": {"a": "eA==", "b": "eXo=", "c": "dw=="}}));
+    }
+
+    #[test]
     fn qos() {
         assert_eq!(qos_class(&json!({"containers":[{"name":"a"}]})), "BestEffort");
         assert_eq!(
@@ -1347,12 +1397,12 @@ mod tests {
         let pods = crate::resources::find("", "v1", "pods").unwrap();
         let old = json!({"metadata":{"name":"a","labels":{"x":"1"}},"spec":{"nodeName":"n"},"status":{"phase":"Pending"}});
         let mut new = json!({"metadata":{"name":"a","labels":{"x":"2"}},"spec":{"nodeName":"other"},"status":{"phase":"Running"}});
-        keep_unchangeable(pods, true, &old, &mut new);
+        keep_unchangeable(pods, crate::api::Endpoint::Status, &old, &mut new);
         assert_eq!(new["spec"]["nodeName"], "n");
         assert_eq!(new["status"]["phase"], "Running");
         assert_eq!(new["metadata"]["labels"]["x"], "2");
         let mut new = json!({"metadata":{"name":"a"},"spec":{"nodeName":"n"},"status":{"phase":"Failed"}});
-        keep_unchangeable(pods, false, &old, &mut new);
+        keep_unchangeable(pods, crate::api::Endpoint::Main, &old, &mut new);
         assert_eq!(new["status"]["phase"], "Pending");
     }
 }

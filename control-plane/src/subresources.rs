@@ -122,7 +122,7 @@ pub async fn scale(
     }
     let patch = patch_at(&scale_paths(res).0, json!(replicas));
     let mut warnings = Vec::new();
-    let r = api.patch(res, ns, name, PatchType::Merge, &patch, false, "Ignore", &mut warnings, false).await?;
+    let r = api.patch(res, ns, name, PatchType::Merge, &patch, crate::api::Endpoint::Main, "Ignore", &mut warnings, false).await?;
     let mut obj = r.json()?;
     crate::crd::objects::served_value(res, &mut obj);
     Ok(json_response(200, &to_scale(res, &obj)))

@@ -8,6 +8,7 @@ use api_ext::snapshot::v1::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotC
 use ferro_runtime::Informer;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
@@ -43,6 +44,8 @@ pub const ALL: &[&str] = &[
     "root-ca-cert-publisher",
     "serviceaccount-token",
     "clusterrole-aggregation",
+    "csrapproving",
+    "csrsigning",
 ];
 
 /// Options of the loops (flags of ferro-control-plane).
@@ -69,6 +72,10 @@ pub struct Options {
     pub root_ca: Option<String>,
     /// The service account signing key (the legacy token loop signs with it).
     pub sa_key: Option<Arc<crate::sa_token::SigningKey>>,
+    /// The CA that signs approved CertificateSigningRequests (the cluster CA).
+    pub signing_ca: Option<Arc<crate::pki::Ca>>,
+    /// How long the certificates it signs are valid (`--cluster-signing-duration`).
+    pub cluster_signing_duration: Duration,
 }
 
 impl Default for Options {
@@ -85,6 +92,8 @@ impl Default for Options {
             clock: super::clock::Clock::System,
             root_ca: None,
             sa_key: None,
+            signing_ca: None,
+            cluster_signing_duration: super::csrsigning::DEFAULT_DURATION,
         }
     }
 }
@@ -171,6 +180,7 @@ informers! {
     cron_jobs: CronJob,
     pod_disruption_budgets: PodDisruptionBudget,
     cluster_roles: ClusterRole,
+    csrs: CertificateSigningRequest,
 }
 
 impl Informers {
@@ -251,11 +261,18 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     if on("nodeipam") && opts.allocate_node_cidrs {
         super::nodeipam::start(&inf, opts);
     }
+    if on("csrapproving") {
+        super::csrapproving::start(&inf, opts);
+    }
+    if on("csrsigning") {
+        super::csrsigning::start(&inf, opts);
+    }
     let running: Vec<&str> = ALL
         .iter()
         .copied()
         .filter(|n| on(n) && (*n != "nodeipam" || opts.allocate_node_cidrs) && (*n != "root-ca-cert-publisher" || opts.root_ca.is_some())
-            && (*n != "serviceaccount-token" || (opts.root_ca.is_some() && opts.sa_key.is_some())))
+            && (*n != "serviceaccount-token" || (opts.root_ca.is_some() && opts.sa_key.is_some()))
+            && (*n != "csrsigning" || opts.signing_ca.is_some()))
         .collect();
     tracing::info!(loops = %running.join(","), "controller loops started");
     inf.explain.set_running(running);

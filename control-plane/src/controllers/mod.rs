@@ -8,6 +8,8 @@ pub mod daemonset;
 pub mod clock;
 pub mod clusterroleaggregation;
 pub mod cronjob;
+pub mod csrapproving;
+pub mod csrsigning;
 pub mod deployment;
 pub mod disruption;
 pub mod endpointslice;

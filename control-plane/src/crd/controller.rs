@@ -138,7 +138,7 @@ async fn reconcile_all(api: &Api) -> Result<Vec<String>, ApiError> {
         if crd.get("status") != Some(&status) {
             let mut updated = crd.clone();
             updated["status"] = status;
-            match api.update(crd_res, None, &name, updated, true, false).await {
+            match api.update(crd_res, None, &name, updated, crate::api::Endpoint::Status, false).await {
                 Ok(_) => {}
                 Err(e) if e.code == 409 || e.code == 404 => tracing::debug!(error = %e.message, "status write lost a race; next event"),
                 Err(e) => tracing::warn!(error = %e.message, "writing the CRD status"),
@@ -205,7 +205,7 @@ async fn remove_finalizer(api: &Api, crd_res: &'static Resource, name: &str) {
     let Ok(mut obj) = current.json() else { return };
     let Some(fins) = obj.pointer_mut("/metadata/finalizers").and_then(Value::as_array_mut) else { return };
     fins.retain(|f| f != CLEANUP_FINALIZER);
-    if let Err(e) = api.update(crd_res, None, name, obj, false, false).await {
+    if let Err(e) = api.update(crd_res, None, name, obj, crate::api::Endpoint::Main, false).await {
         if e.code != 404 && e.code != 409 {
             tracing::warn!(crd = %name, error = %e.message, "removing the cleanup finalizer");
         }

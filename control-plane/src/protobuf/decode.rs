@@ -60,6 +60,9 @@ pub enum WellKnown {
     IntOrString,
     /// runtime RawExtension {1 raw}: the raw JSON.
     RawExtension,
+    /// A message that only wraps `repeated string items = 1` (authentication's and
+    /// certificates' ExtraValue): a JSON array of strings.
+    StringList,
 }
 
 #[derive(Debug)]
@@ -347,6 +350,20 @@ fn raw_json(msg: &Message, raw: Option<&[u8]>) -> Result<Value, ProtobufError> {
 }
 
 fn well_known(msg: &Message, buf: &[u8]) -> Result<Value, ProtobufError> {
+    if msg.well_known == WellKnown::StringList {
+        let mut r = Reader::new(buf);
+        let mut items = Vec::new();
+        while let Some((n, w)) = r.next_field()? {
+            match (n, w) {
+                (1, Wire::Bytes(b)) => items.push(Value::String(
+                    String::from_utf8(b.to_vec()).map_err(|_| ProtobufError::Malformed(format!("{}: field 1 is not UTF-8", msg.name)))?,
+                )),
+                (1, w) => return Err(ProtobufError::Malformed(format!("{}: field 1 is {}, expected length-delimited", msg.name, w.type_name()))),
+                _ => {}
+            }
+        }
+        return Ok(Value::Array(items));
+    }
     let f = fields_by_number(buf)?;
     Ok(match msg.well_known {
         WellKnown::None => Value::Null,
@@ -376,6 +393,7 @@ fn well_known(msg: &Message, buf: &[u8]) -> Result<Value, ProtobufError> {
             t => return Err(ProtobufError::Malformed(format!("{}: unknown type {t}", msg.name))),
         },
         WellKnown::FieldsV1 | WellKnown::RawExtension => raw_json(msg, wk_bytes(msg, &f, 1)?)?,
+        WellKnown::StringList => Value::Null,
     })
 }
 

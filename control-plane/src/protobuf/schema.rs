@@ -32,59 +32,60 @@ pub static ROOTS: &[Root] = &[
     Root { api_version: "batch/v1", kind: "Job", message: 23 },
     Root { api_version: "batch/v1", kind: "CronJob", message: 24 },
     Root { api_version: "policy/v1", kind: "PodDisruptionBudget", message: 25 },
-    Root { api_version: "rbac.authorization.k8s.io/v1", kind: "ClusterRole", message: 26 },
-    Root { api_version: "rbac.authorization.k8s.io/v1", kind: "ClusterRoleBinding", message: 27 },
-    Root { api_version: "rbac.authorization.k8s.io/v1", kind: "Role", message: 28 },
-    Root { api_version: "rbac.authorization.k8s.io/v1", kind: "RoleBinding", message: 29 },
-    Root { api_version: "v1", kind: "Binding", message: 30 },
-    Root { api_version: "policy/v1", kind: "Eviction", message: 31 },
-    Root { api_version: "autoscaling/v1", kind: "Scale", message: 32 },
-    Root { api_version: "authentication.k8s.io/v1", kind: "TokenRequest", message: 33 },
-    Root { api_version: "authorization.k8s.io/v1", kind: "SelfSubjectAccessReview", message: 34 },
-    Root { api_version: "authorization.k8s.io/v1", kind: "SelfSubjectRulesReview", message: 35 },
-    Root { api_version: "*", kind: "DeleteOptions", message: 36 },
+    Root { api_version: "certificates.k8s.io/v1", kind: "CertificateSigningRequest", message: 26 },
+    Root { api_version: "rbac.authorization.k8s.io/v1", kind: "ClusterRole", message: 27 },
+    Root { api_version: "rbac.authorization.k8s.io/v1", kind: "ClusterRoleBinding", message: 28 },
+    Root { api_version: "rbac.authorization.k8s.io/v1", kind: "Role", message: 29 },
+    Root { api_version: "rbac.authorization.k8s.io/v1", kind: "RoleBinding", message: 30 },
+    Root { api_version: "v1", kind: "Binding", message: 31 },
+    Root { api_version: "policy/v1", kind: "Eviction", message: 32 },
+    Root { api_version: "autoscaling/v1", kind: "Scale", message: 33 },
+    Root { api_version: "authentication.k8s.io/v1", kind: "TokenRequest", message: 34 },
+    Root { api_version: "authorization.k8s.io/v1", kind: "SelfSubjectAccessReview", message: 35 },
+    Root { api_version: "authorization.k8s.io/v1", kind: "SelfSubjectRulesReview", message: 36 },
+    Root { api_version: "*", kind: "DeleteOptions", message: 37 },
 ];
 
 pub static MESSAGES: &[Message] = &[
     // 0
     Message { name: "io.k8s.api.core.v1.Namespace", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(38) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(39) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(39) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(40) },
     ] },
     // 1
     Message { name: "io.k8s.api.core.v1.Node", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(40) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(41) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(41) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(42) },
     ] },
     // 2
     Message { name: "io.k8s.api.core.v1.Pod", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(42) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(43) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(43) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(44) },
     ] },
     // 3
     Message { name: "io.k8s.api.core.v1.Service", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(44) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(45) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(45) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(46) },
     ] },
     // 4
     Message { name: "io.k8s.api.core.v1.Endpoints", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "subsets", label: Label::Repeated, kind: Kind::Message(46) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "subsets", label: Label::Repeated, kind: Kind::Message(47) },
     ] },
     // 5
     Message { name: "io.k8s.api.core.v1.ConfigMap", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
         Field { number: 2, json: "data", label: Label::Map, kind: Kind::String },
         Field { number: 3, json: "binaryData", label: Label::Map, kind: Kind::Bytes },
         Field { number: 4, json: "immutable", label: Label::Optional, kind: Kind::Bool },
     ] },
     // 6
     Message { name: "io.k8s.api.core.v1.Secret", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
         Field { number: 2, json: "data", label: Label::Map, kind: Kind::Bytes },
         Field { number: 3, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "stringData", label: Label::Map, kind: Kind::String },
@@ -92,203 +93,209 @@ pub static MESSAGES: &[Message] = &[
     ] },
     // 7
     Message { name: "io.k8s.api.core.v1.ServiceAccount", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "secrets", label: Label::Repeated, kind: Kind::Message(47) },
-        Field { number: 3, json: "imagePullSecrets", label: Label::Repeated, kind: Kind::Message(48) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "secrets", label: Label::Repeated, kind: Kind::Message(48) },
+        Field { number: 3, json: "imagePullSecrets", label: Label::Repeated, kind: Kind::Message(49) },
         Field { number: 4, json: "automountServiceAccountToken", label: Label::Optional, kind: Kind::Bool },
     ] },
     // 8
     Message { name: "io.k8s.api.core.v1.Event", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "involvedObject", label: Label::Optional, kind: Kind::Message(47) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "involvedObject", label: Label::Optional, kind: Kind::Message(48) },
         Field { number: 3, json: "reason", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "message", label: Label::Optional, kind: Kind::String },
-        Field { number: 5, json: "source", label: Label::Optional, kind: Kind::Message(49) },
-        Field { number: 6, json: "firstTimestamp", label: Label::Optional, kind: Kind::Message(50) },
-        Field { number: 7, json: "lastTimestamp", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 5, json: "source", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 6, json: "firstTimestamp", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 7, json: "lastTimestamp", label: Label::Optional, kind: Kind::Message(51) },
         Field { number: 8, json: "count", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 9, json: "type", label: Label::Optional, kind: Kind::String },
-        Field { number: 10, json: "eventTime", label: Label::Optional, kind: Kind::Message(51) },
-        Field { number: 11, json: "series", label: Label::Optional, kind: Kind::Message(52) },
+        Field { number: 10, json: "eventTime", label: Label::Optional, kind: Kind::Message(52) },
+        Field { number: 11, json: "series", label: Label::Optional, kind: Kind::Message(53) },
         Field { number: 12, json: "action", label: Label::Optional, kind: Kind::String },
-        Field { number: 13, json: "related", label: Label::Optional, kind: Kind::Message(47) },
+        Field { number: 13, json: "related", label: Label::Optional, kind: Kind::Message(48) },
         Field { number: 14, json: "reportingComponent", label: Label::Optional, kind: Kind::String },
         Field { number: 15, json: "reportingInstance", label: Label::Optional, kind: Kind::String },
     ] },
     // 9
     Message { name: "io.k8s.api.core.v1.PersistentVolume", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(53) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(54) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(54) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(55) },
     ] },
     // 10
     Message { name: "io.k8s.api.core.v1.PersistentVolumeClaim", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(55) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(56) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(56) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(57) },
     ] },
     // 11
     Message { name: "io.k8s.api.discovery.v1.EndpointSlice", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "endpoints", label: Label::Repeated, kind: Kind::Message(57) },
-        Field { number: 3, json: "ports", label: Label::Repeated, kind: Kind::Message(58) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "endpoints", label: Label::Repeated, kind: Kind::Message(58) },
+        Field { number: 3, json: "ports", label: Label::Repeated, kind: Kind::Message(59) },
         Field { number: 4, json: "addressType", label: Label::Optional, kind: Kind::String },
     ] },
     // 12
     Message { name: "io.k8s.api.coordination.v1.Lease", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(59) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(60) },
     ] },
     // 13
     Message { name: "io.k8s.api.storage.v1.StorageClass", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
         Field { number: 2, json: "provisioner", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "parameters", label: Label::Map, kind: Kind::String },
         Field { number: 4, json: "reclaimPolicy", label: Label::Optional, kind: Kind::String },
         Field { number: 5, json: "mountOptions", label: Label::Repeated, kind: Kind::String },
         Field { number: 6, json: "allowVolumeExpansion", label: Label::Optional, kind: Kind::Bool },
         Field { number: 7, json: "volumeBindingMode", label: Label::Optional, kind: Kind::String },
-        Field { number: 8, json: "allowedTopologies", label: Label::Repeated, kind: Kind::Message(60) },
+        Field { number: 8, json: "allowedTopologies", label: Label::Repeated, kind: Kind::Message(61) },
     ] },
     // 14
     Message { name: "io.k8s.api.storage.v1.CSIDriver", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(61) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(62) },
     ] },
     // 15
     Message { name: "io.k8s.api.storage.v1.CSINode", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(62) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(63) },
     ] },
     // 16
     Message { name: "io.k8s.api.storage.v1.VolumeAttachment", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(63) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(64) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(64) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(65) },
     ] },
     // 17
     Message { name: "io.k8s.api.storage.v1.CSIStorageCapacity", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "nodeTopology", label: Label::Optional, kind: Kind::Message(65) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "nodeTopology", label: Label::Optional, kind: Kind::Message(66) },
         Field { number: 3, json: "storageClassName", label: Label::Optional, kind: Kind::String },
-        Field { number: 4, json: "capacity", label: Label::Optional, kind: Kind::Message(66) },
-        Field { number: 5, json: "maximumVolumeSize", label: Label::Optional, kind: Kind::Message(66) },
+        Field { number: 4, json: "capacity", label: Label::Optional, kind: Kind::Message(67) },
+        Field { number: 5, json: "maximumVolumeSize", label: Label::Optional, kind: Kind::Message(67) },
     ] },
     // 18
     Message { name: "io.k8s.api.apps.v1.Deployment", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(67) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(68) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(68) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(69) },
     ] },
     // 19
     Message { name: "io.k8s.api.apps.v1.ReplicaSet", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(69) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(70) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(70) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(71) },
     ] },
     // 20
     Message { name: "io.k8s.api.apps.v1.DaemonSet", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(71) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(72) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(72) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(73) },
     ] },
     // 21
     Message { name: "io.k8s.api.apps.v1.StatefulSet", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(73) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(74) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(74) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(75) },
     ] },
     // 22
     Message { name: "io.k8s.api.apps.v1.ControllerRevision", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "data", label: Label::Optional, kind: Kind::Message(75) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "data", label: Label::Optional, kind: Kind::Message(76) },
         Field { number: 3, json: "revision", label: Label::Optional, kind: Kind::Int64 },
     ] },
     // 23
     Message { name: "io.k8s.api.batch.v1.Job", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(76) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(77) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(77) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(78) },
     ] },
     // 24
     Message { name: "io.k8s.api.batch.v1.CronJob", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(78) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(79) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(79) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(80) },
     ] },
     // 25
     Message { name: "io.k8s.api.policy.v1.PodDisruptionBudget", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(80) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(81) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(81) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(82) },
     ] },
     // 26
-    Message { name: "io.k8s.api.rbac.v1.ClusterRole", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "rules", label: Label::Repeated, kind: Kind::Message(82) },
-        Field { number: 3, json: "aggregationRule", label: Label::Optional, kind: Kind::Message(83) },
+    Message { name: "io.k8s.api.certificates.v1.CertificateSigningRequest", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(83) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(84) },
     ] },
     // 27
-    Message { name: "io.k8s.api.rbac.v1.ClusterRoleBinding", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "subjects", label: Label::Repeated, kind: Kind::Message(84) },
-        Field { number: 3, json: "roleRef", label: Label::Optional, kind: Kind::Message(85) },
+    Message { name: "io.k8s.api.rbac.v1.ClusterRole", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "rules", label: Label::Repeated, kind: Kind::Message(85) },
+        Field { number: 3, json: "aggregationRule", label: Label::Optional, kind: Kind::Message(86) },
     ] },
     // 28
-    Message { name: "io.k8s.api.rbac.v1.Role", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "rules", label: Label::Repeated, kind: Kind::Message(82) },
+    Message { name: "io.k8s.api.rbac.v1.ClusterRoleBinding", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "subjects", label: Label::Repeated, kind: Kind::Message(87) },
+        Field { number: 3, json: "roleRef", label: Label::Optional, kind: Kind::Message(88) },
     ] },
     // 29
-    Message { name: "io.k8s.api.rbac.v1.RoleBinding", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "subjects", label: Label::Repeated, kind: Kind::Message(84) },
-        Field { number: 3, json: "roleRef", label: Label::Optional, kind: Kind::Message(85) },
+    Message { name: "io.k8s.api.rbac.v1.Role", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "rules", label: Label::Repeated, kind: Kind::Message(85) },
     ] },
     // 30
-    Message { name: "io.k8s.api.core.v1.Binding", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "target", label: Label::Optional, kind: Kind::Message(47) },
+    Message { name: "io.k8s.api.rbac.v1.RoleBinding", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "subjects", label: Label::Repeated, kind: Kind::Message(87) },
+        Field { number: 3, json: "roleRef", label: Label::Optional, kind: Kind::Message(88) },
     ] },
     // 31
-    Message { name: "io.k8s.api.policy.v1.Eviction", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "deleteOptions", label: Label::Optional, kind: Kind::Message(36) },
+    Message { name: "io.k8s.api.core.v1.Binding", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "target", label: Label::Optional, kind: Kind::Message(48) },
     ] },
     // 32
-    Message { name: "io.k8s.api.autoscaling.v1.Scale", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(86) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(87) },
+    Message { name: "io.k8s.api.policy.v1.Eviction", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "deleteOptions", label: Label::Optional, kind: Kind::Message(37) },
     ] },
     // 33
-    Message { name: "io.k8s.api.authentication.v1.TokenRequest", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(88) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(89) },
+    Message { name: "io.k8s.api.autoscaling.v1.Scale", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(89) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(90) },
     ] },
     // 34
-    Message { name: "io.k8s.api.authorization.v1.SelfSubjectAccessReview", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(90) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(91) },
+    Message { name: "io.k8s.api.authentication.v1.TokenRequest", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(91) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(92) },
     ] },
     // 35
-    Message { name: "io.k8s.api.authorization.v1.SelfSubjectRulesReview", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(92) },
-        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(93) },
+    Message { name: "io.k8s.api.authorization.v1.SelfSubjectAccessReview", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(93) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(94) },
     ] },
     // 36
+    Message { name: "io.k8s.api.authorization.v1.SelfSubjectRulesReview", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(95) },
+        Field { number: 3, json: "status", label: Label::Optional, kind: Kind::Message(96) },
+    ] },
+    // 37
     Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "gracePeriodSeconds", label: Label::Optional, kind: Kind::Int64 },
-        Field { number: 2, json: "preconditions", label: Label::Optional, kind: Kind::Message(94) },
+        Field { number: 2, json: "preconditions", label: Label::Optional, kind: Kind::Message(97) },
         Field { number: 3, json: "orphanDependents", label: Label::Optional, kind: Kind::Bool },
         Field { number: 4, json: "propagationPolicy", label: Label::Optional, kind: Kind::String },
         Field { number: 5, json: "dryRun", label: Label::Repeated, kind: Kind::String },
         Field { number: 6, json: "ignoreStoreReadErrorWithClusterBreakingPotential", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 37
+    // 38
     Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "generateName", label: Label::Optional, kind: Kind::String },
@@ -297,54 +304,54 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 5, json: "uid", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "resourceVersion", label: Label::Optional, kind: Kind::String },
         Field { number: 7, json: "generation", label: Label::Optional, kind: Kind::Int64 },
-        Field { number: 8, json: "creationTimestamp", label: Label::Optional, kind: Kind::Message(50) },
-        Field { number: 9, json: "deletionTimestamp", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 8, json: "creationTimestamp", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 9, json: "deletionTimestamp", label: Label::Optional, kind: Kind::Message(51) },
         Field { number: 10, json: "deletionGracePeriodSeconds", label: Label::Optional, kind: Kind::Int64 },
         Field { number: 11, json: "labels", label: Label::Map, kind: Kind::String },
         Field { number: 12, json: "annotations", label: Label::Map, kind: Kind::String },
-        Field { number: 13, json: "ownerReferences", label: Label::Repeated, kind: Kind::Message(95) },
+        Field { number: 13, json: "ownerReferences", label: Label::Repeated, kind: Kind::Message(98) },
         Field { number: 14, json: "finalizers", label: Label::Repeated, kind: Kind::String },
-        Field { number: 17, json: "managedFields", label: Label::Repeated, kind: Kind::Message(96) },
+        Field { number: 17, json: "managedFields", label: Label::Repeated, kind: Kind::Message(99) },
     ] },
-    // 38
+    // 39
     Message { name: "io.k8s.api.core.v1.NamespaceSpec", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "finalizers", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 39
+    // 40
     Message { name: "io.k8s.api.core.v1.NamespaceStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "phase", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "conditions", label: Label::Repeated, kind: Kind::Message(97) },
+        Field { number: 2, json: "conditions", label: Label::Repeated, kind: Kind::Message(100) },
     ] },
-    // 40
+    // 41
     Message { name: "io.k8s.api.core.v1.NodeSpec", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "podCIDR", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "externalID", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "providerID", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "unschedulable", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 5, json: "taints", label: Label::Repeated, kind: Kind::Message(98) },
-        Field { number: 6, json: "configSource", label: Label::Optional, kind: Kind::Message(99) },
+        Field { number: 5, json: "taints", label: Label::Repeated, kind: Kind::Message(101) },
+        Field { number: 6, json: "configSource", label: Label::Optional, kind: Kind::Message(102) },
         Field { number: 7, json: "podCIDRs", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 41
-    Message { name: "io.k8s.api.core.v1.NodeStatus", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "capacity", label: Label::Map, kind: Kind::Message(66) },
-        Field { number: 2, json: "allocatable", label: Label::Map, kind: Kind::Message(66) },
-        Field { number: 3, json: "phase", label: Label::Optional, kind: Kind::String },
-        Field { number: 4, json: "conditions", label: Label::Repeated, kind: Kind::Message(100) },
-        Field { number: 5, json: "addresses", label: Label::Repeated, kind: Kind::Message(101) },
-        Field { number: 6, json: "daemonEndpoints", label: Label::Optional, kind: Kind::Message(102) },
-        Field { number: 7, json: "nodeInfo", label: Label::Optional, kind: Kind::Message(103) },
-        Field { number: 8, json: "images", label: Label::Repeated, kind: Kind::Message(104) },
-        Field { number: 9, json: "volumesInUse", label: Label::Repeated, kind: Kind::String },
-        Field { number: 10, json: "volumesAttached", label: Label::Repeated, kind: Kind::Message(105) },
-        Field { number: 11, json: "config", label: Label::Optional, kind: Kind::Message(106) },
-        Field { number: 12, json: "runtimeHandlers", label: Label::Repeated, kind: Kind::Message(107) },
-        Field { number: 13, json: "features", label: Label::Optional, kind: Kind::Message(108) },
-    ] },
     // 42
+    Message { name: "io.k8s.api.core.v1.NodeStatus", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "capacity", label: Label::Map, kind: Kind::Message(67) },
+        Field { number: 2, json: "allocatable", label: Label::Map, kind: Kind::Message(67) },
+        Field { number: 3, json: "phase", label: Label::Optional, kind: Kind::String },
+        Field { number: 4, json: "conditions", label: Label::Repeated, kind: Kind::Message(103) },
+        Field { number: 5, json: "addresses", label: Label::Repeated, kind: Kind::Message(104) },
+        Field { number: 6, json: "daemonEndpoints", label: Label::Optional, kind: Kind::Message(105) },
+        Field { number: 7, json: "nodeInfo", label: Label::Optional, kind: Kind::Message(106) },
+        Field { number: 8, json: "images", label: Label::Repeated, kind: Kind::Message(107) },
+        Field { number: 9, json: "volumesInUse", label: Label::Repeated, kind: Kind::String },
+        Field { number: 10, json: "volumesAttached", label: Label::Repeated, kind: Kind::Message(108) },
+        Field { number: 11, json: "config", label: Label::Optional, kind: Kind::Message(109) },
+        Field { number: 12, json: "runtimeHandlers", label: Label::Repeated, kind: Kind::Message(110) },
+        Field { number: 13, json: "features", label: Label::Optional, kind: Kind::Message(111) },
+    ] },
+    // 43
     Message { name: "io.k8s.api.core.v1.PodSpec", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "volumes", label: Label::Repeated, kind: Kind::Message(109) },
-        Field { number: 2, json: "containers", label: Label::Repeated, kind: Kind::Message(110) },
+        Field { number: 1, json: "volumes", label: Label::Repeated, kind: Kind::Message(112) },
+        Field { number: 2, json: "containers", label: Label::Repeated, kind: Kind::Message(113) },
         Field { number: 3, json: "restartPolicy", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "terminationGracePeriodSeconds", label: Label::Optional, kind: Kind::Int64 },
         Field { number: 5, json: "activeDeadlineSeconds", label: Label::Optional, kind: Kind::Int64 },
@@ -356,57 +363,57 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 11, json: "hostNetwork", label: Label::Optional, kind: Kind::Bool },
         Field { number: 12, json: "hostPID", label: Label::Optional, kind: Kind::Bool },
         Field { number: 13, json: "hostIPC", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 14, json: "securityContext", label: Label::Optional, kind: Kind::Message(111) },
-        Field { number: 15, json: "imagePullSecrets", label: Label::Repeated, kind: Kind::Message(48) },
+        Field { number: 14, json: "securityContext", label: Label::Optional, kind: Kind::Message(114) },
+        Field { number: 15, json: "imagePullSecrets", label: Label::Repeated, kind: Kind::Message(49) },
         Field { number: 16, json: "hostname", label: Label::Optional, kind: Kind::String },
         Field { number: 17, json: "subdomain", label: Label::Optional, kind: Kind::String },
-        Field { number: 18, json: "affinity", label: Label::Optional, kind: Kind::Message(112) },
+        Field { number: 18, json: "affinity", label: Label::Optional, kind: Kind::Message(115) },
         Field { number: 19, json: "schedulerName", label: Label::Optional, kind: Kind::String },
-        Field { number: 20, json: "initContainers", label: Label::Repeated, kind: Kind::Message(110) },
+        Field { number: 20, json: "initContainers", label: Label::Repeated, kind: Kind::Message(113) },
         Field { number: 21, json: "automountServiceAccountToken", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 22, json: "tolerations", label: Label::Repeated, kind: Kind::Message(113) },
-        Field { number: 23, json: "hostAliases", label: Label::Repeated, kind: Kind::Message(114) },
+        Field { number: 22, json: "tolerations", label: Label::Repeated, kind: Kind::Message(116) },
+        Field { number: 23, json: "hostAliases", label: Label::Repeated, kind: Kind::Message(117) },
         Field { number: 24, json: "priorityClassName", label: Label::Optional, kind: Kind::String },
         Field { number: 25, json: "priority", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 26, json: "dnsConfig", label: Label::Optional, kind: Kind::Message(115) },
+        Field { number: 26, json: "dnsConfig", label: Label::Optional, kind: Kind::Message(118) },
         Field { number: 27, json: "shareProcessNamespace", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 28, json: "readinessGates", label: Label::Repeated, kind: Kind::Message(116) },
+        Field { number: 28, json: "readinessGates", label: Label::Repeated, kind: Kind::Message(119) },
         Field { number: 29, json: "runtimeClassName", label: Label::Optional, kind: Kind::String },
         Field { number: 30, json: "enableServiceLinks", label: Label::Optional, kind: Kind::Bool },
         Field { number: 31, json: "preemptionPolicy", label: Label::Optional, kind: Kind::String },
-        Field { number: 32, json: "overhead", label: Label::Map, kind: Kind::Message(66) },
-        Field { number: 33, json: "topologySpreadConstraints", label: Label::Repeated, kind: Kind::Message(117) },
-        Field { number: 34, json: "ephemeralContainers", label: Label::Repeated, kind: Kind::Message(118) },
+        Field { number: 32, json: "overhead", label: Label::Map, kind: Kind::Message(67) },
+        Field { number: 33, json: "topologySpreadConstraints", label: Label::Repeated, kind: Kind::Message(120) },
+        Field { number: 34, json: "ephemeralContainers", label: Label::Repeated, kind: Kind::Message(121) },
         Field { number: 35, json: "setHostnameAsFQDN", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 36, json: "os", label: Label::Optional, kind: Kind::Message(119) },
+        Field { number: 36, json: "os", label: Label::Optional, kind: Kind::Message(122) },
         Field { number: 37, json: "hostUsers", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 38, json: "schedulingGates", label: Label::Repeated, kind: Kind::Message(120) },
-        Field { number: 39, json: "resourceClaims", label: Label::Repeated, kind: Kind::Message(121) },
-        Field { number: 40, json: "resources", label: Label::Optional, kind: Kind::Message(122) },
+        Field { number: 38, json: "schedulingGates", label: Label::Repeated, kind: Kind::Message(123) },
+        Field { number: 39, json: "resourceClaims", label: Label::Repeated, kind: Kind::Message(124) },
+        Field { number: 40, json: "resources", label: Label::Optional, kind: Kind::Message(125) },
     ] },
-    // 43
+    // 44
     Message { name: "io.k8s.api.core.v1.PodStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "phase", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "conditions", label: Label::Repeated, kind: Kind::Message(123) },
+        Field { number: 2, json: "conditions", label: Label::Repeated, kind: Kind::Message(126) },
         Field { number: 3, json: "message", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "reason", label: Label::Optional, kind: Kind::String },
         Field { number: 5, json: "hostIP", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "podIP", label: Label::Optional, kind: Kind::String },
-        Field { number: 7, json: "startTime", label: Label::Optional, kind: Kind::Message(50) },
-        Field { number: 8, json: "containerStatuses", label: Label::Repeated, kind: Kind::Message(124) },
+        Field { number: 7, json: "startTime", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 8, json: "containerStatuses", label: Label::Repeated, kind: Kind::Message(127) },
         Field { number: 9, json: "qosClass", label: Label::Optional, kind: Kind::String },
-        Field { number: 10, json: "initContainerStatuses", label: Label::Repeated, kind: Kind::Message(124) },
+        Field { number: 10, json: "initContainerStatuses", label: Label::Repeated, kind: Kind::Message(127) },
         Field { number: 11, json: "nominatedNodeName", label: Label::Optional, kind: Kind::String },
-        Field { number: 12, json: "podIPs", label: Label::Repeated, kind: Kind::Message(125) },
-        Field { number: 13, json: "ephemeralContainerStatuses", label: Label::Repeated, kind: Kind::Message(124) },
+        Field { number: 12, json: "podIPs", label: Label::Repeated, kind: Kind::Message(128) },
+        Field { number: 13, json: "ephemeralContainerStatuses", label: Label::Repeated, kind: Kind::Message(127) },
         Field { number: 14, json: "resize", label: Label::Optional, kind: Kind::String },
-        Field { number: 15, json: "resourceClaimStatuses", label: Label::Repeated, kind: Kind::Message(126) },
-        Field { number: 16, json: "hostIPs", label: Label::Repeated, kind: Kind::Message(127) },
+        Field { number: 15, json: "resourceClaimStatuses", label: Label::Repeated, kind: Kind::Message(129) },
+        Field { number: 16, json: "hostIPs", label: Label::Repeated, kind: Kind::Message(130) },
         Field { number: 17, json: "observedGeneration", label: Label::Optional, kind: Kind::Int64 },
     ] },
-    // 44
+    // 45
     Message { name: "io.k8s.api.core.v1.ServiceSpec", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "ports", label: Label::Repeated, kind: Kind::Message(128) },
+        Field { number: 1, json: "ports", label: Label::Repeated, kind: Kind::Message(131) },
         Field { number: 2, json: "selector", label: Label::Map, kind: Kind::String },
         Field { number: 3, json: "clusterIP", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "type", label: Label::Optional, kind: Kind::String },
@@ -418,7 +425,7 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 11, json: "externalTrafficPolicy", label: Label::Optional, kind: Kind::String },
         Field { number: 12, json: "healthCheckNodePort", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 13, json: "publishNotReadyAddresses", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 14, json: "sessionAffinityConfig", label: Label::Optional, kind: Kind::Message(129) },
+        Field { number: 14, json: "sessionAffinityConfig", label: Label::Optional, kind: Kind::Message(132) },
         Field { number: 17, json: "ipFamilyPolicy", label: Label::Optional, kind: Kind::String },
         Field { number: 18, json: "clusterIPs", label: Label::Repeated, kind: Kind::String },
         Field { number: 19, json: "ipFamilies", label: Label::Repeated, kind: Kind::String },
@@ -427,18 +434,18 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 22, json: "internalTrafficPolicy", label: Label::Optional, kind: Kind::String },
         Field { number: 23, json: "trafficDistribution", label: Label::Optional, kind: Kind::String },
     ] },
-    // 45
-    Message { name: "io.k8s.api.core.v1.ServiceStatus", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "loadBalancer", label: Label::Optional, kind: Kind::Message(130) },
-        Field { number: 2, json: "conditions", label: Label::Repeated, kind: Kind::Message(131) },
-    ] },
     // 46
-    Message { name: "io.k8s.api.core.v1.EndpointSubset", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "addresses", label: Label::Repeated, kind: Kind::Message(132) },
-        Field { number: 2, json: "notReadyAddresses", label: Label::Repeated, kind: Kind::Message(132) },
-        Field { number: 3, json: "ports", label: Label::Repeated, kind: Kind::Message(133) },
+    Message { name: "io.k8s.api.core.v1.ServiceStatus", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "loadBalancer", label: Label::Optional, kind: Kind::Message(133) },
+        Field { number: 2, json: "conditions", label: Label::Repeated, kind: Kind::Message(134) },
     ] },
     // 47
+    Message { name: "io.k8s.api.core.v1.EndpointSubset", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "addresses", label: Label::Repeated, kind: Kind::Message(135) },
+        Field { number: 2, json: "notReadyAddresses", label: Label::Repeated, kind: Kind::Message(135) },
+        Field { number: 3, json: "ports", label: Label::Repeated, kind: Kind::Message(136) },
+    ] },
+    // 48
     Message { name: "io.k8s.api.core.v1.ObjectReference", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "kind", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "namespace", label: Label::Optional, kind: Kind::String },
@@ -448,184 +455,184 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 6, json: "resourceVersion", label: Label::Optional, kind: Kind::String },
         Field { number: 7, json: "fieldPath", label: Label::Optional, kind: Kind::String },
     ] },
-    // 48
+    // 49
     Message { name: "io.k8s.api.core.v1.LocalObjectReference", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
     ] },
-    // 49
+    // 50
     Message { name: "io.k8s.api.core.v1.EventSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "component", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "host", label: Label::Optional, kind: Kind::String },
     ] },
-    // 50
-    Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.Time", well_known: WellKnown::Time, fields: &[] },
     // 51
-    Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime", well_known: WellKnown::MicroTime, fields: &[] },
+    Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.Time", well_known: WellKnown::Time, fields: &[] },
     // 52
+    Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime", well_known: WellKnown::MicroTime, fields: &[] },
+    // 53
     Message { name: "io.k8s.api.core.v1.EventSeries", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "count", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 2, json: "lastObservedTime", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 2, json: "lastObservedTime", label: Label::Optional, kind: Kind::Message(52) },
     ] },
-    // 53
+    // 54
     Message { name: "io.k8s.api.core.v1.PersistentVolumeSpec", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "capacity", label: Label::Map, kind: Kind::Message(66) },
-        Field { number: 2, json: "", label: Label::Inline, kind: Kind::Message(134) },
+        Field { number: 1, json: "capacity", label: Label::Map, kind: Kind::Message(67) },
+        Field { number: 2, json: "", label: Label::Inline, kind: Kind::Message(137) },
         Field { number: 3, json: "accessModes", label: Label::Repeated, kind: Kind::String },
-        Field { number: 4, json: "claimRef", label: Label::Optional, kind: Kind::Message(47) },
+        Field { number: 4, json: "claimRef", label: Label::Optional, kind: Kind::Message(48) },
         Field { number: 5, json: "persistentVolumeReclaimPolicy", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "storageClassName", label: Label::Optional, kind: Kind::String },
         Field { number: 7, json: "mountOptions", label: Label::Repeated, kind: Kind::String },
         Field { number: 8, json: "volumeMode", label: Label::Optional, kind: Kind::String },
-        Field { number: 9, json: "nodeAffinity", label: Label::Optional, kind: Kind::Message(135) },
+        Field { number: 9, json: "nodeAffinity", label: Label::Optional, kind: Kind::Message(138) },
         Field { number: 10, json: "volumeAttributesClassName", label: Label::Optional, kind: Kind::String },
     ] },
-    // 54
+    // 55
     Message { name: "io.k8s.api.core.v1.PersistentVolumeStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "phase", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "message", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "reason", label: Label::Optional, kind: Kind::String },
-        Field { number: 4, json: "lastPhaseTransitionTime", label: Label::Optional, kind: Kind::Message(50) },
-    ] },
-    // 55
-    Message { name: "io.k8s.api.core.v1.PersistentVolumeClaimSpec", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "accessModes", label: Label::Repeated, kind: Kind::String },
-        Field { number: 2, json: "resources", label: Label::Optional, kind: Kind::Message(136) },
-        Field { number: 3, json: "volumeName", label: Label::Optional, kind: Kind::String },
-        Field { number: 4, json: "selector", label: Label::Optional, kind: Kind::Message(65) },
-        Field { number: 5, json: "storageClassName", label: Label::Optional, kind: Kind::StringKeepEmpty },
-        Field { number: 6, json: "volumeMode", label: Label::Optional, kind: Kind::String },
-        Field { number: 7, json: "dataSource", label: Label::Optional, kind: Kind::Message(137) },
-        Field { number: 8, json: "dataSourceRef", label: Label::Optional, kind: Kind::Message(138) },
-        Field { number: 9, json: "volumeAttributesClassName", label: Label::Optional, kind: Kind::String },
+        Field { number: 4, json: "lastPhaseTransitionTime", label: Label::Optional, kind: Kind::Message(51) },
     ] },
     // 56
+    Message { name: "io.k8s.api.core.v1.PersistentVolumeClaimSpec", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "accessModes", label: Label::Repeated, kind: Kind::String },
+        Field { number: 2, json: "resources", label: Label::Optional, kind: Kind::Message(139) },
+        Field { number: 3, json: "volumeName", label: Label::Optional, kind: Kind::String },
+        Field { number: 4, json: "selector", label: Label::Optional, kind: Kind::Message(66) },
+        Field { number: 5, json: "storageClassName", label: Label::Optional, kind: Kind::StringKeepEmpty },
+        Field { number: 6, json: "volumeMode", label: Label::Optional, kind: Kind::String },
+        Field { number: 7, json: "dataSource", label: Label::Optional, kind: Kind::Message(140) },
+        Field { number: 8, json: "dataSourceRef", label: Label::Optional, kind: Kind::Message(141) },
+        Field { number: 9, json: "volumeAttributesClassName", label: Label::Optional, kind: Kind::String },
+    ] },
+    // 57
     Message { name: "io.k8s.api.core.v1.PersistentVolumeClaimStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "phase", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "accessModes", label: Label::Repeated, kind: Kind::String },
-        Field { number: 3, json: "capacity", label: Label::Map, kind: Kind::Message(66) },
-        Field { number: 4, json: "conditions", label: Label::Repeated, kind: Kind::Message(139) },
-        Field { number: 5, json: "allocatedResources", label: Label::Map, kind: Kind::Message(66) },
+        Field { number: 3, json: "capacity", label: Label::Map, kind: Kind::Message(67) },
+        Field { number: 4, json: "conditions", label: Label::Repeated, kind: Kind::Message(142) },
+        Field { number: 5, json: "allocatedResources", label: Label::Map, kind: Kind::Message(67) },
         Field { number: 7, json: "allocatedResourceStatuses", label: Label::Map, kind: Kind::String },
         Field { number: 8, json: "currentVolumeAttributesClassName", label: Label::Optional, kind: Kind::String },
-        Field { number: 9, json: "modifyVolumeStatus", label: Label::Optional, kind: Kind::Message(140) },
+        Field { number: 9, json: "modifyVolumeStatus", label: Label::Optional, kind: Kind::Message(143) },
     ] },
-    // 57
+    // 58
     Message { name: "io.k8s.api.discovery.v1.Endpoint", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "addresses", label: Label::Repeated, kind: Kind::String },
-        Field { number: 2, json: "conditions", label: Label::Optional, kind: Kind::Message(141) },
+        Field { number: 2, json: "conditions", label: Label::Optional, kind: Kind::Message(144) },
         Field { number: 3, json: "hostname", label: Label::Optional, kind: Kind::String },
-        Field { number: 4, json: "targetRef", label: Label::Optional, kind: Kind::Message(47) },
+        Field { number: 4, json: "targetRef", label: Label::Optional, kind: Kind::Message(48) },
         Field { number: 5, json: "deprecatedTopology", label: Label::Map, kind: Kind::String },
         Field { number: 6, json: "nodeName", label: Label::Optional, kind: Kind::String },
         Field { number: 7, json: "zone", label: Label::Optional, kind: Kind::String },
-        Field { number: 8, json: "hints", label: Label::Optional, kind: Kind::Message(142) },
+        Field { number: 8, json: "hints", label: Label::Optional, kind: Kind::Message(145) },
     ] },
-    // 58
+    // 59
     Message { name: "io.k8s.api.discovery.v1.EndpointPort", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "protocol", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "port", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 4, json: "appProtocol", label: Label::Optional, kind: Kind::String },
     ] },
-    // 59
+    // 60
     Message { name: "io.k8s.api.coordination.v1.LeaseSpec", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "holderIdentity", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "leaseDurationSeconds", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 3, json: "acquireTime", label: Label::Optional, kind: Kind::Message(51) },
-        Field { number: 4, json: "renewTime", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 3, json: "acquireTime", label: Label::Optional, kind: Kind::Message(52) },
+        Field { number: 4, json: "renewTime", label: Label::Optional, kind: Kind::Message(52) },
         Field { number: 5, json: "leaseTransitions", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 6, json: "strategy", label: Label::Optional, kind: Kind::String },
         Field { number: 7, json: "preferredHolder", label: Label::Optional, kind: Kind::String },
     ] },
-    // 60
-    Message { name: "io.k8s.api.core.v1.TopologySelectorTerm", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "matchLabelExpressions", label: Label::Repeated, kind: Kind::Message(143) },
-    ] },
     // 61
+    Message { name: "io.k8s.api.core.v1.TopologySelectorTerm", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "matchLabelExpressions", label: Label::Repeated, kind: Kind::Message(146) },
+    ] },
+    // 62
     Message { name: "io.k8s.api.storage.v1.CSIDriverSpec", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "attachRequired", label: Label::Optional, kind: Kind::Bool },
         Field { number: 2, json: "podInfoOnMount", label: Label::Optional, kind: Kind::Bool },
         Field { number: 3, json: "volumeLifecycleModes", label: Label::Repeated, kind: Kind::String },
         Field { number: 4, json: "storageCapacity", label: Label::Optional, kind: Kind::Bool },
         Field { number: 5, json: "fsGroupPolicy", label: Label::Optional, kind: Kind::String },
-        Field { number: 6, json: "tokenRequests", label: Label::Repeated, kind: Kind::Message(144) },
+        Field { number: 6, json: "tokenRequests", label: Label::Repeated, kind: Kind::Message(147) },
         Field { number: 7, json: "requiresRepublish", label: Label::Optional, kind: Kind::Bool },
         Field { number: 8, json: "seLinuxMount", label: Label::Optional, kind: Kind::Bool },
         Field { number: 9, json: "nodeAllocatableUpdatePeriodSeconds", label: Label::Optional, kind: Kind::Int64 },
     ] },
-    // 62
-    Message { name: "io.k8s.api.storage.v1.CSINodeSpec", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "drivers", label: Label::Repeated, kind: Kind::Message(145) },
-    ] },
     // 63
-    Message { name: "io.k8s.api.storage.v1.VolumeAttachmentSpec", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "attacher", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "source", label: Label::Optional, kind: Kind::Message(146) },
-        Field { number: 3, json: "nodeName", label: Label::Optional, kind: Kind::String },
+    Message { name: "io.k8s.api.storage.v1.CSINodeSpec", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "drivers", label: Label::Repeated, kind: Kind::Message(148) },
     ] },
     // 64
+    Message { name: "io.k8s.api.storage.v1.VolumeAttachmentSpec", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "attacher", label: Label::Optional, kind: Kind::String },
+        Field { number: 2, json: "source", label: Label::Optional, kind: Kind::Message(149) },
+        Field { number: 3, json: "nodeName", label: Label::Optional, kind: Kind::String },
+    ] },
+    // 65
     Message { name: "io.k8s.api.storage.v1.VolumeAttachmentStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "attached", label: Label::Optional, kind: Kind::Bool },
         Field { number: 2, json: "attachmentMetadata", label: Label::Map, kind: Kind::String },
-        Field { number: 3, json: "attachError", label: Label::Optional, kind: Kind::Message(147) },
-        Field { number: 4, json: "detachError", label: Label::Optional, kind: Kind::Message(147) },
-    ] },
-    // 65
-    Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "matchLabels", label: Label::Map, kind: Kind::String },
-        Field { number: 2, json: "matchExpressions", label: Label::Repeated, kind: Kind::Message(148) },
+        Field { number: 3, json: "attachError", label: Label::Optional, kind: Kind::Message(150) },
+        Field { number: 4, json: "detachError", label: Label::Optional, kind: Kind::Message(150) },
     ] },
     // 66
-    Message { name: "io.k8s.apimachinery.pkg.api.resource.Quantity", well_known: WellKnown::Quantity, fields: &[] },
+    Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "matchLabels", label: Label::Map, kind: Kind::String },
+        Field { number: 2, json: "matchExpressions", label: Label::Repeated, kind: Kind::Message(151) },
+    ] },
     // 67
+    Message { name: "io.k8s.apimachinery.pkg.api.resource.Quantity", well_known: WellKnown::Quantity, fields: &[] },
+    // 68
     Message { name: "io.k8s.api.apps.v1.DeploymentSpec", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "replicas", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 2, json: "selector", label: Label::Optional, kind: Kind::Message(65) },
-        Field { number: 3, json: "template", label: Label::Optional, kind: Kind::Message(149) },
-        Field { number: 4, json: "strategy", label: Label::Optional, kind: Kind::Message(150) },
+        Field { number: 2, json: "selector", label: Label::Optional, kind: Kind::Message(66) },
+        Field { number: 3, json: "template", label: Label::Optional, kind: Kind::Message(152) },
+        Field { number: 4, json: "strategy", label: Label::Optional, kind: Kind::Message(153) },
         Field { number: 5, json: "minReadySeconds", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 6, json: "revisionHistoryLimit", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 7, json: "paused", label: Label::Optional, kind: Kind::Bool },
         Field { number: 9, json: "progressDeadlineSeconds", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 68
+    // 69
     Message { name: "io.k8s.api.apps.v1.DeploymentStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "observedGeneration", label: Label::Optional, kind: Kind::Int64 },
         Field { number: 2, json: "replicas", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 3, json: "updatedReplicas", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 4, json: "availableReplicas", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 5, json: "unavailableReplicas", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 6, json: "conditions", label: Label::Repeated, kind: Kind::Message(151) },
+        Field { number: 6, json: "conditions", label: Label::Repeated, kind: Kind::Message(154) },
         Field { number: 7, json: "readyReplicas", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 8, json: "collisionCount", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 9, json: "terminatingReplicas", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 69
+    // 70
     Message { name: "io.k8s.api.apps.v1.ReplicaSetSpec", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "replicas", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 2, json: "selector", label: Label::Optional, kind: Kind::Message(65) },
-        Field { number: 3, json: "template", label: Label::Optional, kind: Kind::Message(149) },
+        Field { number: 2, json: "selector", label: Label::Optional, kind: Kind::Message(66) },
+        Field { number: 3, json: "template", label: Label::Optional, kind: Kind::Message(152) },
         Field { number: 4, json: "minReadySeconds", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 70
+    // 71
     Message { name: "io.k8s.api.apps.v1.ReplicaSetStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "replicas", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 2, json: "fullyLabeledReplicas", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 3, json: "observedGeneration", label: Label::Optional, kind: Kind::Int64 },
         Field { number: 4, json: "readyReplicas", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 5, json: "availableReplicas", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 6, json: "conditions", label: Label::Repeated, kind: Kind::Message(152) },
+        Field { number: 6, json: "conditions", label: Label::Repeated, kind: Kind::Message(155) },
         Field { number: 7, json: "terminatingReplicas", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 71
+    // 72
     Message { name: "io.k8s.api.apps.v1.DaemonSetSpec", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "selector", label: Label::Optional, kind: Kind::Message(65) },
-        Field { number: 2, json: "template", label: Label::Optional, kind: Kind::Message(149) },
-        Field { number: 3, json: "updateStrategy", label: Label::Optional, kind: Kind::Message(153) },
+        Field { number: 1, json: "selector", label: Label::Optional, kind: Kind::Message(66) },
+        Field { number: 2, json: "template", label: Label::Optional, kind: Kind::Message(152) },
+        Field { number: 3, json: "updateStrategy", label: Label::Optional, kind: Kind::Message(156) },
         Field { number: 4, json: "minReadySeconds", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 6, json: "revisionHistoryLimit", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 72
+    // 73
     Message { name: "io.k8s.api.apps.v1.DaemonSetStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "currentNumberScheduled", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 2, json: "numberMisscheduled", label: Label::Optional, kind: Kind::Int32 },
@@ -636,23 +643,23 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 7, json: "numberAvailable", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 8, json: "numberUnavailable", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 9, json: "collisionCount", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 10, json: "conditions", label: Label::Repeated, kind: Kind::Message(154) },
+        Field { number: 10, json: "conditions", label: Label::Repeated, kind: Kind::Message(157) },
     ] },
-    // 73
+    // 74
     Message { name: "io.k8s.api.apps.v1.StatefulSetSpec", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "replicas", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 2, json: "selector", label: Label::Optional, kind: Kind::Message(65) },
-        Field { number: 3, json: "template", label: Label::Optional, kind: Kind::Message(149) },
+        Field { number: 2, json: "selector", label: Label::Optional, kind: Kind::Message(66) },
+        Field { number: 3, json: "template", label: Label::Optional, kind: Kind::Message(152) },
         Field { number: 4, json: "volumeClaimTemplates", label: Label::Repeated, kind: Kind::Message(10) },
         Field { number: 5, json: "serviceName", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "podManagementPolicy", label: Label::Optional, kind: Kind::String },
-        Field { number: 7, json: "updateStrategy", label: Label::Optional, kind: Kind::Message(155) },
+        Field { number: 7, json: "updateStrategy", label: Label::Optional, kind: Kind::Message(158) },
         Field { number: 8, json: "revisionHistoryLimit", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 9, json: "minReadySeconds", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 10, json: "persistentVolumeClaimRetentionPolicy", label: Label::Optional, kind: Kind::Message(156) },
-        Field { number: 11, json: "ordinals", label: Label::Optional, kind: Kind::Message(157) },
+        Field { number: 10, json: "persistentVolumeClaimRetentionPolicy", label: Label::Optional, kind: Kind::Message(159) },
+        Field { number: 11, json: "ordinals", label: Label::Optional, kind: Kind::Message(160) },
     ] },
-    // 74
+    // 75
     Message { name: "io.k8s.api.apps.v1.StatefulSetStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "observedGeneration", label: Label::Optional, kind: Kind::Int64 },
         Field { number: 2, json: "replicas", label: Label::Optional, kind: Kind::Int32 },
@@ -662,79 +669,95 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 6, json: "currentRevision", label: Label::Optional, kind: Kind::String },
         Field { number: 7, json: "updateRevision", label: Label::Optional, kind: Kind::String },
         Field { number: 9, json: "collisionCount", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 10, json: "conditions", label: Label::Repeated, kind: Kind::Message(158) },
+        Field { number: 10, json: "conditions", label: Label::Repeated, kind: Kind::Message(161) },
         Field { number: 11, json: "availableReplicas", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 75
-    Message { name: "io.k8s.apimachinery.pkg.runtime.RawExtension", well_known: WellKnown::RawExtension, fields: &[] },
     // 76
+    Message { name: "io.k8s.apimachinery.pkg.runtime.RawExtension", well_known: WellKnown::RawExtension, fields: &[] },
+    // 77
     Message { name: "io.k8s.api.batch.v1.JobSpec", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "parallelism", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 2, json: "completions", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 3, json: "activeDeadlineSeconds", label: Label::Optional, kind: Kind::Int64 },
-        Field { number: 4, json: "selector", label: Label::Optional, kind: Kind::Message(65) },
+        Field { number: 4, json: "selector", label: Label::Optional, kind: Kind::Message(66) },
         Field { number: 5, json: "manualSelector", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 6, json: "template", label: Label::Optional, kind: Kind::Message(149) },
+        Field { number: 6, json: "template", label: Label::Optional, kind: Kind::Message(152) },
         Field { number: 7, json: "backoffLimit", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 8, json: "ttlSecondsAfterFinished", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 9, json: "completionMode", label: Label::Optional, kind: Kind::String },
         Field { number: 10, json: "suspend", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 11, json: "podFailurePolicy", label: Label::Optional, kind: Kind::Message(159) },
+        Field { number: 11, json: "podFailurePolicy", label: Label::Optional, kind: Kind::Message(162) },
         Field { number: 12, json: "backoffLimitPerIndex", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 13, json: "maxFailedIndexes", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 14, json: "podReplacementPolicy", label: Label::Optional, kind: Kind::String },
         Field { number: 15, json: "managedBy", label: Label::Optional, kind: Kind::String },
-        Field { number: 16, json: "successPolicy", label: Label::Optional, kind: Kind::Message(160) },
+        Field { number: 16, json: "successPolicy", label: Label::Optional, kind: Kind::Message(163) },
     ] },
-    // 77
+    // 78
     Message { name: "io.k8s.api.batch.v1.JobStatus", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "conditions", label: Label::Repeated, kind: Kind::Message(161) },
-        Field { number: 2, json: "startTime", label: Label::Optional, kind: Kind::Message(50) },
-        Field { number: 3, json: "completionTime", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 1, json: "conditions", label: Label::Repeated, kind: Kind::Message(164) },
+        Field { number: 2, json: "startTime", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 3, json: "completionTime", label: Label::Optional, kind: Kind::Message(51) },
         Field { number: 4, json: "active", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 5, json: "succeeded", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 6, json: "failed", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 7, json: "completedIndexes", label: Label::Optional, kind: Kind::String },
-        Field { number: 8, json: "uncountedTerminatedPods", label: Label::Optional, kind: Kind::Message(162) },
+        Field { number: 8, json: "uncountedTerminatedPods", label: Label::Optional, kind: Kind::Message(165) },
         Field { number: 9, json: "ready", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 10, json: "failedIndexes", label: Label::Optional, kind: Kind::String },
         Field { number: 11, json: "terminating", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 78
+    // 79
     Message { name: "io.k8s.api.batch.v1.CronJobSpec", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "schedule", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "startingDeadlineSeconds", label: Label::Optional, kind: Kind::Int64 },
         Field { number: 3, json: "concurrencyPolicy", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "suspend", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 5, json: "jobTemplate", label: Label::Optional, kind: Kind::Message(163) },
+        Field { number: 5, json: "jobTemplate", label: Label::Optional, kind: Kind::Message(166) },
         Field { number: 6, json: "successfulJobsHistoryLimit", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 7, json: "failedJobsHistoryLimit", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 8, json: "timeZone", label: Label::Optional, kind: Kind::String },
     ] },
-    // 79
-    Message { name: "io.k8s.api.batch.v1.CronJobStatus", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "active", label: Label::Repeated, kind: Kind::Message(47) },
-        Field { number: 4, json: "lastScheduleTime", label: Label::Optional, kind: Kind::Message(50) },
-        Field { number: 5, json: "lastSuccessfulTime", label: Label::Optional, kind: Kind::Message(50) },
-    ] },
     // 80
-    Message { name: "io.k8s.api.policy.v1.PodDisruptionBudgetSpec", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "minAvailable", label: Label::Optional, kind: Kind::Message(164) },
-        Field { number: 2, json: "selector", label: Label::Optional, kind: Kind::Message(65) },
-        Field { number: 3, json: "maxUnavailable", label: Label::Optional, kind: Kind::Message(164) },
-        Field { number: 4, json: "unhealthyPodEvictionPolicy", label: Label::Optional, kind: Kind::String },
+    Message { name: "io.k8s.api.batch.v1.CronJobStatus", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "active", label: Label::Repeated, kind: Kind::Message(48) },
+        Field { number: 4, json: "lastScheduleTime", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 5, json: "lastSuccessfulTime", label: Label::Optional, kind: Kind::Message(51) },
     ] },
     // 81
+    Message { name: "io.k8s.api.policy.v1.PodDisruptionBudgetSpec", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "minAvailable", label: Label::Optional, kind: Kind::Message(167) },
+        Field { number: 2, json: "selector", label: Label::Optional, kind: Kind::Message(66) },
+        Field { number: 3, json: "maxUnavailable", label: Label::Optional, kind: Kind::Message(167) },
+        Field { number: 4, json: "unhealthyPodEvictionPolicy", label: Label::Optional, kind: Kind::String },
+    ] },
+    // 82
     Message { name: "io.k8s.api.policy.v1.PodDisruptionBudgetStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "observedGeneration", label: Label::Optional, kind: Kind::Int64 },
-        Field { number: 2, json: "disruptedPods", label: Label::Map, kind: Kind::Message(50) },
+        Field { number: 2, json: "disruptedPods", label: Label::Map, kind: Kind::Message(51) },
         Field { number: 3, json: "disruptionsAllowed", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 4, json: "currentHealthy", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 5, json: "desiredHealthy", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 6, json: "expectedPods", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 7, json: "conditions", label: Label::Repeated, kind: Kind::Message(131) },
+        Field { number: 7, json: "conditions", label: Label::Repeated, kind: Kind::Message(134) },
     ] },
-    // 82
+    // 83
+    Message { name: "io.k8s.api.certificates.v1.CertificateSigningRequestSpec", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "request", label: Label::Optional, kind: Kind::Bytes },
+        Field { number: 2, json: "username", label: Label::Optional, kind: Kind::String },
+        Field { number: 3, json: "uid", label: Label::Optional, kind: Kind::String },
+        Field { number: 4, json: "groups", label: Label::Repeated, kind: Kind::String },
+        Field { number: 5, json: "usages", label: Label::Repeated, kind: Kind::String },
+        Field { number: 6, json: "extra", label: Label::Map, kind: Kind::Message(168) },
+        Field { number: 7, json: "signerName", label: Label::Optional, kind: Kind::String },
+        Field { number: 8, json: "expirationSeconds", label: Label::Optional, kind: Kind::Int32 },
+    ] },
+    // 84
+    Message { name: "io.k8s.api.certificates.v1.CertificateSigningRequestStatus", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "conditions", label: Label::Repeated, kind: Kind::Message(169) },
+        Field { number: 2, json: "certificate", label: Label::Optional, kind: Kind::Bytes },
+    ] },
+    // 85
     Message { name: "io.k8s.api.rbac.v1.PolicyRule", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "verbs", label: Label::Repeated, kind: Kind::String },
         Field { number: 2, json: "apiGroups", label: Label::Repeated, kind: Kind::String },
@@ -742,72 +765,72 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 4, json: "resourceNames", label: Label::Repeated, kind: Kind::String },
         Field { number: 5, json: "nonResourceURLs", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 83
+    // 86
     Message { name: "io.k8s.api.rbac.v1.AggregationRule", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "clusterRoleSelectors", label: Label::Repeated, kind: Kind::Message(65) },
+        Field { number: 1, json: "clusterRoleSelectors", label: Label::Repeated, kind: Kind::Message(66) },
     ] },
-    // 84
+    // 87
     Message { name: "io.k8s.api.rbac.v1.Subject", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "kind", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "apiGroup", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "namespace", label: Label::Optional, kind: Kind::String },
     ] },
-    // 85
+    // 88
     Message { name: "io.k8s.api.rbac.v1.RoleRef", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "apiGroup", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "kind", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "name", label: Label::Optional, kind: Kind::String },
     ] },
-    // 86
+    // 89
     Message { name: "io.k8s.api.autoscaling.v1.ScaleSpec", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "replicas", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 87
+    // 90
     Message { name: "io.k8s.api.autoscaling.v1.ScaleStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "replicas", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 2, json: "selector", label: Label::Optional, kind: Kind::String },
     ] },
-    // 88
+    // 91
     Message { name: "io.k8s.api.authentication.v1.TokenRequestSpec", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "audiences", label: Label::Repeated, kind: Kind::String },
-        Field { number: 3, json: "boundObjectRef", label: Label::Optional, kind: Kind::Message(165) },
+        Field { number: 3, json: "boundObjectRef", label: Label::Optional, kind: Kind::Message(170) },
         Field { number: 4, json: "expirationSeconds", label: Label::Optional, kind: Kind::Int64 },
     ] },
-    // 89
+    // 92
     Message { name: "io.k8s.api.authentication.v1.TokenRequestStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "token", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "expirationTimestamp", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 2, json: "expirationTimestamp", label: Label::Optional, kind: Kind::Message(51) },
     ] },
-    // 90
+    // 93
     Message { name: "io.k8s.api.authorization.v1.SelfSubjectAccessReviewSpec", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "resourceAttributes", label: Label::Optional, kind: Kind::Message(166) },
-        Field { number: 2, json: "nonResourceAttributes", label: Label::Optional, kind: Kind::Message(167) },
+        Field { number: 1, json: "resourceAttributes", label: Label::Optional, kind: Kind::Message(171) },
+        Field { number: 2, json: "nonResourceAttributes", label: Label::Optional, kind: Kind::Message(172) },
     ] },
-    // 91
+    // 94
     Message { name: "io.k8s.api.authorization.v1.SubjectAccessReviewStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "allowed", label: Label::Optional, kind: Kind::Bool },
         Field { number: 2, json: "reason", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "evaluationError", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "denied", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 92
+    // 95
     Message { name: "io.k8s.api.authorization.v1.SelfSubjectRulesReviewSpec", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "namespace", label: Label::Optional, kind: Kind::String },
     ] },
-    // 93
+    // 96
     Message { name: "io.k8s.api.authorization.v1.SubjectRulesReviewStatus", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "resourceRules", label: Label::Repeated, kind: Kind::Message(168) },
-        Field { number: 2, json: "nonResourceRules", label: Label::Repeated, kind: Kind::Message(169) },
+        Field { number: 1, json: "resourceRules", label: Label::Repeated, kind: Kind::Message(173) },
+        Field { number: 2, json: "nonResourceRules", label: Label::Repeated, kind: Kind::Message(174) },
         Field { number: 3, json: "incomplete", label: Label::Optional, kind: Kind::Bool },
         Field { number: 4, json: "evaluationError", label: Label::Optional, kind: Kind::String },
     ] },
-    // 94
+    // 97
     Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.Preconditions", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "uid", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "resourceVersion", label: Label::Optional, kind: Kind::String },
     ] },
-    // 95
+    // 98
     Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.OwnerReference", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "kind", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "name", label: Label::Optional, kind: Kind::String },
@@ -816,54 +839,54 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 6, json: "controller", label: Label::Optional, kind: Kind::Bool },
         Field { number: 7, json: "blockOwnerDeletion", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 96
+    // 99
     Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.ManagedFieldsEntry", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "manager", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "operation", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "apiVersion", label: Label::Optional, kind: Kind::String },
-        Field { number: 4, json: "time", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 4, json: "time", label: Label::Optional, kind: Kind::Message(51) },
         Field { number: 6, json: "fieldsType", label: Label::Optional, kind: Kind::String },
-        Field { number: 7, json: "fieldsV1", label: Label::Optional, kind: Kind::Message(170) },
+        Field { number: 7, json: "fieldsV1", label: Label::Optional, kind: Kind::Message(175) },
         Field { number: 8, json: "subresource", label: Label::Optional, kind: Kind::String },
     ] },
-    // 97
+    // 100
     Message { name: "io.k8s.api.core.v1.NamespaceCondition", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "status", label: Label::Optional, kind: Kind::String },
-        Field { number: 4, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(50) },
-        Field { number: 5, json: "reason", label: Label::Optional, kind: Kind::String },
-        Field { number: 6, json: "message", label: Label::Optional, kind: Kind::String },
-    ] },
-    // 98
-    Message { name: "io.k8s.api.core.v1.Taint", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "key", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "value", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "effect", label: Label::Optional, kind: Kind::String },
-        Field { number: 4, json: "timeAdded", label: Label::Optional, kind: Kind::Message(50) },
-    ] },
-    // 99
-    Message { name: "io.k8s.api.core.v1.NodeConfigSource", well_known: WellKnown::None, fields: &[
-        Field { number: 2, json: "configMap", label: Label::Optional, kind: Kind::Message(171) },
-    ] },
-    // 100
-    Message { name: "io.k8s.api.core.v1.NodeCondition", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "status", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "lastHeartbeatTime", label: Label::Optional, kind: Kind::Message(50) },
-        Field { number: 4, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 4, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(51) },
         Field { number: 5, json: "reason", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "message", label: Label::Optional, kind: Kind::String },
     ] },
     // 101
+    Message { name: "io.k8s.api.core.v1.Taint", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "key", label: Label::Optional, kind: Kind::String },
+        Field { number: 2, json: "value", label: Label::Optional, kind: Kind::String },
+        Field { number: 3, json: "effect", label: Label::Optional, kind: Kind::String },
+        Field { number: 4, json: "timeAdded", label: Label::Optional, kind: Kind::Message(51) },
+    ] },
+    // 102
+    Message { name: "io.k8s.api.core.v1.NodeConfigSource", well_known: WellKnown::None, fields: &[
+        Field { number: 2, json: "configMap", label: Label::Optional, kind: Kind::Message(176) },
+    ] },
+    // 103
+    Message { name: "io.k8s.api.core.v1.NodeCondition", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
+        Field { number: 2, json: "status", label: Label::Optional, kind: Kind::String },
+        Field { number: 3, json: "lastHeartbeatTime", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 4, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 5, json: "reason", label: Label::Optional, kind: Kind::String },
+        Field { number: 6, json: "message", label: Label::Optional, kind: Kind::String },
+    ] },
+    // 104
     Message { name: "io.k8s.api.core.v1.NodeAddress", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "address", label: Label::Optional, kind: Kind::String },
     ] },
-    // 102
+    // 105
     Message { name: "io.k8s.api.core.v1.NodeDaemonEndpoints", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "kubeletEndpoint", label: Label::Optional, kind: Kind::Message(172) },
+        Field { number: 1, json: "kubeletEndpoint", label: Label::Optional, kind: Kind::Message(177) },
     ] },
-    // 103
+    // 106
     Message { name: "io.k8s.api.core.v1.NodeSystemInfo", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "machineID", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "systemUUID", label: Label::Optional, kind: Kind::String },
@@ -875,89 +898,89 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 8, json: "kubeProxyVersion", label: Label::Optional, kind: Kind::String },
         Field { number: 9, json: "operatingSystem", label: Label::Optional, kind: Kind::String },
         Field { number: 10, json: "architecture", label: Label::Optional, kind: Kind::String },
-        Field { number: 11, json: "swap", label: Label::Optional, kind: Kind::Message(173) },
+        Field { number: 11, json: "swap", label: Label::Optional, kind: Kind::Message(178) },
     ] },
-    // 104
+    // 107
     Message { name: "io.k8s.api.core.v1.ContainerImage", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "names", label: Label::Repeated, kind: Kind::String },
         Field { number: 2, json: "sizeBytes", label: Label::Optional, kind: Kind::Int64 },
     ] },
-    // 105
+    // 108
     Message { name: "io.k8s.api.core.v1.AttachedVolume", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "devicePath", label: Label::Optional, kind: Kind::String },
     ] },
-    // 106
+    // 109
     Message { name: "io.k8s.api.core.v1.NodeConfigStatus", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "assigned", label: Label::Optional, kind: Kind::Message(99) },
-        Field { number: 2, json: "active", label: Label::Optional, kind: Kind::Message(99) },
-        Field { number: 3, json: "lastKnownGood", label: Label::Optional, kind: Kind::Message(99) },
+        Field { number: 1, json: "assigned", label: Label::Optional, kind: Kind::Message(102) },
+        Field { number: 2, json: "active", label: Label::Optional, kind: Kind::Message(102) },
+        Field { number: 3, json: "lastKnownGood", label: Label::Optional, kind: Kind::Message(102) },
         Field { number: 4, json: "error", label: Label::Optional, kind: Kind::String },
     ] },
-    // 107
+    // 110
     Message { name: "io.k8s.api.core.v1.NodeRuntimeHandler", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "features", label: Label::Optional, kind: Kind::Message(174) },
+        Field { number: 2, json: "features", label: Label::Optional, kind: Kind::Message(179) },
     ] },
-    // 108
+    // 111
     Message { name: "io.k8s.api.core.v1.NodeFeatures", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "supplementalGroupsPolicy", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 109
+    // 112
     Message { name: "io.k8s.api.core.v1.Volume", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "", label: Label::Inline, kind: Kind::Message(175) },
+        Field { number: 2, json: "", label: Label::Inline, kind: Kind::Message(180) },
     ] },
-    // 110
+    // 113
     Message { name: "io.k8s.api.core.v1.Container", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "image", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "command", label: Label::Repeated, kind: Kind::String },
         Field { number: 4, json: "args", label: Label::Repeated, kind: Kind::String },
         Field { number: 5, json: "workingDir", label: Label::Optional, kind: Kind::String },
-        Field { number: 6, json: "ports", label: Label::Repeated, kind: Kind::Message(176) },
-        Field { number: 7, json: "env", label: Label::Repeated, kind: Kind::Message(177) },
-        Field { number: 8, json: "resources", label: Label::Optional, kind: Kind::Message(122) },
-        Field { number: 9, json: "volumeMounts", label: Label::Repeated, kind: Kind::Message(178) },
-        Field { number: 10, json: "livenessProbe", label: Label::Optional, kind: Kind::Message(179) },
-        Field { number: 11, json: "readinessProbe", label: Label::Optional, kind: Kind::Message(179) },
-        Field { number: 12, json: "lifecycle", label: Label::Optional, kind: Kind::Message(180) },
+        Field { number: 6, json: "ports", label: Label::Repeated, kind: Kind::Message(181) },
+        Field { number: 7, json: "env", label: Label::Repeated, kind: Kind::Message(182) },
+        Field { number: 8, json: "resources", label: Label::Optional, kind: Kind::Message(125) },
+        Field { number: 9, json: "volumeMounts", label: Label::Repeated, kind: Kind::Message(183) },
+        Field { number: 10, json: "livenessProbe", label: Label::Optional, kind: Kind::Message(184) },
+        Field { number: 11, json: "readinessProbe", label: Label::Optional, kind: Kind::Message(184) },
+        Field { number: 12, json: "lifecycle", label: Label::Optional, kind: Kind::Message(185) },
         Field { number: 13, json: "terminationMessagePath", label: Label::Optional, kind: Kind::String },
         Field { number: 14, json: "imagePullPolicy", label: Label::Optional, kind: Kind::String },
-        Field { number: 15, json: "securityContext", label: Label::Optional, kind: Kind::Message(181) },
+        Field { number: 15, json: "securityContext", label: Label::Optional, kind: Kind::Message(186) },
         Field { number: 16, json: "stdin", label: Label::Optional, kind: Kind::Bool },
         Field { number: 17, json: "stdinOnce", label: Label::Optional, kind: Kind::Bool },
         Field { number: 18, json: "tty", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 19, json: "envFrom", label: Label::Repeated, kind: Kind::Message(182) },
+        Field { number: 19, json: "envFrom", label: Label::Repeated, kind: Kind::Message(187) },
         Field { number: 20, json: "terminationMessagePolicy", label: Label::Optional, kind: Kind::String },
-        Field { number: 21, json: "volumeDevices", label: Label::Repeated, kind: Kind::Message(183) },
-        Field { number: 22, json: "startupProbe", label: Label::Optional, kind: Kind::Message(179) },
-        Field { number: 23, json: "resizePolicy", label: Label::Repeated, kind: Kind::Message(184) },
+        Field { number: 21, json: "volumeDevices", label: Label::Repeated, kind: Kind::Message(188) },
+        Field { number: 22, json: "startupProbe", label: Label::Optional, kind: Kind::Message(184) },
+        Field { number: 23, json: "resizePolicy", label: Label::Repeated, kind: Kind::Message(189) },
         Field { number: 24, json: "restartPolicy", label: Label::Optional, kind: Kind::String },
     ] },
-    // 111
+    // 114
     Message { name: "io.k8s.api.core.v1.PodSecurityContext", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "seLinuxOptions", label: Label::Optional, kind: Kind::Message(185) },
+        Field { number: 1, json: "seLinuxOptions", label: Label::Optional, kind: Kind::Message(190) },
         Field { number: 2, json: "runAsUser", label: Label::Optional, kind: Kind::Int64 },
         Field { number: 3, json: "runAsNonRoot", label: Label::Optional, kind: Kind::Bool },
         Field { number: 4, json: "supplementalGroups", label: Label::Repeated, kind: Kind::Int64 },
         Field { number: 5, json: "fsGroup", label: Label::Optional, kind: Kind::Int64 },
         Field { number: 6, json: "runAsGroup", label: Label::Optional, kind: Kind::Int64 },
-        Field { number: 7, json: "sysctls", label: Label::Repeated, kind: Kind::Message(186) },
-        Field { number: 8, json: "windowsOptions", label: Label::Optional, kind: Kind::Message(187) },
+        Field { number: 7, json: "sysctls", label: Label::Repeated, kind: Kind::Message(191) },
+        Field { number: 8, json: "windowsOptions", label: Label::Optional, kind: Kind::Message(192) },
         Field { number: 9, json: "fsGroupChangePolicy", label: Label::Optional, kind: Kind::String },
-        Field { number: 10, json: "seccompProfile", label: Label::Optional, kind: Kind::Message(188) },
-        Field { number: 11, json: "appArmorProfile", label: Label::Optional, kind: Kind::Message(189) },
+        Field { number: 10, json: "seccompProfile", label: Label::Optional, kind: Kind::Message(193) },
+        Field { number: 11, json: "appArmorProfile", label: Label::Optional, kind: Kind::Message(194) },
         Field { number: 12, json: "supplementalGroupsPolicy", label: Label::Optional, kind: Kind::String },
         Field { number: 13, json: "seLinuxChangePolicy", label: Label::Optional, kind: Kind::String },
     ] },
-    // 112
+    // 115
     Message { name: "io.k8s.api.core.v1.Affinity", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "nodeAffinity", label: Label::Optional, kind: Kind::Message(190) },
-        Field { number: 2, json: "podAffinity", label: Label::Optional, kind: Kind::Message(191) },
-        Field { number: 3, json: "podAntiAffinity", label: Label::Optional, kind: Kind::Message(192) },
+        Field { number: 1, json: "nodeAffinity", label: Label::Optional, kind: Kind::Message(195) },
+        Field { number: 2, json: "podAffinity", label: Label::Optional, kind: Kind::Message(196) },
+        Field { number: 3, json: "podAntiAffinity", label: Label::Optional, kind: Kind::Message(197) },
     ] },
-    // 113
+    // 116
     Message { name: "io.k8s.api.core.v1.Toleration", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "key", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "operator", label: Label::Optional, kind: Kind::String },
@@ -965,343 +988,354 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 4, json: "effect", label: Label::Optional, kind: Kind::String },
         Field { number: 5, json: "tolerationSeconds", label: Label::Optional, kind: Kind::Int64 },
     ] },
-    // 114
+    // 117
     Message { name: "io.k8s.api.core.v1.HostAlias", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "ip", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "hostnames", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 115
+    // 118
     Message { name: "io.k8s.api.core.v1.PodDnsConfig", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "nameservers", label: Label::Repeated, kind: Kind::String },
         Field { number: 2, json: "searches", label: Label::Repeated, kind: Kind::String },
-        Field { number: 3, json: "options", label: Label::Repeated, kind: Kind::Message(193) },
+        Field { number: 3, json: "options", label: Label::Repeated, kind: Kind::Message(198) },
     ] },
-    // 116
+    // 119
     Message { name: "io.k8s.api.core.v1.PodReadinessGate", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "conditionType", label: Label::Optional, kind: Kind::String },
     ] },
-    // 117
+    // 120
     Message { name: "io.k8s.api.core.v1.TopologySpreadConstraint", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "maxSkew", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 2, json: "topologyKey", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "whenUnsatisfiable", label: Label::Optional, kind: Kind::String },
-        Field { number: 4, json: "labelSelector", label: Label::Optional, kind: Kind::Message(65) },
+        Field { number: 4, json: "labelSelector", label: Label::Optional, kind: Kind::Message(66) },
         Field { number: 5, json: "minDomains", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 6, json: "nodeAffinityPolicy", label: Label::Optional, kind: Kind::String },
         Field { number: 7, json: "nodeTaintsPolicy", label: Label::Optional, kind: Kind::String },
         Field { number: 8, json: "matchLabelKeys", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 118
+    // 121
     Message { name: "io.k8s.api.core.v1.EphemeralContainer", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(194) },
+        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(199) },
         Field { number: 2, json: "targetContainerName", label: Label::Optional, kind: Kind::String },
     ] },
-    // 119
+    // 122
     Message { name: "io.k8s.api.core.v1.PodOs", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
     ] },
-    // 120
+    // 123
     Message { name: "io.k8s.api.core.v1.PodSchedulingGate", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
     ] },
-    // 121
+    // 124
     Message { name: "io.k8s.api.core.v1.PodResourceClaim", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "resourceClaimName", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "resourceClaimTemplateName", label: Label::Optional, kind: Kind::String },
     ] },
-    // 122
+    // 125
     Message { name: "io.k8s.api.core.v1.ResourceRequirements", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "limits", label: Label::Map, kind: Kind::Message(66) },
-        Field { number: 2, json: "requests", label: Label::Map, kind: Kind::Message(66) },
-        Field { number: 3, json: "claims", label: Label::Repeated, kind: Kind::Message(195) },
+        Field { number: 1, json: "limits", label: Label::Map, kind: Kind::Message(67) },
+        Field { number: 2, json: "requests", label: Label::Map, kind: Kind::Message(67) },
+        Field { number: 3, json: "claims", label: Label::Repeated, kind: Kind::Message(200) },
     ] },
-    // 123
+    // 126
     Message { name: "io.k8s.api.core.v1.PodCondition", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "status", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "lastProbeTime", label: Label::Optional, kind: Kind::Message(50) },
-        Field { number: 4, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 3, json: "lastProbeTime", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 4, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(51) },
         Field { number: 5, json: "reason", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "message", label: Label::Optional, kind: Kind::String },
         Field { number: 7, json: "observedGeneration", label: Label::Optional, kind: Kind::Int64 },
     ] },
-    // 124
+    // 127
     Message { name: "io.k8s.api.core.v1.ContainerStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "state", label: Label::Optional, kind: Kind::Message(196) },
-        Field { number: 3, json: "lastState", label: Label::Optional, kind: Kind::Message(196) },
+        Field { number: 2, json: "state", label: Label::Optional, kind: Kind::Message(201) },
+        Field { number: 3, json: "lastState", label: Label::Optional, kind: Kind::Message(201) },
         Field { number: 4, json: "ready", label: Label::Optional, kind: Kind::Bool },
         Field { number: 5, json: "restartCount", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 6, json: "image", label: Label::Optional, kind: Kind::String },
         Field { number: 7, json: "imageID", label: Label::Optional, kind: Kind::String },
         Field { number: 8, json: "containerID", label: Label::Optional, kind: Kind::String },
         Field { number: 9, json: "started", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 10, json: "allocatedResources", label: Label::Map, kind: Kind::Message(66) },
-        Field { number: 11, json: "resources", label: Label::Optional, kind: Kind::Message(122) },
-        Field { number: 12, json: "volumeMounts", label: Label::Repeated, kind: Kind::Message(197) },
-        Field { number: 13, json: "user", label: Label::Optional, kind: Kind::Message(198) },
-        Field { number: 14, json: "allocatedResourcesStatus", label: Label::Repeated, kind: Kind::Message(199) },
+        Field { number: 10, json: "allocatedResources", label: Label::Map, kind: Kind::Message(67) },
+        Field { number: 11, json: "resources", label: Label::Optional, kind: Kind::Message(125) },
+        Field { number: 12, json: "volumeMounts", label: Label::Repeated, kind: Kind::Message(202) },
+        Field { number: 13, json: "user", label: Label::Optional, kind: Kind::Message(203) },
+        Field { number: 14, json: "allocatedResourcesStatus", label: Label::Repeated, kind: Kind::Message(204) },
         Field { number: 15, json: "stopSignal", label: Label::Optional, kind: Kind::String },
     ] },
-    // 125
+    // 128
     Message { name: "io.k8s.api.core.v1.PodIp", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "ip", label: Label::Optional, kind: Kind::String },
     ] },
-    // 126
+    // 129
     Message { name: "io.k8s.api.core.v1.PodResourceClaimStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "resourceClaimName", label: Label::Optional, kind: Kind::String },
     ] },
-    // 127
+    // 130
     Message { name: "io.k8s.api.core.v1.HostIp", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "ip", label: Label::Optional, kind: Kind::String },
     ] },
-    // 128
+    // 131
     Message { name: "io.k8s.api.core.v1.ServicePort", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "protocol", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "port", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 4, json: "targetPort", label: Label::Optional, kind: Kind::Message(164) },
+        Field { number: 4, json: "targetPort", label: Label::Optional, kind: Kind::Message(167) },
         Field { number: 5, json: "nodePort", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 6, json: "appProtocol", label: Label::Optional, kind: Kind::String },
     ] },
-    // 129
+    // 132
     Message { name: "io.k8s.api.core.v1.SessionAffinityConfig", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "clientIP", label: Label::Optional, kind: Kind::Message(200) },
+        Field { number: 1, json: "clientIP", label: Label::Optional, kind: Kind::Message(205) },
     ] },
-    // 130
+    // 133
     Message { name: "io.k8s.api.core.v1.LoadBalancerStatus", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "ingress", label: Label::Repeated, kind: Kind::Message(201) },
+        Field { number: 1, json: "ingress", label: Label::Repeated, kind: Kind::Message(206) },
     ] },
-    // 131
+    // 134
     Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.Condition", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "status", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "observedGeneration", label: Label::Optional, kind: Kind::Int64 },
-        Field { number: 4, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 4, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(51) },
         Field { number: 5, json: "reason", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "message", label: Label::Optional, kind: Kind::String },
     ] },
-    // 132
+    // 135
     Message { name: "io.k8s.api.core.v1.EndpointAddress", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "ip", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "targetRef", label: Label::Optional, kind: Kind::Message(47) },
+        Field { number: 2, json: "targetRef", label: Label::Optional, kind: Kind::Message(48) },
         Field { number: 3, json: "hostname", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "nodeName", label: Label::Optional, kind: Kind::String },
     ] },
-    // 133
+    // 136
     Message { name: "io.k8s.api.core.v1.EndpointPort", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "port", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 3, json: "protocol", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "appProtocol", label: Label::Optional, kind: Kind::String },
     ] },
-    // 134
-    Message { name: "io.k8s.api.core.v1.PersistentVolumeSource", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "gcePersistentDisk", label: Label::Optional, kind: Kind::Message(202) },
-        Field { number: 2, json: "awsElasticBlockStore", label: Label::Optional, kind: Kind::Message(203) },
-        Field { number: 3, json: "hostPath", label: Label::Optional, kind: Kind::Message(204) },
-        Field { number: 4, json: "glusterfs", label: Label::Optional, kind: Kind::Message(205) },
-        Field { number: 5, json: "nfs", label: Label::Optional, kind: Kind::Message(206) },
-        Field { number: 6, json: "rbd", label: Label::Optional, kind: Kind::Message(207) },
-        Field { number: 7, json: "iscsi", label: Label::Optional, kind: Kind::Message(208) },
-        Field { number: 8, json: "cinder", label: Label::Optional, kind: Kind::Message(209) },
-        Field { number: 9, json: "cephfs", label: Label::Optional, kind: Kind::Message(210) },
-        Field { number: 10, json: "fc", label: Label::Optional, kind: Kind::Message(211) },
-        Field { number: 11, json: "flocker", label: Label::Optional, kind: Kind::Message(212) },
-        Field { number: 12, json: "flexVolume", label: Label::Optional, kind: Kind::Message(213) },
-        Field { number: 13, json: "azureFile", label: Label::Optional, kind: Kind::Message(214) },
-        Field { number: 14, json: "vsphereVolume", label: Label::Optional, kind: Kind::Message(215) },
-        Field { number: 15, json: "quobyte", label: Label::Optional, kind: Kind::Message(216) },
-        Field { number: 16, json: "azureDisk", label: Label::Optional, kind: Kind::Message(217) },
-        Field { number: 17, json: "photonPersistentDisk", label: Label::Optional, kind: Kind::Message(218) },
-        Field { number: 18, json: "portworxVolume", label: Label::Optional, kind: Kind::Message(219) },
-        Field { number: 19, json: "scaleIO", label: Label::Optional, kind: Kind::Message(220) },
-        Field { number: 20, json: "local", label: Label::Optional, kind: Kind::Message(221) },
-        Field { number: 21, json: "storageos", label: Label::Optional, kind: Kind::Message(222) },
-        Field { number: 22, json: "csi", label: Label::Optional, kind: Kind::Message(223) },
-    ] },
-    // 135
-    Message { name: "io.k8s.api.core.v1.VolumeNodeAffinity", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "required", label: Label::Optional, kind: Kind::Message(224) },
-    ] },
-    // 136
-    Message { name: "io.k8s.api.core.v1.VolumeResourceRequirements", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "limits", label: Label::Map, kind: Kind::Message(66) },
-        Field { number: 2, json: "requests", label: Label::Map, kind: Kind::Message(66) },
-    ] },
     // 137
+    Message { name: "io.k8s.api.core.v1.PersistentVolumeSource", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "gcePersistentDisk", label: Label::Optional, kind: Kind::Message(207) },
+        Field { number: 2, json: "awsElasticBlockStore", label: Label::Optional, kind: Kind::Message(208) },
+        Field { number: 3, json: "hostPath", label: Label::Optional, kind: Kind::Message(209) },
+        Field { number: 4, json: "glusterfs", label: Label::Optional, kind: Kind::Message(210) },
+        Field { number: 5, json: "nfs", label: Label::Optional, kind: Kind::Message(211) },
+        Field { number: 6, json: "rbd", label: Label::Optional, kind: Kind::Message(212) },
+        Field { number: 7, json: "iscsi", label: Label::Optional, kind: Kind::Message(213) },
+        Field { number: 8, json: "cinder", label: Label::Optional, kind: Kind::Message(214) },
+        Field { number: 9, json: "cephfs", label: Label::Optional, kind: Kind::Message(215) },
+        Field { number: 10, json: "fc", label: Label::Optional, kind: Kind::Message(216) },
+        Field { number: 11, json: "flocker", label: Label::Optional, kind: Kind::Message(217) },
+        Field { number: 12, json: "flexVolume", label: Label::Optional, kind: Kind::Message(218) },
+        Field { number: 13, json: "azureFile", label: Label::Optional, kind: Kind::Message(219) },
+        Field { number: 14, json: "vsphereVolume", label: Label::Optional, kind: Kind::Message(220) },
+        Field { number: 15, json: "quobyte", label: Label::Optional, kind: Kind::Message(221) },
+        Field { number: 16, json: "azureDisk", label: Label::Optional, kind: Kind::Message(222) },
+        Field { number: 17, json: "photonPersistentDisk", label: Label::Optional, kind: Kind::Message(223) },
+        Field { number: 18, json: "portworxVolume", label: Label::Optional, kind: Kind::Message(224) },
+        Field { number: 19, json: "scaleIO", label: Label::Optional, kind: Kind::Message(225) },
+        Field { number: 20, json: "local", label: Label::Optional, kind: Kind::Message(226) },
+        Field { number: 21, json: "storageos", label: Label::Optional, kind: Kind::Message(227) },
+        Field { number: 22, json: "csi", label: Label::Optional, kind: Kind::Message(228) },
+    ] },
+    // 138
+    Message { name: "io.k8s.api.core.v1.VolumeNodeAffinity", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "required", label: Label::Optional, kind: Kind::Message(229) },
+    ] },
+    // 139
+    Message { name: "io.k8s.api.core.v1.VolumeResourceRequirements", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "limits", label: Label::Map, kind: Kind::Message(67) },
+        Field { number: 2, json: "requests", label: Label::Map, kind: Kind::Message(67) },
+    ] },
+    // 140
     Message { name: "io.k8s.api.core.v1.TypedLocalObjectReference", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "apiGroup", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "kind", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "name", label: Label::Optional, kind: Kind::String },
     ] },
-    // 138
+    // 141
     Message { name: "io.k8s.api.core.v1.TypedObjectReference", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "apiGroup", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "kind", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "namespace", label: Label::Optional, kind: Kind::String },
     ] },
-    // 139
+    // 142
     Message { name: "io.k8s.api.core.v1.PersistentVolumeClaimCondition", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "status", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "lastProbeTime", label: Label::Optional, kind: Kind::Message(50) },
-        Field { number: 4, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 3, json: "lastProbeTime", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 4, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(51) },
         Field { number: 5, json: "reason", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "message", label: Label::Optional, kind: Kind::String },
     ] },
-    // 140
+    // 143
     Message { name: "io.k8s.api.core.v1.ModifyVolumeStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "targetVolumeAttributesClassName", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "status", label: Label::Optional, kind: Kind::String },
     ] },
-    // 141
+    // 144
     Message { name: "io.k8s.api.discovery.v1.EndpointConditions", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "ready", label: Label::Optional, kind: Kind::Bool },
         Field { number: 2, json: "serving", label: Label::Optional, kind: Kind::Bool },
         Field { number: 3, json: "terminating", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 142
+    // 145
     Message { name: "io.k8s.api.discovery.v1.EndpointHints", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "forZones", label: Label::Repeated, kind: Kind::Message(225) },
-        Field { number: 2, json: "forNodes", label: Label::Repeated, kind: Kind::Message(226) },
+        Field { number: 1, json: "forZones", label: Label::Repeated, kind: Kind::Message(230) },
+        Field { number: 2, json: "forNodes", label: Label::Repeated, kind: Kind::Message(231) },
     ] },
-    // 143
+    // 146
     Message { name: "io.k8s.api.core.v1.TopologySelectorLabelRequirement", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "key", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "values", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 144
+    // 147
     Message { name: "io.k8s.api.storage.v1.TokenRequest", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "audience", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "expirationSeconds", label: Label::Optional, kind: Kind::Int64 },
     ] },
-    // 145
+    // 148
     Message { name: "io.k8s.api.storage.v1.CSINodeDriver", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "nodeID", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "topologyKeys", label: Label::Repeated, kind: Kind::String },
-        Field { number: 4, json: "allocatable", label: Label::Optional, kind: Kind::Message(227) },
+        Field { number: 4, json: "allocatable", label: Label::Optional, kind: Kind::Message(232) },
     ] },
-    // 146
+    // 149
     Message { name: "io.k8s.api.storage.v1.VolumeAttachmentSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "persistentVolumeName", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "inlineVolumeSpec", label: Label::Optional, kind: Kind::Message(53) },
+        Field { number: 2, json: "inlineVolumeSpec", label: Label::Optional, kind: Kind::Message(54) },
     ] },
-    // 147
+    // 150
     Message { name: "io.k8s.api.storage.v1.VolumeError", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "time", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 1, json: "time", label: Label::Optional, kind: Kind::Message(51) },
         Field { number: 2, json: "message", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "errorCode", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 148
+    // 151
     Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelectorRequirement", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "key", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "operator", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "values", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 149
+    // 152
     Message { name: "io.k8s.api.core.v1.PodTemplateSpec", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(42) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(43) },
     ] },
-    // 150
+    // 153
     Message { name: "io.k8s.api.apps.v1.DeploymentStrategy", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "rollingUpdate", label: Label::Optional, kind: Kind::Message(228) },
+        Field { number: 2, json: "rollingUpdate", label: Label::Optional, kind: Kind::Message(233) },
     ] },
-    // 151
+    // 154
     Message { name: "io.k8s.api.apps.v1.DeploymentCondition", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "status", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "reason", label: Label::Optional, kind: Kind::String },
         Field { number: 5, json: "message", label: Label::Optional, kind: Kind::String },
-        Field { number: 6, json: "lastUpdateTime", label: Label::Optional, kind: Kind::Message(50) },
-        Field { number: 7, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 6, json: "lastUpdateTime", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 7, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(51) },
     ] },
-    // 152
+    // 155
     Message { name: "io.k8s.api.apps.v1.ReplicaSetCondition", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "status", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 3, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(51) },
         Field { number: 4, json: "reason", label: Label::Optional, kind: Kind::String },
         Field { number: 5, json: "message", label: Label::Optional, kind: Kind::String },
     ] },
-    // 153
+    // 156
     Message { name: "io.k8s.api.apps.v1.DaemonSetUpdateStrategy", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "rollingUpdate", label: Label::Optional, kind: Kind::Message(229) },
+        Field { number: 2, json: "rollingUpdate", label: Label::Optional, kind: Kind::Message(234) },
     ] },
-    // 154
+    // 157
     Message { name: "io.k8s.api.apps.v1.DaemonSetCondition", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "status", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 3, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(51) },
         Field { number: 4, json: "reason", label: Label::Optional, kind: Kind::String },
         Field { number: 5, json: "message", label: Label::Optional, kind: Kind::String },
     ] },
-    // 155
+    // 158
     Message { name: "io.k8s.api.apps.v1.StatefulSetUpdateStrategy", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "rollingUpdate", label: Label::Optional, kind: Kind::Message(230) },
+        Field { number: 2, json: "rollingUpdate", label: Label::Optional, kind: Kind::Message(235) },
     ] },
-    // 156
+    // 159
     Message { name: "io.k8s.api.apps.v1.StatefulSetPersistentVolumeClaimRetentionPolicy", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "whenDeleted", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "whenScaled", label: Label::Optional, kind: Kind::String },
     ] },
-    // 157
+    // 160
     Message { name: "io.k8s.api.apps.v1.StatefulSetOrdinals", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "start", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 158
+    // 161
     Message { name: "io.k8s.api.apps.v1.StatefulSetCondition", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "status", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 3, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(51) },
         Field { number: 4, json: "reason", label: Label::Optional, kind: Kind::String },
         Field { number: 5, json: "message", label: Label::Optional, kind: Kind::String },
     ] },
-    // 159
+    // 162
     Message { name: "io.k8s.api.batch.v1.PodFailurePolicy", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "rules", label: Label::Repeated, kind: Kind::Message(231) },
+        Field { number: 1, json: "rules", label: Label::Repeated, kind: Kind::Message(236) },
     ] },
-    // 160
+    // 163
     Message { name: "io.k8s.api.batch.v1.SuccessPolicy", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "rules", label: Label::Repeated, kind: Kind::Message(232) },
+        Field { number: 1, json: "rules", label: Label::Repeated, kind: Kind::Message(237) },
     ] },
-    // 161
+    // 164
     Message { name: "io.k8s.api.batch.v1.JobCondition", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "status", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "lastProbeTime", label: Label::Optional, kind: Kind::Message(50) },
-        Field { number: 4, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 3, json: "lastProbeTime", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 4, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(51) },
         Field { number: 5, json: "reason", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "message", label: Label::Optional, kind: Kind::String },
     ] },
-    // 162
+    // 165
     Message { name: "io.k8s.api.batch.v1.UncountedTerminatedPods", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "succeeded", label: Label::Repeated, kind: Kind::String },
         Field { number: 2, json: "failed", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 163
+    // 166
     Message { name: "io.k8s.api.batch.v1.JobTemplateSpec", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(76) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(77) },
     ] },
-    // 164
+    // 167
     Message { name: "io.k8s.apimachinery.pkg.util.intstr.IntOrString", well_known: WellKnown::IntOrString, fields: &[] },
-    // 165
+    // 168
+    Message { name: "io.k8s.api.certificates.v1.ExtraValue", well_known: WellKnown::StringList, fields: &[] },
+    // 169
+    Message { name: "io.k8s.api.certificates.v1.CertificateSigningRequestCondition", well_known: WellKnown::None, fields: &[
+        Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
+        Field { number: 2, json: "reason", label: Label::Optional, kind: Kind::String },
+        Field { number: 3, json: "message", label: Label::Optional, kind: Kind::String },
+        Field { number: 4, json: "lastUpdateTime", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 5, json: "lastTransitionTime", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 6, json: "status", label: Label::Optional, kind: Kind::String },
+    ] },
+    // 170
     Message { name: "io.k8s.api.authentication.v1.BoundObjectReference", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "kind", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "apiVersion", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "uid", label: Label::Optional, kind: Kind::String },
     ] },
-    // 166
+    // 171
     Message { name: "io.k8s.api.authorization.v1.ResourceAttributes", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "namespace", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "verb", label: Label::Optional, kind: Kind::String },
@@ -1310,29 +1344,29 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 5, json: "resource", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "subresource", label: Label::Optional, kind: Kind::String },
         Field { number: 7, json: "name", label: Label::Optional, kind: Kind::String },
-        Field { number: 8, json: "fieldSelector", label: Label::Optional, kind: Kind::Message(233) },
-        Field { number: 9, json: "labelSelector", label: Label::Optional, kind: Kind::Message(234) },
+        Field { number: 8, json: "fieldSelector", label: Label::Optional, kind: Kind::Message(238) },
+        Field { number: 9, json: "labelSelector", label: Label::Optional, kind: Kind::Message(239) },
     ] },
-    // 167
+    // 172
     Message { name: "io.k8s.api.authorization.v1.NonResourceAttributes", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "path", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "verb", label: Label::Optional, kind: Kind::String },
     ] },
-    // 168
+    // 173
     Message { name: "io.k8s.api.authorization.v1.ResourceRule", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "verbs", label: Label::Repeated, kind: Kind::String },
         Field { number: 2, json: "apiGroups", label: Label::Repeated, kind: Kind::String },
         Field { number: 3, json: "resources", label: Label::Repeated, kind: Kind::String },
         Field { number: 4, json: "resourceNames", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 169
+    // 174
     Message { name: "io.k8s.api.authorization.v1.NonResourceRule", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "verbs", label: Label::Repeated, kind: Kind::String },
         Field { number: 2, json: "nonResourceURLs", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 170
+    // 175
     Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.FieldsV1", well_known: WellKnown::FieldsV1, fields: &[] },
-    // 171
+    // 176
     Message { name: "io.k8s.api.core.v1.ConfigMapNodeConfigSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "namespace", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "name", label: Label::Optional, kind: Kind::String },
@@ -1340,53 +1374,53 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 4, json: "resourceVersion", label: Label::Optional, kind: Kind::String },
         Field { number: 5, json: "kubeletConfigKey", label: Label::Optional, kind: Kind::String },
     ] },
-    // 172
+    // 177
     Message { name: "io.k8s.api.core.v1.DaemonEndpoint", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "Port", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 173
+    // 178
     Message { name: "io.k8s.api.core.v1.NodeSwapStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "capacity", label: Label::Optional, kind: Kind::Int64 },
     ] },
-    // 174
+    // 179
     Message { name: "io.k8s.api.core.v1.NodeRuntimeHandlerFeatures", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "recursiveReadOnlyMounts", label: Label::Optional, kind: Kind::Bool },
         Field { number: 2, json: "userNamespaces", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 175
+    // 180
     Message { name: "io.k8s.api.core.v1.VolumeSource", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "hostPath", label: Label::Optional, kind: Kind::Message(204) },
-        Field { number: 2, json: "emptyDir", label: Label::Optional, kind: Kind::Message(235) },
-        Field { number: 3, json: "gcePersistentDisk", label: Label::Optional, kind: Kind::Message(202) },
-        Field { number: 4, json: "awsElasticBlockStore", label: Label::Optional, kind: Kind::Message(203) },
-        Field { number: 5, json: "gitRepo", label: Label::Optional, kind: Kind::Message(236) },
-        Field { number: 6, json: "secret", label: Label::Optional, kind: Kind::Message(237) },
-        Field { number: 7, json: "nfs", label: Label::Optional, kind: Kind::Message(206) },
-        Field { number: 8, json: "iscsi", label: Label::Optional, kind: Kind::Message(238) },
-        Field { number: 9, json: "glusterfs", label: Label::Optional, kind: Kind::Message(239) },
-        Field { number: 10, json: "persistentVolumeClaim", label: Label::Optional, kind: Kind::Message(240) },
-        Field { number: 11, json: "rbd", label: Label::Optional, kind: Kind::Message(241) },
-        Field { number: 12, json: "flexVolume", label: Label::Optional, kind: Kind::Message(242) },
-        Field { number: 13, json: "cinder", label: Label::Optional, kind: Kind::Message(243) },
-        Field { number: 14, json: "cephfs", label: Label::Optional, kind: Kind::Message(244) },
-        Field { number: 15, json: "flocker", label: Label::Optional, kind: Kind::Message(212) },
-        Field { number: 16, json: "downwardAPI", label: Label::Optional, kind: Kind::Message(245) },
-        Field { number: 17, json: "fc", label: Label::Optional, kind: Kind::Message(211) },
-        Field { number: 18, json: "azureFile", label: Label::Optional, kind: Kind::Message(246) },
-        Field { number: 19, json: "configMap", label: Label::Optional, kind: Kind::Message(247) },
-        Field { number: 20, json: "vsphereVolume", label: Label::Optional, kind: Kind::Message(215) },
-        Field { number: 21, json: "quobyte", label: Label::Optional, kind: Kind::Message(216) },
-        Field { number: 22, json: "azureDisk", label: Label::Optional, kind: Kind::Message(217) },
-        Field { number: 23, json: "photonPersistentDisk", label: Label::Optional, kind: Kind::Message(218) },
-        Field { number: 24, json: "portworxVolume", label: Label::Optional, kind: Kind::Message(219) },
-        Field { number: 25, json: "scaleIO", label: Label::Optional, kind: Kind::Message(248) },
-        Field { number: 26, json: "projected", label: Label::Optional, kind: Kind::Message(249) },
-        Field { number: 27, json: "storageos", label: Label::Optional, kind: Kind::Message(250) },
-        Field { number: 28, json: "csi", label: Label::Optional, kind: Kind::Message(251) },
-        Field { number: 29, json: "ephemeral", label: Label::Optional, kind: Kind::Message(252) },
-        Field { number: 30, json: "image", label: Label::Optional, kind: Kind::Message(253) },
+        Field { number: 1, json: "hostPath", label: Label::Optional, kind: Kind::Message(209) },
+        Field { number: 2, json: "emptyDir", label: Label::Optional, kind: Kind::Message(240) },
+        Field { number: 3, json: "gcePersistentDisk", label: Label::Optional, kind: Kind::Message(207) },
+        Field { number: 4, json: "awsElasticBlockStore", label: Label::Optional, kind: Kind::Message(208) },
+        Field { number: 5, json: "gitRepo", label: Label::Optional, kind: Kind::Message(241) },
+        Field { number: 6, json: "secret", label: Label::Optional, kind: Kind::Message(242) },
+        Field { number: 7, json: "nfs", label: Label::Optional, kind: Kind::Message(211) },
+        Field { number: 8, json: "iscsi", label: Label::Optional, kind: Kind::Message(243) },
+        Field { number: 9, json: "glusterfs", label: Label::Optional, kind: Kind::Message(244) },
+        Field { number: 10, json: "persistentVolumeClaim", label: Label::Optional, kind: Kind::Message(245) },
+        Field { number: 11, json: "rbd", label: Label::Optional, kind: Kind::Message(246) },
+        Field { number: 12, json: "flexVolume", label: Label::Optional, kind: Kind::Message(247) },
+        Field { number: 13, json: "cinder", label: Label::Optional, kind: Kind::Message(248) },
+        Field { number: 14, json: "cephfs", label: Label::Optional, kind: Kind::Message(249) },
+        Field { number: 15, json: "flocker", label: Label::Optional, kind: Kind::Message(217) },
+        Field { number: 16, json: "downwardAPI", label: Label::Optional, kind: Kind::Message(250) },
+        Field { number: 17, json: "fc", label: Label::Optional, kind: Kind::Message(216) },
+        Field { number: 18, json: "azureFile", label: Label::Optional, kind: Kind::Message(251) },
+        Field { number: 19, json: "configMap", label: Label::Optional, kind: Kind::Message(252) },
+        Field { number: 20, json: "vsphereVolume", label: Label::Optional, kind: Kind::Message(220) },
+        Field { number: 21, json: "quobyte", label: Label::Optional, kind: Kind::Message(221) },
+        Field { number: 22, json: "azureDisk", label: Label::Optional, kind: Kind::Message(222) },
+        Field { number: 23, json: "photonPersistentDisk", label: Label::Optional, kind: Kind::Message(223) },
+        Field { number: 24, json: "portworxVolume", label: Label::Optional, kind: Kind::Message(224) },
+        Field { number: 25, json: "scaleIO", label: Label::Optional, kind: Kind::Message(253) },
+        Field { number: 26, json: "projected", label: Label::Optional, kind: Kind::Message(254) },
+        Field { number: 27, json: "storageos", label: Label::Optional, kind: Kind::Message(255) },
+        Field { number: 28, json: "csi", label: Label::Optional, kind: Kind::Message(256) },
+        Field { number: 29, json: "ephemeral", label: Label::Optional, kind: Kind::Message(257) },
+        Field { number: 30, json: "image", label: Label::Optional, kind: Kind::Message(258) },
     ] },
-    // 176
+    // 181
     Message { name: "io.k8s.api.core.v1.ContainerPort", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "hostPort", label: Label::Optional, kind: Kind::Int32 },
@@ -1394,13 +1428,13 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 4, json: "protocol", label: Label::Optional, kind: Kind::String },
         Field { number: 5, json: "hostIP", label: Label::Optional, kind: Kind::String },
     ] },
-    // 177
+    // 182
     Message { name: "io.k8s.api.core.v1.EnvVar", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "value", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "valueFrom", label: Label::Optional, kind: Kind::Message(254) },
+        Field { number: 3, json: "valueFrom", label: Label::Optional, kind: Kind::Message(259) },
     ] },
-    // 178
+    // 183
     Message { name: "io.k8s.api.core.v1.VolumeMount", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
@@ -1410,9 +1444,9 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 6, json: "subPathExpr", label: Label::Optional, kind: Kind::String },
         Field { number: 7, json: "recursiveReadOnly", label: Label::Optional, kind: Kind::String },
     ] },
-    // 179
+    // 184
     Message { name: "io.k8s.api.core.v1.Probe", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(255) },
+        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(260) },
         Field { number: 2, json: "initialDelaySeconds", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 3, json: "timeoutSeconds", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 4, json: "periodSeconds", label: Label::Optional, kind: Kind::Int32 },
@@ -1420,190 +1454,190 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 6, json: "failureThreshold", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 7, json: "terminationGracePeriodSeconds", label: Label::Optional, kind: Kind::Int64 },
     ] },
-    // 180
+    // 185
     Message { name: "io.k8s.api.core.v1.Lifecycle", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "postStart", label: Label::Optional, kind: Kind::Message(256) },
-        Field { number: 2, json: "preStop", label: Label::Optional, kind: Kind::Message(256) },
+        Field { number: 1, json: "postStart", label: Label::Optional, kind: Kind::Message(261) },
+        Field { number: 2, json: "preStop", label: Label::Optional, kind: Kind::Message(261) },
         Field { number: 3, json: "stopSignal", label: Label::Optional, kind: Kind::String },
     ] },
-    // 181
+    // 186
     Message { name: "io.k8s.api.core.v1.SecurityContext", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "capabilities", label: Label::Optional, kind: Kind::Message(257) },
+        Field { number: 1, json: "capabilities", label: Label::Optional, kind: Kind::Message(262) },
         Field { number: 2, json: "privileged", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 3, json: "seLinuxOptions", label: Label::Optional, kind: Kind::Message(185) },
+        Field { number: 3, json: "seLinuxOptions", label: Label::Optional, kind: Kind::Message(190) },
         Field { number: 4, json: "runAsUser", label: Label::Optional, kind: Kind::Int64 },
         Field { number: 5, json: "runAsNonRoot", label: Label::Optional, kind: Kind::Bool },
         Field { number: 6, json: "readOnlyRootFilesystem", label: Label::Optional, kind: Kind::Bool },
         Field { number: 7, json: "allowPrivilegeEscalation", label: Label::Optional, kind: Kind::Bool },
         Field { number: 8, json: "runAsGroup", label: Label::Optional, kind: Kind::Int64 },
         Field { number: 9, json: "procMount", label: Label::Optional, kind: Kind::String },
-        Field { number: 10, json: "windowsOptions", label: Label::Optional, kind: Kind::Message(187) },
-        Field { number: 11, json: "seccompProfile", label: Label::Optional, kind: Kind::Message(188) },
-        Field { number: 12, json: "appArmorProfile", label: Label::Optional, kind: Kind::Message(189) },
+        Field { number: 10, json: "windowsOptions", label: Label::Optional, kind: Kind::Message(192) },
+        Field { number: 11, json: "seccompProfile", label: Label::Optional, kind: Kind::Message(193) },
+        Field { number: 12, json: "appArmorProfile", label: Label::Optional, kind: Kind::Message(194) },
     ] },
-    // 182
+    // 187
     Message { name: "io.k8s.api.core.v1.EnvFromSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "prefix", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "configMapRef", label: Label::Optional, kind: Kind::Message(258) },
-        Field { number: 3, json: "secretRef", label: Label::Optional, kind: Kind::Message(259) },
+        Field { number: 2, json: "configMapRef", label: Label::Optional, kind: Kind::Message(263) },
+        Field { number: 3, json: "secretRef", label: Label::Optional, kind: Kind::Message(264) },
     ] },
-    // 183
+    // 188
     Message { name: "io.k8s.api.core.v1.VolumeDevice", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "devicePath", label: Label::Optional, kind: Kind::String },
     ] },
-    // 184
+    // 189
     Message { name: "io.k8s.api.core.v1.ContainerResizePolicy", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "resourceName", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "restartPolicy", label: Label::Optional, kind: Kind::String },
     ] },
-    // 185
+    // 190
     Message { name: "io.k8s.api.core.v1.SeLinuxOptions", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "user", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "role", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "level", label: Label::Optional, kind: Kind::String },
     ] },
-    // 186
+    // 191
     Message { name: "io.k8s.api.core.v1.Sysctl", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "value", label: Label::Optional, kind: Kind::String },
     ] },
-    // 187
+    // 192
     Message { name: "io.k8s.api.core.v1.WindowsSecurityContextOptions", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "gmsaCredentialSpecName", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "gmsaCredentialSpec", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "runAsUserName", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "hostProcess", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 188
+    // 193
     Message { name: "io.k8s.api.core.v1.SeccompProfile", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "localhostProfile", label: Label::Optional, kind: Kind::String },
     ] },
-    // 189
+    // 194
     Message { name: "io.k8s.api.core.v1.AppArmorProfile", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "localhostProfile", label: Label::Optional, kind: Kind::String },
     ] },
-    // 190
+    // 195
     Message { name: "io.k8s.api.core.v1.NodeAffinity", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "requiredDuringSchedulingIgnoredDuringExecution", label: Label::Optional, kind: Kind::Message(224) },
-        Field { number: 2, json: "preferredDuringSchedulingIgnoredDuringExecution", label: Label::Repeated, kind: Kind::Message(260) },
+        Field { number: 1, json: "requiredDuringSchedulingIgnoredDuringExecution", label: Label::Optional, kind: Kind::Message(229) },
+        Field { number: 2, json: "preferredDuringSchedulingIgnoredDuringExecution", label: Label::Repeated, kind: Kind::Message(265) },
     ] },
-    // 191
+    // 196
     Message { name: "io.k8s.api.core.v1.PodAffinity", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "requiredDuringSchedulingIgnoredDuringExecution", label: Label::Repeated, kind: Kind::Message(261) },
-        Field { number: 2, json: "preferredDuringSchedulingIgnoredDuringExecution", label: Label::Repeated, kind: Kind::Message(262) },
+        Field { number: 1, json: "requiredDuringSchedulingIgnoredDuringExecution", label: Label::Repeated, kind: Kind::Message(266) },
+        Field { number: 2, json: "preferredDuringSchedulingIgnoredDuringExecution", label: Label::Repeated, kind: Kind::Message(267) },
     ] },
-    // 192
+    // 197
     Message { name: "io.k8s.api.core.v1.PodAntiAffinity", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "requiredDuringSchedulingIgnoredDuringExecution", label: Label::Repeated, kind: Kind::Message(261) },
-        Field { number: 2, json: "preferredDuringSchedulingIgnoredDuringExecution", label: Label::Repeated, kind: Kind::Message(262) },
+        Field { number: 1, json: "requiredDuringSchedulingIgnoredDuringExecution", label: Label::Repeated, kind: Kind::Message(266) },
+        Field { number: 2, json: "preferredDuringSchedulingIgnoredDuringExecution", label: Label::Repeated, kind: Kind::Message(267) },
     ] },
-    // 193
+    // 198
     Message { name: "io.k8s.api.core.v1.PodDnsConfigOption", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "value", label: Label::Optional, kind: Kind::String },
     ] },
-    // 194
+    // 199
     Message { name: "io.k8s.api.core.v1.EphemeralContainerCommon", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "image", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "command", label: Label::Repeated, kind: Kind::String },
         Field { number: 4, json: "args", label: Label::Repeated, kind: Kind::String },
         Field { number: 5, json: "workingDir", label: Label::Optional, kind: Kind::String },
-        Field { number: 6, json: "ports", label: Label::Repeated, kind: Kind::Message(176) },
-        Field { number: 7, json: "env", label: Label::Repeated, kind: Kind::Message(177) },
-        Field { number: 8, json: "resources", label: Label::Optional, kind: Kind::Message(122) },
-        Field { number: 9, json: "volumeMounts", label: Label::Repeated, kind: Kind::Message(178) },
-        Field { number: 10, json: "livenessProbe", label: Label::Optional, kind: Kind::Message(179) },
-        Field { number: 11, json: "readinessProbe", label: Label::Optional, kind: Kind::Message(179) },
-        Field { number: 12, json: "lifecycle", label: Label::Optional, kind: Kind::Message(180) },
+        Field { number: 6, json: "ports", label: Label::Repeated, kind: Kind::Message(181) },
+        Field { number: 7, json: "env", label: Label::Repeated, kind: Kind::Message(182) },
+        Field { number: 8, json: "resources", label: Label::Optional, kind: Kind::Message(125) },
+        Field { number: 9, json: "volumeMounts", label: Label::Repeated, kind: Kind::Message(183) },
+        Field { number: 10, json: "livenessProbe", label: Label::Optional, kind: Kind::Message(184) },
+        Field { number: 11, json: "readinessProbe", label: Label::Optional, kind: Kind::Message(184) },
+        Field { number: 12, json: "lifecycle", label: Label::Optional, kind: Kind::Message(185) },
         Field { number: 13, json: "terminationMessagePath", label: Label::Optional, kind: Kind::String },
         Field { number: 14, json: "imagePullPolicy", label: Label::Optional, kind: Kind::String },
-        Field { number: 15, json: "securityContext", label: Label::Optional, kind: Kind::Message(181) },
+        Field { number: 15, json: "securityContext", label: Label::Optional, kind: Kind::Message(186) },
         Field { number: 16, json: "stdin", label: Label::Optional, kind: Kind::Bool },
         Field { number: 17, json: "stdinOnce", label: Label::Optional, kind: Kind::Bool },
         Field { number: 18, json: "tty", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 19, json: "envFrom", label: Label::Repeated, kind: Kind::Message(182) },
+        Field { number: 19, json: "envFrom", label: Label::Repeated, kind: Kind::Message(187) },
         Field { number: 20, json: "terminationMessagePolicy", label: Label::Optional, kind: Kind::String },
-        Field { number: 21, json: "volumeDevices", label: Label::Repeated, kind: Kind::Message(183) },
-        Field { number: 22, json: "startupProbe", label: Label::Optional, kind: Kind::Message(179) },
-        Field { number: 23, json: "resizePolicy", label: Label::Repeated, kind: Kind::Message(184) },
+        Field { number: 21, json: "volumeDevices", label: Label::Repeated, kind: Kind::Message(188) },
+        Field { number: 22, json: "startupProbe", label: Label::Optional, kind: Kind::Message(184) },
+        Field { number: 23, json: "resizePolicy", label: Label::Repeated, kind: Kind::Message(189) },
         Field { number: 24, json: "restartPolicy", label: Label::Optional, kind: Kind::String },
     ] },
-    // 195
+    // 200
     Message { name: "io.k8s.api.core.v1.ResourceClaim", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "request", label: Label::Optional, kind: Kind::String },
     ] },
-    // 196
+    // 201
     Message { name: "io.k8s.api.core.v1.ContainerState", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "waiting", label: Label::Optional, kind: Kind::Message(263) },
-        Field { number: 2, json: "running", label: Label::Optional, kind: Kind::Message(264) },
-        Field { number: 3, json: "terminated", label: Label::Optional, kind: Kind::Message(265) },
+        Field { number: 1, json: "waiting", label: Label::Optional, kind: Kind::Message(268) },
+        Field { number: 2, json: "running", label: Label::Optional, kind: Kind::Message(269) },
+        Field { number: 3, json: "terminated", label: Label::Optional, kind: Kind::Message(270) },
     ] },
-    // 197
+    // 202
     Message { name: "io.k8s.api.core.v1.VolumeMountStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "mountPath", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
         Field { number: 4, json: "recursiveReadOnly", label: Label::Optional, kind: Kind::String },
     ] },
-    // 198
+    // 203
     Message { name: "io.k8s.api.core.v1.ContainerUser", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "linux", label: Label::Optional, kind: Kind::Message(266) },
+        Field { number: 1, json: "linux", label: Label::Optional, kind: Kind::Message(271) },
     ] },
-    // 199
+    // 204
     Message { name: "io.k8s.api.core.v1.ResourceStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "resources", label: Label::Repeated, kind: Kind::Message(267) },
+        Field { number: 2, json: "resources", label: Label::Repeated, kind: Kind::Message(272) },
     ] },
-    // 200
+    // 205
     Message { name: "io.k8s.api.core.v1.ClientIpConfig", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "timeoutSeconds", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 201
+    // 206
     Message { name: "io.k8s.api.core.v1.LoadBalancerIngress", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "ip", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "hostname", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "ipMode", label: Label::Optional, kind: Kind::String },
-        Field { number: 4, json: "ports", label: Label::Repeated, kind: Kind::Message(268) },
+        Field { number: 4, json: "ports", label: Label::Repeated, kind: Kind::Message(273) },
     ] },
-    // 202
+    // 207
     Message { name: "io.k8s.api.core.v1.GcePersistentDiskVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "pdName", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "fsType", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "partition", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 4, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 203
+    // 208
     Message { name: "io.k8s.api.core.v1.AwsElasticBlockStoreVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "volumeID", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "fsType", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "partition", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 4, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 204
+    // 209
     Message { name: "io.k8s.api.core.v1.HostPathVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "path", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "type", label: Label::Optional, kind: Kind::String },
     ] },
-    // 205
+    // 210
     Message { name: "io.k8s.api.core.v1.GlusterfsPersistentVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "endpoints", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "path", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
         Field { number: 4, json: "endpointsNamespace", label: Label::Optional, kind: Kind::String },
     ] },
-    // 206
+    // 211
     Message { name: "io.k8s.api.core.v1.NfsVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "server", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "path", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 207
+    // 212
     Message { name: "io.k8s.api.core.v1.RbdPersistentVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "monitors", label: Label::Repeated, kind: Kind::String },
         Field { number: 2, json: "image", label: Label::Optional, kind: Kind::String },
@@ -1611,10 +1645,10 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 4, json: "pool", label: Label::Optional, kind: Kind::String },
         Field { number: 5, json: "user", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "keyring", label: Label::Optional, kind: Kind::String },
-        Field { number: 7, json: "secretRef", label: Label::Optional, kind: Kind::Message(269) },
+        Field { number: 7, json: "secretRef", label: Label::Optional, kind: Kind::Message(274) },
         Field { number: 8, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 208
+    // 213
     Message { name: "io.k8s.api.core.v1.IscsiPersistentVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "targetPortal", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "iqn", label: Label::Optional, kind: Kind::String },
@@ -1624,27 +1658,27 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 6, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
         Field { number: 7, json: "portals", label: Label::Repeated, kind: Kind::String },
         Field { number: 8, json: "chapAuthDiscovery", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 10, json: "secretRef", label: Label::Optional, kind: Kind::Message(269) },
+        Field { number: 10, json: "secretRef", label: Label::Optional, kind: Kind::Message(274) },
         Field { number: 11, json: "chapAuthSession", label: Label::Optional, kind: Kind::Bool },
         Field { number: 12, json: "initiatorName", label: Label::Optional, kind: Kind::String },
     ] },
-    // 209
+    // 214
     Message { name: "io.k8s.api.core.v1.CinderPersistentVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "volumeID", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "fsType", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 4, json: "secretRef", label: Label::Optional, kind: Kind::Message(269) },
+        Field { number: 4, json: "secretRef", label: Label::Optional, kind: Kind::Message(274) },
     ] },
-    // 210
+    // 215
     Message { name: "io.k8s.api.core.v1.CephFsPersistentVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "monitors", label: Label::Repeated, kind: Kind::String },
         Field { number: 2, json: "path", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "user", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "secretFile", label: Label::Optional, kind: Kind::String },
-        Field { number: 5, json: "secretRef", label: Label::Optional, kind: Kind::Message(269) },
+        Field { number: 5, json: "secretRef", label: Label::Optional, kind: Kind::Message(274) },
         Field { number: 6, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 211
+    // 216
     Message { name: "io.k8s.api.core.v1.FcVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "targetWWNs", label: Label::Repeated, kind: Kind::String },
         Field { number: 2, json: "lun", label: Label::Optional, kind: Kind::Int32 },
@@ -1652,34 +1686,34 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 4, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
         Field { number: 5, json: "wwids", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 212
+    // 217
     Message { name: "io.k8s.api.core.v1.FlockerVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "datasetName", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "datasetUUID", label: Label::Optional, kind: Kind::String },
     ] },
-    // 213
+    // 218
     Message { name: "io.k8s.api.core.v1.FlexPersistentVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "driver", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "fsType", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "secretRef", label: Label::Optional, kind: Kind::Message(269) },
+        Field { number: 3, json: "secretRef", label: Label::Optional, kind: Kind::Message(274) },
         Field { number: 4, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
         Field { number: 5, json: "options", label: Label::Map, kind: Kind::String },
     ] },
-    // 214
+    // 219
     Message { name: "io.k8s.api.core.v1.AzureFilePersistentVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "secretName", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "shareName", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
         Field { number: 4, json: "secretNamespace", label: Label::Optional, kind: Kind::String },
     ] },
-    // 215
+    // 220
     Message { name: "io.k8s.api.core.v1.VsphereVirtualDiskVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "volumePath", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "fsType", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "storagePolicyName", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "storagePolicyID", label: Label::Optional, kind: Kind::String },
     ] },
-    // 216
+    // 221
     Message { name: "io.k8s.api.core.v1.QuobyteVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "registry", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "volume", label: Label::Optional, kind: Kind::String },
@@ -1688,7 +1722,7 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 5, json: "group", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "tenant", label: Label::Optional, kind: Kind::String },
     ] },
-    // 217
+    // 222
     Message { name: "io.k8s.api.core.v1.AzureDiskVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "diskName", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "diskURI", label: Label::Optional, kind: Kind::String },
@@ -1697,22 +1731,22 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 5, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
         Field { number: 6, json: "kind", label: Label::Optional, kind: Kind::String },
     ] },
-    // 218
+    // 223
     Message { name: "io.k8s.api.core.v1.PhotonPersistentDiskVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "pdID", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "fsType", label: Label::Optional, kind: Kind::String },
     ] },
-    // 219
+    // 224
     Message { name: "io.k8s.api.core.v1.PortworxVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "volumeID", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "fsType", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 220
+    // 225
     Message { name: "io.k8s.api.core.v1.ScaleIoPersistentVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "gateway", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "system", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "secretRef", label: Label::Optional, kind: Kind::Message(269) },
+        Field { number: 3, json: "secretRef", label: Label::Optional, kind: Kind::Message(274) },
         Field { number: 4, json: "sslEnabled", label: Label::Optional, kind: Kind::Bool },
         Field { number: 5, json: "protectionDomain", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "storagePool", label: Label::Optional, kind: Kind::String },
@@ -1721,103 +1755,103 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 9, json: "fsType", label: Label::Optional, kind: Kind::String },
         Field { number: 10, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 221
+    // 226
     Message { name: "io.k8s.api.core.v1.LocalVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "path", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "fsType", label: Label::Optional, kind: Kind::String },
     ] },
-    // 222
+    // 227
     Message { name: "io.k8s.api.core.v1.StorageOsPersistentVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "volumeName", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "volumeNamespace", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "fsType", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 5, json: "secretRef", label: Label::Optional, kind: Kind::Message(47) },
+        Field { number: 5, json: "secretRef", label: Label::Optional, kind: Kind::Message(48) },
     ] },
-    // 223
+    // 228
     Message { name: "io.k8s.api.core.v1.CSIPersistentVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "driver", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "volumeHandle", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
         Field { number: 4, json: "fsType", label: Label::Optional, kind: Kind::String },
         Field { number: 5, json: "volumeAttributes", label: Label::Map, kind: Kind::String },
-        Field { number: 6, json: "controllerPublishSecretRef", label: Label::Optional, kind: Kind::Message(269) },
-        Field { number: 7, json: "nodeStageSecretRef", label: Label::Optional, kind: Kind::Message(269) },
-        Field { number: 8, json: "nodePublishSecretRef", label: Label::Optional, kind: Kind::Message(269) },
-        Field { number: 9, json: "controllerExpandSecretRef", label: Label::Optional, kind: Kind::Message(269) },
-        Field { number: 10, json: "nodeExpandSecretRef", label: Label::Optional, kind: Kind::Message(269) },
+        Field { number: 6, json: "controllerPublishSecretRef", label: Label::Optional, kind: Kind::Message(274) },
+        Field { number: 7, json: "nodeStageSecretRef", label: Label::Optional, kind: Kind::Message(274) },
+        Field { number: 8, json: "nodePublishSecretRef", label: Label::Optional, kind: Kind::Message(274) },
+        Field { number: 9, json: "controllerExpandSecretRef", label: Label::Optional, kind: Kind::Message(274) },
+        Field { number: 10, json: "nodeExpandSecretRef", label: Label::Optional, kind: Kind::Message(274) },
     ] },
-    // 224
+    // 229
     Message { name: "io.k8s.api.core.v1.NodeSelector", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "nodeSelectorTerms", label: Label::Repeated, kind: Kind::Message(270) },
+        Field { number: 1, json: "nodeSelectorTerms", label: Label::Repeated, kind: Kind::Message(275) },
     ] },
-    // 225
+    // 230
     Message { name: "io.k8s.api.discovery.v1.ForZone", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
     ] },
-    // 226
+    // 231
     Message { name: "io.k8s.api.discovery.v1.ForNode", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
     ] },
-    // 227
+    // 232
     Message { name: "io.k8s.api.storage.v1.VolumeNodeResources", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "count", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 228
+    // 233
     Message { name: "io.k8s.api.apps.v1.RollingUpdateDeployment", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "maxUnavailable", label: Label::Optional, kind: Kind::Message(164) },
-        Field { number: 2, json: "maxSurge", label: Label::Optional, kind: Kind::Message(164) },
+        Field { number: 1, json: "maxUnavailable", label: Label::Optional, kind: Kind::Message(167) },
+        Field { number: 2, json: "maxSurge", label: Label::Optional, kind: Kind::Message(167) },
     ] },
-    // 229
+    // 234
     Message { name: "io.k8s.api.apps.v1.RollingUpdateDaemonSet", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "maxUnavailable", label: Label::Optional, kind: Kind::Message(164) },
-        Field { number: 2, json: "maxSurge", label: Label::Optional, kind: Kind::Message(164) },
+        Field { number: 1, json: "maxUnavailable", label: Label::Optional, kind: Kind::Message(167) },
+        Field { number: 2, json: "maxSurge", label: Label::Optional, kind: Kind::Message(167) },
     ] },
-    // 230
+    // 235
     Message { name: "io.k8s.api.apps.v1.RollingUpdateStatefulSetStrategy", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "partition", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 2, json: "maxUnavailable", label: Label::Optional, kind: Kind::Message(164) },
+        Field { number: 2, json: "maxUnavailable", label: Label::Optional, kind: Kind::Message(167) },
     ] },
-    // 231
+    // 236
     Message { name: "io.k8s.api.batch.v1.PodFailurePolicyRule", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "action", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "onExitCodes", label: Label::Optional, kind: Kind::Message(271) },
-        Field { number: 3, json: "onPodConditions", label: Label::Repeated, kind: Kind::Message(272) },
+        Field { number: 2, json: "onExitCodes", label: Label::Optional, kind: Kind::Message(276) },
+        Field { number: 3, json: "onPodConditions", label: Label::Repeated, kind: Kind::Message(277) },
     ] },
-    // 232
+    // 237
     Message { name: "io.k8s.api.batch.v1.SuccessPolicyRule", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "succeededIndexes", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "succeededCount", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 233
+    // 238
     Message { name: "io.k8s.api.authorization.v1.FieldSelectorAttributes", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "rawSelector", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "requirements", label: Label::Repeated, kind: Kind::Message(273) },
+        Field { number: 2, json: "requirements", label: Label::Repeated, kind: Kind::Message(278) },
     ] },
-    // 234
+    // 239
     Message { name: "io.k8s.api.authorization.v1.LabelSelectorAttributes", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "rawSelector", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "requirements", label: Label::Repeated, kind: Kind::Message(148) },
+        Field { number: 2, json: "requirements", label: Label::Repeated, kind: Kind::Message(151) },
     ] },
-    // 235
+    // 240
     Message { name: "io.k8s.api.core.v1.EmptyDirVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "medium", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "sizeLimit", label: Label::Optional, kind: Kind::Message(66) },
+        Field { number: 2, json: "sizeLimit", label: Label::Optional, kind: Kind::Message(67) },
     ] },
-    // 236
+    // 241
     Message { name: "io.k8s.api.core.v1.GitRepoVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "repository", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "revision", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "directory", label: Label::Optional, kind: Kind::String },
     ] },
-    // 237
+    // 242
     Message { name: "io.k8s.api.core.v1.SecretVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "secretName", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "items", label: Label::Repeated, kind: Kind::Message(274) },
+        Field { number: 2, json: "items", label: Label::Repeated, kind: Kind::Message(279) },
         Field { number: 3, json: "defaultMode", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 4, json: "optional", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 238
+    // 243
     Message { name: "io.k8s.api.core.v1.IscsiVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "targetPortal", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "iqn", label: Label::Optional, kind: Kind::String },
@@ -1827,22 +1861,22 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 6, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
         Field { number: 7, json: "portals", label: Label::Repeated, kind: Kind::String },
         Field { number: 8, json: "chapAuthDiscovery", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 10, json: "secretRef", label: Label::Optional, kind: Kind::Message(48) },
+        Field { number: 10, json: "secretRef", label: Label::Optional, kind: Kind::Message(49) },
         Field { number: 11, json: "chapAuthSession", label: Label::Optional, kind: Kind::Bool },
         Field { number: 12, json: "initiatorName", label: Label::Optional, kind: Kind::String },
     ] },
-    // 239
+    // 244
     Message { name: "io.k8s.api.core.v1.GlusterfsVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "endpoints", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "path", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 240
+    // 245
     Message { name: "io.k8s.api.core.v1.PersistentVolumeClaimVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "claimName", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 241
+    // 246
     Message { name: "io.k8s.api.core.v1.RbdVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "monitors", label: Label::Repeated, kind: Kind::String },
         Field { number: 2, json: "image", label: Label::Optional, kind: Kind::String },
@@ -1850,56 +1884,56 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 4, json: "pool", label: Label::Optional, kind: Kind::String },
         Field { number: 5, json: "user", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "keyring", label: Label::Optional, kind: Kind::String },
-        Field { number: 7, json: "secretRef", label: Label::Optional, kind: Kind::Message(48) },
+        Field { number: 7, json: "secretRef", label: Label::Optional, kind: Kind::Message(49) },
         Field { number: 8, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 242
+    // 247
     Message { name: "io.k8s.api.core.v1.FlexVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "driver", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "fsType", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "secretRef", label: Label::Optional, kind: Kind::Message(48) },
+        Field { number: 3, json: "secretRef", label: Label::Optional, kind: Kind::Message(49) },
         Field { number: 4, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
         Field { number: 5, json: "options", label: Label::Map, kind: Kind::String },
     ] },
-    // 243
+    // 248
     Message { name: "io.k8s.api.core.v1.CinderVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "volumeID", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "fsType", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 4, json: "secretRef", label: Label::Optional, kind: Kind::Message(48) },
+        Field { number: 4, json: "secretRef", label: Label::Optional, kind: Kind::Message(49) },
     ] },
-    // 244
+    // 249
     Message { name: "io.k8s.api.core.v1.CephFsVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "monitors", label: Label::Repeated, kind: Kind::String },
         Field { number: 2, json: "path", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "user", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "secretFile", label: Label::Optional, kind: Kind::String },
-        Field { number: 5, json: "secretRef", label: Label::Optional, kind: Kind::Message(48) },
+        Field { number: 5, json: "secretRef", label: Label::Optional, kind: Kind::Message(49) },
         Field { number: 6, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 245
+    // 250
     Message { name: "io.k8s.api.core.v1.DownwardAPIVolumeSource", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "items", label: Label::Repeated, kind: Kind::Message(275) },
+        Field { number: 1, json: "items", label: Label::Repeated, kind: Kind::Message(280) },
         Field { number: 2, json: "defaultMode", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 246
+    // 251
     Message { name: "io.k8s.api.core.v1.AzureFileVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "secretName", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "shareName", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 247
+    // 252
     Message { name: "io.k8s.api.core.v1.ConfigMapVolumeSource", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(48) },
-        Field { number: 2, json: "items", label: Label::Repeated, kind: Kind::Message(274) },
+        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(49) },
+        Field { number: 2, json: "items", label: Label::Repeated, kind: Kind::Message(279) },
         Field { number: 3, json: "defaultMode", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 4, json: "optional", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 248
+    // 253
     Message { name: "io.k8s.api.core.v1.ScaleIoVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "gateway", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "system", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "secretRef", label: Label::Optional, kind: Kind::Message(48) },
+        Field { number: 3, json: "secretRef", label: Label::Optional, kind: Kind::Message(49) },
         Field { number: 4, json: "sslEnabled", label: Label::Optional, kind: Kind::Bool },
         Field { number: 5, json: "protectionDomain", label: Label::Optional, kind: Kind::String },
         Field { number: 6, json: "storagePool", label: Label::Optional, kind: Kind::String },
@@ -1908,266 +1942,266 @@ pub static MESSAGES: &[Message] = &[
         Field { number: 9, json: "fsType", label: Label::Optional, kind: Kind::String },
         Field { number: 10, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 249
+    // 254
     Message { name: "io.k8s.api.core.v1.ProjectedVolumeSource", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "sources", label: Label::Repeated, kind: Kind::Message(276) },
+        Field { number: 1, json: "sources", label: Label::Repeated, kind: Kind::Message(281) },
         Field { number: 2, json: "defaultMode", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 250
+    // 255
     Message { name: "io.k8s.api.core.v1.StorageOsVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "volumeName", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "volumeNamespace", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "fsType", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
-        Field { number: 5, json: "secretRef", label: Label::Optional, kind: Kind::Message(48) },
+        Field { number: 5, json: "secretRef", label: Label::Optional, kind: Kind::Message(49) },
     ] },
-    // 251
+    // 256
     Message { name: "io.k8s.api.core.v1.CSIVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "driver", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "readOnly", label: Label::Optional, kind: Kind::Bool },
         Field { number: 3, json: "fsType", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "volumeAttributes", label: Label::Map, kind: Kind::String },
-        Field { number: 5, json: "nodePublishSecretRef", label: Label::Optional, kind: Kind::Message(48) },
+        Field { number: 5, json: "nodePublishSecretRef", label: Label::Optional, kind: Kind::Message(49) },
     ] },
-    // 252
+    // 257
     Message { name: "io.k8s.api.core.v1.EphemeralVolumeSource", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "volumeClaimTemplate", label: Label::Optional, kind: Kind::Message(277) },
+        Field { number: 1, json: "volumeClaimTemplate", label: Label::Optional, kind: Kind::Message(282) },
     ] },
-    // 253
+    // 258
     Message { name: "io.k8s.api.core.v1.ImageVolumeSource", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "reference", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "pullPolicy", label: Label::Optional, kind: Kind::String },
     ] },
-    // 254
+    // 259
     Message { name: "io.k8s.api.core.v1.EnvVarSource", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "fieldRef", label: Label::Optional, kind: Kind::Message(278) },
-        Field { number: 2, json: "resourceFieldRef", label: Label::Optional, kind: Kind::Message(279) },
-        Field { number: 3, json: "configMapKeyRef", label: Label::Optional, kind: Kind::Message(280) },
-        Field { number: 4, json: "secretKeyRef", label: Label::Optional, kind: Kind::Message(281) },
+        Field { number: 1, json: "fieldRef", label: Label::Optional, kind: Kind::Message(283) },
+        Field { number: 2, json: "resourceFieldRef", label: Label::Optional, kind: Kind::Message(284) },
+        Field { number: 3, json: "configMapKeyRef", label: Label::Optional, kind: Kind::Message(285) },
+        Field { number: 4, json: "secretKeyRef", label: Label::Optional, kind: Kind::Message(286) },
     ] },
-    // 255
+    // 260
     Message { name: "io.k8s.api.core.v1.ProbeHandler", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "exec", label: Label::Optional, kind: Kind::Message(282) },
-        Field { number: 2, json: "httpGet", label: Label::Optional, kind: Kind::Message(283) },
-        Field { number: 3, json: "tcpSocket", label: Label::Optional, kind: Kind::Message(284) },
-        Field { number: 4, json: "grpc", label: Label::Optional, kind: Kind::Message(285) },
+        Field { number: 1, json: "exec", label: Label::Optional, kind: Kind::Message(287) },
+        Field { number: 2, json: "httpGet", label: Label::Optional, kind: Kind::Message(288) },
+        Field { number: 3, json: "tcpSocket", label: Label::Optional, kind: Kind::Message(289) },
+        Field { number: 4, json: "grpc", label: Label::Optional, kind: Kind::Message(290) },
     ] },
-    // 256
+    // 261
     Message { name: "io.k8s.api.core.v1.LifecycleHandler", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "exec", label: Label::Optional, kind: Kind::Message(282) },
-        Field { number: 2, json: "httpGet", label: Label::Optional, kind: Kind::Message(283) },
-        Field { number: 3, json: "tcpSocket", label: Label::Optional, kind: Kind::Message(284) },
-        Field { number: 4, json: "sleep", label: Label::Optional, kind: Kind::Message(286) },
+        Field { number: 1, json: "exec", label: Label::Optional, kind: Kind::Message(287) },
+        Field { number: 2, json: "httpGet", label: Label::Optional, kind: Kind::Message(288) },
+        Field { number: 3, json: "tcpSocket", label: Label::Optional, kind: Kind::Message(289) },
+        Field { number: 4, json: "sleep", label: Label::Optional, kind: Kind::Message(291) },
     ] },
-    // 257
+    // 262
     Message { name: "io.k8s.api.core.v1.Capabilities", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "add", label: Label::Repeated, kind: Kind::String },
         Field { number: 2, json: "drop", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 258
+    // 263
     Message { name: "io.k8s.api.core.v1.ConfigMapEnvSource", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(48) },
+        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(49) },
         Field { number: 2, json: "optional", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 259
+    // 264
     Message { name: "io.k8s.api.core.v1.SecretEnvSource", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(48) },
+        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(49) },
         Field { number: 2, json: "optional", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 260
+    // 265
     Message { name: "io.k8s.api.core.v1.PreferredSchedulingTerm", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "weight", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 2, json: "preference", label: Label::Optional, kind: Kind::Message(270) },
+        Field { number: 2, json: "preference", label: Label::Optional, kind: Kind::Message(275) },
     ] },
-    // 261
+    // 266
     Message { name: "io.k8s.api.core.v1.PodAffinityTerm", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "labelSelector", label: Label::Optional, kind: Kind::Message(65) },
+        Field { number: 1, json: "labelSelector", label: Label::Optional, kind: Kind::Message(66) },
         Field { number: 2, json: "namespaces", label: Label::Repeated, kind: Kind::String },
         Field { number: 3, json: "topologyKey", label: Label::Optional, kind: Kind::String },
-        Field { number: 4, json: "namespaceSelector", label: Label::Optional, kind: Kind::Message(65) },
+        Field { number: 4, json: "namespaceSelector", label: Label::Optional, kind: Kind::Message(66) },
         Field { number: 5, json: "matchLabelKeys", label: Label::Repeated, kind: Kind::String },
         Field { number: 6, json: "mismatchLabelKeys", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 262
+    // 267
     Message { name: "io.k8s.api.core.v1.WeightedPodAffinityTerm", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "weight", label: Label::Optional, kind: Kind::Int32 },
-        Field { number: 2, json: "podAffinityTerm", label: Label::Optional, kind: Kind::Message(261) },
+        Field { number: 2, json: "podAffinityTerm", label: Label::Optional, kind: Kind::Message(266) },
     ] },
-    // 263
+    // 268
     Message { name: "io.k8s.api.core.v1.ContainerStateWaiting", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "reason", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "message", label: Label::Optional, kind: Kind::String },
     ] },
-    // 264
+    // 269
     Message { name: "io.k8s.api.core.v1.ContainerStateRunning", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "startedAt", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 1, json: "startedAt", label: Label::Optional, kind: Kind::Message(51) },
     ] },
-    // 265
+    // 270
     Message { name: "io.k8s.api.core.v1.ContainerStateTerminated", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "exitCode", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 2, json: "signal", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 3, json: "reason", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "message", label: Label::Optional, kind: Kind::String },
-        Field { number: 5, json: "startedAt", label: Label::Optional, kind: Kind::Message(50) },
-        Field { number: 6, json: "finishedAt", label: Label::Optional, kind: Kind::Message(50) },
+        Field { number: 5, json: "startedAt", label: Label::Optional, kind: Kind::Message(51) },
+        Field { number: 6, json: "finishedAt", label: Label::Optional, kind: Kind::Message(51) },
         Field { number: 7, json: "containerID", label: Label::Optional, kind: Kind::String },
     ] },
-    // 266
+    // 271
     Message { name: "io.k8s.api.core.v1.LinuxContainerUser", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "uid", label: Label::Optional, kind: Kind::Int64 },
         Field { number: 2, json: "gid", label: Label::Optional, kind: Kind::Int64 },
         Field { number: 3, json: "supplementalGroups", label: Label::Repeated, kind: Kind::Int64 },
     ] },
-    // 267
+    // 272
     Message { name: "io.k8s.api.core.v1.ResourceHealth", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "resourceID", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "health", label: Label::Optional, kind: Kind::String },
     ] },
-    // 268
+    // 273
     Message { name: "io.k8s.api.core.v1.PortStatus", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "port", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 2, json: "protocol", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "error", label: Label::Optional, kind: Kind::String },
     ] },
-    // 269
+    // 274
     Message { name: "io.k8s.api.core.v1.SecretReference", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "namespace", label: Label::Optional, kind: Kind::String },
     ] },
-    // 270
+    // 275
     Message { name: "io.k8s.api.core.v1.NodeSelectorTerm", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "matchExpressions", label: Label::Repeated, kind: Kind::Message(287) },
-        Field { number: 2, json: "matchFields", label: Label::Repeated, kind: Kind::Message(287) },
+        Field { number: 1, json: "matchExpressions", label: Label::Repeated, kind: Kind::Message(292) },
+        Field { number: 2, json: "matchFields", label: Label::Repeated, kind: Kind::Message(292) },
     ] },
-    // 271
+    // 276
     Message { name: "io.k8s.api.batch.v1.PodFailurePolicyOnExitCodesRequirement", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "containerName", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "operator", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "values", label: Label::Repeated, kind: Kind::Int32 },
     ] },
-    // 272
+    // 277
     Message { name: "io.k8s.api.batch.v1.PodFailurePolicyOnPodConditionsPattern", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "type", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "status", label: Label::Optional, kind: Kind::String },
     ] },
-    // 273
+    // 278
     Message { name: "io.k8s.apimachinery.pkg.apis.meta.v1.FieldSelectorRequirement", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "key", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "operator", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "values", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 274
+    // 279
     Message { name: "io.k8s.api.core.v1.KeyToPath", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "key", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "path", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "mode", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 275
+    // 280
     Message { name: "io.k8s.api.core.v1.DownwardAPIVolumeFile", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "path", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "fieldRef", label: Label::Optional, kind: Kind::Message(278) },
-        Field { number: 3, json: "resourceFieldRef", label: Label::Optional, kind: Kind::Message(279) },
+        Field { number: 2, json: "fieldRef", label: Label::Optional, kind: Kind::Message(283) },
+        Field { number: 3, json: "resourceFieldRef", label: Label::Optional, kind: Kind::Message(284) },
         Field { number: 4, json: "mode", label: Label::Optional, kind: Kind::Int32 },
     ] },
-    // 276
+    // 281
     Message { name: "io.k8s.api.core.v1.VolumeProjection", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "secret", label: Label::Optional, kind: Kind::Message(288) },
-        Field { number: 2, json: "downwardAPI", label: Label::Optional, kind: Kind::Message(289) },
-        Field { number: 3, json: "configMap", label: Label::Optional, kind: Kind::Message(290) },
-        Field { number: 4, json: "serviceAccountToken", label: Label::Optional, kind: Kind::Message(291) },
-        Field { number: 5, json: "clusterTrustBundle", label: Label::Optional, kind: Kind::Message(292) },
+        Field { number: 1, json: "secret", label: Label::Optional, kind: Kind::Message(293) },
+        Field { number: 2, json: "downwardAPI", label: Label::Optional, kind: Kind::Message(294) },
+        Field { number: 3, json: "configMap", label: Label::Optional, kind: Kind::Message(295) },
+        Field { number: 4, json: "serviceAccountToken", label: Label::Optional, kind: Kind::Message(296) },
+        Field { number: 5, json: "clusterTrustBundle", label: Label::Optional, kind: Kind::Message(297) },
     ] },
-    // 277
+    // 282
     Message { name: "io.k8s.api.core.v1.PersistentVolumeClaimTemplate", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(37) },
-        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(55) },
+        Field { number: 1, json: "metadata", label: Label::Optional, kind: Kind::Message(38) },
+        Field { number: 2, json: "spec", label: Label::Optional, kind: Kind::Message(56) },
     ] },
-    // 278
+    // 283
     Message { name: "io.k8s.api.core.v1.ObjectFieldSelector", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "apiVersion", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "fieldPath", label: Label::Optional, kind: Kind::String },
     ] },
-    // 279
+    // 284
     Message { name: "io.k8s.api.core.v1.ResourceFieldSelector", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "containerName", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "resource", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "divisor", label: Label::Optional, kind: Kind::Message(66) },
+        Field { number: 3, json: "divisor", label: Label::Optional, kind: Kind::Message(67) },
     ] },
-    // 280
+    // 285
     Message { name: "io.k8s.api.core.v1.ConfigMapKeySelector", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(48) },
+        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(49) },
         Field { number: 2, json: "key", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "optional", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 281
+    // 286
     Message { name: "io.k8s.api.core.v1.SecretKeySelector", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(48) },
+        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(49) },
         Field { number: 2, json: "key", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "optional", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 282
+    // 287
     Message { name: "io.k8s.api.core.v1.ExecAction", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "command", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 283
+    // 288
     Message { name: "io.k8s.api.core.v1.HttpGetAction", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "path", label: Label::Optional, kind: Kind::String },
-        Field { number: 2, json: "port", label: Label::Optional, kind: Kind::Message(164) },
+        Field { number: 2, json: "port", label: Label::Optional, kind: Kind::Message(167) },
         Field { number: 3, json: "host", label: Label::Optional, kind: Kind::String },
         Field { number: 4, json: "scheme", label: Label::Optional, kind: Kind::String },
-        Field { number: 5, json: "httpHeaders", label: Label::Repeated, kind: Kind::Message(293) },
+        Field { number: 5, json: "httpHeaders", label: Label::Repeated, kind: Kind::Message(298) },
     ] },
-    // 284
+    // 289
     Message { name: "io.k8s.api.core.v1.TcpSocketAction", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "port", label: Label::Optional, kind: Kind::Message(164) },
+        Field { number: 1, json: "port", label: Label::Optional, kind: Kind::Message(167) },
         Field { number: 2, json: "host", label: Label::Optional, kind: Kind::String },
     ] },
-    // 285
+    // 290
     Message { name: "io.k8s.api.core.v1.GrpcAction", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "port", label: Label::Optional, kind: Kind::Int32 },
         Field { number: 2, json: "service", label: Label::Optional, kind: Kind::String },
     ] },
-    // 286
+    // 291
     Message { name: "io.k8s.api.core.v1.SleepAction", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "seconds", label: Label::Optional, kind: Kind::Int64 },
     ] },
-    // 287
+    // 292
     Message { name: "io.k8s.api.core.v1.NodeSelectorRequirement", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "key", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "operator", label: Label::Optional, kind: Kind::String },
         Field { number: 3, json: "values", label: Label::Repeated, kind: Kind::String },
     ] },
-    // 288
+    // 293
     Message { name: "io.k8s.api.core.v1.SecretProjection", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(48) },
-        Field { number: 2, json: "items", label: Label::Repeated, kind: Kind::Message(274) },
+        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(49) },
+        Field { number: 2, json: "items", label: Label::Repeated, kind: Kind::Message(279) },
         Field { number: 4, json: "optional", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 289
+    // 294
     Message { name: "io.k8s.api.core.v1.DownwardAPIProjection", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "items", label: Label::Repeated, kind: Kind::Message(275) },
+        Field { number: 1, json: "items", label: Label::Repeated, kind: Kind::Message(280) },
     ] },
-    // 290
+    // 295
     Message { name: "io.k8s.api.core.v1.ConfigMapProjection", well_known: WellKnown::None, fields: &[
-        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(48) },
-        Field { number: 2, json: "items", label: Label::Repeated, kind: Kind::Message(274) },
+        Field { number: 1, json: "", label: Label::Inline, kind: Kind::Message(49) },
+        Field { number: 2, json: "items", label: Label::Repeated, kind: Kind::Message(279) },
         Field { number: 4, json: "optional", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 291
+    // 296
     Message { name: "io.k8s.api.core.v1.ServiceAccountTokenProjection", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "audience", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "expirationSeconds", label: Label::Optional, kind: Kind::Int64 },
         Field { number: 3, json: "path", label: Label::Optional, kind: Kind::String },
     ] },
-    // 292
+    // 297
     Message { name: "io.k8s.api.core.v1.ClusterTrustBundleProjection", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "signerName", label: Label::Optional, kind: Kind::String },
-        Field { number: 3, json: "labelSelector", label: Label::Optional, kind: Kind::Message(65) },
+        Field { number: 3, json: "labelSelector", label: Label::Optional, kind: Kind::Message(66) },
         Field { number: 4, json: "path", label: Label::Optional, kind: Kind::String },
         Field { number: 5, json: "optional", label: Label::Optional, kind: Kind::Bool },
     ] },
-    // 293
+    // 298
     Message { name: "io.k8s.api.core.v1.HttpHeader", well_known: WellKnown::None, fields: &[
         Field { number: 1, json: "name", label: Label::Optional, kind: Kind::String },
         Field { number: 2, json: "value", label: Label::Optional, kind: Kind::String },

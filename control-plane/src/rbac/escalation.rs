@@ -50,6 +50,27 @@ fn requester() -> Option<Requester> {
     REQUESTER.try_with(|r| r.borrow().clone()).ok().flatten()
 }
 
+/// The user of the request being served; None outside a request (the server's own writes).
+pub fn requesting_user() -> Option<User> {
+    requester().map(|r| r.user)
+}
+
+/// Whether the request's user may do what `attrs` names (RBAC, with `system:masters`
+/// allowed everything), for admission checks beyond the request's own authorization
+/// (upstream's CertificateApproval/CertificateSigning); Ok outside a request. A refusal first
+/// lets the policy reach the revision the request saw.
+pub async fn requester_may(attrs: &Attributes<'_>) -> bool {
+    let Some(r) = requester() else { return true };
+    if r.user.is_admin() {
+        return true;
+    }
+    let may = |r: &Requester| super::authorize(&r.policy.read(), &r.user, &Action::Resource(attrs.clone())).0;
+    if may(&r) {
+        return true;
+    }
+    r.policy.applied() < r.seen && r.policy.caught_up(r.seen, Duration::from_secs(1)).await && may(&r)
+}
+
 /// What a write asks of its writer, beyond being allowed to write.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Needs {

@@ -217,7 +217,7 @@ pub async fn reconcile(api: &Api) -> Result<(), ApiError> {
             let result = match op {
                 None => Ok(()),
                 Some(Op::Create(o)) => api.create(res, None, o, false).await.map(drop),
-                Some(Op::Update(o)) => api.update(res, None, name, o, false, false).await.map(drop),
+                Some(Op::Update(o)) => api.update(res, None, name, o, crate::api::Endpoint::Main, false).await.map(drop),
                 Some(Op::Recreate(mut o)) => {
                     let opts = DeleteOptions { precondition_rv: o.pointer("/metadata/resourceVersion").and_then(Value::as_str).map(str::to_string), ..Default::default() };
                     if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
