@@ -16,6 +16,14 @@ pub struct Flags {
     /// Kubeconfig with the node's credentials. Without it the agent runs standalone.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig with a bootstrap token: when --kubeconfig is missing or its client
+    /// certificate expired, the agent asks the control plane for a certificate with it (a
+    /// CertificateSigningRequest) and writes --kubeconfig (kubelet's TLS bootstrap).
+    #[arg(long, requires = "kubeconfig")]
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// Where the client certificate got by the bootstrap is kept (default: <root-dir>/pki).
+    #[arg(long)]
+    pub cert_dir: Option<PathBuf>,
     /// API servers to use in turn with the kubeconfig's credentials, comma-separated (several
     /// ferro-control-plane replicas without a load balancer; default: the kubeconfig's server).
     /// When one cannot be reached the next requests go to the next (ferro_runtime::apiclient).
@@ -181,6 +189,8 @@ impl KubeletConfiguration {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentConfig {
     pub kubeconfig: Option<PathBuf>,
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    pub cert_dir: PathBuf,
     /// `--api-servers`, as given (parsed when the client is built).
     pub api_servers: Vec<String>,
     pub hostname_override: Option<String>,
@@ -325,6 +335,8 @@ impl AgentConfig {
             image_maximum_gc_age,
             image_gc_period,
             kubeconfig: flags.kubeconfig.clone(),
+            bootstrap_kubeconfig: flags.bootstrap_kubeconfig.clone(),
+            cert_dir: flags.cert_dir.clone().unwrap_or_else(|| flags.root_dir.join("pki")),
             api_servers: flags.api_servers.clone(),
             hostname_override: flags.hostname_override.clone(),
             node_ip: flags.node_ip,

@@ -5,6 +5,7 @@
 //! node's and pods' resource usage ([`stats`]) on :10250 ([`server`]). docs/design/agent.md
 //! describes it.
 
+pub mod bootstrap;
 pub mod clock;
 pub mod config;
 pub mod cri;

@@ -194,6 +194,14 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     };
     let mut term = signal(SignalKind::terminate())?;
     let sd = ferro_runtime::systemd::Systemd::from_env();
+    if let (Some(kubeconfig), Some(bootstrap_kubeconfig)) = (cfg.kubeconfig.as_deref(), cfg.bootstrap_kubeconfig.as_deref()) {
+        let servers = ferro_runtime::apiclient::parse_servers(&cfg.api_servers.join(","))?;
+        let join = ferro_agent::bootstrap::Bootstrap { kubeconfig, bootstrap_kubeconfig, cert_dir: &cfg.cert_dir, node_name: &name, servers: &servers };
+        tokio::select! {
+            r = ferro_agent::bootstrap::ensure(&join) => r.context("TLS bootstrap")?,
+            _ = term.recv() => return Ok(()),
+        }
+    }
     let client = match cfg.kubeconfig.as_deref() {
         Some(k) => Some(kube_client(k, &cfg.api_servers).await?),
         None => None,

@@ -438,3 +438,117 @@ async fn a_csi_driver_registers_through_the_plugin_registry_and_leaves_with_its_
     })
     .await;
 }
+
+/// `ferro-control-plane token create` on the control plane's data dir: the token.
+fn create_token(cp: &ControlPlane, args: &[&str]) -> String {
+    let out = Command::new(control_plane_bin())
+        .args(["token", "create", "--data-dir", cp.dir.path().to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// A kubeconfig holding only the API server, its CA and a bootstrap token.
+fn bootstrap_kubeconfig(cp: &ControlPlane, dir: &Path, token: &str) -> PathBuf {
+    let path = dir.join(format!("bootstrap-{}.kubeconfig", &token[..6]));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: ferro\n  cluster:\n    server: https://127.0.0.1:{}\n    certificate-authority: {}\ncontexts:\n- name: boot\n  context: {{cluster: ferro, user: boot}}\ncurrent-context: boot\nusers:\n- name: boot\n  user: {{token: {token}}}\n",
+            cp.port,
+            cp.dir.path().join("ca.crt").display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn start_joining_agent(dir: &Path, kubeconfig: &Path, bootstrap: &Path, config: &Path, log_name: &str) -> Proc {
+    let log = std::fs::File::create(dir.join(log_name)).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_ferro-agent"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--bootstrap-kubeconfig")
+        .arg(bootstrap)
+        .args(["--hostname-override", "node-j"])
+        .arg("--root-dir")
+        .arg(dir.join("root"))
+        .arg("--container-runtime-endpoint")
+        .arg(format!("unix://{}", dir.join("nothing.sock").display()))
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Proc(Some(child))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn joins_with_a_bootstrap_token() {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    use std::os::unix::fs::PermissionsExt as _;
+    let cp = ControlPlane::start();
+    let dir = tempfile::Builder::new().prefix("ferro-agent-join").tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\nnodeLeaseDurationSeconds: 8\n").unwrap();
+    let logs = || {
+        let mut out = String::new();
+        for name in ["bad.log", "join.log", "again.log"] {
+            out.push_str(&format!("{name}:\n{}\n", std::fs::read_to_string(dir.path().join(name)).unwrap_or_default()));
+        }
+        out + &cp.log().lines().rev().take(30).collect::<Vec<_>>().join("\n")
+    };
+    let kubeconfig = dir.path().join("node.kubeconfig");
+    let client = cp.admin().await;
+    let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+
+    // a token nobody made: the agent stops at once with the reason, nothing written
+    let bad = bootstrap_kubeconfig(&cp, dir.path(), "zzzzzz.0123456789abcdef");
+    let mut agent = start_joining_agent(dir.path(), &kubeconfig, &bad, &config, "bad.log");
+    let status = agent.0.as_mut().unwrap().wait().unwrap();
+    assert!(!status.success(), "{}", logs());
+    let text = std::fs::read_to_string(dir.path().join("bad.log")).unwrap();
+    assert!(text.contains("TLS bootstrap") && text.contains("Unauthorized"), "{text}");
+    assert!(!kubeconfig.exists());
+    assert!(csrs.list(&Default::default()).await.unwrap().items.is_empty());
+
+    // a valid token: the agent asks for its certificate, gets it, and registers its Node
+    let token = create_token(&cp, &["--ttl", "10m"]);
+    let boot = bootstrap_kubeconfig(&cp, dir.path(), &token);
+    let mut agent = start_joining_agent(dir.path(), &kubeconfig, &boot, &config, "join.log");
+    wait_for("node-j registered", logs, || async { nodes.get_opt("node-j").await.unwrap().filter(|n| ready_condition(n).is_some()) }).await;
+    let list = csrs.list(&Default::default()).await.unwrap().items;
+    assert_eq!(list.len(), 1, "{list:?}");
+    let csr = &list[0];
+    assert_eq!(csr.spec.username.as_deref(), Some(format!("system:bootstrap:{}", &token[..6]).as_str()));
+    assert_eq!(csr.spec.signer_name, "kubernetes.io/kube-apiserver-client-kubelet");
+    let cond = &csr.status.as_ref().unwrap().conditions.as_ref().unwrap()[0];
+    assert_eq!((cond.type_.as_str(), cond.reason.as_deref()), ("Approved", Some("AutoApproved")));
+    // the key and the kubeconfig are the node's own, private to root
+    let pem = dir.path().join("root/pki/kubelet-client-current.pem");
+    assert_eq!(std::fs::metadata(&pem).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::metadata(&kubeconfig).unwrap().permissions().mode() & 0o777, 0o600);
+    assert!(!dir.path().join("root/pki/kubelet-client.key.tmp").exists());
+    // the Node was made as system:node:node-j: its Lease is held by it
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    wait_for("node-j's lease", logs, || async { leases.get_opt("node-j").await.unwrap() }).await;
+
+    // restarted with a valid certificate: no new request (the token may be gone by then)
+    agent.kill();
+    let secret = format!("bootstrap-token-{}", &token[..6]);
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), "kube-system");
+    secrets.delete(&secret, &Default::default()).await.unwrap();
+    let before = leases.get("node-j").await.unwrap().spec.and_then(|s| s.renew_time).unwrap().0;
+    let _again = start_joining_agent(dir.path(), &kubeconfig, &boot, &config, "again.log");
+    wait_for("node-j's lease renewed by the restarted agent", logs, || async {
+        let l = leases.get("node-j").await.unwrap();
+        (l.spec?.renew_time?.0 > before).then_some(())
+    })
+    .await;
+    assert_eq!(csrs.list(&Default::default()).await.unwrap().items.len(), 1, "{}", logs());
+}
