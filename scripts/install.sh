@@ -7,7 +7,8 @@
 # /var/lib/ferro/installed-files) and leaves the state (store, volumes) in place.
 #
 #   scripts/install.sh --role control-plane [--node-name NAME] [--node-ip IP]
-#   scripts/install.sh --role worker --kubeconfig-dir DIR [--node-name NAME] [--node-ip IP]
+#   scripts/install.sh --role worker --api-server URL --token TOKEN --ca-file CA.crt \
+#                      --kubeconfig-dir DIR [--node-name NAME] [--node-ip IP]
 #   scripts/install.sh --uninstall
 #
 # Options:
@@ -19,9 +20,16 @@
 #   --cluster-cidr CIDR   the pod network (default 10.244.0.0/16)
 #   --api-server URL      the API server the node components use on a control-plane node
 #                         (default https://127.0.0.1:6443)
-#   --kubeconfig-dir DIR  worker: agent.kubeconfig, netd.kubeconfig, proxy.kubeconfig,
-#                         dns.kubeconfig and csi.kubeconfig, made on the control plane with
-#                         `ferro-control-plane kubeconfig` (docs/operations.md)
+#   --token TOKEN         worker: a bootstrap token (`ferro-control-plane token create` on the
+#                         control plane); the agent joins with it (TLS bootstrap: it asks for
+#                         its own client certificate, auto-approved and signed by the cluster
+#                         CA) and writes /etc/ferro/agent.kubeconfig itself
+#   --ca-file FILE        worker: the cluster CA certificate (the control plane's
+#                         /var/lib/ferro/control-plane/ca.crt), with --token
+#   --kubeconfig-dir DIR  worker: netd.kubeconfig, proxy.kubeconfig, dns.kubeconfig and
+#                         csi.kubeconfig (and agent.kubeconfig when there is no --token), made
+#                         on the control plane with `ferro-control-plane kubeconfig`
+#                         (docs/operations.md)
 #   --enable / --no-enable  enable and start the units (default: enable when installing into /
 #                         under a running systemd)
 #   --dry-run             say what would change, change nothing
@@ -38,6 +46,9 @@ NODE_IP=""
 CLUSTER_CIDR=10.244.0.0/16
 API_SERVER=https://127.0.0.1:6443
 KUBECONFIG_DIR=""
+TOKEN=""
+CA_FILE=""
+API_SERVER_GIVEN=0
 ENABLE=""
 UNINSTALL=0
 DRY_RUN=0
@@ -49,7 +60,9 @@ while [ $# -gt 0 ]; do
     --node-name) NODE_NAME=${2:?}; shift 2 ;;
     --node-ip) NODE_IP=${2:?}; shift 2 ;;
     --cluster-cidr) CLUSTER_CIDR=${2:?}; shift 2 ;;
-    --api-server) API_SERVER=${2:?}; shift 2 ;;
+    --api-server) API_SERVER=${2:?}; API_SERVER_GIVEN=1; shift 2 ;;
+    --token) TOKEN=${2:?}; shift 2 ;;
+    --ca-file) CA_FILE=${2:?}; shift 2 ;;
     --kubeconfig-dir) KUBECONFIG_DIR=${2:?}; shift 2 ;;
     --enable) ENABLE=1; shift ;;
     --no-enable) ENABLE=0; shift ;;
@@ -174,10 +187,21 @@ fi
 NODE_NAME=$(echo "$NODE_NAME" | tr '[:upper:]' '[:lower:]')
 [[ $NODE_NAME =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] || die "node name $NODE_NAME is not a DNS subdomain (--node-name)"
 if [ "$ROLE" = worker ]; then
-  [ -n "$KUBECONFIG_DIR" ] || die "--role worker needs --kubeconfig-dir (the TLS bootstrap join is not there yet: docs/operations.md)"
-  for c in agent netd proxy dns csi; do
+  [ -n "$KUBECONFIG_DIR" ] || die "--role worker needs --kubeconfig-dir (the node's components other than the agent: docs/operations.md)"
+  given=(netd proxy dns csi)
+  if [ -n "$TOKEN" ]; then
+    [[ $TOKEN =~ ^[a-z0-9]{6}\.[a-z0-9]{16}$ ]] || die "--token must look like abcdef.0123456789abcdef (ferro-control-plane token create)"
+    [ -n "$CA_FILE" ] && [ -s "$CA_FILE" ] || die "--token needs --ca-file (the cluster CA certificate)"
+    grep -q "BEGIN CERTIFICATE" "$CA_FILE" || die "--ca-file $CA_FILE is not a PEM certificate"
+    [ "$API_SERVER_GIVEN" = 1 ] || die "--token needs --api-server (the control plane's URL, e.g. https://10.0.0.1:6443)"
+  else
+    given+=(agent)
+  fi
+  for c in "${given[@]}"; do
     [ -s "$KUBECONFIG_DIR/$c.kubeconfig" ] || die "$KUBECONFIG_DIR/$c.kubeconfig is missing"
   done
+elif [ -n "$TOKEN" ]; then
+  die "--token is for --role worker"
 fi
 
 # --- binaries and units
@@ -200,9 +224,11 @@ if [ "$ROLE" = control-plane ]; then
 FERRO_CONTROL_PLANE_ARGS="--allocate-node-cidrs --cluster-cidr $CLUSTER_CIDR${advertise[*]:+ ${advertise[*]}}"
 EOF
 fi
+bootstrap=()
+[ -z "$TOKEN" ] || bootstrap=(--bootstrap-kubeconfig /etc/ferro/bootstrap-agent.kubeconfig)
 config_file /etc/ferro/agent.env 644 <<EOF
 # ferro-agent's flags (ferro-agent --help); the KubeletConfiguration is agent-config.yaml
-FERRO_AGENT_ARGS="--hostname-override $NODE_NAME${node_ip[*]:+ ${node_ip[*]}}"
+FERRO_AGENT_ARGS="--hostname-override $NODE_NAME${node_ip[*]:+ ${node_ip[*]}}${bootstrap[*]:+ ${bootstrap[*]}}"
 EOF
 config_file /etc/ferro/agent-config.yaml 644 <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -230,8 +256,8 @@ FERRO_CSI_ARGS=""
 EOF
 
 # --- kubeconfigs: signed here on a control-plane node, given on a worker
-kubeconfig_for() { # component user group
-  local c=$1 user=$2 group=$3 dest=/etc/ferro/$1.kubeconfig
+kubeconfig_for() { # component user [group]
+  local c=$1 user=$2 group=${3:-} dest=/etc/ferro/$1.kubeconfig
   if [ -s "$ROOT$dest" ]; then record "$dest"; return 0; fi
   note_change "write $dest ($user)"
   if [ "$DRY_RUN" = 0 ]; then
@@ -241,8 +267,10 @@ kubeconfig_for() { # component user group
       # the cluster CA is made in the control plane's data dir on first use and is the one
       # ferro-control-plane.service serves with
       install -d -m 700 "$ROOT/var/lib/ferro/control-plane"
+      local groups=()
+      [ -z "$group" ] || groups=(--group "$group")
       "$BIN_DIR/ferro-control-plane" kubeconfig --data-dir "$ROOT/var/lib/ferro/control-plane" \
-        --user "$user" --group "$group" --server "$API_SERVER" >"$tmp"
+        --user "$user" "${groups[@]}" --server "$API_SERVER" >"$tmp"
     else
       cat "$KUBECONFIG_DIR/$c.kubeconfig" >"$tmp"
     fi
@@ -251,12 +279,43 @@ kubeconfig_for() { # component user group
   fi
   record "$dest"
 }
-# Identities as the lab's (scripts/up.sh): the agent as upstream's node user; the others get
-# system:masters until RBAC grants them upstream's roles (issue 16).
-kubeconfig_for agent "system:node:$NODE_NAME" system:nodes
-kubeconfig_for netd system:ferro-netd system:masters
-kubeconfig_for proxy system:kube-proxy system:masters
-kubeconfig_for dns system:ferro-dns system:masters
+# Identities: the agent and netd (which reads Nodes and annotates its own) as the node's user,
+# under the Node authorizer; the proxy as upstream's system:kube-proxy (system:node-proxier);
+# dns as system:ferro-dns (its ClusterRole: services and EndpointSlices); csi keeps
+# system:masters until its role is proven against a running provisioner (issue 15's notes).
+if [ -n "$TOKEN" ]; then
+  # the TLS-bootstrap join: the agent asks for its own certificate with the token and writes
+  # /etc/ferro/agent.kubeconfig (recorded, so --uninstall removes it too)
+  ca_data=$(base64 -w0 <"$CA_FILE")
+  boot_tmp=$(mktemp)
+  cat >"$boot_tmp" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: ferro
+  cluster:
+    server: $API_SERVER
+    certificate-authority-data: $ca_data
+contexts:
+- name: tls-bootstrap
+  context:
+    cluster: ferro
+    user: tls-bootstrap
+current-context: tls-bootstrap
+users:
+- name: tls-bootstrap
+  user:
+    token: $TOKEN
+EOF
+  install_file "$boot_tmp" /etc/ferro/bootstrap-agent.kubeconfig 600
+  rm -f "$boot_tmp"
+  record /etc/ferro/agent.kubeconfig
+else
+  kubeconfig_for agent "system:node:$NODE_NAME" system:nodes
+fi
+kubeconfig_for netd "system:node:$NODE_NAME" system:nodes
+kubeconfig_for proxy system:kube-proxy
+kubeconfig_for dns system:ferro-dns
 kubeconfig_for csi system:ferro-csi system:masters
 
 # --- enable and start

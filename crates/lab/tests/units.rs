@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -80,6 +81,14 @@ fn journal(m: &Machine, unit: &str) -> String {
     m.cmd(&["journalctl", "-u", unit, "--no-pager", "-o", "cat"])
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default()
+}
+
+/// A host binary's real path.
+fn which(bin: &str) -> PathBuf {
+    let out = Command::new("sh").args(["-c", &format!("command -v {bin}")]).output().unwrap();
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(!path.is_empty(), "{bin} is not installed");
+    std::fs::canonicalize(path).unwrap()
 }
 
 /// Starts a unit (systemctl start returns once READY=1 came) and checks it is active with the
@@ -156,21 +165,51 @@ fn units_under_systemd_as_pid1() {
         assert!(root.join("etc/systemd/system").join(format!("{u}.service")).is_file());
     }
 
-    // a worker beside it (installed only, not booted): the node's units with the kubeconfigs
-    // it is given, none of the control plane's, and again idempotent
+    // a worker beside it (installed only, not booted): the node's units, none of the control
+    // plane's; the agent joins with a bootstrap token (its TLS bootstrap is proven against a
+    // running control plane in agent/tests/node.rs), the others get the kubeconfigs given;
+    // again idempotent
     let worker = tempfile::Builder::new().prefix("ferro-units-worker-").tempdir_in("/var/tmp").unwrap();
     let kubeconfigs = root.join("etc/ferro");
-    let wargs = ["--role", "worker", "--node-name", "worker-1", "--kubeconfig-dir", kubeconfigs.to_str().unwrap()];
+    let ca = root.join("var/lib/ferro/control-plane/ca.crt");
+    let token = "abcdef.0123456789abcdef";
+    let server = format!("https://{NODE_IP}:6443");
+    let wargs = [
+        "--role", "worker", "--node-name", "worker-1", "--kubeconfig-dir", kubeconfigs.to_str().unwrap(),
+        "--token", token, "--ca-file", ca.to_str().unwrap(), "--api-server", &server,
+    ];
     let out = install(worker.path(), &wargs);
     assert!(out.contains("installed under"), "{out}");
     assert!(!worker.path().join("usr/local/bin/ferro-control-plane").exists(), "a worker runs no control plane");
     assert!(!worker.path().join("etc/ferro/control-plane.env").exists());
-    for c in ["agent", "netd", "proxy", "dns", "csi"] {
+    for c in ["netd", "proxy", "dns", "csi"] {
         let given = std::fs::read(kubeconfigs.join(format!("{c}.kubeconfig"))).unwrap();
         assert_eq!(std::fs::read(worker.path().join(format!("etc/ferro/{c}.kubeconfig"))).unwrap(), given, "{c}");
     }
+    assert!(!worker.path().join("etc/ferro/agent.kubeconfig").exists(), "the agent writes its own at its first start");
+    let boot = worker.path().join("etc/ferro/bootstrap-agent.kubeconfig");
+    let boot_text = std::fs::read_to_string(&boot).unwrap();
+    assert!(boot_text.contains(&format!("token: {token}")) && boot_text.contains(&format!("server: {server}")), "{boot_text}");
+    assert_eq!(std::fs::metadata(&boot).unwrap().permissions().mode() & 0o777, 0o600);
     let agent_env = std::fs::read_to_string(worker.path().join("etc/ferro/agent.env")).unwrap();
     assert!(agent_env.contains("--hostname-override worker-1"), "{agent_env}");
+    assert!(agent_env.contains("--bootstrap-kubeconfig /etc/ferro/bootstrap-agent.kubeconfig"), "{agent_env}");
+    for (bad, why) in [
+        (vec!["--token", "not-a-token", "--ca-file", ca.to_str().unwrap(), "--api-server", &server], "--token must look like"),
+        (vec!["--token", token, "--api-server", &server], "--token needs --ca-file"),
+        (vec!["--token", token, "--ca-file", ca.to_str().unwrap()], "--token needs --api-server"),
+    ] {
+        let other = tempfile::Builder::new().prefix("ferro-units-bad-").tempdir_in("/var/tmp").unwrap();
+        let out = Command::new(repo().join("scripts/install.sh"))
+            .args(["--root", other.path().to_str().unwrap(), "--bin-dir", bin_dir().to_str().unwrap()])
+            .args(["--role", "worker", "--node-name", "worker-2", "--kubeconfig-dir", kubeconfigs.to_str().unwrap()])
+            .args(&bad)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(why), "{bad:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!other.path().join("etc").exists(), "nothing installed for {bad:?}");
+    }
     let before = snapshot(worker.path());
     assert!(install(worker.path(), &wargs).contains("nothing to change"));
     assert_eq!(before, snapshot(worker.path()), "the second worker install changed files");
@@ -185,6 +224,9 @@ fn units_under_systemd_as_pid1() {
     assert!(!worker.path().join("etc/ferro").exists());
 
     let log = std::env::temp_dir().join(format!("{name}.log"));
+    // kubectl (a static binary) to look at the cluster from inside
+    let kubectl = which("kubectl");
+    std::fs::copy(&kubectl, root.join("usr/local/bin/kubectl")).unwrap();
     let mut m = Machine::boot(root, &name, &log).unwrap();
     // The node's underlay inside the container's own network namespace (nspawn
     // --private-network gives it only lo): a veth pair holding the node IP, which netd's
@@ -203,10 +245,49 @@ fn units_under_systemd_as_pid1() {
     for (u, status) in UNITS {
         start(&m, u, status);
     }
+    // netd runs as the node (no system:masters): it published its VXLAN address on its own
+    // Node, which the Node authorizer allows; the proxy's and dns's READY above needed the
+    // lists their roles grant (system:node-proxier, system:ferro-dns)
+    let admin = "/var/lib/ferro/control-plane/admin.kubeconfig";
+    let annotation = wait_for("netd's annotation on its Node", Duration::from_secs(60), || {
+        let out = m.ok(&["kubectl", "--kubeconfig", admin, "get", "node", &name, "-o", "jsonpath={.metadata.annotations.ferro\\.dev/vtep-mac}"]).ok()?;
+        (!out.trim().is_empty()).then_some(out)
+    });
+    if let Err(e) = annotation {
+        panic!("{e:#}\njournal of ferro-netd:\n{}", journal(&m, "ferro-netd"));
+    }
     for (u, status) in UNITS {
         kill_and_restart(&m, u);
         assert_eq!(m.prop(u, "StatusText").unwrap(), *status, "{u} after its restart");
     }
+    // a stall, not a crash: ferro-dns keeps systemd's watchdog fed only while a query to its
+    // own listen address is answered (every 10 s); with the address gone it stops answering,
+    // systemd's watchdog kills it and Restart= brings it back, which sets the address up again.
+    // A drop-in shortens WatchdogSec from 60 s to 25 s for the test (still more than two
+    // liveness periods, so a healthy ferro-dns is never killed).
+    let dropin = root.join("etc/systemd/system/ferro-dns.service.d");
+    std::fs::create_dir_all(&dropin).unwrap();
+    std::fs::write(dropin.join("watchdog-test.conf"), "[Service]\nWatchdogSec=25\n").unwrap();
+    m.ok(&["systemctl", "daemon-reload"]).unwrap();
+    m.ok(&["systemctl", "restart", "ferro-dns.service"]).unwrap();
+    assert_eq!(m.prop("ferro-dns", "WatchdogUSec").unwrap(), "25s");
+    let restarts: u32 = m.prop("ferro-dns", "NRestarts").unwrap().parse().unwrap();
+    let pid = m.prop("ferro-dns", "MainPID").unwrap();
+    m.ok(&["ip", "addr", "flush", "dev", "ferro-dns0"]).unwrap();
+    let r = wait_for("ferro-dns restarted by its watchdog", Duration::from_secs(180), || {
+        let n: u32 = m.prop("ferro-dns", "NRestarts").ok()?.parse().ok()?;
+        let active = m.prop("ferro-dns", "ActiveState").ok()? == "active";
+        let status = m.prop("ferro-dns", "StatusText").ok()?;
+        (n > restarts && active && status == "informers synced; answering" && m.prop("ferro-dns", "MainPID").ok()? != pid).then_some(())
+    });
+    let text = journal(&m, "ferro-dns");
+    if let Err(e) = r {
+        panic!("{e:#}\njournal of ferro-dns:\n{text}");
+    }
+    assert!(text.contains("Watchdog timeout"), "restarted by the watchdog, not for another reason:\n{text}");
+    assert!(text.contains("liveness check failed"), "the stall was its liveness check's:\n{text}");
+    std::fs::remove_dir_all(&dropin).unwrap();
+    m.ok(&["systemctl", "daemon-reload"]).unwrap();
     for (u, _) in UNITS.iter().rev() {
         stop(&m, u);
     }
