@@ -246,20 +246,15 @@ pub fn admit_create(obj: &Value) -> Result<(), ApiError> {
 /// signer, setting the certificate needs `sign` for it.
 pub async fn admit_update(endpoint: Endpoint, old: &Value, new: &Value) -> Result<(), ApiError> {
     let signer = signer_name(new);
-    match endpoint {
-        Endpoint::Approval if conditions(old) != conditions(new) => {
-            if !may_for_signer("approve", signer).await {
-                return Err(forbidden(new, format!("user not permitted to approve requests with signerName {signer:?}")));
-            }
-        }
-        Endpoint::Status if certificate(old) != certificate(new) => {
-            if !may_for_signer("sign", signer).await {
-                return Err(forbidden(new, format!("user not permitted to sign requests with signerName {signer:?}")));
-            }
-        }
-        _ => {}
+    let verb = match endpoint {
+        Endpoint::Approval if conditions(old) != conditions(new) => "approve",
+        Endpoint::Status if certificate(old) != certificate(new) => "sign",
+        _ => return Ok(()),
+    };
+    if may_for_signer(verb, signer).await {
+        return Ok(());
     }
-    Ok(())
+    Err(forbidden(new, format!("user not permitted to {verb} requests with signerName {signer:?}")))
 }
 
 #[cfg(test)]
