@@ -30,7 +30,8 @@ pub fn for_mode(cfg: &Config) -> Result<Box<dyn Backend>, SyncError> {
             cfg.cluster_cidrs.clone(),
             cfg.masquerade_all,
             cfg.nodeport_addresses.clone(),
-        ))),
+        )
+        .with_writer(Box::new(crate::nftables::netlink::Kernel::new(None))))),
         Mode::Ipvs => {
             // refuse at start, with the reason, on a kernel without IPVS
             crate::ipvs::netlink::Ipvs::new(None)

@@ -1,5 +1,8 @@
-//! The nftables backend: one `nft -f -` transaction per family, rendered against the state it
-//! committed; a refused transaction changes nothing in the kernel and makes the next sync full.
+//! The nftables backend: one transaction per family, rendered against the state it committed;
+//! a refused transaction changes nothing in the kernel and makes the next sync full. Full syncs
+//! (and partial ones that write rules) go through `nft -f -`; partial syncs of elements and
+//! stale chains go as one netlink batch through the [`NftWriter`] when one is given, which
+//! spares `nft`'s listing of every chain of the table.
 
 use std::collections::BTreeMap;
 
@@ -12,6 +15,7 @@ use crate::exec::Runner;
 use crate::iptables::backend::local_addresses;
 use crate::model::{Family, FamilyModel, NodeInfo};
 use crate::nfcount::RuleCounter;
+use crate::nftables::netlink::{BatchError, NftWriter};
 use crate::nftables::rules::{self, RenderConfig, State};
 
 pub struct NftBackend<R: Runner> {
@@ -21,6 +25,7 @@ pub struct NftBackend<R: Runner> {
     nodeport_cidrs: Vec<IpNet>,
     states: BTreeMap<Family, State>,
     counter: Box<dyn RuleCounter>,
+    writer: Option<Box<dyn NftWriter>>,
 }
 
 impl<R: Runner> NftBackend<R> {
@@ -32,7 +37,13 @@ impl<R: Runner> NftBackend<R> {
         masquerade_all: bool,
         nodeport_cidrs: Vec<IpNet>,
     ) -> Self {
-        NftBackend { runner, cluster_cidrs, masquerade_all, nodeport_cidrs, states: BTreeMap::new(), counter }
+        NftBackend { runner, cluster_cidrs, masquerade_all, nodeport_cidrs, states: BTreeMap::new(), counter, writer: None }
+    }
+
+    /// Partial syncs that can be written through netlink go through `writer`.
+    pub fn with_writer(mut self, writer: Box<dyn NftWriter>) -> Self {
+        self.writer = Some(writer);
+        self
     }
 
     fn render_config(&mut self, family: Family) -> Result<RenderConfig, ExecError> {
@@ -65,6 +76,27 @@ impl<R: Runner> Backend for NftBackend<R> {
             let state = self.states.entry(family).or_default();
             let out = rules::render(m, node, &cfg, state, full);
             report.full &= out.full;
+            if let (Some(writer), Some(ops)) = (self.writer.as_mut(), out.ops.as_ref()) {
+                if ops.is_empty() {
+                    continue;
+                }
+                let plain: Vec<_> = ops.iter().map(|(op, _)| op.clone()).collect();
+                if let Err(e) = writer.apply(family, rules::TABLE, &plain) {
+                    self.states.remove(&family);
+                    let service = match &e {
+                        BatchError::Refused { index: Some(i), .. } => ops.get(*i).and_then(|(_, owner)| owner.clone()),
+                        _ => None,
+                    };
+                    let source = ExecError::Failed { program: "nftables netlink batch".into(), status: "refused".into(), stderr: e.to_string() };
+                    tracing::warn!(?family, error = %e, ?service, "netlink batch refused; next sync is full");
+                    return Err(match service {
+                        Some(service) => SyncError::Refused { family, service: Box::new(service), source },
+                        None => SyncError::Apply { family, source },
+                    });
+                }
+                tracing::debug!(?family, ops = ops.len(), deleted = out.chains_deleted, elements = out.elements_changed, "netlink batch");
+                continue;
+            }
             if !out.text.is_empty() {
                 if let Err(source) = self.runner.run("nft", &["-f", "-"], Some(&out.text)) {
                     let culprit = self.states.remove(&family).and_then(|st| culprit(&source, &out.text, |l| st.owner_of_line(l)));
@@ -122,5 +154,87 @@ mod tests {
             assert_eq!(r.calls().len(), 1, "one nft -f");
             assert_eq!(b.drifted(), drifted, "{answer:?}");
         }
+    }
+
+    fn entry(name: &str, ip: &str, eps: &[&str]) -> crate::model::ServiceEntry {
+        use crate::model::{Endpoint, Protocol, ServiceEntry, ServicePort, ServicePortName};
+        let name = ServicePortName { namespace: "ns".into(), name: name.into(), port: "p".into(), protocol: Protocol::Tcp };
+        ServiceEntry {
+            port: ServicePort {
+                name,
+                cluster_ip: ip.parse().unwrap(),
+                port: 80,
+                protocol: Protocol::Tcp,
+                node_port: 0,
+                external_ips: vec![],
+                load_balancer_ips: vec![],
+                load_balancer_source_ranges: vec![],
+                affinity_seconds: None,
+                external_policy_local: false,
+                internal_policy_local: false,
+                health_check_node_port: 0,
+                topology_aware: false,
+            },
+            endpoints: eps
+                .iter()
+                .map(|i| Endpoint {
+                    ip: i.parse().unwrap(),
+                    port: 80,
+                    ready: true,
+                    serving: true,
+                    terminating: false,
+                    local: false,
+                    zone: None,
+                    zone_hints: Default::default(),
+                })
+                .collect(),
+        }
+    }
+
+    fn model(entries: &[crate::model::ServiceEntry]) -> FamilyModel {
+        FamilyModel { family: Family::V4, services: entries.iter().map(|e| (e.port.name.clone(), e.clone())).collect() }
+    }
+
+    #[test]
+    fn partial_syncs_of_elements_and_stale_chains_go_as_one_netlink_batch() {
+        use crate::nftables::netlink::{Key, Op, Recording as Batches};
+        let r = Recording::new();
+        let batches = Batches::new();
+        let mut b = NftBackend::new(r.clone(), Box::new(crate::nfcount::Fake(|_, _, _| Some(2))), vec![], false, vec![])
+            .with_writer(Box::new(batches.clone()));
+        let a = entry("a", "10.96.0.1", &["10.1.0.1"]);
+        let node = NodeInfo::default();
+        b.sync(&[model(std::slice::from_ref(&a))], &node, false).unwrap();
+        assert_eq!(r.calls().len(), 1, "the cold start is nft -f");
+        assert!(batches.batches().is_empty());
+        // a Service with no endpoints: elements only -> netlink
+        let z = entry("z", "10.96.0.9", &[]);
+        b.sync(&[model(&[a.clone(), z.clone()])], &node, false).unwrap();
+        assert_eq!(r.calls().len(), 1, "no nft process for a partial sync");
+        let got = batches.batches();
+        assert_eq!(got.len(), 1);
+        assert!(got[0].1.contains(&Op::AddElement {
+            set: "no-endpoint-services",
+            key: Key::AddrProtoPort("10.96.0.9".parse().unwrap(), crate::model::Protocol::Tcp, 80),
+            comment: Some("ns/z:p".into()),
+            verdict: Some(crate::nftables::netlink::Verdict::Goto("reject-chain".into())),
+        }));
+        // a changed endpoint writes rules: nft -f
+        let a2 = entry("a", "10.96.0.1", &["10.1.0.1", "10.1.0.2"]);
+        b.sync(&[model(&[a2.clone(), z.clone()])], &node, false).unwrap();
+        assert_eq!(r.calls().len(), 2);
+        // a removed Service: elements deleted, chains flushed and deleted -> netlink
+        b.sync(&[model(std::slice::from_ref(&z))], &node, false).unwrap();
+        assert_eq!(r.calls().len(), 2);
+        let last = batches.batches().pop().unwrap().1;
+        assert!(matches!(last.first(), Some(Op::DeleteElement { .. })), "{last:?}");
+        assert!(matches!(last.last(), Some(Op::DeleteChain(_))), "{last:?}");
+        // a refused batch names the service port, changes nothing and makes the next sync full
+        batches.refuse_next(0, 2);
+        let e = b.sync(&[model(&[])], &node, false).unwrap_err();
+        assert!(matches!(&e, SyncError::Refused { service, .. } if service.name == "z"), "{e:?}");
+        let report = b.sync(&[model(&[])], &node, false).unwrap();
+        assert!(report.full);
+        assert_eq!(r.calls().len(), 3, "the full sync after the refusal is nft -f");
     }
 }

@@ -2,5 +2,6 @@
 //! maps) and the backend that applies it with `nft -f`.
 
 pub mod backend;
+pub mod netlink;
 pub mod rules;
 pub mod trace;

@@ -17,6 +17,7 @@ use ipnet::IpNet;
 
 use crate::model::{categorize, Endpoint, Family, FamilyModel, NodeInfo, ServiceEntry, ServicePortName};
 use crate::names::hash_prefix;
+use crate::nftables::netlink::{Key, Op, Verdict};
 
 pub const TABLE: &str = "kube-proxy";
 
@@ -65,12 +66,34 @@ pub fn endpoint_chain(name: &ServicePortName, ep: &Endpoint) -> String {
     )
 }
 
-/// One element of one of the shared maps or sets.
+/// One element of one of the shared maps or sets: typed (the netlink batch encodes it) and
+/// its nft text derived from the same value, so the two writers cannot disagree.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Element {
     pub map: &'static str,
-    /// The key (and ": verdict" for maps) as nft spells it.
+    /// The key (and " comment", ": verdict" for maps) as nft spells it.
     pub text: String,
+    pub key: Key,
+    pub comment: Option<String>,
+    pub verdict: Option<Verdict>,
+}
+
+impl Element {
+    pub fn new(map: &'static str, key: Key, comment: Option<String>, verdict: Option<Verdict>) -> Element {
+        let mut text = key.text();
+        if let Some(c) = &comment {
+            let _ = write!(text, " comment \"{c}\"");
+        }
+        if let Some(v) = &verdict {
+            let _ = write!(text, " : {}", v.text());
+        }
+        Element { map, text, key, comment, verdict }
+    }
+
+    /// The operation that adds it.
+    pub fn add(&self) -> Op {
+        Op::AddElement { set: self.map, key: self.key.clone(), comment: self.comment.clone(), verdict: self.verdict.clone() }
+    }
 }
 
 /// One service port rendered on its own.
@@ -118,6 +141,11 @@ pub struct Output {
     pub chains_written: usize,
     pub chains_deleted: usize,
     pub elements_changed: usize,
+    /// A partial sync's operations, typed, each with the service port it belongs to, when all
+    /// of them can be written through netlink (`netlink::encode`): elements, chains flushed or
+    /// deleted, sets deleted. None for a full sync and for one that writes rules (a new or
+    /// changed chain) or adds a set: those go through `nft -f` with `text`.
+    pub ops: Option<Vec<(Op, Option<ServicePortName>)>>,
 }
 
 fn rule(out: &mut String, tf: &str, chain: &str, body: &str) {
@@ -153,43 +181,46 @@ pub fn render_service(entry: &ServiceEntry, node: &NodeInfo, cfg: &RenderConfig,
     };
     let uses_ext_chain = has_endpoints && port.externally_accessible();
     let uses_fw_chain = has_endpoints && !port.load_balancer_ips.is_empty() && !port.load_balancer_source_ranges.is_empty();
-    let no_ep_verdict = if has_endpoints { "drop" } else { "goto reject-chain" };
-    let el = |map: &'static str, text: String| Element { map, text };
+    let no_ep_verdict = || if has_endpoints { Verdict::Drop } else { Verdict::Goto("reject-chain".into()) };
+    let goto = |c: &str| Some(Verdict::Goto(c.to_string()));
+    let comment = || Some(spn.clone());
     let cluster_ip = port.cluster_ip;
     let p = port.port;
+    let proto_t = port.protocol;
+    let apk = |ip: IpAddr| Key::AddrProtoPort(ip, proto_t, p);
 
-    r.elements.insert(el("cluster-ips", format!("{cluster_ip}")));
+    r.elements.insert(Element::new("cluster-ips", Key::Addr(cluster_ip), None, None));
     if has_internal {
-        r.elements.insert(el("service-ips", format!("{cluster_ip} . {proto} . {p} : goto {internal_chain}")));
+        r.elements.insert(Element::new("service-ips", apk(cluster_ip), None, goto(internal_chain)));
     } else {
-        r.elements.insert(el("no-endpoint-services", format!("{cluster_ip} . {proto} . {p} comment \"{spn}\" : {no_ep_verdict}")));
+        r.elements.insert(Element::new("no-endpoint-services", apk(cluster_ip), comment(), Some(no_ep_verdict())));
     }
     for ip in &port.external_ips {
         if has_endpoints {
-            r.elements.insert(el("service-ips", format!("{ip} . {proto} . {p} : goto {ext_chain}")));
+            r.elements.insert(Element::new("service-ips", apk(*ip), None, goto(&ext_chain)));
         }
         if !has_external {
-            r.elements.insert(el("no-endpoint-services", format!("{ip} . {proto} . {p} comment \"{spn}\" : {no_ep_verdict}")));
+            r.elements.insert(Element::new("no-endpoint-services", apk(*ip), comment(), Some(no_ep_verdict())));
         }
     }
     for ip in &port.load_balancer_ips {
         if has_endpoints {
-            r.elements.insert(el("service-ips", format!("{ip} . {proto} . {p} : goto {ext_chain}")));
+            r.elements.insert(Element::new("service-ips", apk(*ip), None, goto(&ext_chain)));
         }
         if uses_fw_chain {
-            r.elements.insert(el("firewall-ips", format!("{ip} . {proto} . {p} comment \"{spn}\" : goto {fw_chain}")));
+            r.elements.insert(Element::new("firewall-ips", apk(*ip), comment(), goto(&fw_chain)));
         }
         if !has_external {
-            r.elements.insert(el("no-endpoint-services", format!("{ip} . {proto} . {p} comment \"{spn}\" : {no_ep_verdict}")));
+            r.elements.insert(Element::new("no-endpoint-services", apk(*ip), comment(), Some(no_ep_verdict())));
         }
     }
     if port.node_port != 0 {
-        let np = port.node_port;
+        let np = Key::ProtoPort(proto_t, port.node_port);
         if has_endpoints {
-            r.elements.insert(el("service-nodeports", format!("{proto} . {np} : goto {ext_chain}")));
+            r.elements.insert(Element::new("service-nodeports", np.clone(), None, goto(&ext_chain)));
         }
         if !has_external {
-            r.elements.insert(el("no-endpoint-nodeports", format!("{proto} . {np} comment \"{spn}\" : {no_ep_verdict}")));
+            r.elements.insert(Element::new("no-endpoint-nodeports", np, comment(), Some(no_ep_verdict())));
         }
     }
 
@@ -370,7 +401,7 @@ pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &
     let mut old = std::mem::take(&mut state.services);
     let mut next: HashMap<ServicePortName, (ServiceEntry, Rendered)> = HashMap::with_capacity(model.services.len());
     // (old rendering, new rendering) of each changed service port; None = absent
-    let mut changed: Vec<(Option<Rendered>, Option<Rendered>)> = Vec::new();
+    let mut changed: Vec<(ServicePortName, Option<Rendered>, Option<Rendered>)> = Vec::new();
     for (name, entry) in &model.services {
         match old.remove(name) {
             Some((e, r)) if &e == entry && !full => {
@@ -378,13 +409,13 @@ pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &
             }
             prev => {
                 let r = render_service(entry, node, cfg, family);
-                changed.push((prev.map(|(_, p)| p), Some(r.clone())));
+                changed.push((name.clone(), prev.map(|(_, p)| p), Some(r.clone())));
                 next.insert(name.clone(), (entry.clone(), r));
             }
         }
     }
-    for (_, (_, r)) in old {
-        changed.push((Some(r), None));
+    for (name, (_, r)) in old {
+        changed.push((name, Some(r), None));
     }
     let mut text = String::new();
     if full {
@@ -422,14 +453,31 @@ pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &
         // unchanged service ports are not looked at (at 100,000 endpoints that set alone costs
         // ~100 ms per sync).
         let live_chains: BTreeSet<&str> =
-            changed.iter().filter_map(|(_, n)| n.as_ref()).flat_map(|r| r.chains.iter().map(|(c, _)| c.as_str())).collect();
+            changed.iter().filter_map(|(_, _, n)| n.as_ref()).flat_map(|r| r.chains.iter().map(|(c, _)| c.as_str())).collect();
         let empty: BTreeSet<Element> = BTreeSet::new();
-        for (old_r, new_r) in &changed {
+        // the service port each element, chain and set of the plan belongs to (the culprit of
+        // a refused batch)
+        let mut owner: HashMap<&str, &ServicePortName> = HashMap::new();
+        let mut element_owner: HashMap<&Element, &ServicePortName> = HashMap::new();
+        for (name, old_r, new_r) in &changed {
             let old_e = old_r.as_ref().map(|r| &r.elements).unwrap_or(&empty);
             let new_e = new_r.as_ref().map(|r| &r.elements).unwrap_or(&empty);
+            for e in old_e.difference(new_e).chain(new_e.difference(old_e)) {
+                element_owner.insert(e, name);
+            }
             removed_elements.extend(old_e.difference(new_e));
             added_elements.extend(new_e.difference(old_e));
+            for r in old_r.iter().chain(new_r.iter()) {
+                for (c, _) in &r.chains {
+                    owner.insert(c.as_str(), name);
+                }
+                for (set, _) in &r.sets {
+                    owner.insert(set.as_str(), name);
+                }
+            }
         }
+        let mut ops: Vec<(Op, Option<ServicePortName>)> = Vec::new();
+        let mut typed = true;
         // elements shared by several service ports (cluster-ips of a multi-port Service) stay
         // while any live rendering still has them: one pass, only when something may go
         if !removed_elements.is_empty() {
@@ -439,13 +487,12 @@ pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &
             removed_elements.retain(|e| !still.contains(e));
         }
         for e in &removed_elements {
-            let key = e.text.split(" : ").next().unwrap_or(&e.text);
-            let key = key.split(" comment ").next().unwrap_or(key);
-            let _ = writeln!(text, "delete element {tf} {TABLE} {} {{ {key} }}", e.map);
+            let _ = writeln!(text, "delete element {tf} {TABLE} {} {{ {} }}", e.map, e.key.text());
+            ops.push((Op::DeleteElement { set: e.map, key: e.key.clone() }, element_owner.get(e).map(|n| (*n).clone())));
         }
         let mut stale_chains: BTreeSet<String> = BTreeSet::new();
         let mut stale_sets: BTreeSet<String> = BTreeSet::new();
-        for (old_r, new_r) in &changed {
+        for (_, old_r, new_r) in &changed {
             let old_chains: HashMap<&str, &str> =
                 old_r.as_ref().map(|r| r.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect()).unwrap_or_default();
             if let Some(r) = new_r {
@@ -454,12 +501,15 @@ pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &
                     if !old_sets.contains(set) {
                         let addr_t = if tf == "ip" { "ipv4_addr" } else { "ipv6_addr" };
                         let _ = writeln!(text, "add set {tf} {TABLE} {set} {{ type {addr_t} ; flags dynamic,timeout ; timeout {secs}s ; }}");
+                        typed = false;
                     }
                 }
                 for (c, rules) in &r.chains {
                     if !old_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, rules)) {
                         let _ = writeln!(text, "add chain {tf} {TABLE} {c}");
                         let _ = writeln!(text, "flush chain {tf} {TABLE} {c}");
+                        // its rules follow: not encoded for netlink yet
+                        typed = false;
                     }
                 }
             }
@@ -477,7 +527,7 @@ pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &
                 }
             }
         }
-        for (old_r, new_r) in &changed {
+        for (_, old_r, new_r) in &changed {
             let old_chains: HashMap<&str, &str> =
                 old_r.as_ref().map(|r| r.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect()).unwrap_or_default();
             if let Some(r) = new_r {
@@ -491,16 +541,24 @@ pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &
         }
         for e in &added_elements {
             let _ = writeln!(text, "add element {tf} {TABLE} {} {{ {} }}", e.map, e.text);
+            ops.push((e.add(), element_owner.get(e).map(|n| (*n).clone())));
         }
         out.elements_changed = removed_elements.len() + added_elements.len();
+        let owned = |what: &str| owner.get(what).map(|n| (*n).clone());
         for c in &stale_chains {
             let _ = writeln!(text, "flush chain {tf} {TABLE} {c}");
+            ops.push((Op::FlushChain(c.clone()), owned(c)));
         }
         for c in &stale_chains {
             let _ = writeln!(text, "delete chain {tf} {TABLE} {c}");
+            ops.push((Op::DeleteChain(c.clone()), owned(c)));
         }
         for s in &stale_sets {
             let _ = writeln!(text, "delete set {tf} {TABLE} {s}");
+            ops.push((Op::DeleteSet(s.clone()), owned(s)));
+        }
+        if typed {
+            out.ops = Some(ops);
         }
         out.chains_deleted = stale_chains.len();
     }
@@ -599,7 +657,7 @@ mod tests {
             "add rule ip kube-proxy endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80 ip saddr 10.180.0.1 jump mark-for-masquerade\n\
              add rule ip kube-proxy endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80 meta l4proto tcp dnat to 10.180.0.1:80\n"
         );
-        assert!(r.elements.contains(&Element { map: "service-ips", text: "172.30.0.41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80".into() }));
+        assert!(r.elements.iter().any(|e| e.map == "service-ips" && e.text == "172.30.0.41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80"));
     }
 
     #[test]
