@@ -46,6 +46,8 @@ pub const ALL: &[&str] = &[
     "clusterrole-aggregation",
     "csrapproving",
     "csrsigning",
+    "csrcleaner",
+    "tokencleaner",
 ];
 
 /// Options of the loops (flags of ferro-control-plane).
@@ -266,6 +268,12 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     }
     if on("csrsigning") {
         super::csrsigning::start(&inf, opts);
+    }
+    if on("csrcleaner") {
+        super::csrcleaner::start(&inf, opts);
+    }
+    if on("tokencleaner") {
+        super::tokencleaner::start(&inf, opts);
     }
     let running: Vec<&str> = ALL
         .iter()

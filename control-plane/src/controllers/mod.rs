@@ -9,6 +9,7 @@ pub mod clock;
 pub mod clusterroleaggregation;
 pub mod cronjob;
 pub mod csrapproving;
+pub mod csrcleaner;
 pub mod csrsigning;
 pub mod deployment;
 pub mod disruption;
@@ -32,6 +33,7 @@ pub mod scheduler;
 pub mod serviceaccount;
 pub mod snapshot;
 pub mod statefulset;
+pub mod tokencleaner;
 pub mod ttlafterfinished;
 
 /// Why a reconcile failed; the key is retried with backoff.
