@@ -404,6 +404,16 @@ async fn serve_review(
         if let Some(answer) = service_account_token_review(state, &obj).await {
             return Ok(json_response(201, &answer));
         }
+        // a bootstrap token (upstream's authenticator chain answers TokenReviews too)
+        let token = obj.pointer("/spec/token").and_then(Value::as_str).unwrap_or("");
+        if crate::bootstrap_token::split(token).is_some() {
+            let mut out = obj.clone();
+            out["status"] = match crate::bootstrap_token::authenticate(&state.api, token).await {
+                Some(u) => json!({"authenticated": true, "user": {"username": u.name, "groups": u.groups}, "audiences": obj.pointer("/spec/audiences").cloned().unwrap_or(json!([]))}),
+                None => json!({"user": {}, "error": "invalid bearer token"}),
+            };
+            return Ok(json_response(201, &out));
+        }
     }
     if review == auth::Review::SelfSubjectRules {
         state.rbac.caught_up(seen, std::time::Duration::from_secs(1)).await;

@@ -153,6 +153,19 @@ async fn a_bootstrap_token_joins_a_node_and_does_nothing_else() {
         who["status"]["userInfo"]["groups"],
         json!(["system:bootstrappers", "system:bootstrappers:ferro:default-node-token", "system:authenticated"])
     );
+    // a TokenReview (what a webhook authenticator or a kubelet's delegated authentication
+    // asks) knows the token too, and refuses a wrong one
+    let answer: Value = serde_json::from_slice(
+        &s.kubectl_stdin(&["create", "--raw", "/apis/authentication.k8s.io/v1/tokenreviews", "-f", "-"], Some(&json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}).to_string())).stdout,
+    )
+    .unwrap();
+    assert_eq!(answer["status"]["authenticated"], true, "{answer}");
+    assert_eq!(answer["status"]["user"]["username"], format!("system:bootstrap:{id}"));
+    let wrong: Value = serde_json::from_slice(
+        &s.kubectl_stdin(&["create", "--raw", "/apis/authentication.k8s.io/v1/tokenreviews", "-f", "-"], Some(&json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": format!("{id}.zzzzzzzzzzzzzzzz")}}).to_string())).stdout,
+    )
+    .unwrap();
+    assert_ne!(wrong["status"]["authenticated"], true, "{wrong}");
     // a bootstrapper may not read the cluster
     let err = kubectl(&boot, &["get", "pods", "-A"], None).unwrap_err();
     assert!(err.contains("is forbidden: User \"system:bootstrap:"), "{err}");
