@@ -165,7 +165,7 @@ pub fn serve(path: &str) -> Result<Option<Response<Body>>, ApiError> {
                 ["apis", g, v] => (*g, *v),
                 _ => return Err(ApiError::no_route()),
             };
-            if !resources::group_versions().contains(&(group, version)) {
+            if !openapi_group_versions().contains(&(group, version)) {
                 return Err(ApiError::no_route());
             }
             openapi_doc(group, version)
@@ -192,9 +192,21 @@ fn gv_path(group: &str, version: &str) -> String {
     }
 }
 
+/// The group versions with an OpenAPI document: the stored resources' and the review APIs'
+/// (kubectl validates a TokenReview it creates against it).
+fn openapi_group_versions() -> Vec<(&'static str, &'static str)> {
+    let mut out = resources::group_versions();
+    for (g, v, ..) in REVIEWS {
+        if !out.contains(&(*g, *v)) {
+            out.push((*g, *v));
+        }
+    }
+    out
+}
+
 fn openapi_index() -> Value {
     let mut paths = Map::new();
-    for (g, v) in resources::group_versions() {
+    for (g, v) in openapi_group_versions() {
         let p = gv_path(g, v);
         // custom groups change with their CRDs: the hash (kubectl caches by it) follows them
         let custom: Vec<String> = resources::all()
@@ -215,7 +227,7 @@ fn fnv(s: &str) -> u64 {
 /// Builds the schema components for every kind of a group version with schemars from the
 /// k8s-openapi types, tagged with x-kubernetes-group-version-kind as upstream does.
 fn components(group: &str, version: &str) -> Map<String, Value> {
-    use k8s_openapi::api::{apps, batch, coordination, core, discovery, policy, rbac, storage};
+    use k8s_openapi::api::{apps, authentication, authorization, batch, certificates, coordination, core, discovery, policy, rbac, storage};
     let settings = schemars::generate::SchemaSettings::openapi3().with(|s| {
         s.definitions_path = "/components/schemas".into();
     });
@@ -263,6 +275,22 @@ fn components(group: &str, version: &str) -> Map<String, Value> {
     add!(rbac::v1::ClusterRoleBinding, "clusterrolebindings");
     add!(rbac::v1::Role, "roles");
     add!(rbac::v1::RoleBinding, "rolebindings");
+    add!(certificates::v1::CertificateSigningRequest, "certificatesigningrequests");
+    // the review APIs (served without storage)
+    let mut reviews: Vec<(String, &str, &str, &str)> = Vec::new();
+    macro_rules! review {
+        ($ty:ty, $plural:expr) => {{
+            if let Some((g, v, _, kind)) = REVIEWS.iter().find(|(g, v, p, _)| *g == group && *v == version && *p == $plural) {
+                generator.subschema_for::<$ty>();
+                reviews.push((<$ty as schemars::JsonSchema>::schema_name().to_string(), g, v, kind));
+            }
+        }};
+    }
+    review!(authentication::v1::TokenReview, "tokenreviews");
+    review!(authentication::v1::SelfSubjectReview, "selfsubjectreviews");
+    review!(authorization::v1::SubjectAccessReview, "subjectaccessreviews");
+    review!(authorization::v1::SelfSubjectAccessReview, "selfsubjectaccessreviews");
+    review!(authorization::v1::SelfSubjectRulesReview, "selfsubjectrulesreviews");
     let mut defs: Map<String, Value> = generator
         .take_definitions(true)
         .into_iter()
@@ -273,6 +301,11 @@ fn components(group: &str, version: &str) -> Map<String, Value> {
                 "x-kubernetes-group-version-kind".into(),
                 json!([{"group": r.group, "version": r.version, "kind": r.kind}]),
             );
+        }
+    }
+    for (name, g, v, kind) in reviews {
+        if let Some(Value::Object(s)) = defs.get_mut(&name) {
+            s.insert("x-kubernetes-group-version-kind".into(), json!([{"group": g, "version": v, "kind": kind}]));
         }
     }
     defs
@@ -318,6 +351,13 @@ fn openapi_doc(group: &str, version: &str) -> Value {
         paths.insert(
             format!("{base}/{{name}}"),
             json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}),
+        );
+    }
+    for (_, _, plural, kind) in REVIEWS.iter().filter(|(g, v, ..)| *g == group && *v == version) {
+        let gvk = json!({"group": group, "version": version, "kind": kind});
+        paths.insert(
+            format!("/{key}/{plural}"),
+            json!({"post": {"parameters": [field_validation.clone()], "x-kubernetes-action": "post", "x-kubernetes-group-version-kind": gvk, "responses": {"201": {"description": "Created"}}}}),
         );
     }
     let doc = json!({

@@ -346,6 +346,9 @@ async fn bad_requests_are_refused_with_their_field_and_nothing_is_stored() {
     let (_, masters) = request("mallory", &["system:masters"]);
     let err = create(csr_yaml("masters", &masters, "kubernetes.io/kube-apiserver-client", &["client auth"]));
     assert!(err.contains("use of kubernetes.io/kube-apiserver-client signer with system:masters group is not allowed"), "{err}");
+    // the kind's schema is published (kubectl explain, client-side validation)
+    let explained = s.ok(&["explain", "csr.spec.signerName"]);
+    assert!(explained.contains("KIND:       CertificateSigningRequest") && explained.contains("signerName <string>"), "{explained}");
     let listed = s.ok(&["get", "csr", "-o", "name"]);
     assert!(listed.trim().is_empty(), "nothing stored: {listed}");
 }
