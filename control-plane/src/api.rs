@@ -179,6 +179,23 @@ fn finalizers(obj: &Value) -> Vec<String> {
 }
 
 
+/// NodeRestriction's label rule: a node writing a Node (its own: the Node authorizer saw to
+/// that) may not add, change or remove restricted labels.
+fn admit_node_labels(res: &Resource, name: &str, old: Option<&Value>, new: &Value) -> Result<(), ApiError> {
+    if !res.is("nodes") || res.custom.is_some() {
+        return Ok(());
+    }
+    let Some(user) = crate::rbac::escalation::requesting_user() else { return Ok(()) };
+    if user.node_name().is_none() || user.is_admin() {
+        return Ok(());
+    }
+    let changed = crate::auth::node_label_changes(old, new);
+    if changed.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::forbidden("nodes", name, format!("is not allowed to modify labels: {}", changed.join(", "))))
+}
+
 /// Which endpoint an update came through: the main resource, `/status`, or a
 /// CertificateSigningRequest's `/approval`; each may change a different part of the object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -712,6 +729,7 @@ impl Api {
             crate::certificates::prepare_create(&mut obj);
             crate::certificates::admit_create(&obj)?;
         }
+        admit_node_labels(res, &name, None, &obj)?;
         if res.is("persistentvolumeclaims") {
             self.default_storage_class(&mut obj).await?;
         }
@@ -870,6 +888,7 @@ impl Api {
         if crate::certificates::is_csr(res) {
             crate::certificates::prepare_update(endpoint, &old, &mut obj, &now_rfc3339());
         }
+        admit_node_labels(res, name, Some(&old), &obj)?;
         if old.pointer("/metadata/deletionTimestamp").is_some() {
             // finalizers may only be removed once deletion started
             let before = finalizers(&old);

@@ -104,6 +104,48 @@ pub fn identity_from_cert(der: &[u8]) -> Option<User> {
     Some(User { name, groups })
 }
 
+/// Labels a node may not set on its own Node (upstream's NodeRestriction): anything under
+/// node-restriction.kubernetes.io, and kubernetes.io / k8s.io labels other than the ones
+/// kubelets set (hostname, os, arch, instance type, zone and region) and the kubelet.kubernetes.io
+/// and node.kubernetes.io namespaces.
+pub fn node_may_not_set_label(key: &str) -> bool {
+    let Some((domain, _)) = key.split_once('/') else { return false };
+    let under = |d: &str| domain == d || domain.ends_with(&format!(".{d}"));
+    if under("node-restriction.kubernetes.io") {
+        return true;
+    }
+    if !under("kubernetes.io") && !under("k8s.io") {
+        return false;
+    }
+    const KUBELET_LABELS: &[&str] = &[
+        "kubernetes.io/hostname",
+        "kubernetes.io/arch",
+        "kubernetes.io/os",
+        "beta.kubernetes.io/arch",
+        "beta.kubernetes.io/os",
+        "beta.kubernetes.io/instance-type",
+        "node.kubernetes.io/instance-type",
+        "failure-domain.beta.kubernetes.io/region",
+        "failure-domain.beta.kubernetes.io/zone",
+        "topology.kubernetes.io/region",
+        "topology.kubernetes.io/zone",
+    ];
+    !(KUBELET_LABELS.contains(&key) || under("kubelet.kubernetes.io") || under("node.kubernetes.io"))
+}
+
+/// The restricted labels a node's write of its Node adds, changes or removes (sorted); empty
+/// when it may make the write.
+pub fn node_label_changes(old: Option<&Value>, new: &Value) -> Vec<String> {
+    let labels = |v: Option<&Value>| -> std::collections::BTreeMap<String, Value> {
+        v.and_then(|v| v.pointer("/metadata/labels")).and_then(Value::as_object).map(|m| m.clone().into_iter().collect()).unwrap_or_default()
+    };
+    let (before, after) = (labels(old), labels(Some(new)));
+    let mut keys: Vec<String> = before.keys().chain(after.keys()).filter(|k| node_may_not_set_label(k) && before.get(*k) != after.get(*k)).cloned().collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
 /// What a request wants to do, in upstream's authorizer terms.
 #[derive(Debug, Clone)]
 pub struct Attributes<'a> {
@@ -565,6 +607,25 @@ mod tests {
         // delegated authentication and authorization for nodes
         assert!(check(&n, attrs("create", "authorization.k8s.io", "subjectaccessreviews", "", "", ""), None).is_ok());
         assert!(check(&n, attrs("create", "authentication.k8s.io", "tokenreviews", "", "", ""), None).is_ok());
+    }
+
+    #[test]
+    fn nodes_may_not_give_themselves_restricted_labels() {
+        assert!(node_may_not_set_label("node-role.kubernetes.io/control-plane"));
+        assert!(node_may_not_set_label("node-restriction.kubernetes.io/trusted"));
+        assert!(node_may_not_set_label("example.k8s.io/x"));
+        assert!(!node_may_not_set_label("kubernetes.io/hostname"));
+        assert!(!node_may_not_set_label("topology.kubernetes.io/zone"));
+        assert!(!node_may_not_set_label("node.kubernetes.io/exclude-from-external-load-balancers"));
+        assert!(!node_may_not_set_label("kubelet.kubernetes.io/x"));
+        assert!(!node_may_not_set_label("topology.loop.csi.ferro.dev/node"));
+        assert!(!node_may_not_set_label("plain"));
+        let old = serde_json::json!({"metadata": {"labels": {"node-role.kubernetes.io/worker": "", "kubernetes.io/os": "linux"}}});
+        // kept as they were: allowed; changed, added or removed: listed
+        assert!(node_label_changes(Some(&old), &old).is_empty());
+        let new = serde_json::json!({"metadata": {"labels": {"kubernetes.io/os": "windows", "node-role.kubernetes.io/control-plane": ""}}});
+        assert_eq!(node_label_changes(Some(&old), &new), ["node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/worker"]);
+        assert_eq!(node_label_changes(None, &new), ["node-role.kubernetes.io/control-plane"]);
     }
 
     #[test]

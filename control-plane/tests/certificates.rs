@@ -188,6 +188,9 @@ async fn a_bootstrap_token_joins_a_node_and_does_nothing_else() {
     kubectl(&node, &["create", "-f", "-"], Some(r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"joiner"}}"#)).unwrap();
     let err = kubectl(&node, &["delete", "node", "other"], None).unwrap_err();
     assert!(err.contains("forbidden"), "the Node authorizer still applies: {err}");
+    let err = kubectl(&node, &["label", "node", "joiner", "node-role.kubernetes.io/control-plane="], None).unwrap_err();
+    assert!(err.contains("is not allowed to modify labels: node-role.kubernetes.io/control-plane"), "NodeRestriction: {err}");
+    kubectl(&node, &["label", "node", "joiner", "example.com/rack=r1"], None).unwrap();
 
     // a node asking for another node's certificate is not approved (it may only renew its
     // own): the approver looks at both, in order; the renewal is approved, the other is not
