@@ -90,11 +90,16 @@ fn start_agent(dir: &Path, kubeconfig: &Path, config: &Path, log_name: &str) -> 
 }
 
 fn start_agent_with(dir: &Path, kubeconfig: &Path, config: &Path, log_name: &str, endpoint: &str) -> Proc {
+    spawn_agent(dir, kubeconfig, config, log_name, endpoint, &["--hostname-override", "node-a"])
+}
+
+/// ferro-agent with its root, config and log under `dir`, and `extra` flags.
+fn spawn_agent(dir: &Path, kubeconfig: &Path, config: &Path, log_name: &str, endpoint: &str, extra: &[&str]) -> Proc {
     let log = std::fs::File::create(dir.join(log_name)).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_ferro-agent"))
         .arg("--kubeconfig")
         .arg(kubeconfig)
-        .args(["--hostname-override", "node-a"])
+        .args(extra)
         .arg("--root-dir")
         .arg(dir.join("root"))
         .arg("--container-runtime-endpoint")
@@ -466,25 +471,9 @@ fn bootstrap_kubeconfig(cp: &ControlPlane, dir: &Path, token: &str) -> PathBuf {
 }
 
 fn start_joining_agent(dir: &Path, kubeconfig: &Path, bootstrap: &Path, config: &Path, log_name: &str) -> Proc {
-    let log = std::fs::File::create(dir.join(log_name)).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_ferro-agent"))
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .arg("--bootstrap-kubeconfig")
-        .arg(bootstrap)
-        .args(["--hostname-override", "node-j"])
-        .arg("--root-dir")
-        .arg(dir.join("root"))
-        .arg("--container-runtime-endpoint")
-        .arg(format!("unix://{}", dir.join("nothing.sock").display()))
-        .arg("--config")
-        .arg(config)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    Proc(Some(child))
+    let endpoint = format!("unix://{}", dir.join("nothing.sock").display());
+    let bootstrap = bootstrap.to_str().unwrap();
+    spawn_agent(dir, kubeconfig, config, log_name, &endpoint, &["--bootstrap-kubeconfig", bootstrap, "--hostname-override", "node-j"])
 }
 
 #[tokio::test(flavor = "multi_thread")]

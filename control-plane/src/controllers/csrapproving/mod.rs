@@ -35,7 +35,10 @@ pub fn keys_for_csr(change: &Change<CertificateSigningRequest>) -> Vec<String> {
     }
 }
 
-pub fn start(inf: &Arc<Informers>, opts: &Options) {
+/// The shared CSR informer and a queue of request names fed from it (changes, resyncs, and
+/// every request once synced): what each of the CSR loops (approving, signing, cleaning)
+/// starts from.
+pub fn csr_queue(inf: &Arc<Informers>, opts: &Options) -> (WorkQueue<String>, Arc<Informer<CertificateSigningRequest>>) {
     let queue: WorkQueue<String> = WorkQueue::new();
     let csrs = inf.csrs();
     {
@@ -47,12 +50,18 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         spawn_resync(queue.clone(), opts.resync, move || c.list().iter().map(|x| x.name_any()).collect());
     }
     {
+        // the shared informer may have listed before this loop's handler was added
         let (c, q) = (csrs.clone(), queue.clone());
         tokio::spawn(async move {
             c.wait_synced().await;
             c.list().iter().for_each(|x| q.add(x.name_any()));
         });
     }
+    (queue, csrs)
+}
+
+pub fn start(inf: &Arc<Informers>, opts: &Options) {
+    let (queue, csrs) = csr_queue(inf, opts);
     let ctx = Arc::new(Context { client: inf.client(), csrs });
     spawn_workers(NAME, queue, 1, move |name: String| reconcile(ctx.clone(), name));
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferro_runtime::{spawn_resync, spawn_workers, Informer, Next, WorkQueue};
+use ferro_runtime::{spawn_workers, Informer, Next};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{DeleteParams, Preconditions};
 use kube::{Api, ResourceExt as _};
@@ -69,23 +69,7 @@ struct Context {
 }
 
 pub fn start(inf: &Arc<Informers>, opts: &Options) {
-    let queue: WorkQueue<String> = WorkQueue::new();
-    let csrs = inf.csrs();
-    {
-        let q = queue.clone();
-        csrs.on_change(move |c| super::csrapproving::keys_for_csr(c).into_iter().for_each(|k| q.add(k)));
-    }
-    {
-        let c = csrs.clone();
-        spawn_resync(queue.clone(), opts.resync, move || c.list().iter().map(|x| x.name_any()).collect());
-    }
-    {
-        let (c, q) = (csrs.clone(), queue.clone());
-        tokio::spawn(async move {
-            c.wait_synced().await;
-            c.list().iter().for_each(|x| q.add(x.name_any()));
-        });
-    }
+    let (queue, csrs) = super::csrapproving::csr_queue(inf, opts);
     let ctx = Arc::new(Context { client: inf.client(), csrs });
     spawn_workers(NAME, queue, 1, move |name: String| reconcile(ctx.clone(), name));
 }

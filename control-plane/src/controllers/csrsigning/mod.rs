@@ -10,12 +10,12 @@ pub mod plan;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferro_runtime::{spawn_resync, spawn_workers, Informer, Next, WorkQueue};
+use ferro_runtime::{spawn_workers, Informer, Next};
 use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::ByteString;
 use kube::api::PostParams;
-use kube::{Api, ResourceExt as _};
+use kube::Api;
 
 use crate::controllers::manager::{Informers, Options};
 use crate::controllers::{is_conflict, is_not_found, Error};
@@ -37,23 +37,7 @@ pub fn start(inf: &Arc<Informers>, opts: &Options) {
         tracing::warn!("csrsigning: no signing CA (--cluster-signing-cert-file/--cluster-signing-key-file); certificate requests are not signed");
         return;
     };
-    let queue: WorkQueue<String> = WorkQueue::new();
-    let csrs = inf.csrs();
-    {
-        let q = queue.clone();
-        csrs.on_change(move |c| super::csrapproving::keys_for_csr(c).into_iter().for_each(|k| q.add(k)));
-    }
-    {
-        let c = csrs.clone();
-        spawn_resync(queue.clone(), opts.resync, move || c.list().iter().map(|x| x.name_any()).collect());
-    }
-    {
-        let (c, q) = (csrs.clone(), queue.clone());
-        tokio::spawn(async move {
-            c.wait_synced().await;
-            c.list().iter().for_each(|x| q.add(x.name_any()));
-        });
-    }
+    let (queue, csrs) = super::csrapproving::csr_queue(inf, opts);
     let ctx = Arc::new(Context { client: inf.client(), csrs, ca, duration: opts.cluster_signing_duration });
     spawn_workers(NAME, queue, 1, move |name: String| reconcile(ctx.clone(), name));
 }
