@@ -5,8 +5,10 @@
 //! `system:nodes`) using the bootstrap kubeconfig's credentials (a bootstrap token), waits for
 //! it to be approved and signed, and writes `<cert-dir>/kubelet-client-current.pem` (certificate
 //! and key) and the node's kubeconfig pointing at it, with the bootstrap kubeconfig's server and
-//! CA. The request's name is derived from the key and the node, so an agent restarted while
-//! waiting finds its request again (the key is kept in `kubelet-client.key.tmp` until then).
+//! CA. The pair is kept as rotation keeps it ([`crate::certificate::store`]): in
+//! `kubelet-client-<time>.pem`, with `kubelet-client-current.pem` a symlink to it. The
+//! request's name is derived from the key and the node, so an agent restarted while waiting
+//! finds its request again (the key is kept in `kubelet-client.key.tmp` until then).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,8 +18,9 @@ use k8s_openapi::ByteString;
 use kube::api::{ObjectMeta, PostParams};
 use kube::Api;
 
+pub use crate::certificate::store::CLIENT_PEM;
+
 pub const SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-pub const CLIENT_PEM: &str = "kubelet-client-current.pem";
 const KEY_TMP: &str = "kubelet-client.key.tmp";
 
 #[derive(Debug, thiserror::Error)]
@@ -53,36 +56,13 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BootstrapError + '_ {
 }
 
 fn write_private(path: &Path, data: &[u8]) -> Result<(), BootstrapError> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let tmp = path.with_extension("writing");
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(io(&tmp))?;
-    f.write_all(data).map_err(io(&tmp))?;
-    f.sync_all().map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
+    crate::certificate::store::write_private(path, data).map_err(io(path))
 }
 
 /// The notAfter (seconds since the epoch) of the client certificate a kubeconfig uses, when
 /// it has one that parses.
 pub fn client_cert_not_after(kubeconfig: &Path) -> Option<i64> {
-    use base64::Engine as _;
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).ok()?;
-    let ctx_name = kc.current_context.clone()?;
-    let ctx = kc.contexts.iter().find(|c| c.name == ctx_name)?.context.clone()?;
-    let user = kc.auth_infos.iter().find(|a| a.name == ctx.user.clone().unwrap_or_default())?.auth_info.clone()?;
-    let pem = match (user.client_certificate_data, user.client_certificate) {
-        (Some(d), _) => base64::engine::general_purpose::STANDARD.decode(d.trim()).ok()?,
-        (None, Some(file)) => {
-            let p = Path::new(&file);
-            let p = if p.is_relative() { kubeconfig.parent()?.join(p) } else { p.to_path_buf() };
-            std::fs::read(p).ok()?
-        }
-        _ => return None,
-    };
-    use rustls::pki_types::pem::PemObject as _;
-    let der = rustls::pki_types::CertificateDer::pem_slice_iter(&pem).next()?.ok()?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
-    Some(cert.validity().not_after.timestamp())
+    crate::certificate::store::validity(kubeconfig).map(|v| v.not_after)
 }
 
 /// Whether the node needs to bootstrap: no kubeconfig, or one whose client certificate is
@@ -132,6 +112,45 @@ pub fn node_kubeconfig(bootstrap: &kube::config::Kubeconfig, pem_path: &Path) ->
     serde_yaml::to_string(&kc).map_err(|e| e.to_string())
 }
 
+/// A certificate request for `system:node:<node>` in `system:nodes`, signed with `key` (PEM).
+pub fn node_request(key: &rcgen::KeyPair, node: &str) -> Result<String, BootstrapError> {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| BootstrapError::Crypto(e.to_string()))?;
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::OrganizationName, "system:nodes");
+    dn.push(rcgen::DnType::CommonName, format!("system:node:{node}"));
+    params.distinguished_name = dn;
+    params.serialize_request(key).and_then(|r| r.pem()).map_err(|e| BootstrapError::Crypto(e.to_string()))
+}
+
+/// Creates the CertificateSigningRequest `name` for `request_pem` (or finds the one this agent
+/// made before a restart) and waits until it carries a certificate (PEM), is denied or failed.
+pub async fn request_certificate(client: kube::Client, name: &str, request_pem: &str) -> Result<Vec<u8>, BootstrapError> {
+    let api: Api<CertificateSigningRequest> = Api::all(client);
+    let csr = CertificateSigningRequest {
+        metadata: ObjectMeta { name: Some(name.to_string()), ..Default::default() },
+        spec: CertificateSigningRequestSpec {
+            request: ByteString(request_pem.as_bytes().to_vec()),
+            signer_name: SIGNER.into(),
+            usages: Some(vec!["digital signature".into(), "client auth".into()]),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &csr).await {
+        Ok(_) => tracing::info!(csr = %name, "certificate request created; waiting for approval"),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            // made by this agent before a restart: the same key gives the same request
+            let existing = api.get(name).await?;
+            if existing.spec.request.0 != request_pem.as_bytes() {
+                return Err(BootstrapError::Taken { name: name.to_string() });
+            }
+            tracing::info!(csr = %name, "certificate request exists; waiting for approval");
+        }
+        Err(e) => return Err(e.into()),
+    }
+    wait_for_certificate(&api, name).await
+}
+
 /// Joins when needed: on return the node's kubeconfig holds a valid client certificate.
 pub async fn ensure(b: &Bootstrap<'_>) -> Result<(), BootstrapError> {
     if !needed(b.kubeconfig, jiff::Timestamp::now().as_second()) {
@@ -151,47 +170,14 @@ pub async fn ensure(b: &Bootstrap<'_>) -> Result<(), BootstrapError> {
             k
         }
     };
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| BootstrapError::Crypto(e.to_string()))?;
-    let mut dn = rcgen::DistinguishedName::new();
-    dn.push(rcgen::DnType::OrganizationName, "system:nodes");
-    dn.push(rcgen::DnType::CommonName, format!("system:node:{}", b.node_name));
-    params.distinguished_name = dn;
-    let request_pem = params.serialize_request(&key).and_then(|r| r.pem()).map_err(|e| BootstrapError::Crypto(e.to_string()))?;
+    let request_pem = node_request(&key, b.node_name)?;
     let name = request_name(key.public_key_raw(), b.node_name);
 
     let config = ferro_runtime::apiclient::load_config(Some(b.bootstrap_kubeconfig)).await.map_err(|e| kc_err(e.to_string()))?;
     let client = ferro_runtime::apiclient::build(config, b.servers).map_err(|e| kc_err(e.to_string()))?;
-    let api: Api<CertificateSigningRequest> = Api::all(client);
-    let csr = CertificateSigningRequest {
-        metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
-        spec: CertificateSigningRequestSpec {
-            request: ByteString(request_pem.clone().into_bytes()),
-            signer_name: SIGNER.into(),
-            usages: Some(vec!["digital signature".into(), "client auth".into()]),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    match api.create(&PostParams::default(), &csr).await {
-        Ok(_) => tracing::info!(csr = %name, "certificate request created; waiting for approval"),
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            // made by this agent before a restart: the same key gives the same request
-            let existing = api.get(&name).await?;
-            if existing.spec.request.0 != request_pem.as_bytes() {
-                return Err(BootstrapError::Taken { name });
-            }
-            tracing::info!(csr = %name, "certificate request exists; waiting for approval");
-        }
-        Err(e) => return Err(e.into()),
-    }
-    let cert = wait_for_certificate(&api, &name).await?;
-    let pem_path = b.cert_dir.join(CLIENT_PEM);
-    let mut both = cert;
-    if !both.ends_with(b"\n") {
-        both.push(b'\n');
-    }
-    both.extend_from_slice(key.serialize_pem().as_bytes());
-    write_private(&pem_path, &both)?;
+    let cert = request_certificate(client, &name, &request_pem).await?;
+    let pem_path = crate::certificate::store::install(b.cert_dir, &cert, key.serialize_pem().as_bytes(), jiff::Timestamp::now())
+        .map_err(io(b.cert_dir))?;
     let kubeconfig = node_kubeconfig(&bootstrap_kc, &pem_path).map_err(kc_err)?;
     if let Some(dir) = b.kubeconfig.parent() {
         std::fs::create_dir_all(dir).map_err(io(dir))?;

@@ -6,6 +6,7 @@
 //! describes it.
 
 pub mod bootstrap;
+pub mod certificate;
 pub mod clock;
 pub mod config;
 pub mod cri;
