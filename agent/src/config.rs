@@ -24,6 +24,15 @@ pub struct Flags {
     /// Where the client certificate got by the bootstrap is kept (default: <root-dir>/pki).
     #[arg(long)]
     pub cert_dir: Option<PathBuf>,
+    /// Renew the client certificate before it expires (rotateCertificates; default true):
+    /// at 70-90 % of its validity, with a CertificateSigningRequest made with the current one.
+    /// `--rotate-certificates=false` turns it off.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub rotate_certificates: Option<bool>,
+    /// ferro-specific (no upstream flag), meant for tests: also rotate as soon as less than this
+    /// Go duration of validity is left, even before the 70-90 % point (default 0s: off).
+    #[arg(long, default_value = "0s")]
+    pub rotate_certificates_before: String,
     /// API servers to use in turn with the kubeconfig's credentials, comma-separated (several
     /// ferro-control-plane replicas without a load balancer; default: the kubeconfig's server).
     /// When one cannot be reached the next requests go to the next (ferro_runtime::apiclient).
@@ -117,6 +126,7 @@ pub struct KubeletConfiguration {
     pub cluster_dns: Option<Vec<String>>,
     pub cluster_domain: Option<String>,
     pub register_node: Option<bool>,
+    pub rotate_certificates: Option<bool>,
     pub address: Option<String>,
     pub port: Option<u16>,
     #[serde(rename = "imageGCHighThresholdPercent")]
@@ -191,6 +201,10 @@ pub struct AgentConfig {
     pub kubeconfig: Option<PathBuf>,
     pub bootstrap_kubeconfig: Option<PathBuf>,
     pub cert_dir: PathBuf,
+    /// rotateCertificates / `--rotate-certificates` (default true).
+    pub rotate_certificates: bool,
+    /// `--rotate-certificates-before` (ferro-specific, for tests; zero: off).
+    pub rotate_certificates_before: Duration,
     /// `--api-servers`, as given (parsed when the client is built).
     pub api_servers: Vec<String>,
     pub hostname_override: Option<String>,
@@ -337,6 +351,10 @@ impl AgentConfig {
             kubeconfig: flags.kubeconfig.clone(),
             bootstrap_kubeconfig: flags.bootstrap_kubeconfig.clone(),
             cert_dir: flags.cert_dir.clone().unwrap_or_else(|| flags.root_dir.join("pki")),
+            rotate_certificates: flags.rotate_certificates.or(file.rotate_certificates).unwrap_or(true),
+            rotate_certificates_before: parse_duration(&flags.rotate_certificates_before).map_err(|reason| {
+                ConfigError::Duration { field: "--rotate-certificates-before", value: flags.rotate_certificates_before.clone(), reason }
+            })?,
             api_servers: flags.api_servers.clone(),
             hostname_override: flags.hostname_override.clone(),
             node_ip: flags.node_ip,
@@ -536,6 +554,24 @@ mod tests {
         assert_eq!(c.hostname_override.as_deref(), Some("n1"));
         let c = AgentConfig::resolve(&flags(&[]), Some(file)).unwrap();
         assert_eq!(c.static_pod_path, Some(PathBuf::from("/etc/from-file")));
+    }
+
+    #[test]
+    fn certificate_rotation_is_on_unless_turned_off() {
+        let file = |v: bool| {
+            let text = format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nrotateCertificates: {v}\n");
+            KubeletConfiguration::parse(&text, Path::new("c.yaml")).unwrap()
+        };
+        let c = AgentConfig::resolve(&flags(&[]), None).unwrap();
+        assert!(c.rotate_certificates);
+        assert_eq!(c.rotate_certificates_before, Duration::ZERO);
+        assert!(!AgentConfig::resolve(&flags(&[]), Some(file(false))).unwrap().rotate_certificates);
+        assert!(AgentConfig::resolve(&flags(&["--rotate-certificates"]), Some(file(false))).unwrap().rotate_certificates, "the flag wins");
+        assert!(!AgentConfig::resolve(&flags(&["--rotate-certificates=false"]), Some(file(true))).unwrap().rotate_certificates);
+        let c = AgentConfig::resolve(&flags(&["--rotate-certificates-before", "9m55s"]), None).unwrap();
+        assert_eq!(c.rotate_certificates_before, Duration::from_secs(595));
+        let e = AgentConfig::resolve(&flags(&["--rotate-certificates-before", "soon"]), None).unwrap_err();
+        assert!(e.to_string().contains("--rotate-certificates-before"), "{e}");
     }
 
     #[test]

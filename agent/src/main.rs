@@ -22,6 +22,47 @@ async fn kube_client(path: &Path, servers: &[String]) -> anyhow::Result<kube::Cl
     Ok(apiclient::client(Some(path), &servers).await?)
 }
 
+/// Client certificate rotation (rotateCertificates), when on and the kubeconfig authenticates
+/// with a client certificate: the client the agent's loops use from then on follows the
+/// rotated certificate.
+fn start_rotation(
+    cfg: &AgentConfig,
+    kubeconfig: &Path,
+    name: &str,
+    client: kube::Client,
+) -> anyhow::Result<(kube::Client, Option<tokio::task::JoinHandle<()>>)> {
+    use ferro_agent::certificate::{client::Reloadable, rotate, store};
+    if !cfg.rotate_certificates {
+        tracing::info!("client certificate rotation is off (rotateCertificates: false)");
+        return Ok((client, None));
+    }
+    if !kube::config::Kubeconfig::read_from(kubeconfig).is_ok_and(|kc| store::uses_client_certificate(&kc)) {
+        tracing::info!(kubeconfig = %kubeconfig.display(), "the kubeconfig does not authenticate with a client certificate: nothing to rotate");
+        return Ok((client, None));
+    }
+    let handle = Reloadable::new(client);
+    let rotation = rotate::ApiRotation {
+        kubeconfig: kubeconfig.to_path_buf(),
+        bootstrap_kubeconfig: cfg.bootstrap_kubeconfig.clone(),
+        cert_dir: cfg.cert_dir.clone(),
+        node_name: name.to_string(),
+        servers: ferro_runtime::apiclient::parse_servers(&cfg.api_servers.join(","))?,
+        client: handle.clone(),
+        request_timeout: rotate::REQUEST_TIMEOUT,
+    };
+    let settings = rotate::Settings {
+        renew_before: i64::try_from(cfg.rotate_certificates_before.as_secs()).unwrap_or(i64::MAX),
+        bootstrap_configured: cfg.bootstrap_kubeconfig.is_some(),
+    };
+    let task = tokio::spawn(rotate::run(
+        std::sync::Arc::new(rotation),
+        settings,
+        ferro_agent::clock::Clock::System,
+        rotate::system_jitter,
+    ));
+    Ok((handle.client(), Some(task)))
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
@@ -206,6 +247,13 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         Some(k) => Some(kube_client(k, &cfg.api_servers).await?),
         None => None,
     };
+    let (client, rotation_task) = match (client, cfg.kubeconfig.as_deref()) {
+        (Some(c), Some(k)) => {
+            let (c, task) = start_rotation(&cfg, k, &name, c)?;
+            (Some(c), task)
+        }
+        (c, _) => (c, None),
+    };
     let workers = start_pods(&cfg, &name, &facts, client.clone()).await?;
     let csi_drivers = std::sync::Arc::new(ferro_agent::csi::registry::Drivers::default());
     let mounter = std::sync::Arc::new(ferro_agent::csi::mounter::CsiMounter {
@@ -317,6 +365,9 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: exiting"),
     }
     sd.stopping();
+    if let Some(t) = rotation_task {
+        t.abort();
+    }
     probe_task.abort();
     eviction_task.abort();
     registry_task.abort();
