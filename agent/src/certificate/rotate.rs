@@ -29,6 +29,8 @@ pub enum RotationError {
     Kubeconfig { path: PathBuf, why: String },
     #[error("rebuilding the API client: {0}")]
     Client(#[source] ferro_runtime::apiclient::ClientError),
+    #[error("the client certificate expired while its renewal was under way")]
+    Expired,
 }
 
 /// What the loop does to the world.
@@ -101,7 +103,14 @@ pub async fn run(
             }
             Step::Rotate => {
                 tracing::info!(attempt = failures + 1, "rotating the client certificate");
-                rotation.rotate().await
+                // an attempt still waiting when the certificate expires is given up, so the
+                // bootstrap fallback is not held back by a request nobody answers
+                match until_expiry {
+                    Some(left) => tokio::time::timeout(left, rotation.rotate())
+                        .await
+                        .unwrap_or(Err(RotationError::Expired)),
+                    None => rotation.rotate().await,
+                }
             }
             Step::Bootstrap => {
                 tracing::warn!("the client certificate expired (or is unreadable) without a new one: joining again with the bootstrap kubeconfig");
@@ -121,7 +130,13 @@ pub async fn run(
             }
             Err(e) => {
                 failures = failures.saturating_add(1);
-                let wait = plan::retry_delay(failures, until_expiry);
+                let now = clock.now_ns() / 1_000_000_000;
+                if current.is_some_and(|v| v.not_after <= now) {
+                    // expired meanwhile: the next step (the bootstrap fallback) at once
+                    tracing::warn!(error = %e, "client certificate rotation failed and the certificate has expired");
+                    continue;
+                }
+                let wait = plan::retry_delay(failures, current.map(|v| secs(v.not_after - now)));
                 tracing::warn!(error = %e, retry_in = ?wait, "client certificate rotation failed; the current certificate stays in use");
                 tokio::time::sleep(wait).await;
             }
@@ -263,7 +278,9 @@ mod tests {
         start: i64,
         lifetime: i64,
         cert: Mutex<Option<Validity>>,
-        rotations: Mutex<VecDeque<bool>>,
+        /// Outcomes of the rotations in turn (then successes): `Some(ok)`, or `None` for one
+        /// that is never answered.
+        rotations: Mutex<VecDeque<Option<bool>>>,
         events: mpsc::UnboundedSender<(&'static str, i64)>,
     }
 
@@ -289,7 +306,16 @@ mod tests {
             self.events
                 .send(("rotate", self.now() - self.start))
                 .unwrap();
-            if self.rotations.lock().unwrap().pop_front().unwrap_or(true) {
+            let outcome = self
+                .rotations
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Some(true));
+            if outcome.is_none() {
+                std::future::pending::<()>().await;
+            }
+            if outcome == Some(true) {
                 self.issue();
                 Ok(())
             } else {
@@ -312,7 +338,7 @@ mod tests {
     /// Starts the loop on a certificate valid for 1000 s from now, with rotation outcomes
     /// `rotations` (then successes), jitter 0.5: the deadline is at 800 s.
     fn start(
-        rotations: &[bool],
+        rotations: &[Option<bool>],
         bootstrap: bool,
     ) -> (
         tokio::task::JoinHandle<()>,
@@ -362,7 +388,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn failures_are_retried_with_backoff_on_the_old_certificate() {
-        let (task, mut rx) = start(&[false, false, false], false);
+        let (task, mut rx) = start(&[Some(false); 3], false);
         assert_eq!(
             events(&mut rx, 5).await,
             [
@@ -379,7 +405,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_expiry_without_a_new_certificate_falls_back_to_bootstrap() {
         // 800, then 2 4 8 16 32 64: the seventh wait (128 s) is cut at the expiry (1000)
-        let (task, mut rx) = start(&[false; 7], true);
+        let (task, mut rx) = start(&[Some(false); 7], true);
         let seen = events(&mut rx, 8).await;
         assert_eq!(
             seen.iter().map(|e| e.1).collect::<Vec<_>>(),
@@ -392,8 +418,18 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_renewal_never_answered_is_given_up_at_the_expiry_for_the_bootstrap() {
+        let (task, mut rx) = start(&[None], true);
+        assert_eq!(
+            events(&mut rx, 3).await,
+            [("rotate", 800), ("bootstrap", 1000), ("rotate", 1800)]
+        );
+        task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn without_a_bootstrap_kubeconfig_an_expired_certificate_is_not_rotated_again() {
-        let (task, mut rx) = start(&[false; 7], false);
+        let (task, mut rx) = start(&[Some(false); 7], false);
         let seen = events(&mut rx, 7).await;
         assert_eq!(seen.last(), Some(&("rotate", 926)));
         // well past the expiry: nothing else was attempted
