@@ -874,3 +874,57 @@ async fn a_denied_renewal_keeps_the_old_certificate_and_is_retried() {
         logs()
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_certificate_without_a_renewal_falls_back_to_the_bootstrap_token() {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    // certificates for 20 s (the signer backdates them by five minutes, so the agent's 70-90 %
+    // point is already behind it: it asks for a renewal at once), and renewals are never
+    // approved: at the expiry the agent gives up waiting and joins again with its token
+    let cp = ControlPlane::start_with(&["--cluster-signing-duration", "20s"]);
+    let dir = tempfile::Builder::new().prefix("ferro-agent-rotate-fallback").tempdir().unwrap();
+    let logs = || {
+        let agent = std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
+        format!("agent.log:\n{agent}\n{}", cp.log().lines().rev().take(30).collect::<Vec<_>>().join("\n"))
+    };
+    let client = cp.admin().await;
+    let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    bindings.delete("ferro:node-autoapprove-certificate-rotation", &Default::default()).await.unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\nnodeLeaseDurationSeconds: 8\n").unwrap();
+    let token = create_token(&cp, &["--ttl", "10m"]);
+    let boot = bootstrap_kubeconfig(&cp, dir.path(), &token);
+    let endpoint = format!("unix://{}", dir.path().join("nothing.sock").display());
+    let extra = ["--bootstrap-kubeconfig", boot.to_str().unwrap(), "--hostname-override", "node-f"];
+    let mut agent = spawn_agent(dir.path(), &dir.path().join("node.kubeconfig"), &config, "agent.log", &endpoint, &extra);
+    let bootstrapper = format!("system:bootstrap:{}", &token[..6]);
+    let by = |user: &str| {
+        let (csrs, user) = (csrs.clone(), user.to_string());
+        async move { csrs.list(&Default::default()).await.unwrap().items.into_iter().filter(|c| c.spec.username.as_deref() == Some(&user)).collect::<Vec<_>>() }
+    };
+
+    let joined = wait_for("the bootstrap request issued", logs, || async { by(&bootstrapper).await.iter().find_map(issued) }).await;
+    wait_for("a renewal request by the node", logs, || async { by("system:node:node-f").await.into_iter().next() }).await;
+    // a second join with the token, once the first certificate has expired
+    let again = wait_for("a second bootstrap request issued", logs, || async {
+        by(&bootstrapper).await.iter().filter_map(issued).find(|(_, serial)| *serial != joined.1)
+    })
+    .await;
+    assert!(again.0.not_before + 300 >= joined.0.not_after, "issued after the first expired: {:?} {:?}", again.0, joined.0);
+    wait_for("kubelet-client-current.pem to hold a certificate of a later join", logs, || async {
+        current_pair(dir.path()).filter(|(_, serial)| *serial != joined.1)
+    })
+    .await;
+    assert!(logs().contains("joining again with the bootstrap kubeconfig"), "{}", logs());
+    // the same process goes on renewing its Lease
+    let before = leases.get("node-f").await.unwrap().spec.and_then(|s| s.renew_time).unwrap().0;
+    wait_for("node-f's lease renewed after the second join", logs, || async {
+        let l = leases.get("node-f").await.unwrap();
+        (l.spec?.renew_time?.0 > before).then_some(())
+    })
+    .await;
+    assert!(agent.0.as_mut().unwrap().try_wait().unwrap().is_none(), "{}", logs());
+}
