@@ -134,9 +134,31 @@ fn partial_syncs_through_netlink_list_as_a_full_nft_sync_does() {
             true,
         ),
         ("NodePort with no endpoints", vec![web.clone()], vec![web.clone(), objects(&w, "np0", "10.96.0.26", np.clone(), &[])], true),
-        // rules change: still nft -f (rules are not encoded for netlink yet)
-        ("change endpoints", vec![web.clone()], vec![objects(&w, "web", "10.96.0.10", json!({}), &[1])], false),
-        ("add a Service with endpoints", vec![web.clone()], vec![web.clone(), objects(&w, "new", "10.96.0.27", json!({}), &[2])], false),
+        // rules: service and endpoint chains written through netlink too
+        ("remove an endpoint", vec![web.clone()], vec![objects(&w, "web", "10.96.0.10", json!({}), &[1])], true),
+        ("add an endpoint", vec![web.clone()], vec![objects(&w, "web", "10.96.0.10", json!({}), &[0, 1, 2])], true),
+        ("replace an endpoint", vec![web.clone()], vec![objects(&w, "web", "10.96.0.10", json!({}), &[0, 2])], true),
+        ("add a Service with endpoints", vec![web.clone()], vec![web.clone(), objects(&w, "new", "10.96.0.27", json!({}), &[0, 1, 2])], true),
+        ("endpoints back after none", vec![objects(&w, "web", "10.96.0.10", json!({}), &[])], vec![web.clone()], true),
+        (
+            "add a NodePort Service with endpoints",
+            vec![web.clone()],
+            vec![web.clone(), objects(&w, "np1", "10.96.0.28", np.clone(), &[1, 2])],
+            true,
+        ),
+        // not encoded: affinity's named sets and dynset, the fib rules of a Local policy
+        (
+            "add an endpoint to a Service with session affinity",
+            vec![web.clone(), objects(&w, "sticky", "10.96.0.24", json!({"sessionAffinity": "ClientIP"}), &[1])],
+            vec![web.clone(), objects(&w, "sticky", "10.96.0.24", json!({"sessionAffinity": "ClientIP"}), &[1, 2])],
+            false,
+        ),
+        (
+            "add an externalTrafficPolicy=Local NodePort",
+            vec![web.clone()],
+            vec![web.clone(), objects(&w, "local", "10.96.0.25", local.clone(), &[2])],
+            false,
+        ),
     ];
     for (what, before, after, through_netlink) in cases {
         let batches = Arc::new(AtomicUsize::new(0));
@@ -150,10 +172,8 @@ fn partial_syncs_through_netlink_list_as_a_full_nft_sync_does() {
         assert_eq!(listing(w.node.name()), listing(full_ns.name()), "{what}: netlink partial vs nft -f full");
         assert!(!partial.drifted(), "{what}");
     }
-    // the data path after the last netlink-written change of the list above ("NodePort with no
-    // endpoints" is the 7th; the last two went through nft): web answers from pod2 only after
-    // the endpoint change, and a Service whose endpoints went away through netlink refuses at
-    // once (curl 7, not a timeout)
+    // the data path after netlink-written changes: a Service whose endpoints went away refuses
+    // at once (curl 7, not a timeout); endpoint changes reach the new endpoints only
     let batches = Arc::new(AtomicUsize::new(0));
     let mut b = backend(w.node.name(), Some(Counting(Kernel::new(Some(w.node.path().into())), batches.clone())));
     let drain = objects(&w, "drain", "10.96.0.22", json!({}), &[1, 2]);
@@ -164,6 +184,30 @@ fn partial_syncs_through_netlink_list_as_a_full_nft_sync_does() {
     let e = w.get_in_pod(0, "http://10.96.0.22/").unwrap_err();
     assert_eq!(e.code, 7, "{e:?}");
     assert_eq!(w.get_in_pod(0, "http://10.96.0.10/").unwrap().len(), 4, "web still answers");
+    let answers = |url: &str| -> std::collections::BTreeSet<String> { (0..12).map(|_| w.get_in_pod(0, url).unwrap()).collect() };
+    // web [pod1, pod2] -> [pod2]: only pod2 answers
+    b.sync(&build(&[objects(&w, "web", "10.96.0.10", json!({}), &[2])]), &node(), false).unwrap();
+    assert_eq!(batches.load(Ordering::SeqCst), 2);
+    assert_eq!(answers("http://10.96.0.10/"), ["pod2".to_string()].into());
+    // [pod2] -> [pod1]: the endpoint replaced
+    b.sync(&build(&[objects(&w, "web", "10.96.0.10", json!({}), &[1])]), &node(), false).unwrap();
+    assert_eq!(batches.load(Ordering::SeqCst), 3);
+    assert_eq!(answers("http://10.96.0.10/"), ["pod1".to_string()].into());
+    // hairpin through a netlink-written endpoint chain: pod1 reaching itself via the Service
+    assert_eq!(w.get_in_pod(1, "http://10.96.0.10/").unwrap(), "pod1");
+    // [pod1] -> [pod1, pod2]: both answer (numgen over the new anonymous map), from a new
+    // Service too
+    b.sync(
+        &build(&[objects(&w, "web", "10.96.0.10", json!({}), &[1, 2]), objects(&w, "fresh", "10.96.0.30", json!({}), &[2])]),
+        &node(),
+        false,
+    )
+    .unwrap();
+    assert_eq!(batches.load(Ordering::SeqCst), 4);
+    let spread: std::collections::BTreeSet<String> = (0..40).map(|_| w.get_in_pod(0, "http://10.96.0.10/").unwrap()).collect();
+    assert_eq!(spread, ["pod1".to_string(), "pod2".to_string()].into(), "random over two endpoints: 40 tries miss one with p = 2^-39");
+    assert_eq!(answers("http://10.96.0.30/"), ["pod2".to_string()].into());
+    assert!(!b.drifted());
 }
 
 #[test]

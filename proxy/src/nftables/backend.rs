@@ -1,8 +1,10 @@
 //! The nftables backend: one transaction per family, rendered against the state it committed;
 //! a refused transaction changes nothing in the kernel and makes the next sync full. Full syncs
-//! (and partial ones that write rules) go through `nft -f -`; partial syncs of elements and
-//! stale chains go as one netlink batch through the [`NftWriter`] when one is given, which
-//! spares `nft`'s listing of every chain of the table.
+//! (and partial ones with a rule or set that is not encoded: affinity, a Local traffic policy's
+//! `fib` rules, firewall ranges) go through `nft -f -`; other partial syncs (elements, chains
+//! added, rewritten or deleted with their rules: an endpoint change) go as one netlink batch
+//! through the [`NftWriter`] when one is given, which spares `nft`'s listing of every chain of
+//! the table.
 
 use std::collections::BTreeMap;
 
@@ -196,8 +198,9 @@ mod tests {
     }
 
     #[test]
-    fn partial_syncs_of_elements_and_stale_chains_go_as_one_netlink_batch() {
+    fn partial_syncs_of_elements_chains_and_rules_go_as_one_netlink_batch() {
         use crate::nftables::netlink::{Key, Op, Recording as Batches};
+        use crate::nftables::rule::Rule;
         let r = Recording::new();
         let batches = Batches::new();
         let mut b = NftBackend::new(r.clone(), Box::new(crate::nfcount::Fake(|_, _, _| Some(2))), vec![], false, vec![])
@@ -219,10 +222,46 @@ mod tests {
             comment: Some("ns/z:p".into()),
             verdict: Some(crate::nftables::netlink::Verdict::Goto("reject-chain".into())),
         }));
-        // a changed endpoint writes rules: nft -f
+        // an endpoint added writes rules: the service chain rewritten, the new endpoint's chain
+        // created, both through netlink
         let a2 = entry("a", "10.96.0.1", &["10.1.0.1", "10.1.0.2"]);
         b.sync(&[model(&[a2.clone(), z.clone()])], &node, false).unwrap();
-        assert_eq!(r.calls().len(), 2);
+        assert_eq!(r.calls().len(), 1, "no nft process for an endpoint change");
+        let last = batches.batches().pop().unwrap().1;
+        let svc = last.iter().find_map(|o| match o {
+            Op::AddChain(c) if c.starts_with("service-") => Some(c.clone()),
+            _ => None,
+        });
+        let svc = svc.expect("the service chain is rewritten");
+        let ep2 = "endpoint-".to_string() + &last.iter().find_map(|o| match o {
+            Op::AddChain(c) if c.contains("10.1.0.2") => c.strip_prefix("endpoint-").map(str::to_string),
+            _ => None,
+        }).expect("the new endpoint's chain");
+        let at = |want: &Op| last.iter().position(|o| o == want).unwrap_or_else(|| panic!("{want:?} in {last:?}"));
+        // chains first (created, flushed), then their rules
+        let first_rule = last.iter().position(|o| matches!(o, Op::AddRule { .. })).unwrap();
+        assert!(at(&Op::FlushChain(svc.clone())) < first_rule && at(&Op::AddChain(ep2.clone())) < first_rule);
+        let balance = last
+            .iter()
+            .find_map(|o| match o {
+                Op::AddRule { chain, rule: Rule::Balance(eps) } if chain == &svc => Some(eps.clone()),
+                _ => None,
+            })
+            .expect("numgen vmap rule");
+        assert_eq!(balance.len(), 2);
+        assert!(at(&Op::AddChain(ep2.clone())) < at(&Op::AddRule { chain: svc.clone(), rule: Rule::Balance(balance) }));
+        assert!(last.contains(&Op::AddRule {
+            chain: ep2.clone(),
+            rule: Rule::Dnat { proto: crate::model::Protocol::Tcp, addr: "10.1.0.2".parse().unwrap(), port: 80 }
+        }));
+        assert!(!last.iter().any(|o| matches!(o, Op::AddChain(c) if c.contains("10.1.0.1"))), "the unchanged endpoint chain is not written");
+        // a Service with session affinity: its sets and dynset rules are not encoded -> nft -f
+        let mut s = entry("s", "10.96.0.5", &["10.1.0.5"]);
+        s.port.affinity_seconds = Some(10800);
+        b.sync(&[model(&[a2.clone(), z.clone(), s.clone()])], &node, false).unwrap();
+        assert_eq!(r.calls().len(), 2, "affinity: nft -f");
+        b.sync(&[model(&[a2.clone(), z.clone()])], &node, false).unwrap();
+        assert_eq!(r.calls().len(), 2, "removing it is elements and chains: netlink");
         // a removed Service: elements deleted, chains flushed and deleted -> netlink
         b.sync(&[model(std::slice::from_ref(&z))], &node, false).unwrap();
         assert_eq!(r.calls().len(), 2);

@@ -3,5 +3,6 @@
 
 pub mod backend;
 pub mod netlink;
+pub mod rule;
 pub mod rules;
 pub mod trace;

@@ -18,6 +18,7 @@ use ipnet::IpNet;
 use crate::model::{categorize, Endpoint, Family, FamilyModel, NodeInfo, ServiceEntry, ServicePortName};
 use crate::names::hash_prefix;
 use crate::nftables::netlink::{Key, Op, Verdict};
+use crate::nftables::rule::{Rule, MARK_CHAIN};
 
 pub const TABLE: &str = "kube-proxy";
 
@@ -101,6 +102,9 @@ impl Element {
 pub struct Rendered {
     /// Its chains with their rule lines (`add rule` lines), in writing order.
     pub chains: Vec<(String, String)>,
+    /// The typed rules of each chain of `chains` (same order), the text's source. Only a fresh
+    /// rendering has them: the committed state keeps the chains' digests, not their rules.
+    pub rules: Vec<Vec<Rule>>,
     /// Its affinity sets (name, timeout seconds).
     pub sets: Vec<(String, u32)>,
     pub elements: BTreeSet<Element>,
@@ -142,9 +146,10 @@ pub struct Output {
     pub chains_deleted: usize,
     pub elements_changed: usize,
     /// A partial sync's operations, typed, each with the service port it belongs to, when all
-    /// of them can be written through netlink (`netlink::encode`): elements, chains flushed or
-    /// deleted, sets deleted. None for a full sync and for one that writes rules (a new or
-    /// changed chain) or adds a set: those go through `nft -f` with `text`.
+    /// of them can be written through netlink (`netlink::encode`): elements, chains created,
+    /// flushed or deleted, sets deleted, rules whose expressions are encoded (`rule::Rule`).
+    /// None for a full sync and for one that writes a rule that is not encoded or adds a set
+    /// (affinity): those go through `nft -f` with `text`.
     pub ops: Option<Vec<(Op, Option<ServicePortName>)>>,
 }
 
@@ -158,7 +163,6 @@ pub fn render_service(entry: &ServiceEntry, node: &NodeInfo, cfg: &RenderConfig,
     let port = &entry.port;
     let name = &port.name;
     let spn = name.to_string();
-    let proto = port.protocol.lower();
     let base = chain_base(name);
     let cat = categorize(entry, node);
     let mut r = Rendered::default();
@@ -224,90 +228,83 @@ pub fn render_service(entry: &ServiceEntry, node: &NodeInfo, cfg: &RenderConfig,
         }
     }
 
-    let cidrs: Vec<&IpNet> = cfg.cluster_cidrs.iter().filter(|n| family.contains_net(n)).collect();
-    let mut masq = String::new();
-    if has_internal {
-        if cfg.masquerade_all {
-            rule(&mut masq, tf, internal_chain, &format!("{af} daddr {cluster_ip} {proto} dport {p} jump mark-for-masquerade"));
-        } else if !cidrs.is_empty() {
-            let set: Vec<String> = cidrs.iter().map(|c| c.to_string()).collect();
-            rule(
-                &mut masq,
-                tf,
-                internal_chain,
-                &format!("{af} daddr {cluster_ip} {proto} dport {p} {af} saddr != {{ {} }} jump mark-for-masquerade", set.join(", ")),
-            );
-        }
+    let cidrs: Vec<IpNet> = cfg.cluster_cidrs.iter().filter(|n| family.contains_net(n)).copied().collect();
+    let mut masq: Vec<Rule> = Vec::new();
+    if has_internal && (cfg.masquerade_all || !cidrs.is_empty()) {
+        let except = if cfg.masquerade_all { Vec::new() } else { cidrs.clone() };
+        masq.push(Rule::MasqueradeService { daddr: cluster_ip, proto: proto_t, port: p, except });
     }
-    let mut chains = Vec::new();
+    let mut chains: Vec<(String, Vec<Rule>)> = Vec::new();
     if uses_ext_chain {
-        let mut t = String::new();
+        let mut t = Vec::new();
         if !port.external_policy_local {
-            rule(&mut t, tf, &ext_chain, "jump mark-for-masquerade");
+            t.push(Rule::Jump(MARK_CHAIN.into()));
         } else {
             if !cidrs.is_empty() {
                 let set: Vec<String> = cidrs.iter().map(|c| c.to_string()).collect();
-                rule(&mut t, tf, &ext_chain, &format!("{af} saddr {{ {} }} goto {svc_chain} comment \"short-circuit pod traffic\"", set.join(", ")));
+                t.push(Rule::Text(format!("{af} saddr {{ {} }} goto {svc_chain} comment \"short-circuit pod traffic\"", set.join(", "))));
             }
-            rule(&mut t, tf, &ext_chain, "fib saddr type local jump mark-for-masquerade comment \"masquerade local traffic\"");
-            rule(&mut t, tf, &ext_chain, &format!("fib saddr type local goto {svc_chain} comment \"short-circuit local traffic\""));
+            t.push(Rule::Text("fib saddr type local jump mark-for-masquerade comment \"masquerade local traffic\"".into()));
+            t.push(Rule::Text(format!("fib saddr type local goto {svc_chain} comment \"short-circuit local traffic\"")));
         }
         if has_external {
-            rule(&mut t, tf, &ext_chain, &format!("goto {external_policy_chain}"));
+            t.push(Rule::Goto(external_policy_chain.clone()));
         }
         chains.push((ext_chain.clone(), t));
     }
     if uses_fw_chain {
         let ranges: Vec<String> = port.load_balancer_source_ranges.iter().map(|c| c.to_string()).collect();
-        let mut t = String::new();
-        rule(&mut t, tf, &fw_chain, &format!("{af} saddr != {{ {} }} drop", ranges.join(", ")));
-        chains.push((fw_chain.clone(), t));
+        chains.push((fw_chain.clone(), vec![Rule::Text(format!("{af} saddr != {{ {} }} drop", ranges.join(", ")))]));
     }
     let mut sets = Vec::new();
-    let policy = |chain: &str, eps: &[&Endpoint], sets: &mut Vec<(String, u32)>| -> String {
-        let mut t = String::new();
+    let policy = |eps: &[&Endpoint], sets: &mut Vec<(String, u32)>| -> Vec<Rule> {
+        let mut t = Vec::new();
         if let Some(secs) = port.affinity_seconds {
             for ep in eps {
                 let epc = endpoint_chain(name, ep);
                 let set = format!("affinity-{}", &epc["endpoint-".len()..]);
-                rule(&mut t, tf, chain, &format!("{af} saddr @{set} goto {epc}"));
+                t.push(Rule::Text(format!("{af} saddr @{set} goto {epc}")));
                 if !sets.iter().any(|(s, _)| s == &set) {
                     sets.push((set, secs));
                 }
             }
         }
         if !eps.is_empty() {
-            let arms: Vec<String> = eps.iter().enumerate().map(|(i, ep)| format!("{i} : goto {}", endpoint_chain(name, ep))).collect();
-            rule(&mut t, tf, chain, &format!("numgen random mod {} vmap {{ {} }}", eps.len(), arms.join(", ")));
+            t.push(Rule::Balance(eps.iter().map(|ep| endpoint_chain(name, ep)).collect()));
         }
         t
     };
     if uses_cluster_chain {
-        let mut t = if internal_chain == &svc_chain { masq.clone() } else { String::new() };
-        t.push_str(&policy(&svc_chain, &cat.cluster, &mut sets));
+        let mut t = if internal_chain == &svc_chain { masq.clone() } else { Vec::new() };
+        t.extend(policy(&cat.cluster, &mut sets));
         chains.push((svc_chain.clone(), t));
     }
     if uses_local_chain {
-        let mut t = if internal_chain == &local_chain { masq.clone() } else { String::new() };
-        t.push_str(&policy(&local_chain, &cat.local, &mut sets));
+        let mut t = if internal_chain == &local_chain { masq.clone() } else { Vec::new() };
+        t.extend(policy(&cat.local, &mut sets));
         chains.push((local_chain.clone(), t));
     }
     for ep in &cat.all_reachable {
         let epc = endpoint_chain(name, ep);
-        let mut t = String::new();
-        rule(&mut t, tf, &epc, &format!("{af} saddr {} jump mark-for-masquerade", ep.ip));
+        let mut t = vec![Rule::Hairpin(ep.ip)];
         if port.affinity_seconds.is_some() {
             let set = format!("affinity-{}", &epc["endpoint-".len()..]);
-            rule(&mut t, tf, &epc, &format!("update @{set} {{ {af} saddr }}"));
+            t.push(Rule::Text(format!("update @{set} {{ {af} saddr }}")));
         }
-        let dest = match ep.ip {
-            IpAddr::V4(_) => ep.addr(),
-            IpAddr::V6(ip) => format!("[{ip}]:{}", ep.port),
-        };
-        rule(&mut t, tf, &epc, &format!("meta l4proto {proto} dnat to {dest}"));
+        t.push(Rule::Dnat { proto: proto_t, addr: ep.ip, port: ep.port });
         chains.push((epc, t));
     }
-    r.chains = chains;
+    r.chains = chains
+        .iter()
+        .map(|(c, rules)| {
+            let mut t = String::new();
+            for x in rules {
+                rule(&mut t, tf, c, &x.text());
+            }
+            (c.clone(), t)
+        })
+        .collect();
+    r.rules = chains.into_iter().map(|(_, rules)| rules).collect();
     r.sets = sets;
     r
 }
@@ -504,12 +501,17 @@ pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &
                         typed = false;
                     }
                 }
-                for (c, rules) in &r.chains {
+                for (i, (c, rules)) in r.chains.iter().enumerate() {
                     if !old_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, rules)) {
                         let _ = writeln!(text, "add chain {tf} {TABLE} {c}");
                         let _ = writeln!(text, "flush chain {tf} {TABLE} {c}");
-                        // its rules follow: not encoded for netlink yet
-                        typed = false;
+                        // its rules follow
+                        if r.rules.get(i).is_some_and(|rs| rs.iter().all(Rule::encodable)) {
+                            ops.push((Op::AddChain(c.clone()), owner.get(c.as_str()).map(|n| (*n).clone())));
+                            ops.push((Op::FlushChain(c.clone()), owner.get(c.as_str()).map(|n| (*n).clone())));
+                        } else {
+                            typed = false;
+                        }
                     }
                 }
             }
@@ -531,10 +533,15 @@ pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &
             let old_chains: HashMap<&str, &str> =
                 old_r.as_ref().map(|r| r.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect()).unwrap_or_default();
             if let Some(r) = new_r {
-                for (c, rules) in &r.chains {
+                for (i, (c, rules)) in r.chains.iter().enumerate() {
                     if !old_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, rules)) {
                         text.push_str(rules);
                         out.chains_written += 1;
+                        if typed {
+                            for rule in r.rules.get(i).into_iter().flatten() {
+                                ops.push((Op::AddRule { chain: c.clone(), rule: rule.clone() }, owner.get(c.as_str()).map(|n| (*n).clone())));
+                            }
+                        }
                     }
                 }
             }
@@ -566,6 +573,9 @@ pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &
     for (_, r) in next.values_mut() {
         for (_, t) in r.chains.iter_mut() {
             *t = crate::names::text_digest(t);
+        }
+        if !r.rules.is_empty() {
+            r.rules = Vec::new();
         }
     }
     state.services = next;
