@@ -76,7 +76,11 @@ fn backend(ns: &str, writer: Option<Counting>) -> NftBackend<common::InNs> {
 /// hash set lists its elements in bucket order, which depends on insertion history), and the
 /// table's blocks sorted.
 fn listing(ns: &str) -> String {
-    let out = ferro_lab::run(std::process::Command::new("ip").args(["netns", "exec", ns, "nft", "list", "table", "ip", "kube-proxy"])).unwrap();
+    listing_of(ns, "ip")
+}
+
+fn listing_of(ns: &str, family: &str) -> String {
+    let out = ferro_lab::run(std::process::Command::new("ip").args(["netns", "exec", ns, "nft", "list", "table", family, "kube-proxy"])).unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut norm = String::new();
     let mut rest = text.as_str();
@@ -232,4 +236,68 @@ fn a_batch_the_kernel_refuses_changes_nothing() {
     // the same socket path works for a good batch afterwards
     k.apply(Family::V4, "kube-proxy", &[ok]).unwrap();
     assert!(listing(w.node.name()).contains("10.96.9.9"));
+}
+
+/// An IPv6 Service `name` at `vip` with endpoints `eps` (no pods: the listing is compared).
+fn objects6(name: &str, vip: &str, eps: &[&str]) -> (Service, EndpointSlice) {
+    let svc = serde_json::from_value(json!({"metadata": {"namespace": "default", "name": name}, "spec": {
+        "clusterIP": vip, "ipFamilies": ["IPv6"], "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}}))
+    .unwrap();
+    let eps: Vec<_> = eps.iter().map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}, "nodeName": "node-a"})).collect();
+    let slice = serde_json::from_value(json!({
+        "metadata": {"namespace": "default", "name": format!("{name}-1"), "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv6",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": eps,
+    }))
+    .unwrap();
+    (svc, slice)
+}
+
+fn build6(objs: &[(Service, EndpointSlice)]) -> Vec<FamilyModel> {
+    let services: Vec<Arc<Service>> = objs.iter().map(|(s, _)| Arc::new(s.clone())).collect();
+    let slices: Vec<Arc<EndpointSlice>> = objs.iter().map(|(_, e)| Arc::new(e.clone())).collect();
+    let (m, problems) = model::build(Family::V6, &services, &slices, &node());
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(m.services.len(), objs.len());
+    vec![m]
+}
+
+fn backend6(ns: &NetNs, writer: Option<Counting>) -> NftBackend<common::InNs> {
+    // a /60: the masquerade match's prefix is masked with bitwise (not whole bytes)
+    let cidrs = vec!["fd00:10::/60".parse().unwrap()];
+    let counter = Box::new(ferro_proxy::nfcount::Netlink::in_namespace(ns.path()));
+    let b = NftBackend::new(common::InNs(ns.name().to_string()), counter, cidrs, false, vec![]);
+    match writer {
+        Some(w) => b.with_writer(Box::new(w)),
+        None => b,
+    }
+}
+
+#[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
+fn ipv6_endpoint_changes_through_netlink_list_as_a_full_nft_sync_does() {
+    ferro_lab::require_root().unwrap();
+    let partial_ns = NetNs::new(&NetNs::unique_name("fpx-nfnl6")).unwrap();
+    let full_ns = NetNs::new(&NetNs::unique_name("fpx-nfnl6-full")).unwrap();
+    let web = objects6("web", "fd00:96::10", &["fd00:10::11", "fd00:10::12"]);
+    let cases = vec![
+        ("remove an endpoint", vec![web.clone()], vec![objects6("web", "fd00:96::10", &["fd00:10::12"])]),
+        ("add an endpoint", vec![web.clone()], vec![objects6("web", "fd00:96::10", &["fd00:10::11", "fd00:10::12", "fd00:10::13"])]),
+        ("add a Service", vec![web.clone()], vec![web.clone(), objects6("new", "fd00:96::20", &["fd00:10::14"])]),
+        ("remove a Service", vec![web.clone(), objects6("gone", "fd00:96::21", &["fd00:10::15"])], vec![web.clone()]),
+    ];
+    for (what, before, after) in cases {
+        let batches = Arc::new(AtomicUsize::new(0));
+        let mut partial = backend6(&partial_ns, Some(Counting(Kernel::new(Some(partial_ns.path().into())), batches.clone())));
+        assert!(partial.sync(&build6(&before), &node(), false).unwrap().full, "{what}: cold start");
+        assert!(!partial.sync(&build6(&after), &node(), false).unwrap().full, "{what}: partial");
+        assert_eq!(batches.load(Ordering::SeqCst), 1, "{what}: one netlink batch");
+        let mut full = backend6(&full_ns, None);
+        assert!(full.sync(&build6(&after), &node(), false).unwrap().full);
+        let got = listing_of(partial_ns.name(), "ip6");
+        assert!(got.contains("ip6 saddr != fd00:10::/60 jump mark-for-masquerade"), "{got}");
+        assert_eq!(got, listing_of(full_ns.name(), "ip6"), "{what}: netlink partial vs nft -f full");
+        assert!(!partial.drifted(), "{what}");
+    }
 }
