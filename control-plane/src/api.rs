@@ -366,14 +366,7 @@ impl Api {
                     let rv: Revision = rv.parse().map_err(|_| {
                         ApiError::bad_request(format!("invalid resource version: {rv}"))
                     })?;
-                    // Like upstream's watch cache: wait up to 3 s for the revision to appear.
-                    let deadline = Instant::now() + Duration::from_secs(3);
-                    while rv > self.store.revision() {
-                        if Instant::now() >= deadline {
-                            return Err(ApiError::too_large_resource_version(rv, self.store.revision()));
-                        }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
+                    self.reach(rv).await?;
                 }
                 if opts.resource_version.as_deref().is_none_or(str::is_empty) {
                     // the most recent state: what any replica acknowledged before this request
@@ -425,6 +418,18 @@ impl Api {
 
     /// Starts a watch. Errors here are answered as HTTP errors; a revision too old to watch
     /// from is delivered as an ERROR event (upstream's behaviour), so clients relist.
+    /// Like upstream's watch cache: waits up to 3 s for a revision to be readable here.
+    async fn reach(&self, rv: Revision) -> Result<(), ApiError> {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while rv > self.store.revision() {
+            if Instant::now() >= deadline {
+                return Err(ApiError::too_large_resource_version(rv, self.store.revision()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
     pub fn watch(
         self: &Arc<Self>,
         res: &'static Resource,
@@ -447,7 +452,8 @@ impl Api {
         // are the current state, which is at least that recent.
         let from = match requested {
             Some(rv) if opts.send_initial_events => {
-                let current = self.store.revision();
+                // the listing that makes the initial events waits for every acknowledged write
+                let current = self.store.acknowledged();
                 if rv > current {
                     return Err(ApiError::too_large_resource_version(rv, current));
                 }

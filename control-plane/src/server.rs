@@ -569,7 +569,8 @@ fn path_verb(method: &Method) -> String {
 
 async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let path = req.uri().path().to_string();
-    let seen = state.api.store.revision();
+    // what a refused request lets RBAC catch up with: every write acknowledged before it
+    let seen = state.api.store.acknowledged();
     // Public endpoints (upstream's system:public-info-viewer).
     match path.as_str() {
         "/healthz" | "/livez" | "/readyz" | "/healthz/ping" | "/livez/ping" | "/readyz/ping" => {

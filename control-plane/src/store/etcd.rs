@@ -9,8 +9,11 @@
 //!   write is the resourceVersion, stamped into the value when a record is built (as upstream's
 //!   etcd3 storage does on read), so the bytes served equal the embedded store's.
 //! - Writes: one etcd transaction each, guarded by `mod_revision == expected` (updates and
-//!   deletes) or `create_revision == 0` (creates). A write returns once the watch cache has
-//!   applied it, so a read after a write sees it, as with the embedded store.
+//!   deletes) or `create_revision == 0` (creates). A write returns with etcd's answer to its
+//!   transaction, as upstream's does, without waiting for the watch cache: [`Acked`] keeps what
+//!   this server acknowledged that its cache has not applied yet, and a read after a write
+//!   waits for the cache only then (a get for that key, a list for the latest acknowledged
+//!   revision), so a read after a write still sees it, as with the embedded store.
 //! - Reads (get, list, watch): from the [`Cache`], fed by one etcd watch over the prefix that
 //!   resumes from the cache's revision when it breaks and relists when etcd has compacted that
 //!   revision. At start the cache is loaded at a revision up to `history` revisions back and
@@ -160,6 +163,57 @@ pub struct EtcdStore {
     /// The last etcd revision a consistent read waited for in vain (moved by keys outside the
     /// prefix, which no event brings): reads that find etcd still there do not wait again.
     unreached: std::sync::atomic::AtomicI64,
+    acked: Acked,
+}
+
+/// Writes this server acknowledged that its watch cache may not have applied yet: the
+/// revision of each key's latest one, and the latest revision over all keys. Entries leave
+/// once the cache is past them (checked as reads and writes go by), so the map holds only
+/// what is in flight between etcd's answer and the watch event.
+#[derive(Default)]
+struct Acked {
+    keys: std::sync::Mutex<std::collections::HashMap<Arc<str>, Revision>>,
+    latest: std::sync::atomic::AtomicI64,
+}
+
+/// Above this many entries, a write sweeps the ones the cache has passed.
+const ACKED_SWEEP: usize = 256;
+
+impl Acked {
+    fn note(&self, key: &Arc<str>, rev: Revision, cache_rev: Revision) {
+        self.latest.fetch_max(rev, std::sync::atomic::Ordering::AcqRel);
+        self.note_key(key, rev, cache_rev);
+    }
+
+    /// A revision of `key` etcd reported (a guarded write's conflict): the next read of the
+    /// key waits for the cache to have it, so a retry reads what it conflicted with.
+    fn note_key(&self, key: &Arc<str>, rev: Revision, cache_rev: Revision) {
+        if rev <= cache_rev {
+            return;
+        }
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let e = keys.entry(key.clone()).or_insert(rev);
+        *e = (*e).max(rev);
+        if keys.len() > ACKED_SWEEP {
+            keys.retain(|_, r| *r > cache_rev);
+        }
+    }
+
+    /// The revision a read of `key` must wait for, if the cache is behind this server's last
+    /// acknowledged write of it.
+    fn pending(&self, key: &str, cache_rev: Revision) -> Option<Revision> {
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let rev = *keys.get(key)?;
+        if rev <= cache_rev {
+            keys.remove(key);
+            return None;
+        }
+        Some(rev)
+    }
+
+    fn latest(&self) -> Revision {
+        self.latest.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 /// How long a consistent read waits for etcd's revision, and for the cache to reach it.
@@ -379,7 +433,7 @@ impl EtcdStore {
         if !opts.compaction_interval.is_zero() {
             tasks.push(tokio::spawn(compactor(kv.clone(), opts.compaction_interval, opts.request_timeout)));
         }
-        Ok(EtcdStore { kv, cache, layout, request_timeout: opts.request_timeout, tasks, probe_failed: Default::default(), unreached: Default::default() })
+        Ok(EtcdStore { kv, cache, layout, request_timeout: opts.request_timeout, tasks, probe_failed: Default::default(), unreached: Default::default(), acked: Acked::default() })
     }
 
     /// Loads the cache at up to `history` revisions before `current` and replays the changes
@@ -444,9 +498,24 @@ impl EtcdStore {
             .layout
             .to_etcd(&api_key)
             .ok_or_else(|| StoreError::InvalidValue(format!("no etcd key for {api_key}")))?;
+        let record = match self.transact(op, key, api_key.clone()).await {
+            Ok(r) => r,
+            Err(StoreError::Conflict { current }) => {
+                self.acked.note_key(&Arc::from(api_key), current, self.cache.revision());
+                return Err(StoreError::Conflict { current });
+            }
+            Err(e) => return Err(e),
+        };
+        // Acknowledged with etcd's answer; reads of it wait for the cache (`caught_up`).
+        self.acked.note(&record.key, record.mod_rev, self.cache.revision());
+        Ok(record)
+    }
+
+    /// One write's transaction and the record it made.
+    async fn transact(&self, op: Op, key: String, api_key: String) -> Result<Record, StoreError> {
         let indexer = self.cache.indexer();
         let kv = self.kv.clone();
-        let record = match op {
+        Ok(match op {
             Op::Create { key: _, value } => {
                 let stored = stored_bytes(&value)?;
                 let txn = Txn::new()
@@ -501,12 +570,14 @@ impl EtcdStore {
                 let last = record_from_stored(Arc::from(api_key), prev.create_revision(), prev.mod_revision(), prev.value(), indexer)?;
                 restamp(&last, rev)?
             }
-        };
-        // Acknowledge once the cache has it: a read after this write sees it.
-        if !self.cache.wait_for(record.mod_rev, self.request_timeout).await {
-            tracing::warn!(key = %record.key, rev = record.mod_rev, "the watch cache has not caught up with a write yet");
+        })
+    }
+
+    /// Waits until the cache has applied `rev`, a write this server acknowledged.
+    async fn caught_up(&self, rev: Revision, what: &str) {
+        if self.cache.revision() < rev && !self.cache.wait_for(rev, self.request_timeout).await {
+            tracing::warn!(rev, what, cache = self.cache.revision(), "the watch cache has not caught up with an acknowledged write yet");
         }
-        Ok(record)
     }
 }
 
@@ -698,14 +769,24 @@ impl Store for EtcdStore {
         self.cache.revision()
     }
 
+    fn acknowledged(&self) -> Revision {
+        self.cache.revision().max(self.acked.latest())
+    }
+
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        let found = self.cache.get(key);
-        Box::pin(async move { Ok(found) })
+        Box::pin(async move {
+            if let Some(rev) = self.acked.pending(key, self.cache.revision()) {
+                self.caught_up(rev, "get").await;
+            }
+            Ok(self.cache.get(key))
+        })
     }
 
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing, StoreError>> {
-        let listing = self.cache.list(prefix);
-        Box::pin(async move { Ok(listing) })
+        Box::pin(async move {
+            self.caught_up(self.acked.latest(), "list").await;
+            Ok(self.cache.list(prefix))
+        })
     }
 
     fn write(&self, op: Op) -> BoxFuture<'_, Result<Record, StoreError>> {
@@ -805,6 +886,39 @@ mod tests {
         assert_eq!(m.from_etcd(b"/registry/example.com/widgets"), None);
         assert_eq!(m.to_etcd("/example.com/widgets/").unwrap(), "/registry/example.com/widgets/");
         assert_eq!(m.range(), "/registry/");
+    }
+
+    #[test]
+    fn acknowledged_writes_are_waited_for_until_the_cache_has_them() {
+        let acked = Acked::default();
+        let a: Arc<str> = Arc::from("/core/pods/default/a");
+        let b: Arc<str> = Arc::from("/core/pods/default/b");
+        assert_eq!((acked.pending(&a, 0), acked.latest()), (None, 0));
+        acked.note(&a, 5, 3);
+        acked.note(&b, 7, 3);
+        // an older answer for a key never lowers what a read waits for
+        acked.note(&a, 4, 3);
+        assert_eq!((acked.pending(&a, 3), acked.pending(&b, 3), acked.latest()), (Some(5), Some(7), 7));
+        // the cache passed a: its entry goes, b still waits
+        assert_eq!((acked.pending(&a, 6), acked.pending(&b, 6)), (None, Some(7)));
+        assert!(!acked.keys.lock().unwrap().contains_key(&a));
+        // a conflict's revision makes reads of the key wait but lists do not
+        let c: Arc<str> = Arc::from("/core/pods/default/c");
+        acked.note_key(&c, 9, 6);
+        assert_eq!((acked.pending(&c, 6), acked.latest()), (Some(9), 7));
+        acked.note_key(&c, 5, 6);
+        assert_eq!(acked.pending(&c, 6), Some(9));
+        // one the cache has already: nothing to wait for, nothing kept
+        let d: Arc<str> = Arc::from("/core/pods/default/d");
+        acked.note_key(&d, 6, 6);
+        assert!(!acked.keys.lock().unwrap().contains_key(&d));
+        // the map sweeps what the cache passed once it grows
+        for i in 0..ACKED_SWEEP as i64 + 10 {
+            acked.note(&Arc::from(format!("/k/{i}")), 10 + i, 9);
+        }
+        acked.note(&Arc::from("/k/last"), 1000, 10 + ACKED_SWEEP as i64);
+        assert!(acked.keys.lock().unwrap().len() <= 12, "{}", acked.keys.lock().unwrap().len());
+        assert_eq!(acked.latest(), 1000);
     }
 
     #[test]

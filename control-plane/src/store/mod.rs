@@ -142,6 +142,12 @@ pub struct Watch {
 pub trait Store: Send + Sync + 'static {
     /// The latest committed revision.
     fn revision(&self) -> Revision;
+    /// The latest revision this server acknowledged to a writer: at least [`Store::revision`];
+    /// ahead of it while a write acknowledged by the store is not yet readable from it (reads
+    /// through this store wait for it, other observers — the RBAC index — may wait for it).
+    fn acknowledged(&self) -> Revision {
+        self.revision()
+    }
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Record>, StoreError>>;
     /// Every record whose key starts with `prefix`, in key order.
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing, StoreError>>;
