@@ -15,12 +15,20 @@
 //! Expiry is judged on this replica's clock from the moment it saw the record change (as
 //! client-go's observedTime), never by comparing its clock with the renewTime another machine
 //! wrote, so clock skew between replicas does not matter.
+//!
+//! A candidate also watches the Lease between its reads, so it sees each renewal when it is
+//! written (not up to a retry period later, as a reader only every retry period does), and
+//! it wakes at the moment the record it saw expires ([`next_wake`]) rather than at its next
+//! retry: a holder killed with -9 is taken over within the lease duration of its last renewal
+//! (13-15 s with the defaults), where polling alone takes 13-19 s.
 
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use futures::StreamExt as _;
 use kube::api::PostParams;
+use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::Api;
 use tokio::time::Instant;
 
@@ -160,6 +168,21 @@ pub fn decide(identity: &str, observed: &Observation, leading: Option<Instant>, 
     }
 }
 
+/// When the executor next reads the Lease, given the round's read at `read_at`: after the
+/// retry period; sooner, at the moment the record another replica holds expires by this
+/// replica's clock; at once when a watch brought a released record after that read. A
+/// leader waits the retry period.
+pub fn next_wake(identity: &str, observed: &Observation, leading: bool, retry_period: Duration, read_at: Instant) -> Instant {
+    let retry = read_at + retry_period;
+    match observed {
+        Observation::Seen { record, since } if !leading && record.holder.is_empty() && *since > read_at => *since,
+        Observation::Seen { record, since } if !leading && !record.holder.is_empty() && record.holder != identity => {
+            retry.min(*since + record.lease_duration)
+        }
+        _ => retry,
+    }
+}
+
 /// Folds a fresh read into the observation: `since` moves only when the record changed.
 pub fn observe(previous: &Observation, read: Option<Record>, now: Instant) -> Observation {
     match read {
@@ -224,6 +247,9 @@ pub async fn run<T>(
 ) -> Result<(), ElectionError> {
     tokio::pin!(shutdown);
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
+    let mut changes = watcher::watcher(api.clone(), watcher::Config::default().fields(&format!("metadata.name={}", cfg.name)))
+        .default_backoff()
+        .boxed();
     let mut observed = Observation::Unknown;
     let mut lease: Option<Lease> = None;
     let mut leading: Option<Instant> = None;
@@ -297,6 +323,8 @@ pub async fn run<T>(
                     leading = Some(now);
                     if let Some(start) = start.take() {
                         _running = Some(start());
+                        // a leader never becomes a candidate again (it exits): no more watching
+                        changes = futures::stream::pending().boxed();
                     }
                 }
                 // another replica wrote first (409): read again next round
@@ -307,15 +335,40 @@ pub async fn run<T>(
                 Err(_) => tracing::warn!(decision = ?decision, "writing the leader lease timed out"),
             }
         }
-        tokio::select! {
-            _ = tokio::time::sleep_until(now + cfg.retry_period) => {}
-            _ = &mut shutdown => {
-                if let (Some(_), Some(held)) = (leading, lease.take()) {
-                    release(&api, cfg, held).await;
+        // until the next read: the Lease's changes as they are written (candidates only)
+        let wake = loop {
+            let wake = next_wake(&cfg.identity, &observed, leading.is_some(), cfg.retry_period, now);
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake) => break wake,
+                changed = changes.next(), if leading.is_none() => match changed {
+                    Some(Ok(ev)) => {
+                        if let Some(l) = applied(ev, &cfg.name) {
+                            observed = observe(&observed, Some(Record::of(&l)), Instant::now());
+                            lease = Some(l);
+                        }
+                    }
+                    // the watcher retries with its backoff; reads every retry period go on
+                    Some(Err(e)) => tracing::debug!(error = %e, "watching the leader lease"),
+                    None => break wake,
+                },
+                _ = &mut shutdown => {
+                    if let (Some(_), Some(held)) = (leading, lease.take()) {
+                        release(&api, cfg, held).await;
+                    }
+                    return Ok(());
                 }
-                return Ok(());
             }
-        }
+        };
+        tracing::trace!(late_ms = wake.elapsed().as_millis() as u64, "leader election round");
+    }
+}
+
+/// The Lease a watch event carries, if it is the election's (a deletion carries nothing: the
+/// next read finds the Lease absent).
+fn applied(ev: watcher::Event<Lease>, name: &str) -> Option<Lease> {
+    match ev {
+        watcher::Event::Apply(l) | watcher::Event::InitApply(l) if l.metadata.name.as_deref() == Some(name) => Some(l),
+        _ => None,
     }
 }
 
@@ -448,5 +501,39 @@ mod tests {
         }
         let first_acquire = steps.iter().position(|d| *d == Decision::Acquire).unwrap();
         assert_eq!(first_acquire, 7, "at 16 s, the first retry after 15 s: {steps:?}");
+    }
+
+    /// Woken by [`next_wake`], a candidate reads at the record's expiry, not at its next retry.
+    #[test]
+    fn a_candidate_wakes_when_the_record_it_saw_expires() {
+        let s = Duration::from_secs;
+        let t0 = Instant::now();
+        let retry = s(2);
+        let rec = Record { holder: "a".into(), lease_duration: s(15), ..Default::default() };
+        // the holder's last renewal, seen by the watch at t0 + 1 s; the candidate's rounds go
+        // on every 2 s until the expiry is closer than that
+        let obs = observe(&Observation::Unknown, Some(rec.clone()), t0 + s(1));
+        assert_eq!(next_wake("b", &obs, false, retry, t0 + s(2)), t0 + s(4));
+        assert_eq!(next_wake("b", &obs, false, retry, t0 + s(14)), t0 + s(16));
+        let wake = next_wake("b", &obs, false, retry, t0 + s(15));
+        assert_eq!(wake, t0 + s(16), "at the expiry, not at 17 s");
+        assert_eq!(decide("b", &obs, None, DEADLINE, wake), Decision::Acquire);
+        // the holder itself, a leader, and a record with no holder seen by the round's read
+        // wait the retry period
+        assert_eq!(next_wake("a", &obs, false, retry, t0 + s(15)), t0 + s(17));
+        assert_eq!(next_wake("b", &obs, true, retry, t0 + s(15)), t0 + s(17));
+        let released = Record { holder: String::new(), lease_duration: s(1), ..Default::default() };
+        let read = observe(&obs, Some(released.clone()), t0 + s(3));
+        assert_eq!(next_wake("b", &read, false, retry, t0 + s(3)), t0 + s(5));
+        // a release the watch brings after the read: at once
+        let watched = observe(&obs, Some(released), t0 + s(3) + Duration::from_millis(300));
+        assert_eq!(next_wake("b", &watched, false, retry, t0 + s(3)), t0 + s(3) + Duration::from_millis(300));
+        // a renewal seen by the watch moves the expiry
+        let renewed = Record { renew_time: Some(jiff::Timestamp::from_second(5).unwrap()), ..rec };
+        let moved = observe(&obs, Some(renewed), t0 + s(9));
+        assert_eq!(next_wake("b", &moved, false, retry, t0 + s(22)), t0 + s(24));
+        assert_eq!(next_wake("b", &moved, false, retry, t0 + s(23)), t0 + s(24));
+        assert_eq!(decide("b", &moved, None, DEADLINE, t0 + s(23)), Decision::Wait);
+        assert_eq!(decide("b", &moved, None, DEADLINE, t0 + s(24)), Decision::Acquire);
     }
 }

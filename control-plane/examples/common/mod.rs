@@ -31,15 +31,32 @@ pub struct Server {
 impl Server {
     /// Starts it with `args` added (RUST_LOG=warn) and waits until it answers.
     pub async fn start(prefix: &str, args: &[&str]) -> Server {
+        Server::start_replica(prefix, args, None, None).await
+    }
+
+    /// [`Server::start`] as another replica of `peer` (its CA, keys and token file copied into
+    /// the fresh data dir, as docs/operations.md lays out replicas); with `log`, logging at
+    /// that level to server.log in the data dir instead of warnings to stderr.
+    pub async fn start_replica(prefix: &str, args: &[&str], peer: Option<&Server>, log: Option<&str>) -> Server {
         let exe = std::env::current_exe().unwrap();
         let bin = exe.parent().unwrap().parent().unwrap().join("ferro-control-plane");
         let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+        if let Some(peer) = peer {
+            for f in ["ca.crt", "ca.key", "tokens.csv", "sa.key"] {
+                std::fs::copy(peer._dir.path().join(f), dir.path().join(f)).unwrap();
+            }
+        }
+        let stderr = match log {
+            Some(_) => std::process::Stdio::from(std::fs::File::create(dir.path().join("server.log")).unwrap()),
+            None => std::process::Stdio::inherit(),
+        };
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = std::process::Command::new(&bin)
             .args(["--data-dir", dir.path().to_str().unwrap(), "--bind-address", "127.0.0.1"])
             .args(["--secure-port", &port.to_string()])
             .args(args)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", log.unwrap_or("warn"))
+            .stderr(stderr)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
         let kc = dir.path().join("admin.kubeconfig");
@@ -51,6 +68,11 @@ impl Server {
             .unwrap();
         let client = kube::Client::try_from(cfg).unwrap();
         Server { child, client, _dir: dir }
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("server.log")).unwrap_or_default()
     }
 }
 
