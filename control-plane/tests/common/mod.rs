@@ -49,6 +49,26 @@ fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
+/// Whether process `pid` holds the listening socket on 127.0.0.1:`port` (/proc/net/tcp's
+/// listener inode among the process's descriptors).
+fn listens(pid: u32, port: u16) -> bool {
+    let Ok(tcp) = std::fs::read_to_string("/proc/net/tcp") else { return false };
+    let local = format!("0100007F:{port:04X}");
+    let sockets: Vec<String> = tcp
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1) == Some(&local.as_str()) && f.get(3) == Some(&"0A")).then(|| f.get(9).map(|i| format!("socket:[{i}]")))?
+        })
+        .collect();
+    if sockets.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.flatten().any(|e| std::fs::read_link(e.path()).is_ok_and(|t| sockets.iter().any(|s| t.to_string_lossy() == s.as_str())))
+}
+
 impl Server {
     pub fn start() -> Server {
         Server::start_with(&[])
@@ -60,7 +80,7 @@ impl Server {
         let extra_args = args.iter().map(|a| a.to_string()).collect();
         let etcd = etcd_backend().then(etcd::Etcd::start);
         let mut s = Server { dir, port: free_port(), extra_args, child: None, etcd };
-        s.spawn();
+        s.first_spawn();
         s
     }
 
@@ -82,7 +102,7 @@ impl Server {
         let mut extra_args: Vec<String> = etcd_flags;
         extra_args.extend(args.iter().map(|a| a.to_string()));
         let mut s = Server { dir, port: free_port(), extra_args, child: None, etcd: None };
-        s.spawn();
+        s.first_spawn();
         s
     }
 
@@ -96,6 +116,27 @@ impl Server {
 
     /// Starts the binary (again) on the same data dir and port, waiting until it serves.
     pub fn spawn(&mut self) {
+        if let Err(e) = self.try_spawn() {
+            panic!("{e}");
+        }
+    }
+
+    /// The first start: a port `free_port` handed out may be taken by another test's server
+    /// before this one binds it; then again on another port (admin.kubeconfig is rewritten
+    /// at every start).
+    fn first_spawn(&mut self) {
+        for _ in 0..5 {
+            match self.try_spawn() {
+                Ok(()) => return,
+                Err(e) if e.contains("in use") => self.port = free_port(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("no free port in 5 attempts: {}", self.log());
+    }
+
+    fn try_spawn(&mut self) -> Result<(), String> {
+        let logged = self.log().len();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -113,14 +154,18 @@ impl Server {
             .stderr(log)
             .spawn()
             .unwrap();
+        let pid = child.id();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if self.kubeconfig().exists() && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                break;
+            // this process's listener, not whichever server took the port
+            if self.kubeconfig().exists() && listens(pid, self.port) {
+                return Ok(());
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("server exited with {status}: {}", self.log());
+                self.child = None;
+                let log = self.log();
+                return Err(format!("server exited with {status}: {}", log.get(logged..).unwrap_or(&log)));
             }
             assert!(Instant::now() < deadline, "server did not start: {}", self.log());
             std::thread::sleep(Duration::from_millis(50));
