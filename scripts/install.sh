@@ -281,8 +281,9 @@ kubeconfig_for() { # component user [group]
 }
 # Identities: the agent and netd (which reads Nodes and annotates its own) as the node's user,
 # under the Node authorizer; the proxy as upstream's system:kube-proxy (system:node-proxier);
-# dns as system:ferro-dns (its ClusterRole: services and EndpointSlices); csi keeps
-# system:masters until its role is proven against a running provisioner (issue 15's notes).
+# dns as system:ferro-dns (its ClusterRole: services and EndpointSlices); csi as
+# system:ferro-csi (its ClusterRole: what upstream's provisioner and snapshotter sidecars are
+# granted, and the create of its CSIDriver object).
 if [ -n "$TOKEN" ]; then
   # the TLS-bootstrap join: the agent asks for its own certificate with the token and writes
   # /etc/ferro/agent.kubeconfig (recorded, so --uninstall removes it too)
@@ -316,7 +317,7 @@ fi
 kubeconfig_for netd "system:node:$NODE_NAME" system:nodes
 kubeconfig_for proxy system:kube-proxy
 kubeconfig_for dns system:ferro-dns
-kubeconfig_for csi system:ferro-csi system:masters
+kubeconfig_for csi system:ferro-csi
 
 # --- enable and start
 if [ -z "$ENABLE" ]; then

@@ -242,10 +242,9 @@ wait_for "node $LAB_NODE becoming Ready" 90 "$LAB_STATE/agent.log" node_ready
 
 step "ferro-csi (loop.csi.ferro.dev) in containerd's network and mount namespaces, StorageClass and VolumeSnapshotClass loop (default)"
 if [ ! -s "$NODE_DIR/csi.kubeconfig" ]; then
-  # system:masters until its system:ferro-csi ClusterRole is proven (it lacks the CSIDriver
-  # object's create, which ferro-csi does at start: issue 15's notes)
+  # its own identity, as install.sh gives it (ClusterRole system:ferro-csi)
   "$BIN/ferro-control-plane" kubeconfig --data-dir "$CP_DATA" \
-    --user system:ferro-csi --group system:masters \
+    --user system:ferro-csi \
     --server https://127.0.0.1:6443 >"$NODE_DIR/csi.kubeconfig.tmp"
   mv "$NODE_DIR/csi.kubeconfig.tmp" "$NODE_DIR/csi.kubeconfig"
 fi

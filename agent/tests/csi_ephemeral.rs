@@ -164,5 +164,6 @@ fn an_inline_volume_lives_and_dies_with_its_pod() {
     });
     assert!(mounts_under(&lab, &agent_root).is_empty());
     lab.wait_nothing_left();
+    lab.assert_csi_refused_nothing();
     csi.kill();
 }

@@ -114,6 +114,7 @@ fn a_claimed_volume_is_provisioned_mounted_and_outlives_its_pod() {
     assert!(volumes.is_empty(), "volumes left: {volumes:?}\n{}", csi_log());
     assert!(mounts_under(&lab, &agent_root).is_empty());
     lab.wait_nothing_left();
+    lab.assert_csi_refused_nothing();
     csi.kill();
 }
 
@@ -155,6 +156,7 @@ fn a_claim_grown_while_its_pod_runs_grows_the_mounted_filesystem() {
         String::from_utf8_lossy(&out.stdout).trim().is_empty().then_some(())
     });
     lab.wait_nothing_left();
+    lab.assert_csi_refused_nothing();
     csi.kill();
 }
 
@@ -192,6 +194,7 @@ fn a_raw_block_claim_is_a_block_device_in_the_container() {
         String::from_utf8_lossy(&out.stdout).trim().is_empty().then_some(())
     });
     lab.wait_nothing_left();
+    lab.assert_csi_refused_nothing();
     csi.kill();
 }
 
@@ -311,6 +314,7 @@ fn a_snapshot_of_a_claim_restores_into_a_new_claim_with_the_data_of_that_moment(
     let volumes: Vec<_> = std::fs::read_dir(data.join("volumes")).unwrap().flatten().collect();
     assert!(volumes.is_empty(), "volumes left: {volumes:?}\n{}", csi_log());
     lab.wait_nothing_left();
+    lab.assert_csi_refused_nothing();
     csi.kill();
 }
 
@@ -372,5 +376,6 @@ fn a_stateful_set_keeps_its_claims_and_a_job_completes_on_a_real_node() {
         String::from_utf8_lossy(&out.stdout).trim().is_empty().then_some(())
     });
     lab.wait_nothing_left();
+    lab.assert_csi_refused_nothing();
     csi.kill();
 }

@@ -91,6 +91,32 @@ impl Cluster {
         self.scratch.path().join("cp/admin.kubeconfig")
     }
 
+    /// ferro-csi's own identity (user system:ferro-csi, bound to the ClusterRole of the same
+    /// name), as install.sh gives it: not the admin's.
+    fn csi_kubeconfig(&self) -> Result<PathBuf> {
+        let path = self.scratch.path().join("csi.kubeconfig");
+        if !path.exists() {
+            let out = Command::new(workspace_bin("ferro-control-plane"))
+                .arg("kubeconfig")
+                .arg("--data-dir")
+                .arg(self.scratch.path().join("cp"))
+                .args(["--user", "system:ferro-csi", "--server", "https://127.0.0.1:6443"])
+                .output()?;
+            if !out.status.success() {
+                bail!("ferro-control-plane kubeconfig: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            std::fs::write(&path, out.stdout)?;
+        }
+        Ok(path)
+    }
+
+    /// ferro-csi was refused nothing by the API server: its ClusterRole covers what it does.
+    fn assert_nothing_forbidden(&self) {
+        let text = std::fs::read_to_string(self.scratch.path().join("csi.log")).unwrap_or_default();
+        let refused: Vec<&str> = text.lines().filter(|l| l.to_lowercase().contains("forbidden")).collect();
+        assert!(refused.is_empty(), "ferro-csi was refused requests:\n{}", refused.join("\n"));
+    }
+
     fn data(&self) -> PathBuf {
         self.scratch.path().join("data")
     }
@@ -115,7 +141,7 @@ impl Cluster {
             .arg("--allowed-path")
             .arg(self.scratch.path().join("kubelet"))
             .arg("--kubeconfig")
-            .arg(self.kubeconfig())
+            .arg(self.csi_kubeconfig()?)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -390,5 +416,6 @@ fn claims_are_provisioned_on_the_selected_node_and_deleted_with_their_claim() ->
         .map(|e| e.file_name())
         .collect();
     assert!(left.is_empty(), "journal records left: {left:?}");
+    c.assert_nothing_forbidden();
     Ok(())
 }

@@ -303,6 +303,31 @@ impl Lab {
         path
     }
 
+    /// ferro-csi's own identity (user system:ferro-csi, bound to the ClusterRole of the same
+    /// name), as install.sh gives it.
+    pub fn csi_kubeconfig(&self) -> PathBuf {
+        let path = self.dir.path().join("csi.kubeconfig");
+        if path.exists() {
+            return path;
+        }
+        let out = Command::new(sibling_bin("ferro-control-plane"))
+            .args(["kubeconfig", "--data-dir", self.dir.path().join("cp").to_str().unwrap()])
+            .args(["--user", "system:ferro-csi"])
+            .args(["--server", &format!("https://127.0.0.1:{API_PORT}")])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        std::fs::write(&path, out.stdout).unwrap();
+        path
+    }
+
+    /// The API server refused ferro-csi nothing (csi.log): its ClusterRole covers what it does.
+    pub fn assert_csi_refused_nothing(&self) {
+        let text = std::fs::read_to_string(self.dir.path().join("csi.log")).unwrap_or_default();
+        let refused: Vec<&str> = text.lines().filter(|l| l.to_lowercase().contains("forbidden")).collect();
+        assert!(refused.is_empty(), "ferro-csi was refused requests:\n{}", refused.join("\n"));
+    }
+
     /// Starts ferro-agent (again) in containerd's network and mount namespaces.
     pub fn start_agent(&mut self) {
         self.agent_logs += 1;
@@ -475,7 +500,7 @@ impl Lab {
                 .arg("--allowed-path")
                 .arg(&agent_root)
                 .arg("--kubeconfig")
-                .arg(self.admin_kubeconfig())
+                .arg(self.csi_kubeconfig())
                 .env("RUST_LOG", "info")
                 .stdout(Stdio::null())
                 .stderr(log)
