@@ -9,6 +9,8 @@
 #   scripts/install.sh --role control-plane [--node-name NAME] [--node-ip IP]
 #   scripts/install.sh --role worker --api-server URL --token TOKEN --ca-file CA.crt \
 #                      --kubeconfig-dir DIR [--node-name NAME] [--node-ip IP]
+#   scripts/install.sh --role worker --api-server URL --token TOKEN \
+#                      --discovery-token-ca-cert-hash sha256:HEX --kubeconfig-dir DIR ...
 #   scripts/install.sh --uninstall
 #
 # Options:
@@ -26,6 +28,11 @@
 #                         CA) and writes /etc/ferro/agent.kubeconfig itself
 #   --ca-file FILE        worker: the cluster CA certificate (the control plane's
 #                         /var/lib/ferro/control-plane/ca.crt), with --token
+#   --discovery-token-ca-cert-hash sha256:HEX
+#                         worker, instead of --ca-file: the CA is discovered from the control
+#                         plane's kube-public/cluster-info, signed for the token, and pinned by
+#                         this hash of its public key (kubeadm join's token discovery;
+#                         `ferro-control-plane token create --print-join-command` prints it)
 #   --kubeconfig-dir DIR  worker: netd.kubeconfig, proxy.kubeconfig, dns.kubeconfig and
 #                         csi.kubeconfig (and agent.kubeconfig when there is no --token), made
 #                         on the control plane with `ferro-control-plane kubeconfig`
@@ -48,6 +55,7 @@ API_SERVER=https://127.0.0.1:6443
 KUBECONFIG_DIR=""
 TOKEN=""
 CA_FILE=""
+CA_HASH=""
 API_SERVER_GIVEN=0
 ENABLE=""
 UNINSTALL=0
@@ -63,6 +71,7 @@ while [ $# -gt 0 ]; do
     --api-server) API_SERVER=${2:?}; API_SERVER_GIVEN=1; shift 2 ;;
     --token) TOKEN=${2:?}; shift 2 ;;
     --ca-file) CA_FILE=${2:?}; shift 2 ;;
+    --discovery-token-ca-cert-hash) CA_HASH=${2:?}; shift 2 ;;
     --kubeconfig-dir) KUBECONFIG_DIR=${2:?}; shift 2 ;;
     --enable) ENABLE=1; shift ;;
     --no-enable) ENABLE=0; shift ;;
@@ -191,8 +200,13 @@ if [ "$ROLE" = worker ]; then
   given=(netd proxy dns csi)
   if [ -n "$TOKEN" ]; then
     [[ $TOKEN =~ ^[a-z0-9]{6}\.[a-z0-9]{16}$ ]] || die "--token must look like abcdef.0123456789abcdef (ferro-control-plane token create)"
-    [ -n "$CA_FILE" ] && [ -s "$CA_FILE" ] || die "--token needs --ca-file (the cluster CA certificate)"
-    grep -q "BEGIN CERTIFICATE" "$CA_FILE" || die "--ca-file $CA_FILE is not a PEM certificate"
+    if [ -n "$CA_HASH" ]; then
+      [ -z "$CA_FILE" ] || die "--ca-file and --discovery-token-ca-cert-hash are two ways to the CA: give one"
+      [[ $CA_HASH =~ ^sha256:[0-9a-fA-F]{64}$ ]] || die "--discovery-token-ca-cert-hash must look like sha256:<64 hex digits> (ferro-control-plane token create --print-join-command)"
+    else
+      [ -n "$CA_FILE" ] && [ -s "$CA_FILE" ] || die "--token needs --ca-file (the cluster CA certificate) or --discovery-token-ca-cert-hash"
+      grep -q "BEGIN CERTIFICATE" "$CA_FILE" || die "--ca-file $CA_FILE is not a PEM certificate"
+    fi
     [ "$API_SERVER_GIVEN" = 1 ] || die "--token needs --api-server (the control plane's URL, e.g. https://10.0.0.1:6443)"
   else
     given+=(agent)
@@ -202,6 +216,31 @@ if [ "$ROLE" = worker ]; then
   done
 elif [ -n "$TOKEN" ]; then
   die "--token is for --role worker"
+elif [ -n "$CA_HASH" ]; then
+  die "--discovery-token-ca-cert-hash is for --role worker with --token"
+fi
+
+# --- the cluster CA by discovery (a worker with --discovery-token-ca-cert-hash), before
+# anything is installed: a wrong hash or token leaves the machine as it was
+BOOT=/etc/ferro/bootstrap-agent.kubeconfig
+DISCOVERED=""
+if [ -n "$CA_HASH" ]; then
+  DISCOVERED=$(mktemp)
+  trap 'rm -f "$DISCOVERED"' EXIT
+  if [ -s "$ROOT$BOOT" ] && grep -qxF "    token: $TOKEN" "$ROOT$BOOT" && grep -qxF "    server: $API_SERVER" "$ROOT$BOOT"; then
+    # discovered on an earlier run (the token may be gone by now)
+    cp "$ROOT$BOOT" "$DISCOVERED"
+  elif [ "$DRY_RUN" = 1 ]; then
+    say "would discover the cluster CA at $API_SERVER (pinned by $CA_HASH)"
+    rm -f "$DISCOVERED"
+    DISCOVERED=""
+  else
+    [ -x "$BIN_DIR/ferro-agent" ] || die "$BIN_DIR/ferro-agent is missing (build it, or --bin-dir)"
+    # the CA from kube-public/cluster-info, signed for the token, pinned by its hash
+    "$BIN_DIR/ferro-agent" discover --server "$API_SERVER" --token "$TOKEN" \
+      --ca-cert-hash "$CA_HASH" --output "$DISCOVERED" ||
+      die "cluster CA discovery at $API_SERVER failed (above); nothing installed"
+  fi
 fi
 
 # --- binaries and units
@@ -287,8 +326,12 @@ kubeconfig_for() { # component user [group]
 if [ -n "$TOKEN" ]; then
   # the TLS-bootstrap join: the agent asks for its own certificate with the token and writes
   # /etc/ferro/agent.kubeconfig (recorded, so --uninstall removes it too)
-  ca_data=$(base64 -w0 <"$CA_FILE")
+  if [ -n "$CA_HASH" ]; then
+    # discovered before anything was installed (below the argument checks)
+    [ -z "$DISCOVERED" ] || install_file "$DISCOVERED" "$BOOT" 600
+  else
   boot_tmp=$(mktemp)
+  ca_data=$(base64 -w0 <"$CA_FILE")
   cat >"$boot_tmp" <<EOF
 apiVersion: v1
 kind: Config
@@ -308,8 +351,9 @@ users:
   user:
     token: $TOKEN
 EOF
-  install_file "$boot_tmp" /etc/ferro/bootstrap-agent.kubeconfig 600
+  install_file "$boot_tmp" "$BOOT" 600
   rm -f "$boot_tmp"
+  fi
   record /etc/ferro/agent.kubeconfig
 else
   kubeconfig_for agent "system:node:$NODE_NAME" system:nodes

@@ -8,6 +8,7 @@
 pub mod bootstrap;
 pub mod certificate;
 pub mod clock;
+pub mod discovery;
 pub mod config;
 pub mod cri;
 pub mod csi;

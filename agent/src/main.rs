@@ -1,7 +1,7 @@
 //! ferro-agent: parses flags and config, then registers the Node and runs the lease and status
 //! loops until SIGTERM.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use clap::Parser as _;
@@ -63,11 +63,48 @@ fn start_rotation(
     Ok((handle.client(), Some(task)))
 }
 
+/// `ferro-agent discover`: a joining node's bootstrap kubeconfig from a bootstrap token and
+/// the cluster CA's pinned hash (kubeadm join's token discovery; ferro_agent::discovery).
+#[derive(clap::Parser, Debug)]
+#[command(name = "ferro-agent discover")]
+struct DiscoverArgs {
+    /// The API server, https://<address>:<port>.
+    #[arg(long)]
+    server: String,
+    /// The bootstrap token (`ferro-control-plane token create`).
+    #[arg(long)]
+    token: String,
+    /// sha256:<hex> of the cluster CA's public key (`ferro-control-plane token create
+    /// --print-join-command` prints it); repeat for several.
+    #[arg(long = "ca-cert-hash", required = true)]
+    ca_cert_hashes: Vec<String>,
+    /// Where to write the bootstrap kubeconfig (0600), for --bootstrap-kubeconfig.
+    #[arg(long)]
+    output: PathBuf,
+    /// How long to keep trying while the server cannot be reached or has not signed for the
+    /// token yet.
+    #[arg(long, default_value = "5m", value_parser = |s: &str| k8s_semantics::parse_duration(s).map_err(|e| e.to_string()))]
+    timeout: std::time::Duration,
+}
+
+fn discover_main(args: &[String]) -> anyhow::Result<()> {
+    let a = DiscoverArgs::parse_from(args);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let kc = rt.block_on(ferro_agent::discovery::discover(&a.server, &a.token, &a.ca_cert_hashes, a.timeout))?;
+    ferro_agent::discovery::write(&a.output, &kc)?;
+    tracing::info!(output = %a.output.display(), "cluster CA discovered and pinned; bootstrap kubeconfig written");
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("discover") {
+        return discover_main(&args[1..]);
+    }
     let flags = Flags::parse();
     let file = flags.config.as_deref().map(KubeletConfiguration::load).transpose()?;
     let cfg = AgentConfig::resolve(&flags, file)?;

@@ -550,6 +550,65 @@ async fn joins_with_a_bootstrap_token() {
     assert_eq!(csrs.list(&Default::default()).await.unwrap().items.len(), 1, "{}", logs());
 }
 
+fn discover(cp: &ControlPlane, token: &str, hash: &str, out: &Path, timeout: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ferro-agent"))
+        .args(["discover", "--server", &format!("https://127.0.0.1:{}", cp.port), "--token", token, "--ca-cert-hash", hash, "--timeout", timeout])
+        .arg("--output")
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn joins_with_a_token_and_the_ca_discovered_from_cluster_info() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let cp = ControlPlane::start();
+    let dir = tempfile::Builder::new().prefix("ferro-agent-discover").tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\n").unwrap();
+    let logs = || std::fs::read_to_string(dir.path().join("join.log")).unwrap_or_default() + &cp.log().lines().rev().take(30).collect::<Vec<_>>().join("\n");
+    // what the control plane prints for a worker
+    let join = create_token(&cp, &["--ttl", "10m", "--print-join-command"]);
+    let word_after = |flag: &str| join.split_whitespace().skip_while(|w| *w != flag).nth(1).unwrap().to_string();
+    let (token, hash) = (word_after("--token"), word_after("--discovery-token-ca-cert-hash"));
+    let out = dir.path().join("bootstrap.kubeconfig");
+
+    // another CA's hash (a server that is not the one the node was told about): refused at
+    // once, nothing written
+    let other = format!("sha256:{}", "ab".repeat(32));
+    let r = discover(&cp, &token, &other, &out, "1m");
+    let err = String::from_utf8_lossy(&r.stderr).to_string();
+    assert!(!r.status.success() && err.contains("none of the pinned ones"), "{err}");
+    assert!(!out.exists());
+    // a token the server does not know: never signed for it; given up at the timeout
+    let r = discover(&cp, "zzzzzz.0123456789abcdef", &hash, &out, "3s");
+    let err = String::from_utf8_lossy(&r.stderr).to_string();
+    assert!(!r.status.success() && err.contains("is not signed for token id zzzzzz"), "{err}");
+    assert!(!out.exists());
+    // bad input: a malformed hash, a malformed token
+    let r = discover(&cp, &token, "sha256:1234", &out, "1m");
+    assert!(!r.status.success() && String::from_utf8_lossy(&r.stderr).contains("is not a CA certificate hash"));
+    let r = discover(&cp, "nope", &hash, &out, "1m");
+    assert!(!r.status.success() && String::from_utf8_lossy(&r.stderr).contains("not a bootstrap token"));
+    assert!(!out.exists());
+
+    // the right token and hash: the bootstrap kubeconfig, with the cluster's CA
+    let r = discover(&cp, &token, &hash, &out, "1m");
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o600);
+    let kc = kube::config::Kubeconfig::read_from(&out).unwrap();
+    let cluster = kc.clusters[0].cluster.clone().unwrap();
+    assert_eq!(cluster.server.as_deref(), Some(format!("https://127.0.0.1:{}", cp.port).as_str()));
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.decode(cluster.certificate_authority_data.unwrap()).unwrap();
+    assert_eq!(ca, std::fs::read(cp.dir.path().join("ca.crt")).unwrap());
+    // and the node joins with it
+    let kubeconfig = dir.path().join("node.kubeconfig");
+    let _agent = start_joining_agent(dir.path(), &kubeconfig, &out, &config, "join.log");
+    let nodes: Api<Node> = Api::all(cp.admin().await);
+    wait_for("node-j registered", logs, || async { nodes.get_opt("node-j").await.unwrap().filter(|n| ready_condition(n).is_some()) }).await;
+}
+
 /// The certificate a request was issued, parsed: (validity, serial).
 fn issued(
     csr: &k8s_openapi::api::certificates::v1::CertificateSigningRequest,

@@ -21,9 +21,7 @@ pub const DEFAULT_GROUP: &str = "system:bootstrappers:ferro:default-node-token";
 
 /// Splits `<id>.<secret>` when it has the bootstrap token's shape.
 pub fn split(token: &str) -> Option<(&str, &str)> {
-    let (id, secret) = token.split_once('.')?;
-    let ok = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-    (ok(id, 6) && ok(secret, 16)).then_some((id, secret))
+    k8s_semantics::bootstrap::split_token(token)
 }
 
 fn data<'a>(secret: &'a Value, key: &str) -> Option<String> {

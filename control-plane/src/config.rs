@@ -38,6 +38,8 @@ pub struct Config {
     pub api_audiences: Vec<String>,
     /// Tests only: tokens are issued and checked by the time in this file.
     pub tokens_clock_file: Option<PathBuf>,
+    /// `--anonymous-auth`: a request without credentials is system:anonymous (else 401).
+    pub anonymous_auth: bool,
 }
 
 /// The etcd backend (`--etcd-servers` and friends).
@@ -230,6 +232,8 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
     ));
     tokio::spawn(crate::crd::controller::run(api.clone()));
     bootstrap_objects(&api, cfg, kubernetes_ip).await?;
+    // kube-public/cluster-info: a joining node's discovery (signed by the bootstrapsigner loop)
+    crate::cluster_info::publish(&api, &cfg.server_url(), &ca.cert_pem).await?;
     // the `kubernetes` Service's endpoints: this server among the live ones
     crate::apiserver_endpoints::start(api.clone(), cfg.advertise(), cfg.secure_port).await?;
     // RBAC: upstream's default roles and bindings, then the policy the authorizer follows
@@ -253,6 +257,7 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
         resource_metrics,
         rbac,
         tokens,
+        anonymous_auth: cfg.anonymous_auth,
         kubelet: Some(kubelet),
         readonly_inflight: Arc::new(tokio::sync::Semaphore::new(cfg.max_requests_inflight.max(1))),
         mutating_inflight: Arc::new(tokio::sync::Semaphore::new(cfg.max_mutating_requests_inflight.max(1))),

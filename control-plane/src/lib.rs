@@ -6,6 +6,7 @@ pub mod apiserver_endpoints;
 pub mod auth;
 pub mod bootstrap_token;
 pub mod certificates;
+pub mod cluster_info;
 pub mod config;
 pub mod controllers;
 pub mod crd;

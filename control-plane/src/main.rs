@@ -100,6 +100,12 @@ struct Cli {
     /// TokenRequest without audiences gets them (default: the issuer).
     #[arg(long = "api-audiences", value_delimiter = ',')]
     api_audiences: Vec<String>,
+    /// Requests with no credentials at all are the user system:anonymous in the group
+    /// system:unauthenticated, which RBAC authorizes (upstream's --anonymous-auth, default
+    /// true: /healthz, /version and kube-public/cluster-info); false: they get 401. Requests
+    /// with credentials that do not authenticate get 401 either way.
+    #[arg(long = "anonymous-auth", default_value_t = true, action = clap::ArgAction::Set)]
+    anonymous_auth: bool,
     /// Tests only: service account tokens are issued and checked by the RFC 3339 time in
     /// this file (re-read as it changes), so a test can see one expire.
     #[arg(long, hide = true)]
@@ -246,11 +252,16 @@ enum TokenCmd {
         groups: Vec<String>,
         /// The token to create (default: random).
         token: Option<String>,
+        /// Print the command a worker joins with (scripts/install.sh --role worker with the
+        /// API server of the data dir's admin.kubeconfig, the token and the cluster CA's
+        /// public key hash for --discovery-token-ca-cert-hash) instead of the token alone.
+        #[arg(long)]
+        print_join_command: bool,
     },
 }
 
 /// `token create`: writes the token's Secret and prints the token.
-fn token_create(data_dir: &std::path::Path, token: Option<&str>, ttl: std::time::Duration, description: &str, groups: &[String]) -> anyhow::Result<()> {
+fn token_create(data_dir: &std::path::Path, token: Option<&str>, ttl: std::time::Duration, description: &str, groups: &[String], join_command: bool) -> anyhow::Result<()> {
     use ferro_control_plane::bootstrap_token as bt;
     let token = token.map(str::to_string).unwrap_or_else(bt::generate);
     if bt::split(&token).is_none() {
@@ -272,7 +283,17 @@ fn token_create(data_dir: &std::path::Path, token: Option<&str>, ttl: std::time:
         api.create(&kube::api::PostParams::default(), &secret).await.context("creating the token's Secret")?;
         anyhow::Ok(())
     })?;
-    println!("{token}");
+    if !join_command {
+        println!("{token}");
+        return Ok(());
+    }
+    let kc = kube::config::Kubeconfig::read_from(data_dir.join("admin.kubeconfig")).context("reading admin.kubeconfig")?;
+    let server = kc.clusters.first().and_then(|c| c.cluster.as_ref()).and_then(|c| c.server.clone()).context("admin.kubeconfig names no server")?;
+    let ca = pki::Ca::load_or_create(data_dir).context("loading the cluster CA")?;
+    use rustls::pki_types::pem::PemObject as _;
+    let der = rustls::pki_types::CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).context("the cluster CA certificate")?;
+    let hash = k8s_semantics::bootstrap::ca_cert_hash(&der)?;
+    println!("scripts/install.sh --role worker --api-server {server} --token {token} --discovery-token-ca-cert-hash {hash}");
     Ok(())
 }
 
@@ -290,8 +311,8 @@ fn main() -> anyhow::Result<()> {
         print!("{}", pki::kubeconfig(server, &ca.cert_pem, user, pki::Credentials::Cert { cert_pem: &cert, key_pem: &key }));
         return Ok(());
     }
-    if let Some(Command::Token(TokenCmd::Create { ttl, description, groups, token })) = &cli.command {
-        return token_create(&cli.data_dir, token.as_deref(), *ttl, description, groups);
+    if let Some(Command::Token(TokenCmd::Create { ttl, description, groups, token, print_join_command })) = &cli.command {
+        return token_create(&cli.data_dir, token.as_deref(), *ttl, description, groups, *print_join_command);
     }
     let election = cli.election()?;
     let cfg = Config {
@@ -318,6 +339,7 @@ fn main() -> anyhow::Result<()> {
             _ => cli.api_audiences.iter().filter(|a| !a.is_empty()).cloned().collect(),
         },
         tokens_clock_file: cli.tokens_clock_file.clone(),
+        anonymous_auth: cli.anonymous_auth,
         service_account_issuer: ferro_control_plane::sa_token::validate_issuer(&cli.service_account_issuer).map_err(anyhow::Error::msg)?,
     };
     ferro_control_plane::controllers::manager::validate(&cli.controllers).map_err(anyhow::Error::msg)?;

@@ -45,6 +45,8 @@ pub struct ServerState {
     pub resource_metrics: Arc<crate::resource_metrics::Metrics>,
     /// The RBAC policy the authorizer decides with (kept current from the store).
     pub rbac: Arc<crate::rbac::Policy>,
+    /// Requests without credentials are system:anonymous (else 401).
+    pub anonymous_auth: bool,
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
@@ -589,6 +591,8 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
             let authz = req.headers().get(header::AUTHORIZATION).and_then(|a| a.to_str().ok()).unwrap_or("");
             match state.tokens.authenticate(authz) {
                 Some(u) => u,
+                // no credentials at all (no certificate, no Authorization header)
+                None if state.anonymous_auth && req.headers().get(header::AUTHORIZATION).is_none() => auth::User::anonymous(),
                 None => {
                     let token = authz.strip_prefix("Bearer ").map(str::trim).unwrap_or_default();
                     if crate::bootstrap_token::split(token).is_some() {

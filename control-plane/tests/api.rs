@@ -240,7 +240,7 @@ async fn node_credentials_are_limited_to_their_node() {
     leases.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "n1"}, "spec": {"holderIdentity": "n1"}})).unwrap()).await.unwrap();
     let e = leases.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "n2"}})).unwrap()).await.unwrap_err();
     assert_eq!(api_code(e), 403);
-    // no credentials at all: 401 as a Status
+    // a token that does not authenticate: 401 as a Status (also with anonymous requests allowed)
     let anon_status = {
         let kc = std::fs::read_to_string(s.kubeconfig()).unwrap();
         let token_line = kc.lines().find(|l| l.trim_start().starts_with("token:")).unwrap().to_string();

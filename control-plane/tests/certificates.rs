@@ -355,3 +355,88 @@ async fn bad_requests_are_refused_with_their_field_and_nothing_is_stored() {
     let listed = s.ok(&["get", "csr", "-o", "name"]);
     assert!(listed.trim().is_empty(), "nothing stored: {listed}");
 }
+
+/// A request with no credentials that does not check the server's certificate (what a
+/// joining node has before discovery; kubectl would prompt for a password instead): the body,
+/// or the Status's code and message.
+async fn anonymous(s: &Server, method: &str, path: &str) -> Result<String, (u16, String)> {
+    let mut config = kube::Config::new(format!("https://127.0.0.1:{}", s.port).parse().unwrap());
+    config.accept_invalid_certs = true;
+    let client = kube::Client::try_from(config).unwrap();
+    let req = http::Request::builder().method(method).uri(path).body(Vec::new()).unwrap();
+    client.request_text(req).await.map_err(|e| match e {
+        kube::Error::Api(st) => (st.code, st.message),
+        other => (0, other.to_string()),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_info_is_public_signed_for_each_token_and_pins_the_ca() {
+    use k8s_semantics::bootstrap::{ca_cert_hash, signature_valid};
+    let s = Server::start();
+    let token = token_create(&s, &["--ttl", "1h"]);
+    let (id, secret) = token.split_once('.').unwrap();
+    // anyone may read cluster-info; the bootstrapsigner loop signs it for the token
+    let path = "/api/v1/namespaces/kube-public/configmaps/cluster-info";
+    let cm: Value = eventually("cluster-info signed for the token", || async {
+        let v: Value = serde_json::from_str(&anonymous(&s, "GET", path).await.ok()?).ok()?;
+        v.pointer(&format!("/data/jws-kubeconfig-{id}")).is_some().then_some(v)
+    })
+    .await;
+    let content = cm["data"]["kubeconfig"].as_str().unwrap();
+    assert!(signature_valid(cm["data"][format!("jws-kubeconfig-{id}")].as_str().unwrap(), content, id, secret));
+    assert!(!signature_valid(cm["data"][format!("jws-kubeconfig-{id}")].as_str().unwrap(), content, id, "0000000000000000"));
+    // it carries the cluster CA and this server, no credentials
+    let kc: Value = serde_yaml::from_str(content).unwrap();
+    let ca_pem = base64::engine::general_purpose::STANDARD.decode(kc["clusters"][0]["cluster"]["certificate-authority-data"].as_str().unwrap()).unwrap();
+    assert_eq!(ca_pem, std::fs::read(s.data_dir().join("ca.crt")).unwrap());
+    assert_eq!(kc["clusters"][0]["cluster"]["server"], format!("https://127.0.0.1:{}", s.port));
+    assert!(kc["users"].is_null());
+    // the join command names the hash of that CA's public key
+    let out = Command::new(env!("CARGO_BIN_EXE_ferro-control-plane"))
+        .args(["token", "create", "--print-join-command", "--data-dir", s.dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let join = String::from_utf8(out.stdout).unwrap();
+    let der = {
+        use rustls::pki_types::pem::PemObject as _;
+        rustls::pki_types::CertificateDer::from_pem_slice(&ca_pem).unwrap()
+    };
+    let hash = ca_cert_hash(&der).unwrap();
+    assert!(join.starts_with(&format!("scripts/install.sh --role worker --api-server https://127.0.0.1:{} --token ", s.port)), "{join}");
+    assert!(join.trim_end().ends_with(&format!("--discovery-token-ca-cert-hash {hash}")), "{join}");
+    // that second token is signed too
+    let second = join.split_whitespace().skip_while(|w| *w != "--token").nth(1).unwrap().to_string();
+    let second_id = second[..6].to_string();
+    eventually("cluster-info signed for the second token", || async {
+        let v: Value = serde_json::from_str(&anonymous(&s, "GET", path).await.ok()?).ok()?;
+        v.pointer(&format!("/data/jws-kubeconfig-{second_id}")).is_some().then_some(())
+    })
+    .await;
+    // an anonymous request may read that one object and nothing else (403, not 401)
+    for other in ["/api/v1/namespaces/kube-public/configmaps", "/api/v1/namespaces/kube-system/secrets", "/api/v1/namespaces/kube-public/configmaps/other", "/api"] {
+        let (code, message) = anonymous(&s, "GET", other).await.unwrap_err();
+        assert_eq!(code, 403, "{other}: {message}");
+        assert!(message.contains("system:anonymous"), "{other}: {message}");
+    }
+    // writes neither
+    assert_eq!(anonymous(&s, "DELETE", path).await.unwrap_err().0, 403);
+    assert_eq!(anonymous(&s, "GET", "/readyz").await.unwrap(), "ok");
+    // a deleted token's signature goes
+    s.ok(&["delete", "secret", "-n", "kube-system", &format!("bootstrap-token-{id}")]);
+    eventually("the deleted token's signature removed", || async {
+        let v: Value = serde_json::from_str(&anonymous(&s, "GET", path).await.ok()?).ok()?;
+        (v.pointer(&format!("/data/jws-kubeconfig-{id}")).is_none() && v.pointer(&format!("/data/jws-kubeconfig-{second_id}")).is_some()).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_anonymous_auth_a_request_without_credentials_is_401() {
+    let s = Server::start_with(&["--anonymous-auth=false"]);
+    let (code, message) = anonymous(&s, "GET", "/api/v1/namespaces/kube-public/configmaps/cluster-info").await.unwrap_err();
+    assert_eq!(code, 401, "{message}");
+    // health endpoints stay public
+    assert_eq!(anonymous(&s, "GET", "/readyz").await.unwrap(), "ok");
+}

@@ -48,6 +48,7 @@ pub const ALL: &[&str] = &[
     "csrsigning",
     "csrcleaner",
     "tokencleaner",
+    "bootstrapsigner",
 ];
 
 /// Options of the loops (flags of ferro-control-plane).
@@ -274,6 +275,9 @@ pub fn start(client: kube::Client, opts: &Options) -> Arc<Informers> {
     }
     if on("tokencleaner") {
         super::tokencleaner::start(&inf, opts);
+    }
+    if on("bootstrapsigner") {
+        super::bootstrapsigner::start(&inf, opts);
     }
     let running: Vec<&str> = ALL
         .iter()

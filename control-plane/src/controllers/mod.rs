@@ -7,6 +7,7 @@
 pub mod daemonset;
 pub mod clock;
 pub mod clusterroleaggregation;
+pub mod bootstrapsigner;
 pub mod cronjob;
 pub mod csrapproving;
 pub mod csrcleaner;

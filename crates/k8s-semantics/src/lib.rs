@@ -2,9 +2,11 @@
 //! as upstream: Go's duration syntax (`metav1.Duration`, flags), resource quantities, Go-style
 //! quoting, a pod's effective resource requests (init containers, sidecars, overhead) and the
 //! scheduling rules of the core types (taints and tolerations, node selector terms, required
-//! and preferred node affinity, topology selector terms) and the cron schedules of CronJobs.
+//! and preferred node affinity, topology selector terms), the cron schedules of CronJobs and
+//! the node join discovery's signatures and CA pins (the `cluster-info` ConfigMap).
 //! Components never parse these themselves.
 
+pub mod bootstrap;
 pub mod cron;
 pub mod duration;
 pub mod quantity;
