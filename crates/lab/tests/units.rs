@@ -256,6 +256,34 @@ fn units_under_systemd_as_pid1() {
     if let Err(e) = annotation {
         panic!("{e:#}\njournal of ferro-netd:\n{}", journal(&m, "ferro-netd"));
     }
+    // a worker joining by discovery, as docs/operations.md says: the command the control
+    // plane prints, run by the installer (on the host, in the machine's network namespace
+    // where the API server listens); the CA comes from kube-public/cluster-info, signed for
+    // the token and pinned by the hash. A wrong hash installs nothing.
+    let join = m.ok(&["ferro-control-plane", "token", "create", "--print-join-command", "--data-dir", "/var/lib/ferro/control-plane"]).unwrap();
+    let word_after = |flag: &str| join.split_whitespace().skip_while(|w| *w != flag).nth(1).unwrap_or_default().to_string();
+    let joining = |dir: &Path, hash: &str| {
+        Command::new("nsenter")
+            .args(["-t", &m.leader.to_string(), "-n", "--"])
+            .arg(repo().join("scripts/install.sh"))
+            .args(["--root", dir.to_str().unwrap(), "--bin-dir", bin_dir().to_str().unwrap()])
+            .args(["--role", "worker", "--node-name", "worker-3", "--kubeconfig-dir", kubeconfigs.to_str().unwrap()])
+            .args(["--api-server", &word_after("--api-server"), "--token", &word_after("--token"), "--discovery-token-ca-cert-hash", hash])
+            .output()
+            .unwrap()
+    };
+    let other = tempfile::Builder::new().prefix("ferro-units-pin-").tempdir_in("/var/tmp").unwrap();
+    let wrong = joining(other.path(), &format!("sha256:{}", "ab".repeat(32)));
+    assert!(!wrong.status.success() && String::from_utf8_lossy(&wrong.stderr).contains("none of the pinned ones"), "{join}\n{}", String::from_utf8_lossy(&wrong.stderr));
+    assert!(!other.path().join("etc").exists() && !other.path().join("usr").exists(), "nothing installed with a wrong hash");
+    let joiner = tempfile::Builder::new().prefix("ferro-units-join-").tempdir_in("/var/tmp").unwrap();
+    let out = joining(joiner.path(), &word_after("--discovery-token-ca-cert-hash"));
+    assert!(out.status.success(), "{join}\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let boot = std::fs::read_to_string(joiner.path().join("etc/ferro/bootstrap-agent.kubeconfig")).unwrap();
+    let ca_b64 = Command::new("base64").arg("-w0").arg(root.join("var/lib/ferro/control-plane/ca.crt")).output().unwrap().stdout;
+    assert!(boot.contains(&format!("certificate-authority-data: {}\n", String::from_utf8_lossy(&ca_b64))), "the discovered CA is the cluster's:\n{boot}");
+    assert!(install(joiner.path(), &["--uninstall"]).contains("uninstalled"));
+
     for (u, status) in UNITS {
         kill_and_restart(&m, u);
         assert_eq!(m.prop(u, "StatusText").unwrap(), *status, "{u} after its restart");
