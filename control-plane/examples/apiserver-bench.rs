@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 
-use common::{arg, pct};
+use common::{arg, cpu_secs, pct};
 
 fn pod(name: &str) -> Pod {
     serde_json::from_value(json!({
@@ -88,7 +88,13 @@ async fn main() {
     println!("ferro-control-plane benchmark: {n} pods, {conc} concurrent writers, {watchers} watchers");
     println!("idle RSS: {:.1} MiB", rss_mib(server.child.id()));
 
-    // 1. writes
+    // 1. writes, and the CPU each process spent on them
+    let etcd_pids: Vec<String> = etcd.as_ref().map(|e| e.pids().iter().map(u32::to_string).collect()).unwrap_or_default();
+    let server_pid = server.child.id().to_string();
+    let cpu = || -> [f64; 3] {
+        [cpu_secs(&server_pid), etcd_pids.iter().map(|p| cpu_secs(p)).sum(), cpu_secs("self")]
+    };
+    let cpu0 = cpu();
     let start = Instant::now();
     futures::stream::iter(0..n)
         .map(|i| {
@@ -100,6 +106,15 @@ async fn main() {
         .await;
     let secs = start.elapsed().as_secs_f64();
     println!("create {n} pods: {secs:.2} s, {:.0} writes/s", n as f64 / secs);
+    let cpu1 = cpu();
+    let per_write = |i: usize| (cpu1[i] - cpu0[i]) * 1e6 / n as f64;
+    println!(
+        "CPU per write: ferro-control-plane {:.0} µs, etcd (all members) {:.0} µs, this client {:.0} µs; machine {} cores",
+        per_write(0),
+        per_write(1),
+        per_write(2),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    );
 
     // 2. list
     let mut lists = Vec::new();
@@ -161,7 +176,14 @@ async fn main() {
     if let Some(e) = &etcd {
         // the floor, with values the size of a pod as ferro stored it
         let stored = serde_json::to_vec(&pods.get("p00000").await.unwrap()).unwrap().len();
+        let (etcd0, self0) = (etcd_pids.iter().map(|p| cpu_secs(p)).sum::<f64>(), cpu_secs("self"));
         etcd_floor(&e.urls, n, conc, stored).await;
+        let (etcd1, self1) = (etcd_pids.iter().map(|p| cpu_secs(p)).sum::<f64>(), cpu_secs("self"));
+        println!(
+            "floor CPU per put: etcd (all members) {:.0} µs, this client {:.0} µs",
+            (etcd1 - etcd0) * 1e6 / n as f64,
+            (self1 - self0) * 1e6 / n as f64
+        );
     }
     drop(server);
 }

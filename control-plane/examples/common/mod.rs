@@ -133,6 +133,28 @@ impl EtcdCluster {
     }
 }
 
+impl EtcdCluster {
+    /// The members' process ids (for CPU accounting).
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(|c| c.id()).collect()
+    }
+}
+
+/// CPU time (user + system) a process has used so far, in seconds ("self" for this one).
+pub fn cpu_secs(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // fields after the command name in parentheses: utime and stime are the 14th and 15th
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    static HZ: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let hz = *HZ.get_or_init(|| {
+        let out = std::process::Command::new("getconf").arg("CLK_TCK").output().expect("getconf");
+        String::from_utf8_lossy(&out.stdout).trim().parse().expect("CLK_TCK")
+    });
+    (ticks(11) + ticks(12)) / hz
+}
+
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
         for c in &mut self.children {
