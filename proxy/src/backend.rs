@@ -1,13 +1,16 @@
 //! The mode's backend, chosen from the configuration.
 
 use crate::config::{Config, Mode};
-use crate::controller::{Backend, SyncReport};
+use crate::controller::{Backend, Changes, SyncReport};
 use crate::error::SyncError;
 use crate::model::{FamilyModel, NodeInfo};
 
 impl Backend for Box<dyn Backend> {
     fn sync(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool) -> Result<SyncReport, SyncError> {
         (**self).sync(models, node, full)
+    }
+    fn sync_changed(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool, changed: &Changes) -> Result<SyncReport, SyncError> {
+        (**self).sync_changed(models, node, full, changed)
     }
     fn drifted(&mut self) -> bool {
         (**self).drifted()

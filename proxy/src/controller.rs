@@ -46,6 +46,13 @@ pub trait Backend: Send + 'static {
     /// failure, drift, the periodic full sync). On error nothing of that family may be left
     /// half-applied, and the next call gets `full`.
     fn sync(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool) -> Result<SyncReport, SyncError>;
+    /// [`Backend::sync`], told which service ports may differ from what the last successful
+    /// sync committed (`changed`, per family; every other service port is as then), so that a
+    /// partial sync need not compare every service port. Backends whose diff is cheap keep
+    /// this default, which compares everything.
+    fn sync_changed(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool, _changed: &Changes) -> Result<SyncReport, SyncError> {
+        self.sync(models, node, full)
+    }
     /// A cheap check that the rules this backend wrote are still in place (e.g. a canary).
     fn drifted(&mut self) -> bool;
 }
@@ -157,10 +164,16 @@ pub async fn run<B: Backend, C: Conntrack>(
     tracing::info!("informers synced; programming rules");
     let mut backend = Some(backend);
     let mut conntrack = Some(conntrack);
-    // What the last successful sync programmed, per family (empty before the first: then
-    // every UDP frontend's flows that do not go to a serving endpoint are stale).
-    let mut applied: Vec<FamilyModel> =
+    // The models, kept from sync to sync and changed in place by the model cache (only the
+    // service ports of Services whose objects changed are written).
+    let mut models: Vec<FamilyModel> =
         cfg.families.iter().map(|f| FamilyModel { family: *f, services: Default::default() }).collect();
+    // What the last successful sync programmed differs from `models` only in these service
+    // ports, each with its entry as then programmed (None: absent; everything is absent before
+    // the first sync, so then every UDP frontend's flows that do not go to a serving endpoint
+    // are stale). The conntrack planner and the backend's diff look at these only.
+    let mut unsynced: BTreeMap<Family, BTreeMap<ServicePortName, Option<ServiceEntry>>> =
+        cfg.families.iter().map(|f| (*f, BTreeMap::new())).collect();
     let mut need_full = true;
     let mut last_full = Instant::now();
     let mut last_start: Option<Instant> = None;
@@ -193,16 +206,14 @@ pub async fn run<B: Backend, C: Conntrack>(
         let services = inputs.services.list();
         let slices = inputs.slices.list();
         let mut problems = Vec::new();
-        let mut models: Vec<FamilyModel> = cfg
-            .families
-            .iter()
-            .map(|f| {
-                let (m, p) = model_cache.build(*f, &services, &slices, &node);
-                problems.extend(p);
-                m
-            })
-            .collect();
-        leave_out_refused(&mut models, &mut quarantine, &mut problems);
+        for m in models.iter_mut() {
+            let (changes, p) = model_cache.update(m, &services, &slices, &node);
+            problems.extend(p);
+            note_changes(unsynced.entry(m.family).or_default(), changes);
+        }
+        leave_out_refused(&mut models, &mut quarantine, &mut problems, &mut unsynced, &model_cache);
+        drop(services);
+        drop(slices);
         let mut now_problems = BTreeSet::new();
         for p in &problems {
             let text = p.to_string();
@@ -217,15 +228,16 @@ pub async fn run<B: Backend, C: Conntrack>(
 
         let full = need_full;
         let Some(mut b) = backend.take() else { break };
-        let span = tracing::info_span!("sync", full, services = services.len(), slices = slices.len());
+        let span = tracing::info_span!("sync", full, service_ports = models.iter().map(|m| m.services.len()).sum::<usize>());
         let started = std::time::Instant::now();
+        let hint: Changes = unsynced.iter().map(|(f, c)| (*f, c.keys().cloned().collect())).collect();
         let joined = tokio::task::spawn_blocking(move || {
-            let r = b.sync(&models, &node, full);
+            let r = b.sync_changed(&models, &node, full, &hint);
             (b, r, models, node)
         })
         .instrument(span.clone())
         .await;
-        let (b, result, models, node) = match joined {
+        let (b, result, returned, node) = match joined {
             Ok(x) => x,
             Err(e) => {
                 tracing::error!(error = %e, "sync task failed");
@@ -233,6 +245,7 @@ pub async fn run<B: Backend, C: Conntrack>(
             }
         };
         backend = Some(b);
+        models = returned;
         let took = started.elapsed();
         let _enter = span.enter();
         let mut synced = None;
@@ -278,16 +291,18 @@ pub async fn run<B: Backend, C: Conntrack>(
         drop(_enter);
         if let Some(report) = synced {
             // rules first, then conntrack (upstream's order): a flow deleted now is re-created
-            // by its next packet through the new rules
-            let none = |family| FamilyModel { family, services: Default::default() };
+            // by its next packet through the new rules. Only the service ports that changed
+            // since the last successful sync can call for a deletion.
             let deletions: Vec<conntrack::Flows> = models
                 .iter()
-                .flat_map(|m| match applied.iter().find(|a| a.family == m.family) {
-                    Some(old) => conntrack::plan(old, m, &node),
-                    None => conntrack::plan(&none(m.family), m, &node),
+                .flat_map(|m| {
+                    let changed = unsynced.get(&m.family).into_iter().flatten();
+                    conntrack::plan_changes(m.family, changed.map(|(name, old)| (name, old.as_ref(), m.services.get(name))), &node)
                 })
                 .collect();
-            applied = models;
+            for c in unsynced.values_mut() {
+                c.clear();
+            }
             let mut outcome = conntrack::Outcome::default();
             if !deletions.is_empty() {
                 let Some(mut ct) = conntrack.take() else { break };
@@ -349,35 +364,58 @@ pub async fn run<B: Backend, C: Conntrack>(
     }
 }
 
+/// Per family, the service ports whose entries may differ from those the backend committed at
+/// its last successful sync (the others are the same): the backend's diff need not look at
+/// the rest.
+pub type Changes = BTreeMap<Family, BTreeSet<ServicePortName>>;
+
+/// Notes service ports the model cache changed: the first entry noted for a service port since
+/// the last successful sync is the one that sync programmed.
+fn note_changes(unsynced: &mut BTreeMap<ServicePortName, Option<ServiceEntry>>, changes: Vec<model::Changed>) {
+    for (name, before) in changes {
+        unsynced.entry(name).or_insert(before);
+    }
+}
+
 /// Takes the quarantined service ports out of `models` (each a [`Problem::Refused`]) and
-/// forgets those whose entry changed or went: they are tried again.
+/// forgets those whose entry changed or went: they are tried again. The models are kept from
+/// sync to sync, so a service port taken out stays out until the model cache writes it again
+/// (its Service or slices changed): then it is in the model with an entry that is either the
+/// refused one (another port of its Service changed: taken out again) or a new one (tried).
 fn leave_out_refused(
     models: &mut [FamilyModel],
     quarantine: &mut BTreeMap<(Family, ServicePortName), (ServiceEntry, String)>,
     problems: &mut Vec<Problem>,
+    unsynced: &mut BTreeMap<Family, BTreeMap<ServicePortName, Option<ServiceEntry>>>,
+    cache: &model::ModelCache,
 ) {
-    quarantine.retain(|(family, name), (entry, _)| {
-        models.iter().find(|m| m.family == *family).and_then(|m| m.services.get(name)) == Some(&*entry)
-    });
     if quarantine.is_empty() {
-        // the usual case: nothing to look up for each of the service ports
+        // the usual case: nothing to look up
         return;
     }
-    for m in models.iter_mut() {
-        let family = m.family;
-        m.services.retain(|name, _| match quarantine.get(&(family, name.clone())) {
-            Some((_, message)) => {
-                problems.push(Problem::Refused {
-                    service: format!("{}/{}", name.namespace, name.name),
-                    port: name.port.clone(),
-                    family,
-                    message: message.clone(),
-                });
-                false
+    quarantine.retain(|(family, name), (entry, message)| {
+        let Some(m) = models.iter_mut().find(|m| m.family == *family) else { return false };
+        match m.services.get(name) {
+            Some(e) if e == &*entry => {
+                // (back) in the model with the entry the kernel refused: out again
+                if let Some(before) = m.services.remove(name) {
+                    unsynced.entry(*family).or_default().entry(name.clone()).or_insert(Some(before));
+                }
             }
-            None => true,
+            // a new entry: tried again
+            Some(_) => return false,
+            // still out, while its Service still has the port; else gone: forgotten
+            None if cache.has_port(*family, name) => {}
+            None => return false,
+        }
+        problems.push(Problem::Refused {
+            service: format!("{}/{}", name.namespace, name.name),
+            port: name.port.clone(),
+            family: *family,
+            message: message.clone(),
         });
-    }
+        true
+    });
 }
 
 #[cfg(test)]
@@ -398,6 +436,10 @@ mod tests {
         refuse: Arc<Mutex<Option<String>>>,
         /// Backend syncs and conntrack deletions in the order they happened.
         events: Arc<Mutex<Vec<String>>>,
+        /// The models of the last successful sync, and every service port whose entry
+        /// differed from them without being named as changed (must stay empty).
+        last_ok: Arc<Mutex<Option<Vec<FamilyModel>>>>,
+        unnamed: Arc<Mutex<Vec<String>>>,
     }
 
     /// The recording conntrack fake, also writing into the backend's event log.
@@ -441,6 +483,24 @@ mod tests {
             self.events.lock().unwrap().push(format!("sync full={full}"));
             Ok(SyncReport { full, rules: vec![] })
         }
+        fn sync_changed(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool, changed: &Changes) -> Result<SyncReport, SyncError> {
+            if let Some(last) = self.last_ok.lock().unwrap().as_ref() {
+                for (m, l) in models.iter().zip(last) {
+                    let named = changed.get(&m.family);
+                    for name in m.services.keys().chain(l.services.keys()) {
+                        if m.services.get(name) != l.services.get(name) && !named.is_some_and(|n| n.contains(name)) {
+                            self.unnamed.lock().unwrap().push(name.to_string());
+                        }
+                    }
+                }
+            }
+            let r = self.sync(models, node, full);
+            if r.is_ok() {
+                *self.last_ok.lock().unwrap() = Some(models.to_vec());
+            }
+            r
+        }
+
         fn drifted(&mut self) -> bool {
             self.drift.swap(false, Ordering::SeqCst)
         }
@@ -562,7 +622,9 @@ mod tests {
     }
 
     async fn wait_syncs(w: &mut World, n: u64) -> Progress {
-        w.progress.wait_for(|p| p.syncs + p.failures >= n).await.unwrap().clone()
+        let p = w.progress.wait_for(|p| p.syncs + p.failures >= n).await.unwrap().clone();
+        assert!(w.fake.unnamed.lock().unwrap().is_empty(), "changed but not named to the backend: {:?}", w.fake.unnamed.lock().unwrap());
+        p
     }
 
     fn apply<K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static>(inf: &Informer<K>, obj: K) {

@@ -609,79 +609,169 @@ pub fn categorize<'a>(entry: &'a ServiceEntry, node: &'a NodeInfo) -> Categorize
 /// What one Service contributed to a model, and the versions it was built from.
 #[derive(Debug, Clone)]
 struct Cached {
-    key: (String, Vec<(String, String)>),
-    entries: Vec<ServiceEntry>,
+    namespace: String,
+    name: String,
+    /// The Service's resourceVersion, and (name, resourceVersion) of each of its slices.
+    version: String,
+    slices: Vec<(String, String)>,
+    /// The service ports it put into the model.
+    ports: Vec<ServicePortName>,
     problems: Vec<Problem>,
 }
 
-/// [`build`], incrementally: a Service whose object and EndpointSlices have the same
-/// resourceVersions as at the last build (and the node the same) is not parsed again. At
-/// 100,000 endpoints a sync after one changed slice parses one Service's slices, not all.
-/// Objects without a resourceVersion (tests) are always parsed.
+impl Cached {
+    /// Whether `svc` and `slices` are the objects this was built from (same resourceVersions;
+    /// objects without one, in tests, never are). Allocates nothing.
+    fn is_of(&self, svc: &Service, slices: &[&Arc<EndpointSlice>]) -> bool {
+        let Some(version) = svc.metadata.resource_version.as_deref() else { return false };
+        version == self.version
+            && slices.len() == self.slices.len()
+            && slices.iter().all(|s| {
+                let (name, version) = (s.metadata.name.as_deref().unwrap_or_default(), s.metadata.resource_version.as_deref());
+                version.is_some_and(|v| self.slices.iter().any(|(n, r)| n == name && r == v))
+            })
+    }
+}
+
+/// One service port of a model that changed, with its entry before the change (None: it was
+/// not in the model).
+pub type Changed = (ServicePortName, Option<ServiceEntry>);
+
+/// [`build`], incrementally and in place: the cache keeps, per Service, the resourceVersions of
+/// the Service and its EndpointSlices it last parsed and the service ports it put into the
+/// model; [`ModelCache::update`] parses again only the Services whose versions changed (or that
+/// came or went) and changes only their service ports in the model it is given. At 100,000
+/// endpoints a sync after one changed slice parses one Service's slices and writes one entry;
+/// the rest is one pass comparing versions, without allocating. Objects without a
+/// resourceVersion (tests) are always parsed.
 #[derive(Debug, Default)]
 pub struct ModelCache {
     node: Option<NodeInfo>,
-    per_family: BTreeMap<Family, std::collections::HashMap<(String, String), Cached>>,
+    /// Per family, sorted by (namespace, name).
+    per_family: BTreeMap<Family, Vec<Cached>>,
 }
 
 impl ModelCache {
-    pub fn build(
+    /// Brings `model` (the one this cache updated last time for its family, possibly with
+    /// service ports taken out since) to what [`build`] would make of `services` and `slices`,
+    /// changing only the service ports of Services whose objects changed. Returns the service
+    /// ports written or removed, each with its entry before, and every current problem.
+    pub fn update(
         &mut self,
-        family: Family,
+        model: &mut FamilyModel,
         services: &[Arc<Service>],
         slices: &[Arc<EndpointSlice>],
         node: &NodeInfo,
-    ) -> (FamilyModel, Vec<Problem>) {
+    ) -> (Vec<Changed>, Vec<Problem>) {
+        let family = model.family;
         if self.node.as_ref() != Some(node) {
             // locality and topology depend on the node: start over
             self.per_family.clear();
             self.node = Some(node.clone());
         }
-        let mut by_service: std::collections::HashMap<(&str, &str), Vec<&Arc<EndpointSlice>>> = std::collections::HashMap::new();
-        for slice in slices {
-            let ns = slice.metadata.namespace.as_deref().unwrap_or_default();
-            if let Some(svc) = slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) {
-                by_service.entry((ns, svc.as_str())).or_default().push(slice);
-            }
-        }
-        let cache = self.per_family.entry(family).or_default();
-        let mut next = std::collections::HashMap::with_capacity(services.len());
+        // both in (namespace, name) order: an informer lists them so (sorting is then one pass)
+        let mut svcs: Vec<&Arc<Service>> = services.iter().collect();
+        svcs.sort_by(|a, b| key(a.metadata.namespace.as_ref(), a.metadata.name.as_ref()).cmp(&key(b.metadata.namespace.as_ref(), b.metadata.name.as_ref())));
+        let mut by_service: Vec<((&str, &str), &Arc<EndpointSlice>)> = slices
+            .iter()
+            .filter_map(|s| {
+                let svc = s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME))?;
+                Some((key(s.metadata.namespace.as_ref(), Some(svc)), s))
+            })
+            .collect();
+        by_service.sort_by(|a, b| a.0.cmp(&b.0));
+        let old = std::mem::take(self.per_family.entry(family).or_default());
+        let mut next: Vec<Cached> = Vec::with_capacity(svcs.len());
+        let mut changes: Vec<Changed> = Vec::new();
         let mut problems = Vec::new();
-        let mut entries: BTreeMap<ServicePortName, ServiceEntry> = BTreeMap::new();
-        for svc in services {
-            let ns = svc.metadata.namespace.as_deref().unwrap_or_default();
-            let name = svc.metadata.name.as_deref().unwrap_or_default();
-            let mine = by_service.get(&(ns, name)).map(Vec::as_slice).unwrap_or_default();
-            let versioned = svc.metadata.resource_version.is_some()
-                && mine.iter().all(|s| s.metadata.resource_version.is_some());
-            let mut slice_versions: Vec<(String, String)> = mine
-                .iter()
-                .map(|s| {
-                    (
-                        s.metadata.name.clone().unwrap_or_default(),
-                        s.metadata.resource_version.clone().unwrap_or_default(),
-                    )
-                })
-                .collect();
-            slice_versions.sort();
-            let key = (svc.metadata.resource_version.clone().unwrap_or_default(), slice_versions);
-            let id = (ns.to_string(), name.to_string());
-            let cached = match cache.remove(&id) {
-                Some(c) if versioned && c.key == key => c,
-                _ => {
-                    let owned: Vec<Arc<EndpointSlice>> = mine.iter().map(|s| Arc::clone(s)).collect();
-                    let (m, p) = build(family, std::slice::from_ref(svc), &owned, node);
-                    Cached { key, entries: m.services.into_values().collect(), problems: p }
-                }
-            };
-            problems.extend(cached.problems.iter().cloned());
-            for e in &cached.entries {
-                entries.insert(e.port.name.clone(), e.clone());
+        let mut old = old.into_iter().peekable();
+        let mut at = 0usize;
+        let mut mine: Vec<&Arc<EndpointSlice>> = Vec::new();
+        for (i, svc) in svcs.iter().enumerate() {
+            let id = key(svc.metadata.namespace.as_ref(), svc.metadata.name.as_ref());
+            if i > 0 && key(svcs[i - 1].metadata.namespace.as_ref(), svcs[i - 1].metadata.name.as_ref()) == id {
+                // the same Service twice (never from an informer): the first one counts
+                continue;
             }
-            next.insert(id, cached);
+            // Services the cache had that are gone
+            while let Some(c) = old.next_if(|c| (c.namespace.as_str(), c.name.as_str()) < id) {
+                remove_ports(model, &c.ports, &mut changes);
+            }
+            while by_service.get(at).is_some_and(|(k, _)| *k < id) {
+                at += 1;
+            }
+            mine.clear();
+            while let Some((k, s)) = by_service.get(at) {
+                if *k != id {
+                    break;
+                }
+                mine.push(s);
+                at += 1;
+            }
+            let prev = old.next_if(|c| (c.namespace.as_str(), c.name.as_str()) == id);
+            if let Some(c) = prev.as_ref().filter(|c| c.is_of(svc, &mine)) {
+                problems.extend(c.problems.iter().cloned());
+                next.extend(prev);
+                continue;
+            }
+            let owned: Vec<Arc<EndpointSlice>> = mine.iter().map(|s| Arc::clone(s)).collect();
+            let (m, p) = build(family, std::slice::from_ref(*svc), &owned, node);
+            if let Some(c) = &prev {
+                let gone: Vec<ServicePortName> = c.ports.iter().filter(|n| !m.services.contains_key(*n)).cloned().collect();
+                remove_ports(model, &gone, &mut changes);
+            }
+            let mut ports = Vec::with_capacity(m.services.len());
+            for (name, entry) in m.services {
+                let before = model.services.insert(name.clone(), entry);
+                if before.as_ref() != model.services.get(&name) {
+                    changes.push((name.clone(), before));
+                }
+                ports.push(name);
+            }
+            problems.extend(p.iter().cloned());
+            let mut versions: Vec<(String, String)> = mine
+                .iter()
+                .map(|s| (s.metadata.name.clone().unwrap_or_default(), s.metadata.resource_version.clone().unwrap_or_default()))
+                .collect();
+            versions.sort();
+            next.push(Cached {
+                namespace: id.0.to_string(),
+                name: id.1.to_string(),
+                version: svc.metadata.resource_version.clone().unwrap_or_default(),
+                slices: versions,
+                ports,
+                problems: p,
+            });
         }
-        *cache = next;
-        (FamilyModel { family, services: entries }, problems)
+        for c in old {
+            remove_ports(model, &c.ports, &mut changes);
+        }
+        self.per_family.insert(family, next);
+        (changes, problems)
+    }
+}
+
+impl ModelCache {
+    /// Whether the Service `name` belongs to gave the service port `name` at the last update.
+    pub fn has_port(&self, family: Family, name: &ServicePortName) -> bool {
+        let Some(cached) = self.per_family.get(&family) else { return false };
+        cached
+            .binary_search_by(|c| (c.namespace.as_str(), c.name.as_str()).cmp(&(name.namespace.as_str(), name.name.as_str())))
+            .is_ok_and(|i| cached[i].ports.contains(name))
+    }
+}
+
+/// (namespace, name) of an object, "" for a missing one.
+fn key<'a>(ns: Option<&'a String>, name: Option<&'a String>) -> (&'a str, &'a str) {
+    (ns.map(String::as_str).unwrap_or_default(), name.map(String::as_str).unwrap_or_default())
+}
+
+/// Takes a Service's service ports out of the model, noting each as changed.
+fn remove_ports(model: &mut FamilyModel, ports: &[ServicePortName], changes: &mut Vec<Changed>) {
+    for name in ports {
+        if let Some(before) = model.services.remove(name) {
+            changes.push((name.clone(), Some(before)));
+        }
     }
 }
 
@@ -974,32 +1064,58 @@ mod tests {
         };
         let node = NodeInfo { name: "node-a".into(), zone: None };
         let mut cache = ModelCache::default();
+        let mut model = FamilyModel { family: Family::V4, services: BTreeMap::new() };
         let mut services = vec![svc("a", "10.96.0.1", "1"), svc("b", "10.96.0.2", "2")];
         let mut slices = vec![slice("a", 1, &["10.0.0.1", "10.0.0.2"], "3"), slice("b", 1, &["10.0.0.3", "bad"], "4")];
-        let check = |cache: &mut ModelCache, services: &[Arc<Service>], slices: &[Arc<EndpointSlice>]| {
+        // every update: the model is what build makes, the problems are build's, and the
+        // changes name exactly the service ports whose entry differs, with their entry before
+        let check = |cache: &mut ModelCache, model: &mut FamilyModel, services: &[Arc<Service>], slices: &[Arc<EndpointSlice>]| {
+            let before = model.clone();
             let (want, want_p) = build(Family::V4, services, slices, &node);
-            let (got, got_p) = cache.build(Family::V4, services, slices, &node);
-            assert_eq!(got, want);
+            let (changes, got_p) = cache.update(model, services, slices, &node);
+            assert_eq!(*model, want);
             let text = |p: Vec<Problem>| {
                 let mut v: Vec<String> = p.iter().map(ToString::to_string).collect();
                 v.sort();
                 v
             };
             assert_eq!(text(got_p), text(want_p));
+            let differing: BTreeSet<&ServicePortName> = before
+                .services
+                .keys()
+                .chain(model.services.keys())
+                .filter(|n| before.services.get(*n) != model.services.get(*n))
+                .collect();
+            let named: BTreeSet<&ServicePortName> = changes.iter().map(|(n, _)| n).collect();
+            assert!(differing.iter().all(|n| named.contains(n)), "{differing:?} not all in {named:?}");
+            assert_eq!(named.len(), changes.len(), "each service port once: {changes:?}");
+            for (name, old) in &changes {
+                assert_eq!(old.as_ref(), before.services.get(name), "{name}");
+            }
+            changes.len()
         };
-        check(&mut cache, &services, &slices);
+        check(&mut cache, &mut model, &services, &slices);
+        // nothing changed: nothing parsed, no change reported
+        assert_eq!(check(&mut cache, &mut model, &services, &slices), 0);
         // an unchanged object is not parsed again: its cached entry is used even if the
         // object behind the same versions were different (it never is in an informer)
-        let (m, _) = cache.build(Family::V4, &services, &[slice("a", 1, &["10.0.0.9"], "3"), slices[1].clone()], &node);
-        assert_eq!(m.services.values().next().unwrap().endpoints[0].ip.to_string(), "10.0.0.1");
+        cache.update(&mut model, &services, &[slice("a", 1, &["10.0.0.9"], "3"), slices[1].clone()], &node);
+        assert_eq!(model.services.values().next().unwrap().endpoints[0].ip.to_string(), "10.0.0.1");
         // a changed slice, a second slice, a new Service, a deleted one: as build
         slices[0] = slice("a", 1, &["10.0.0.1", "10.0.0.5"], "5");
         slices.push(slice("a", 2, &["10.0.0.6"], "6"));
         services.push(svc("c", "10.96.0.3", "7"));
-        check(&mut cache, &services, &slices);
+        assert_eq!(check(&mut cache, &mut model, &services, &slices), 2, "a's port rewritten, c's added");
         services.remove(1);
-        check(&mut cache, &services, &slices);
+        assert_eq!(check(&mut cache, &mut model, &services, &slices), 1, "b's port removed");
         services[0] = svc("a", "10.96.0.10", "8");
-        check(&mut cache, &services, &slices);
+        check(&mut cache, &mut model, &services, &slices);
+        // out of order (not as an informer lists them) and a service port taken out of the
+        // model by the caller: still what build makes once the Service changes
+        services.reverse();
+        model.services.clear();
+        services[0] = svc("c", "10.96.0.4", "9");
+        services[1] = svc("a", "10.96.0.11", "10");
+        check(&mut cache, &mut model, &services, &slices);
     }
 }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use crate::error::ConntrackError;
 use crate::model::{Family, Protocol};
 
-pub use plan::plan;
+pub use plan::{plan, plan_changes};
 
 /// Which reply source (the address the flow was DNATed to, or the original destination when it
 /// was not DNATed) a deletion selects.

@@ -61,41 +61,43 @@ pub fn plan(old: &FamilyModel, new: &FamilyModel, node: &NodeInfo) -> Vec<Flows>
     let empty = BTreeMap::new();
     let old_services: &BTreeMap<ServicePortName, ServiceEntry> =
         if old.family == family { &old.services } else { &empty };
+    let names: BTreeSet<&ServicePortName> = old_services.keys().chain(new.services.keys()).collect();
+    plan_changes(family, names.into_iter().map(|n| (n, old_services.get(n), new.services.get(n))), node)
+}
+
+/// [`plan`] over the service ports that changed only, each as (name, entry before, entry
+/// after): a service port whose entry is the same before and after calls for no deletion, so
+/// the deletions of the service ports that changed are the plan of the whole models.
+pub fn plan_changes<'a>(
+    family: crate::model::Family,
+    changes: impl IntoIterator<Item = (&'a ServicePortName, Option<&'a ServiceEntry>, Option<&'a ServiceEntry>)>,
+    node: &NodeInfo,
+) -> Vec<Flows> {
     let mut out = BTreeSet::new();
-    for (name, o) in old_services.iter().filter(|(n, _)| cleaned(n.protocol)) {
-        let n = new.services.get(name);
-        let (new_front, new_serving) = n.map(|n| (frontends(n), serving(n))).unwrap_or_default();
-        for (dst, dst_port) in frontends(o) {
-            for ep in serving(o) {
-                if !(new_front.contains(&(dst, dst_port)) && new_serving.contains(&ep)) {
-                    out.insert(Flows {
-                        family,
-                        protocol: name.protocol,
-                        dst,
-                        dst_port,
-                        reply: Reply::From(ep),
-                    });
+    for (name, o, n) in changes {
+        if !cleaned(name.protocol) || o == n {
+            continue;
+        }
+        if let Some(o) = o {
+            let (new_front, new_serving) = n.map(|n| (frontends(n), serving(n))).unwrap_or_default();
+            for (dst, dst_port) in frontends(o) {
+                for ep in serving(o) {
+                    if !(new_front.contains(&(dst, dst_port)) && new_serving.contains(&ep)) {
+                        out.insert(Flows { family, protocol: name.protocol, dst, dst_port, reply: Reply::From(ep) });
+                    }
                 }
             }
         }
-    }
-    for (name, n) in new.services.iter().filter(|(n, _)| cleaned(n.protocol)) {
+        let Some(n) = n else { continue };
         if !usable(n, node) {
             continue;
         }
-        let o = old_services.get(name);
         let was_usable = o.is_some_and(|o| usable(o, node));
         let old_front = o.map(frontends).unwrap_or_default();
         let keep = serving(n);
         for (dst, dst_port) in frontends(n) {
             if !was_usable || !old_front.contains(&(dst, dst_port)) {
-                out.insert(Flows {
-                    family,
-                    protocol: name.protocol,
-                    dst,
-                    dst_port,
-                    reply: Reply::NotFrom(keep.clone()),
-                });
+                out.insert(Flows { family, protocol: name.protocol, dst, dst_port, reply: Reply::NotFrom(keep.clone()) });
             }
         }
     }

@@ -8,12 +8,15 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::controller::{Backend, SyncReport};
+use crate::controller::{Backend, Changes, SyncReport};
 use crate::error::{ExecError, SyncError};
 use crate::exec::Runner;
 use crate::iptables::rules::{self, RenderConfig, State};
-use crate::model::{Family, FamilyModel, NodeInfo};
+use crate::model::{Family, FamilyModel, NodeInfo, ServicePortName};
 use crate::nfcount::RuleCounter;
+
+/// No service port changed.
+static NONE: BTreeSet<ServicePortName> = BTreeSet::new();
 
 /// The iptables backend over a [`Runner`].
 pub struct IptablesBackend<R: Runner> {
@@ -126,7 +129,7 @@ impl<R: Runner> IptablesBackend<R> {
         })
     }
 
-    fn sync_family(&mut self, model: &FamilyModel, node: &NodeInfo, full: bool) -> Result<rules::Output, Refusal> {
+    fn sync_family(&mut self, model: &FamilyModel, node: &NodeInfo, full: bool, changed: Option<&Changes>) -> Result<rules::Output, Refusal> {
         let family = model.family;
         let (_, save, restore) = tools(family);
         let cfg = self.render_config(family).map_err(Refusal::Whole)?;
@@ -139,7 +142,8 @@ impl<R: Runner> IptablesBackend<R> {
             (Vec::new(), BTreeSet::new())
         };
         let state = self.states.entry(family).or_default();
-        let out = rules::render(model, node, &cfg, state, full, &missing, &existing);
+        let hint = changed.map(|c| c.get(&family).unwrap_or(&NONE));
+        let out = rules::render_changed(model, node, &cfg, state, full, &missing, &existing, hint);
         if !out.text.is_empty() {
             if let Err(e) = self.runner.run(restore, &["-w", "--noflush"], Some(&out.text)) {
                 // nothing of the transaction is in the kernel: start over with a full sync
@@ -156,21 +160,11 @@ impl<R: Runner> IptablesBackend<R> {
 
 impl<R: Runner> Backend for IptablesBackend<R> {
     fn sync(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool) -> Result<SyncReport, SyncError> {
-        let mut report = SyncReport { full: true, rules: Vec::new() };
-        for m in models {
-            let family = m.family;
-            let out = self.sync_family(m, node, full).map_err(|r| match r {
-                Refusal::Of(service, source) => SyncError::Refused { family, service, source },
-                Refusal::Whole(source) => SyncError::Apply { family, source },
-            })?;
-            report.full &= out.full;
-            let suffix = if m.family == Family::V6 { "6" } else { "" };
-            for (t, n) in out.rules {
-                report.rules.push((format!("{t}{suffix}"), n));
-            }
-            tracing::debug!(family = ?m.family, written = out.written, deleted = out.deleted, bytes = out.text.len(), full = out.full, "iptables-restore");
-        }
-        Ok(report)
+        self.sync_families(models, node, full, None)
+    }
+
+    fn sync_changed(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool, changed: &Changes) -> Result<SyncReport, SyncError> {
+        self.sync_families(models, node, full, Some(changed))
     }
 
     fn drifted(&mut self) -> bool {
@@ -182,6 +176,26 @@ impl<R: Runner> Backend for IptablesBackend<R> {
             }
         }
         false
+    }
+}
+
+impl<R: Runner> IptablesBackend<R> {
+    fn sync_families(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool, changed: Option<&Changes>) -> Result<SyncReport, SyncError> {
+        let mut report = SyncReport { full: true, rules: Vec::new() };
+        for m in models {
+            let family = m.family;
+            let out = self.sync_family(m, node, full, changed).map_err(|r| match r {
+                Refusal::Of(service, source) => SyncError::Refused { family, service, source },
+                Refusal::Whole(source) => SyncError::Apply { family, source },
+            })?;
+            report.full &= out.full;
+            let suffix = if m.family == Family::V6 { "6" } else { "" };
+            for (t, n) in out.rules {
+                report.rules.push((format!("{t}{suffix}"), n));
+            }
+            tracing::debug!(family = ?m.family, written = out.written, deleted = out.deleted, bytes = out.text.len(), full = out.full, "iptables-restore");
+        }
+        Ok(report)
     }
 }
 

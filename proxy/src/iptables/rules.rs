@@ -72,8 +72,16 @@ pub struct Rendered {
 pub struct State {
     /// Per service port: the entry it was rendered from, and the result.
     services: HashMap<ServicePortName, (ServiceEntry, Rendered)>,
-    /// Text of every shared chain as last written, per (table, chain).
+    /// Text of every shared chain as last written, per (table, chain) (a digest).
     shared: BTreeMap<(&'static str, &'static str), String>,
+    /// Rules in each shared chain as last written, the rules of the per-service chains, and
+    /// the service ports without a local endpoint for a Local policy (internal, external):
+    /// kept up to date by each sync's changes, for the metrics.
+    shared_lines: BTreeMap<(&'static str, &'static str), u64>,
+    own_rules: u64,
+    no_local: (u64, u64),
+    /// The configuration the shared chains were last built with.
+    cfg: Option<RenderConfig>,
     /// Whether a full write has happened (else the next render is full).
     committed: bool,
 }
@@ -453,8 +461,9 @@ pub fn missing_of(saved: &str, jumps: Vec<BaseJump>) -> Vec<BaseJump> {
 /// Renders one family against `state`. `full` rewrites every chain (and forgets nothing:
 /// stale chains of the state are still deleted). `missing` are the base jumps to insert in
 /// the same transaction; `existing` are the per-service chains the nat table has now (read
-/// at a full sync: after a restart, the chains of Services deleted meanwhile are removed). Returns the text and updates `state` as if it was committed; the
-/// caller restores the old state if the kernel refused it.
+/// at a full sync: after a restart, the chains of Services deleted meanwhile are removed).
+/// Returns the text and updates `state` as if it was committed; the caller restores the old
+/// state if the kernel refused it.
 pub fn render(
     model: &FamilyModel,
     node: &NodeInfo,
@@ -464,54 +473,101 @@ pub fn render(
     missing: &[BaseJump],
     existing: &BTreeSet<String>,
 ) -> Output {
+    render_changed(model, node, cfg, state, full, missing, existing, None)
+}
+
+/// [`render`], told which service ports may differ from `state` (`changed`; None: any may).
+/// A partial render looks only at those (the state is changed in place) and builds the shared
+/// chains only when a changed service port's lines in them changed (or the configuration
+/// did), so an endpoint change costs the same at 10 or 10,000 Services.
+#[allow(clippy::too_many_arguments)]
+pub fn render_changed(
+    model: &FamilyModel,
+    node: &NodeInfo,
+    cfg: &RenderConfig,
+    state: &mut State,
+    full: bool,
+    missing: &[BaseJump],
+    existing: &BTreeSet<String>,
+    changed: Option<&BTreeSet<ServicePortName>>,
+) -> Output {
     let family = model.family;
     let full = full || !state.committed;
-    // render what changed
-    let mut next: HashMap<ServicePortName, (ServiceEntry, Rendered)> = HashMap::with_capacity(model.services.len());
+    // render what changed: the chains to write, and the chains of previous renderings that
+    // are gone
     let mut changed_chains: BTreeMap<String, String> = BTreeMap::new();
-    let mut old = std::mem::take(&mut state.services);
-    for (name, entry) in &model.services {
-        match old.remove(name) {
-            Some((e, r)) if &e == entry && !full => {
-                next.insert(name.clone(), (e, r));
+    let mut gone: Vec<String> = Vec::new();
+    let mut shared_dirty = full || state.cfg.as_ref() != Some(cfg);
+    if full {
+        let old = std::mem::take(&mut state.services);
+        state.own_rules = 0;
+        state.no_local = (0, 0);
+        for (name, entry) in &model.services {
+            let r = render_service(entry, node, cfg, family);
+            for (c, t) in &r.chains {
+                changed_chains.insert(c.clone(), t.clone());
             }
-            prev => {
-                let r = render_service(entry, node, cfg, family);
-                let prev_chains: HashMap<&str, &str> = prev
-                    .as_ref()
-                    .map(|(_, p)| p.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect())
-                    .unwrap_or_default();
+            state.keep(name.clone(), entry.clone(), r);
+        }
+        gone.extend(old.into_values().flat_map(|(_, r)| r.chains.into_iter().map(|(c, _)| c)));
+    } else {
+        let look_at: Vec<ServicePortName> = match changed {
+            Some(names) => names.iter().cloned().collect(),
+            None => {
+                let mut names: Vec<ServicePortName> = Vec::new();
+                let mut present = 0usize;
+                for (name, entry) in &model.services {
+                    match state.services.get(name) {
+                        Some((e, _)) if e == entry => present += 1,
+                        Some(_) => {
+                            present += 1;
+                            names.push(name.clone());
+                        }
+                        None => names.push(name.clone()),
+                    }
+                }
+                if present < state.services.len() {
+                    names.extend(state.services.keys().filter(|n| !model.services.contains_key(*n)).cloned());
+                }
+                names
+            }
+        };
+        for name in &look_at {
+            let entry = model.services.get(name);
+            match (state.services.get(name), entry) {
+                (Some((e, _)), Some(n)) if e == n => continue,
+                (None, None) => continue,
+                _ => {}
+            }
+            let prev = state.uncommit(name);
+            let r = entry.map(|e| render_service(e, node, cfg, family));
+            let prev_chains: HashMap<&str, &str> =
+                prev.as_ref().map(|p| p.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect()).unwrap_or_default();
+            if let Some(r) = &r {
                 for (c, t) in &r.chains {
-                    if full || !prev_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, t)) {
+                    if !prev_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, t)) {
                         changed_chains.insert(c.clone(), t.clone());
                     }
                 }
-                // chains of the previous rendering that are gone go with `old`'s leftovers
-                if let Some((e, p)) = prev {
-                    let keep: BTreeSet<&str> = r.chains.iter().map(|(c, _)| c.as_str()).collect();
-                    let gone: Vec<(String, String)> =
-                        p.chains.into_iter().filter(|(c, _)| !keep.contains(c.as_str())).collect();
-                    old.insert(name.clone(), (e, Rendered { chains: gone, ..Rendered::default() }));
-                }
-                next.insert(name.clone(), (entry.clone(), r));
+            }
+            if let Some(p) = &prev {
+                let keep: BTreeSet<&str> = r.iter().flat_map(|r| r.chains.iter().map(|(c, _)| c.as_str())).collect();
+                gone.extend(p.chains.iter().filter(|(c, _)| !keep.contains(c.as_str())).map(|(c, _)| c.clone()));
+            }
+            let none = Rendered::default();
+            shared_dirty |= !same_shared_lines(prev.as_ref().unwrap_or(&none), r.as_ref().unwrap_or(&none));
+            if let (Some(r), Some(entry)) = (r, entry) {
+                state.keep(name.clone(), entry.clone(), r);
             }
         }
     }
     // chains to delete: every chain of a service port that is gone (or of a previous rendering)
-    // unless another service port now owns the same chain name
-    // Chain names are derived from the service port's name (and the endpoint's address), so
-    // a chain left over by one service port is owned by no other: no need to look at every
-    // live chain at a partial sync (at 100,000 endpoints that set alone costs ~100 ms).
-    let mut deleted: BTreeSet<String> = BTreeSet::new();
-    for (_, (_, r)) in old.iter() {
-        for (c, _) in &r.chains {
-            if !changed_chains.contains_key(c) {
-                deleted.insert(c.clone());
-            }
-        }
-    }
+    // unless a service port now writes the same chain. Chain names are derived from the
+    // service port's name (and the endpoint's address), so a chain left over by one service
+    // port is owned by no other: no need to look at every live chain at a partial sync.
+    let mut deleted: BTreeSet<String> = gone.into_iter().filter(|c| !changed_chains.contains_key(c)).collect();
     if !existing.is_empty() {
-        let live: BTreeSet<&str> = next.values().flat_map(|(_, r)| r.chains.iter().map(|(c, _)| c.as_str())).collect();
+        let live: BTreeSet<&str> = state.services.values().flat_map(|(_, r)| r.chains.iter().map(|(c, _)| c.as_str())).collect();
         for c in existing {
             if is_service_chain(c) && !live.contains(c.as_str()) {
                 deleted.insert(c.clone());
@@ -519,32 +575,34 @@ pub fn render(
         }
     }
 
-    // shared chains, in service port name order
-    let ordered: Vec<&Rendered> = model.services.keys().filter_map(|k| next.get(k).map(|(_, r)| r)).collect();
+    // shared chains, in service port name order: built only when they may have changed
     let mut shared: BTreeMap<(&'static str, &'static str), String> = BTreeMap::new();
-    let fixed = fixed_rules(family, cfg);
-    let concat = |f: &dyn Fn(&Rendered) -> &str| -> String {
-        let mut s = String::with_capacity(ordered.iter().map(|r| f(r).len()).sum::<usize>() + 256);
-        for r in &ordered {
-            s.push_str(f(r));
+    if shared_dirty {
+        let ordered: Vec<&Rendered> = model.services.keys().filter_map(|k| state.services.get(k).map(|(_, r)| r)).collect();
+        let fixed = fixed_rules(family, cfg);
+        let concat = |f: &dyn Fn(&Rendered) -> &str| -> String {
+            let mut s = String::with_capacity(ordered.iter().map(|r| f(r).len()).sum::<usize>() + 256);
+            for r in &ordered {
+                s.push_str(f(r));
+            }
+            s
+        };
+        let mut nat_services = concat(&|r| r.nat_services.as_str());
+        if let Some((_, _, tail)) = fixed.iter().find(|(_, c, _)| *c == "nodeports-tail") {
+            nat_services.push_str(tail);
         }
-        s
-    };
-    let mut nat_services = concat(&|r| r.nat_services.as_str());
-    if let Some((_, _, tail)) = fixed.iter().find(|(_, c, _)| *c == "nodeports-tail") {
-        nat_services.push_str(tail);
-    }
-    shared.insert(("nat", KUBE_SERVICES), nat_services);
-    shared.insert(("nat", KUBE_NODEPORTS), concat(&|r| r.nat_nodeports.as_str()));
-    shared.insert(("filter", KUBE_SERVICES), concat(&|r| r.filter_services.as_str()));
-    shared.insert(("filter", KUBE_EXTERNAL_SERVICES), concat(&|r| r.filter_external.as_str()));
-    shared.insert(("filter", KUBE_NODEPORTS), concat(&|r| r.filter_nodeports.as_str()));
-    shared.insert(("filter", KUBE_PROXY_FIREWALL), concat(&|r| r.filter_firewall.as_str()));
-    for (t, c, text) in fixed.into_iter().filter(|(_, c, _)| *c != "nodeports-tail") {
-        shared.insert((t, c), text);
-    }
-    for t in ["mangle", "nat", "filter"] {
-        shared.insert((t, KUBE_PROXY_CANARY), format!("{}\n", canary_rule()));
+        shared.insert(("nat", KUBE_SERVICES), nat_services);
+        shared.insert(("nat", KUBE_NODEPORTS), concat(&|r| r.nat_nodeports.as_str()));
+        shared.insert(("filter", KUBE_SERVICES), concat(&|r| r.filter_services.as_str()));
+        shared.insert(("filter", KUBE_EXTERNAL_SERVICES), concat(&|r| r.filter_external.as_str()));
+        shared.insert(("filter", KUBE_NODEPORTS), concat(&|r| r.filter_nodeports.as_str()));
+        shared.insert(("filter", KUBE_PROXY_FIREWALL), concat(&|r| r.filter_firewall.as_str()));
+        for (t, c, text) in fixed.into_iter().filter(|(_, c, _)| *c != "nodeports-tail") {
+            shared.insert((t, c), text);
+        }
+        for t in ["mangle", "nat", "filter"] {
+            shared.insert((t, KUBE_PROXY_CANARY), format!("{}\n", canary_rule()));
+        }
     }
 
     // the transaction
@@ -595,24 +653,50 @@ pub fn render(
     out.deleted = deleted.len();
     out.text = text;
 
-    let own_rules: u64 = next.values().map(|(_, r)| r.rules).sum();
-    let count = |table: &str| -> u64 {
-        shared.iter().filter(|((t, _), _)| *t == table).map(|(_, v)| v.lines().count() as u64).sum()
-    };
-    out.rules = vec![("filter".into(), count("filter")), ("nat".into(), count("nat") + own_rules)];
-    out.no_local = next.values().fold((0, 0), |(i, e), (_, r)| (i + u64::from(r.no_local.0), e + u64::from(r.no_local.1)));
-    for (_, r) in next.values_mut() {
-        for (_, t) in r.chains.iter_mut() {
-            *t = crate::names::text_digest(t);
-        }
+    if shared_dirty {
+        state.shared_lines = shared.iter().map(|(k, v)| (*k, v.lines().count() as u64)).collect();
+        state.shared = shared.into_iter().map(|(k, v)| (k, crate::names::text_digest(&v))).collect();
+        state.cfg = Some(cfg.clone());
     }
-    state.services = next;
-    state.shared = shared.into_iter().map(|(k, v)| (k, crate::names::text_digest(&v))).collect();
+    let count = |table: &str| -> u64 { state.shared_lines.iter().filter(|((t, _), _)| *t == table).map(|(_, n)| n).sum() };
+    out.rules = vec![("filter".into(), count("filter")), ("nat".into(), count("nat") + state.own_rules)];
+    out.no_local = state.no_local;
     state.committed = true;
     out
 }
 
+/// Whether two renderings have the same lines in the shared chains.
+fn same_shared_lines(a: &Rendered, b: &Rendered) -> bool {
+    a.nat_services == b.nat_services
+        && a.nat_nodeports == b.nat_nodeports
+        && a.filter_services == b.filter_services
+        && a.filter_external == b.filter_external
+        && a.filter_nodeports == b.filter_nodeports
+        && a.filter_firewall == b.filter_firewall
+}
+
 impl State {
+    /// Keeps a rendering as committed (its chains' digests, not their text), counted in the
+    /// totals.
+    fn keep(&mut self, name: ServicePortName, entry: ServiceEntry, mut r: Rendered) {
+        for (_, t) in r.chains.iter_mut() {
+            *t = crate::names::text_digest(t);
+        }
+        self.own_rules += r.rules;
+        self.no_local.0 += u64::from(r.no_local.0);
+        self.no_local.1 += u64::from(r.no_local.1);
+        self.services.insert(name, (entry, r));
+    }
+
+    /// Takes a service port's rendering out of the state and of the totals.
+    fn uncommit(&mut self, name: &ServicePortName) -> Option<Rendered> {
+        let (_, r) = self.services.remove(name)?;
+        self.own_rules -= r.rules;
+        self.no_local.0 -= u64::from(r.no_local.0);
+        self.no_local.1 -= u64::from(r.no_local.1);
+        Some(r)
+    }
+
     /// Forgets everything: the next render is full (after a failed restore, a drift).
     pub fn reset(&mut self) {
         self.committed = false;
@@ -789,5 +873,60 @@ mod tests {
         let missing = missing_jumps(saved);
         assert_eq!(missing.len(), base_jumps().len() - 1);
         assert!(!missing.iter().any(|j| j.table == "nat" && j.chain == "PREROUTING"));
+    }
+
+    #[test]
+    fn a_partial_render_told_what_changed_is_the_render_that_compares_everything() {
+        let e = |name: &str, ip: &str, eps: &[&str]| ServiceEntry {
+            port: sp(spn("ns", name, "http"), ip, 80),
+            endpoints: eps.iter().map(|i| ep(i, 80, false)).collect(),
+        };
+        let mut np = e("c", "10.96.0.3", &["10.1.0.30"]);
+        np.port.node_port = 30003;
+        np.port.external_policy_local = true;
+        let mut m2 = ServiceEntry { port: sp(spn("ns", "m", "p2"), "10.96.0.9", 81), endpoints: vec![ep("10.1.0.91", 81, true)] };
+        m2.port.internal_policy_local = true;
+        let a = |eps: &[&str]| e("a", "10.96.0.1", eps);
+        let b = |eps: &[&str]| e("b", "10.96.0.2", eps);
+        let steps = [
+            model(vec![a(&["10.1.0.1", "10.1.0.2"]), b(&["10.1.0.3"]), m2.clone()]),
+            model(vec![a(&["10.1.0.1", "10.1.0.4"]), b(&["10.1.0.3"]), m2.clone()]),
+            model(vec![a(&["10.1.0.1", "10.1.0.4"]), b(&[]), m2.clone()]),
+            model(vec![a(&["10.1.0.1", "10.1.0.4"]), b(&[]), np.clone()]),
+            model(vec![a(&["10.1.0.1", "10.1.0.4"]), b(&["10.1.0.3"]), np.clone()]),
+            model(vec![b(&["10.1.0.3"]), np.clone()]),
+            model(vec![b(&["10.1.0.3"]), np.clone()]),
+        ];
+        let differing = |a: &FamilyModel, b: &FamilyModel| -> BTreeSet<ServicePortName> {
+            a.services.keys().chain(b.services.keys()).filter(|n| a.services.get(*n) != b.services.get(*n)).cloned().collect()
+        };
+        let none = BTreeSet::new();
+        let (mut told, mut told_more, mut compared) = (State::default(), State::default(), State::default());
+        for (i, m) in steps.iter().enumerate() {
+            let changed = if i == 0 { BTreeSet::new() } else { differing(&steps[i - 1], m) };
+            let mut more = changed.clone();
+            more.extend(m.services.keys().cloned());
+            let x = render_changed(m, &node(), &cfg(), &mut told, false, &[], &none, Some(&changed));
+            let y = render_changed(m, &node(), &cfg(), &mut told_more, false, &[], &none, Some(&more));
+            let z = render(m, &node(), &cfg(), &mut compared, false, &[], &none);
+            for o in [&y, &z] {
+                assert_eq!(x.text, o.text, "step {i}");
+                assert_eq!((x.written, x.deleted, &x.rules, x.no_local, x.full), (o.written, o.deleted, &o.rules, o.no_local, o.full), "step {i}");
+            }
+            // the state and the totals are what a full render of this model gives
+            let mut fresh = State::default();
+            let f = render(m, &node(), &cfg(), &mut fresh, true, &[], &none);
+            assert_eq!((&x.rules, x.no_local), (&f.rules, f.no_local), "step {i}");
+            assert_eq!(told.services, fresh.services, "step {i}");
+            assert_eq!((&told.shared, &told.shared_lines, told.own_rules), (&fresh.shared, &fresh.shared_lines, fresh.own_rules), "step {i}");
+            if i == 1 {
+                assert!(!x.text.contains(":KUBE-SERVICES"), "an endpoint change writes no shared chain: {}", x.text);
+            }
+        }
+        // a changed configuration (the node's addresses) rebuilds the shared chains
+        let mut other = cfg();
+        other.nodeport_ips = Some(vec!["192.0.2.1".parse().unwrap()]);
+        let o = render_changed(&steps[6], &node(), &other, &mut told, false, &[], &none, Some(&BTreeSet::new()));
+        assert!(o.text.contains(":KUBE-SERVICES - [0:0]") && o.text.contains("192.0.2.1"), "{}", o.text);
     }
 }

@@ -6,19 +6,22 @@
 //! through the [`NftWriter`] when one is given, which spares `nft`'s listing of every chain of
 //! the table.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ipnet::IpNet;
 
-use crate::controller::{Backend, SyncReport};
+use crate::controller::{Backend, Changes, SyncReport};
 use crate::error::{ExecError, SyncError};
 use crate::iptables::backend::culprit;
 use crate::exec::Runner;
 use crate::iptables::backend::local_addresses;
-use crate::model::{Family, FamilyModel, NodeInfo};
+use crate::model::{Family, FamilyModel, NodeInfo, ServicePortName};
 use crate::nfcount::RuleCounter;
 use crate::nftables::netlink::{BatchError, NftWriter};
 use crate::nftables::rules::{self, RenderConfig, State};
+
+/// No service port changed.
+static NONE: BTreeSet<ServicePortName> = BTreeSet::new();
 
 pub struct NftBackend<R: Runner> {
     runner: R,
@@ -70,13 +73,41 @@ impl<R: Runner> NftBackend<R> {
 
 impl<R: Runner> Backend for NftBackend<R> {
     fn sync(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool) -> Result<SyncReport, SyncError> {
+        self.sync_families(models, node, full, None)
+    }
+
+    fn sync_changed(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool, changed: &Changes) -> Result<SyncReport, SyncError> {
+        self.sync_families(models, node, full, Some(changed))
+    }
+
+    fn drifted(&mut self) -> bool {
+        let families: Vec<Family> = self.states.keys().copied().collect();
+        for family in families {
+            for (chain, want) in rules::DRIFT_CHAINS {
+                match self.counter.count(family, rules::TABLE, chain) {
+                    Ok(Some(n)) if n >= want => {}
+                    other => {
+                        tracing::warn!(?family, chain, answer = ?other, "kube-proxy table gone or flushed");
+                        self.states.remove(&family);
+                        return true;
+                    }
+                }
+            }
+        }
+        false
+    }
+}
+
+impl<R: Runner> NftBackend<R> {
+    fn sync_families(&mut self, models: &[FamilyModel], node: &NodeInfo, full: bool, changed: Option<&Changes>) -> Result<SyncReport, SyncError> {
         let mut report = SyncReport { full: true, rules: Vec::new() };
         for m in models {
             let family = m.family;
             let cfg = self.render_config(family).map_err(|source| SyncError::Apply { family, source })?;
             let full = full || !self.states.contains_key(&family);
             let state = self.states.entry(family).or_default();
-            let out = rules::render(m, node, &cfg, state, full);
+            let hint = changed.map(|c| c.get(&family).unwrap_or(&NONE));
+            let out = rules::render_changed(m, node, &cfg, state, full, hint);
             report.full &= out.full;
             if let (Some(writer), Some(ops)) = (self.writer.as_mut(), out.ops.as_ref()) {
                 if ops.is_empty() {
@@ -111,23 +142,6 @@ impl<R: Runner> Backend for NftBackend<R> {
             tracing::debug!(?family, chains = out.chains_written, deleted = out.chains_deleted, elements = out.elements_changed, bytes = out.text.len(), full = out.full, "nft -f");
         }
         Ok(report)
-    }
-
-    fn drifted(&mut self) -> bool {
-        let families: Vec<Family> = self.states.keys().copied().collect();
-        for family in families {
-            for (chain, want) in rules::DRIFT_CHAINS {
-                match self.counter.count(family, rules::TABLE, chain) {
-                    Ok(Some(n)) if n >= want => {}
-                    other => {
-                        tracing::warn!(?family, chain, answer = ?other, "kube-proxy table gone or flushed");
-                        self.states.remove(&family);
-                        return true;
-                    }
-                }
-            }
-        }
-        false
     }
 }
 

@@ -114,10 +114,53 @@ pub struct Rendered {
 #[derive(Debug, Clone, Default)]
 pub struct State {
     services: HashMap<ServicePortName, (ServiceEntry, Rendered)>,
+    /// How many committed renderings hold each plain set element (no comment, no verdict:
+    /// `cluster-ips`, which every port of a Service shares), so a partial sync knows whether
+    /// one a changed service port lets go of is still someone's without looking at the
+    /// others. Elements with a comment or a verdict name their service port (its name, its
+    /// chain) and are held by it alone.
+    set_refs: HashMap<(&'static str, Key), u32>,
     committed: bool,
 }
 
 impl State {
+    /// Counts (or, `add` false, uncounts) a rendering's plain set elements.
+    fn count(&mut self, r: &Rendered, add: bool) {
+        for e in r.elements.iter().filter(|e| e.comment.is_none() && e.verdict.is_none()) {
+            let k = (e.map, e.key.clone());
+            if add {
+                *self.set_refs.entry(k).or_default() += 1;
+            } else if let Some(n) = self.set_refs.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.set_refs.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// Whether a committed rendering (counted) still holds `e`.
+    fn element_in_use(&self, e: &Element) -> bool {
+        e.comment.is_none() && e.verdict.is_none() && self.set_refs.contains_key(&(e.map, e.key.clone()))
+    }
+
+    /// Takes a service port's rendering out of the state (uncounted).
+    fn uncommit(&mut self, name: &ServicePortName) -> Option<Rendered> {
+        let (_, r) = self.services.remove(name)?;
+        self.count(&r, false);
+        Some(r)
+    }
+
+    /// Keeps a rendering (already counted) as committed: its chains' digests, not their text
+    /// or rules.
+    fn keep(&mut self, name: ServicePortName, entry: ServiceEntry, mut r: Rendered) {
+        for (_, t) in r.chains.iter_mut() {
+            *t = crate::names::text_digest(t);
+        }
+        r.rules = Vec::new();
+        self.services.insert(name, (entry, r));
+    }
+
     /// The next render is full (after a refused transaction or drift).
     pub fn reset(&mut self) {
         self.committed = false;
@@ -391,46 +434,43 @@ fn write_service_chains(out: &mut String, tf: &str, r: &Rendered) {
 /// Renders one family against `state`; `full` recreates the table. Updates `state` as if the
 /// text was committed (the caller resets it when nft refuses the transaction).
 pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &mut State, full: bool) -> Output {
+    render_changed(model, node, cfg, state, full, None)
+}
+
+/// [`render`], told which service ports may differ from `state` (`changed`; None: any may).
+/// A partial render looks only at those (the state is changed in place), so its work is
+/// proportional to the change, not to the number of service ports.
+pub fn render_changed(
+    model: &FamilyModel,
+    node: &NodeInfo,
+    cfg: &RenderConfig,
+    state: &mut State,
+    full: bool,
+    changed: Option<&BTreeSet<ServicePortName>>,
+) -> Output {
     let family = model.family;
     let (tf, _, _, _) = fam(family);
     let full = full || !state.committed;
     let mut out = Output { full, ..Output::default() };
-    let mut old = std::mem::take(&mut state.services);
-    let mut next: HashMap<ServicePortName, (ServiceEntry, Rendered)> = HashMap::with_capacity(model.services.len());
-    // (old rendering, new rendering) of each changed service port; None = absent
-    let mut changed: Vec<(ServicePortName, Option<Rendered>, Option<Rendered>)> = Vec::new();
-    for (name, entry) in &model.services {
-        match old.remove(name) {
-            Some((e, r)) if &e == entry && !full => {
-                next.insert(name.clone(), (e, r));
-            }
-            prev => {
-                let r = render_service(entry, node, cfg, family);
-                changed.push((name.clone(), prev.map(|(_, p)| p), Some(r.clone())));
-                next.insert(name.clone(), (entry.clone(), r));
-            }
-        }
-    }
-    for (name, (_, r)) in old {
-        changed.push((name, Some(r), None));
-    }
     let mut text = String::new();
     if full {
+        state.services.clear();
+        state.set_refs.clear();
+        let rendered: Vec<Rendered> = model.services.values().map(|e| render_service(e, node, cfg, family)).collect();
         let _ = writeln!(text, "add table {tf} {TABLE}");
         let _ = writeln!(text, "delete table {tf} {TABLE}");
         text.push_str(&skeleton(family, cfg));
-        let ordered: Vec<&Rendered> = model.services.keys().filter_map(|k| next.get(k).map(|(_, r)| r)).collect();
-        for r in &ordered {
+        for r in &rendered {
             write_service_chains(&mut text, tf, r);
         }
-        for r in &ordered {
+        for r in &rendered {
             for (_, rules) in &r.chains {
                 text.push_str(rules);
             }
             out.chains_written += r.chains.len();
         }
         let mut by_map: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for r in &ordered {
+        for r in &rendered {
             for e in &r.elements {
                 by_map.entry(e.map).or_default().push(&e.text);
             }
@@ -441,146 +481,190 @@ pub fn render(model: &FamilyModel, node: &NodeInfo, cfg: &RenderConfig, state: &
                 let _ = writeln!(text, "add element {tf} {TABLE} {map} {{ {} }}", chunk.join(", "));
             }
         }
+        for ((name, entry), r) in model.services.iter().zip(rendered) {
+            state.count(&r, true);
+            state.keep(name.clone(), entry.clone(), r);
+        }
     } else {
-        // 1. elements that go; 2. new and changed chains; 3. elements that come; 4. stale chains
-        let mut removed_elements: BTreeSet<&Element> = BTreeSet::new();
-        let mut added_elements: BTreeSet<&Element> = BTreeSet::new();
-        // Chain names are derived from the service port's name (and the endpoint's address):
-        // a chain is live when a changed service port's new rendering writes it; the chains of
-        // unchanged service ports are not looked at (at 100,000 endpoints that set alone costs
-        // ~100 ms per sync).
-        let live_chains: BTreeSet<&str> =
-            changed.iter().filter_map(|(_, _, n)| n.as_ref()).flat_map(|r| r.chains.iter().map(|(c, _)| c.as_str())).collect();
-        let empty: BTreeSet<Element> = BTreeSet::new();
-        // the service port each element, chain and set of the plan belongs to (the culprit of
-        // a refused batch)
-        let mut owner: HashMap<&str, &ServicePortName> = HashMap::new();
-        let mut element_owner: HashMap<&Element, &ServicePortName> = HashMap::new();
-        for (name, old_r, new_r) in &changed {
-            let old_e = old_r.as_ref().map(|r| &r.elements).unwrap_or(&empty);
-            let new_e = new_r.as_ref().map(|r| &r.elements).unwrap_or(&empty);
-            for e in old_e.difference(new_e).chain(new_e.difference(old_e)) {
-                element_owner.insert(e, name);
-            }
-            removed_elements.extend(old_e.difference(new_e));
-            added_elements.extend(new_e.difference(old_e));
-            for r in old_r.iter().chain(new_r.iter()) {
-                for (c, _) in &r.chains {
-                    owner.insert(c.as_str(), name);
+        // (old rendering, new rendering) of each changed service port; None = absent
+        let mut changes: Vec<(ServicePortName, Option<Rendered>, Option<Rendered>)> = Vec::new();
+        let look_at: Vec<ServicePortName> = match changed {
+            Some(names) => names.iter().cloned().collect(),
+            None => {
+                let mut names: Vec<ServicePortName> = Vec::new();
+                let mut present = 0usize;
+                for (name, entry) in &model.services {
+                    match state.services.get(name) {
+                        Some((e, _)) if e == entry => present += 1,
+                        Some(_) => {
+                            present += 1;
+                            names.push(name.clone());
+                        }
+                        None => names.push(name.clone()),
+                    }
                 }
-                for (set, _) in &r.sets {
-                    owner.insert(set.as_str(), name);
+                if present < state.services.len() {
+                    names.extend(state.services.keys().filter(|n| !model.services.contains_key(*n)).cloned());
                 }
+                names
+            }
+        };
+        for name in &look_at {
+            let entry = model.services.get(name);
+            match (state.services.get(name), entry) {
+                (Some((e, _)), Some(n)) if e == n => continue,
+                (None, None) => continue,
+                _ => {}
+            }
+            let old_r = state.uncommit(name);
+            let new_r = entry.map(|e| render_service(e, node, cfg, family));
+            if let Some(r) = &new_r {
+                state.count(r, true);
+            }
+            changes.push((name.clone(), old_r, new_r));
+        }
+        partial(&mut text, &mut out, tf, &changes, state);
+        for (name, _, new_r) in changes {
+            if let (Some(r), Some(entry)) = (new_r, model.services.get(&name)) {
+                state.keep(name, entry.clone(), r);
             }
         }
-        let mut ops: Vec<(Op, Option<ServicePortName>)> = Vec::new();
-        let mut typed = true;
-        // elements shared by several service ports (cluster-ips of a multi-port Service) stay
-        // while any live rendering still has them: one pass, only when something may go
-        if !removed_elements.is_empty() {
-            let candidates: std::collections::HashSet<&Element> = removed_elements.iter().copied().collect();
-            let still: std::collections::HashSet<&Element> =
-                next.values().flat_map(|(_, r)| r.elements.iter()).filter(|e| candidates.contains(e)).collect();
-            removed_elements.retain(|e| !still.contains(e));
+    }
+    out.text = text;
+    state.committed = true;
+    out
+}
+
+/// A partial sync's text and operations for `changed` (each service port's old and new
+/// rendering), against `state` (the new renderings already counted in its shared elements).
+fn partial(
+    text: &mut String,
+    out: &mut Output,
+    tf: &str,
+    changed: &[(ServicePortName, Option<Rendered>, Option<Rendered>)],
+    state: &State,
+) {
+    // 1. elements that go; 2. new and changed chains; 3. elements that come; 4. stale chains
+    let mut removed_elements: BTreeSet<&Element> = BTreeSet::new();
+    let mut added_elements: BTreeSet<&Element> = BTreeSet::new();
+    // Chain names are derived from the service port's name (and the endpoint's address):
+    // a chain is live when a changed service port's new rendering writes it; the chains of
+    // unchanged service ports are not looked at (at 100,000 endpoints that set alone costs
+    // ~100 ms per sync).
+    let live_chains: BTreeSet<&str> =
+        changed.iter().filter_map(|(_, _, n)| n.as_ref()).flat_map(|r| r.chains.iter().map(|(c, _)| c.as_str())).collect();
+    let empty: BTreeSet<Element> = BTreeSet::new();
+    // the service port each element, chain and set of the plan belongs to (the culprit of
+    // a refused batch)
+    let mut owner: HashMap<&str, &ServicePortName> = HashMap::new();
+    let mut element_owner: HashMap<&Element, &ServicePortName> = HashMap::new();
+    for (name, old_r, new_r) in changed {
+        let old_e = old_r.as_ref().map(|r| &r.elements).unwrap_or(&empty);
+        let new_e = new_r.as_ref().map(|r| &r.elements).unwrap_or(&empty);
+        for e in old_e.difference(new_e).chain(new_e.difference(old_e)) {
+            element_owner.insert(e, name);
         }
-        for e in &removed_elements {
-            let _ = writeln!(text, "delete element {tf} {TABLE} {} {{ {} }}", e.map, e.key.text());
-            ops.push((Op::DeleteElement { set: e.map, key: e.key.clone() }, element_owner.get(e).map(|n| (*n).clone())));
+        removed_elements.extend(old_e.difference(new_e));
+        added_elements.extend(new_e.difference(old_e));
+        for r in old_r.iter().chain(new_r.iter()) {
+            for (c, _) in &r.chains {
+                owner.insert(c.as_str(), name);
+            }
+            for (set, _) in &r.sets {
+                owner.insert(set.as_str(), name);
+            }
         }
-        let mut stale_chains: BTreeSet<String> = BTreeSet::new();
-        let mut stale_sets: BTreeSet<String> = BTreeSet::new();
-        for (_, old_r, new_r) in &changed {
-            let old_chains: HashMap<&str, &str> =
-                old_r.as_ref().map(|r| r.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect()).unwrap_or_default();
-            if let Some(r) = new_r {
-                let old_sets: BTreeSet<&String> = old_r.as_ref().map(|o| o.sets.iter().map(|(s, _)| s).collect()).unwrap_or_default();
-                for (set, secs) in &r.sets {
-                    if !old_sets.contains(set) {
-                        let addr_t = if tf == "ip" { "ipv4_addr" } else { "ipv6_addr" };
-                        let _ = writeln!(text, "add set {tf} {TABLE} {set} {{ type {addr_t} ; flags dynamic,timeout ; timeout {secs}s ; }}");
+    }
+    let mut ops: Vec<(Op, Option<ServicePortName>)> = Vec::new();
+    let mut typed = true;
+    // elements shared by several service ports (cluster-ips of a multi-port Service) stay
+    // while any live rendering still has them (the state counts them)
+    removed_elements.retain(|e| !state.element_in_use(e));
+    for e in &removed_elements {
+        let _ = writeln!(*text, "delete element {tf} {TABLE} {} {{ {} }}", e.map, e.key.text());
+        ops.push((Op::DeleteElement { set: e.map, key: e.key.clone() }, element_owner.get(e).map(|n| (*n).clone())));
+    }
+    let mut stale_chains: BTreeSet<String> = BTreeSet::new();
+    let mut stale_sets: BTreeSet<String> = BTreeSet::new();
+    for (_, old_r, new_r) in changed {
+        let old_chains: HashMap<&str, &str> =
+            old_r.as_ref().map(|r| r.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect()).unwrap_or_default();
+        if let Some(r) = new_r {
+            let old_sets: BTreeSet<&String> = old_r.as_ref().map(|o| o.sets.iter().map(|(s, _)| s).collect()).unwrap_or_default();
+            for (set, secs) in &r.sets {
+                if !old_sets.contains(set) {
+                    let addr_t = if tf == "ip" { "ipv4_addr" } else { "ipv6_addr" };
+                    let _ = writeln!(*text, "add set {tf} {TABLE} {set} {{ type {addr_t} ; flags dynamic,timeout ; timeout {secs}s ; }}");
+                    typed = false;
+                }
+            }
+            for (i, (c, rules)) in r.chains.iter().enumerate() {
+                if !old_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, rules)) {
+                    let _ = writeln!(*text, "add chain {tf} {TABLE} {c}");
+                    let _ = writeln!(*text, "flush chain {tf} {TABLE} {c}");
+                    // its rules follow
+                    if r.rules.get(i).is_some_and(|rs| rs.iter().all(Rule::encodable)) {
+                        ops.push((Op::AddChain(c.clone()), owner.get(c.as_str()).map(|n| (*n).clone())));
+                        ops.push((Op::FlushChain(c.clone()), owner.get(c.as_str()).map(|n| (*n).clone())));
+                    } else {
                         typed = false;
                     }
                 }
-                for (i, (c, rules)) in r.chains.iter().enumerate() {
-                    if !old_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, rules)) {
-                        let _ = writeln!(text, "add chain {tf} {TABLE} {c}");
-                        let _ = writeln!(text, "flush chain {tf} {TABLE} {c}");
-                        // its rules follow
-                        if r.rules.get(i).is_some_and(|rs| rs.iter().all(Rule::encodable)) {
-                            ops.push((Op::AddChain(c.clone()), owner.get(c.as_str()).map(|n| (*n).clone())));
-                            ops.push((Op::FlushChain(c.clone()), owner.get(c.as_str()).map(|n| (*n).clone())));
-                        } else {
-                            typed = false;
-                        }
-                    }
+            }
+        }
+        if let Some(o) = old_r {
+            for (c, _) in &o.chains {
+                if !live_chains.contains(c.as_str()) {
+                    stale_chains.insert(c.clone());
                 }
             }
-            if let Some(o) = old_r {
-                for (c, _) in &o.chains {
-                    if !live_chains.contains(c.as_str()) {
-                        stale_chains.insert(c.clone());
-                    }
-                }
-                let keep: BTreeSet<&String> = new_r.as_ref().map(|n| n.sets.iter().map(|(s, _)| s).collect()).unwrap_or_default();
-                for (s, _) in &o.sets {
-                    if !keep.contains(s) {
-                        stale_sets.insert(s.clone());
-                    }
+            let keep: BTreeSet<&String> = new_r.as_ref().map(|n| n.sets.iter().map(|(s, _)| s).collect()).unwrap_or_default();
+            for (s, _) in &o.sets {
+                if !keep.contains(s) {
+                    stale_sets.insert(s.clone());
                 }
             }
         }
-        for (_, old_r, new_r) in &changed {
-            let old_chains: HashMap<&str, &str> =
-                old_r.as_ref().map(|r| r.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect()).unwrap_or_default();
-            if let Some(r) = new_r {
-                for (i, (c, rules)) in r.chains.iter().enumerate() {
-                    if !old_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, rules)) {
-                        text.push_str(rules);
-                        out.chains_written += 1;
-                        if typed {
-                            for rule in r.rules.get(i).into_iter().flatten() {
-                                ops.push((Op::AddRule { chain: c.clone(), rule: rule.clone() }, owner.get(c.as_str()).map(|n| (*n).clone())));
-                            }
+    }
+    for (_, old_r, new_r) in changed {
+        let old_chains: HashMap<&str, &str> =
+            old_r.as_ref().map(|r| r.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect()).unwrap_or_default();
+        if let Some(r) = new_r {
+            for (i, (c, rules)) in r.chains.iter().enumerate() {
+                if !old_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, rules)) {
+                    text.push_str(rules);
+                    out.chains_written += 1;
+                    if typed {
+                        for rule in r.rules.get(i).into_iter().flatten() {
+                            ops.push((Op::AddRule { chain: c.clone(), rule: rule.clone() }, owner.get(c.as_str()).map(|n| (*n).clone())));
                         }
                     }
                 }
             }
         }
-        for e in &added_elements {
-            let _ = writeln!(text, "add element {tf} {TABLE} {} {{ {} }}", e.map, e.text);
-            ops.push((e.add(), element_owner.get(e).map(|n| (*n).clone())));
-        }
-        out.elements_changed = removed_elements.len() + added_elements.len();
-        let owned = |what: &str| owner.get(what).map(|n| (*n).clone());
-        for c in &stale_chains {
-            let _ = writeln!(text, "flush chain {tf} {TABLE} {c}");
-            ops.push((Op::FlushChain(c.clone()), owned(c)));
-        }
-        for c in &stale_chains {
-            let _ = writeln!(text, "delete chain {tf} {TABLE} {c}");
-            ops.push((Op::DeleteChain(c.clone()), owned(c)));
-        }
-        for s in &stale_sets {
-            let _ = writeln!(text, "delete set {tf} {TABLE} {s}");
-            ops.push((Op::DeleteSet(s.clone()), owned(s)));
-        }
-        if typed {
-            out.ops = Some(ops);
-        }
-        out.chains_deleted = stale_chains.len();
     }
-    out.text = text;
-    for (_, r) in next.values_mut() {
-        for (_, t) in r.chains.iter_mut() {
-            *t = crate::names::text_digest(t);
-        }
-        if !r.rules.is_empty() {
-            r.rules = Vec::new();
-        }
+    for e in &added_elements {
+        let _ = writeln!(*text, "add element {tf} {TABLE} {} {{ {} }}", e.map, e.text);
+        ops.push((e.add(), element_owner.get(e).map(|n| (*n).clone())));
     }
-    state.services = next;
-    state.committed = true;
-    out
+    out.elements_changed = removed_elements.len() + added_elements.len();
+    let owned = |what: &str| owner.get(what).map(|n| (*n).clone());
+    for c in &stale_chains {
+        let _ = writeln!(*text, "flush chain {tf} {TABLE} {c}");
+        ops.push((Op::FlushChain(c.clone()), owned(c)));
+    }
+    for c in &stale_chains {
+        let _ = writeln!(*text, "delete chain {tf} {TABLE} {c}");
+        ops.push((Op::DeleteChain(c.clone()), owned(c)));
+    }
+    for s in &stale_sets {
+        let _ = writeln!(*text, "delete set {tf} {TABLE} {s}");
+        ops.push((Op::DeleteSet(s.clone()), owned(s)));
+    }
+    if typed {
+        out.ops = Some(ops);
+    }
+    out.chains_deleted = stale_chains.len();
 }
 
 /// The small chains the drift check counts the rules of (with the least it must find): a
@@ -699,5 +783,65 @@ mod tests {
         let del_chain = o.text.find("delete chain ip kube-proxy service-").unwrap();
         assert!(del_el < del_chain);
         assert!(o.text.contains("delete element ip kube-proxy cluster-ips { 10.96.0.2 }"));
+    }
+
+    /// A model sequence covering what a partial sync handles: endpoints replaced, drained,
+    /// restored, a Service added with a node port, ports of one Service (sharing the
+    /// ClusterIP element) removed one at a time, nothing changed.
+    pub(crate) fn steps() -> Vec<FamilyModel> {
+        let mut np = entry(spn("ns", "c", "p"), "10.96.0.3", &["10.1.0.30"]);
+        np.port.node_port = 30003;
+        let m1 = entry(spn("ns", "m", "p1"), "10.96.0.9", &["10.1.0.90"]);
+        let mut m2 = entry(spn("ns", "m", "p2"), "10.96.0.9", &["10.1.0.91"]);
+        m2.port.port = 81;
+        let a = |eps: &[&str]| entry(spn("ns", "a", "p"), "10.96.0.1", eps);
+        let b = |eps: &[&str]| entry(spn("ns", "b", "p"), "10.96.0.2", eps);
+        vec![
+            model(vec![a(&["10.1.0.1", "10.1.0.2"]), b(&["10.1.0.3"]), m1.clone(), m2.clone()]),
+            model(vec![a(&["10.1.0.1", "10.1.0.4"]), b(&["10.1.0.3"]), m1.clone(), m2.clone()]),
+            model(vec![a(&["10.1.0.1", "10.1.0.4"]), b(&[]), m1.clone(), m2.clone()]),
+            model(vec![a(&["10.1.0.1", "10.1.0.4"]), b(&[]), m1.clone()]),
+            model(vec![a(&["10.1.0.1", "10.1.0.4"]), b(&["10.1.0.3"]), m1.clone(), np.clone()]),
+            model(vec![b(&["10.1.0.3"]), np.clone()]),
+            model(vec![b(&["10.1.0.3"]), np.clone()]),
+        ]
+    }
+
+    /// The service ports whose entries differ between two models.
+    pub(crate) fn differing(a: &FamilyModel, b: &FamilyModel) -> BTreeSet<ServicePortName> {
+        a.services.keys().chain(b.services.keys()).filter(|n| a.services.get(*n) != b.services.get(*n)).cloned().collect()
+    }
+
+    #[test]
+    fn a_partial_render_told_what_changed_is_the_render_that_compares_everything() {
+        let node = NodeInfo::default();
+        let steps = steps();
+        let (mut told, mut told_more, mut compared) = (State::default(), State::default(), State::default());
+        for (i, m) in steps.iter().enumerate() {
+            let changed = if i == 0 { BTreeSet::new() } else { differing(&steps[i - 1], m) };
+            // a hint naming more than what changed is as good
+            let mut more = changed.clone();
+            more.extend(m.services.keys().cloned());
+            let a = render_changed(m, &node, &cfg(), &mut told, false, Some(&changed));
+            let b = render_changed(m, &node, &cfg(), &mut told_more, false, Some(&more));
+            let c = render(m, &node, &cfg(), &mut compared, false);
+            for o in [&b, &c] {
+                assert_eq!(a.text, o.text, "step {i}");
+                assert_eq!(a.ops, o.ops, "step {i}");
+                assert_eq!((a.full, a.chains_written, a.chains_deleted, a.elements_changed), (o.full, o.chains_written, o.chains_deleted, o.elements_changed), "step {i}");
+            }
+            // and the state is what a full render of this model commits
+            let mut fresh = State::default();
+            render(m, &node, &cfg(), &mut fresh, true);
+            assert_eq!(told.services, fresh.services, "step {i}");
+            assert_eq!(told.set_refs, fresh.set_refs, "step {i}");
+        }
+        // the shared ClusterIP element of ns/m stays while one of its ports is there
+        let mut st = State::default();
+        render(&steps[2], &node, &cfg(), &mut st, true);
+        let o = render_changed(&steps[3], &node, &cfg(), &mut st, false, Some(&differing(&steps[2], &steps[3])));
+        assert!(!o.text.contains("delete element ip kube-proxy cluster-ips"), "{}", o.text);
+        let o = render_changed(&steps[5], &node, &cfg(), &mut st, false, Some(&differing(&steps[3], &steps[5])));
+        assert!(o.text.contains("delete element ip kube-proxy cluster-ips { 10.96.0.9 }"), "{}", o.text);
     }
 }
