@@ -406,8 +406,9 @@ async fn keys_ferro_did_not_write_under_its_prefix_are_ignored() {
     etcd.ok(&["put", "/registry/pods/default/broken2", "[1,2"]);
     etcd.ok(&["put", "/registry/unknown/y", "{}"]);
     let ok = store.write(Op::Create { key: key("next"), value: pod("next", json!({}), "") }).await.unwrap();
-    assert_eq!(store.revision(), ok.mod_rev);
+    // (a list waits for the cache to reach this server's acknowledged writes)
     assert_eq!(store.list(POD_KEY).await.unwrap().records.len(), 2);
+    assert_eq!(store.revision(), ok.mod_rev);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

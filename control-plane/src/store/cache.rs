@@ -45,7 +45,15 @@ pub struct Cache {
     history: usize,
     /// The revision the cache has reached, for writers waiting to see their own write.
     progress: watch::Sender<Revision>,
+    /// Records this process built for its own writes, by key, which the watch is about to
+    /// bring: applied without parsing the stored value again (etcd's revision names the
+    /// value: the record offered for a key at a revision is the one stored there).
+    offered: std::sync::Mutex<std::collections::HashMap<Arc<str>, Record>>,
 }
+
+/// Above this many offered records, an offer sweeps those the cache has passed (their
+/// event came before the offer, or a relist replaced them).
+const OFFERED_SWEEP: usize = 1024;
 
 /// Builds the record of a stored value: parses it, computes its attributes and stamps
 /// `metadata.resourceVersion` with `mod_rev` (the bytes clients receive).
@@ -56,8 +64,20 @@ pub fn record_from_stored(
     stored: &[u8],
     indexer: &Indexer,
 ) -> Result<Record, StoreError> {
-    let mut value: serde_json::Value =
+    let value: serde_json::Value =
         serde_json::from_slice(stored).map_err(|e| StoreError::Corrupt(format!("{key}: {e}")))?;
+    record_from_value(key, create_rev, mod_rev, value, indexer)
+}
+
+/// The record of a value as it was stored (without `resourceVersion`): what
+/// [`record_from_stored`] makes of its bytes, without serializing and parsing them.
+pub fn record_from_value(
+    key: Arc<str>,
+    create_rev: Revision,
+    mod_rev: Revision,
+    mut value: serde_json::Value,
+    indexer: &Indexer,
+) -> Result<Record, StoreError> {
     let attrs = Arc::new(indexer(&key, &value));
     let bytes = stamp(&mut value, mod_rev)?;
     Ok(Record { key, create_rev, mod_rev, value: bytes, attrs })
@@ -91,7 +111,39 @@ impl Cache {
             indexer,
             history: history.max(1),
             progress,
+            offered: Default::default(),
         }
+    }
+
+    /// A record this process built for a write etcd acknowledged: the watch event of that
+    /// key at that revision is applied with it instead of parsing the stored value.
+    pub fn offer(&self, record: Record) {
+        let revision = self.revision();
+        if record.mod_rev <= revision {
+            return;
+        }
+        let mut offered = self.offered.lock().unwrap_or_else(|p| p.into_inner());
+        if offered.len() > OFFERED_SWEEP {
+            offered.retain(|_, r| r.mod_rev > revision);
+        }
+        offered.insert(record.key.clone(), record);
+    }
+
+    /// The record of a put: the one offered for this key and revision, else parsed.
+    fn record_of_put(&self, key: Arc<str>, create_rev: Revision, mod_rev: Revision, value: &[u8]) -> Result<Record, StoreError> {
+        {
+            let mut offered = self.offered.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(r) = offered.get(&key) {
+                if r.mod_rev == mod_rev && r.create_rev == create_rev {
+                    if let Some(r) = offered.remove(&key) {
+                        return Ok(r);
+                    }
+                } else if r.mod_rev < mod_rev {
+                    offered.remove(&key);
+                }
+            }
+        }
+        record_from_stored(key, create_rev, mod_rev, value, &self.indexer)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
@@ -132,16 +184,30 @@ impl Cache {
         if changes.is_empty() {
             return;
         }
+        // Records are built before the lock is taken (parsing is most of the work): readers
+        // and the writers waiting for their write are not held up by it.
+        let applied = self.revision();
+        let prepared: Vec<(Change, Option<Result<Record, StoreError>>)> = changes
+            .into_iter()
+            .map(|change| match &change {
+                Change::Put { key, create_rev, mod_rev, value } if *mod_rev > applied => {
+                    let built = self.record_of_put(key.clone(), *create_rev, *mod_rev, value);
+                    (change, Some(built))
+                }
+                _ => (change, None),
+            })
+            .collect();
         let mut state = self.write();
         let mut reached = state.revision;
-        for change in changes {
+        for (change, built) in prepared {
             let rev = change.rev();
             if rev <= state.revision {
                 continue;
             }
             let event = match change {
                 Change::Put { key, create_rev, mod_rev, value } => {
-                    match record_from_stored(key.clone(), create_rev, mod_rev, &value, &self.indexer) {
+                    let built = built.unwrap_or_else(|| record_from_stored(key.clone(), create_rev, mod_rev, &value, &self.indexer));
+                    match built {
                         Ok(record) => {
                             let prev = state.objects.insert(key, record.clone());
                             let kind = if prev.is_some() { EventKind::Modified } else { EventKind::Added };
@@ -252,6 +318,32 @@ mod tests {
             mod_rev: rev,
             value: Bytes::from(serde_json::to_vec(&v).unwrap()),
         }
+    }
+
+    #[test]
+    fn an_offered_record_is_applied_for_its_key_and_revision_only() {
+        let c = Cache::new(super::super::embedded::labels_only(), 100);
+        c.reset(Vec::new(), 10);
+        let indexer = super::super::embedded::labels_only();
+        // what this process built for its write at 11 (marked, to tell it from a parse)
+        let built = |rev: Revision, mark: &str| record_from_value(Arc::from("/k/a"), 11, rev, json!({"metadata": {"name": "a"}, "built": mark}), &indexer).unwrap();
+        // the record built from a value equals the one parsed from its bytes
+        let stored = json!({"metadata": {"name": "a", "labels": {"x": "1"}}});
+        let parsed = record_from_stored(Arc::from("/k/a"), 11, 11, &serde_json::to_vec(&stored).unwrap(), &indexer).unwrap();
+        let from_value = record_from_value(Arc::from("/k/a"), 11, 11, stored.clone(), &indexer).unwrap();
+        assert_eq!((parsed.value.clone(), parsed.attrs.clone()), (from_value.value, from_value.attrs));
+        c.offer(built(11, "yes"));
+        c.apply(vec![put("/k/a", 11, 11, json!({"metadata": {"name": "a"}}))]);
+        assert_eq!(c.get("/k/a").unwrap().json().unwrap()["built"], "yes", "the offered record, not a parse");
+        // offered for another revision (the watch brings a later write first): parsed
+        c.offer(built(12, "stale"));
+        c.apply(vec![put("/k/a", 11, 13, json!({"metadata": {"name": "a"}, "spec": 13}))]);
+        let now = c.get("/k/a").unwrap().json().unwrap();
+        assert_eq!((now["spec"].clone(), now.get("built").cloned()), (json!(13), None));
+        assert!(c.offered.lock().unwrap().is_empty(), "the stale offer was dropped");
+        // an offer the cache has passed is not kept
+        c.offer(built(12, "late"));
+        assert!(c.offered.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -33,7 +33,7 @@ use etcd_client::{
 };
 use futures::future::BoxFuture;
 
-use super::cache::{record_from_stored, restamp, Cache, Change};
+use super::cache::{record_from_stored, record_from_value, restamp, Cache, Change};
 use super::{Indexer, Listing, Op, Record, Revision, Store, StoreError, Watch};
 
 /// Largest gRPC message accepted from etcd (a page of a listing, a watch response).
@@ -517,7 +517,7 @@ impl EtcdStore {
         let kv = self.kv.clone();
         Ok(match op {
             Op::Create { key: _, value } => {
-                let stored = stored_bytes(&value)?;
+                let (stored, value) = stored_bytes(value)?;
                 let txn = Txn::new()
                     .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
                     .and_then([TxnOp::put(key.as_str(), stored.clone(), None)]);
@@ -526,10 +526,13 @@ impl EtcdStore {
                     return Err(StoreError::AlreadyExists);
                 }
                 let rev = Self::txn_rev(&resp)?;
-                record_from_stored(Arc::from(api_key), rev, rev, &stored, indexer)?
+                let record = record_from_value(Arc::from(api_key), rev, rev, value, indexer)?;
+                // the watch event of this write is applied with it, not parsed again
+                self.cache.offer(record.clone());
+                record
             }
             Op::Update { key: _, value, expect } => {
-                let stored = stored_bytes(&value)?;
+                let (stored, value) = stored_bytes(value)?;
                 let txn = Txn::new()
                     .when([Self::guard(&key, expect)])
                     .and_then([TxnOp::put(key.as_str(), stored.clone(), Some(PutOptions::new().with_prev_key()))])
@@ -547,7 +550,9 @@ impl EtcdStore {
                         _ => None,
                     })
                     .unwrap_or(rev);
-                record_from_stored(Arc::from(api_key), create_rev, rev, &stored, indexer)?
+                let record = record_from_value(Arc::from(api_key), create_rev, rev, value, indexer)?;
+                self.cache.offer(record.clone());
+                record
             }
             Op::Delete { key: _, expect } => {
                 let txn = Txn::new()
@@ -582,13 +587,14 @@ impl EtcdStore {
 }
 
 /// The bytes kept in etcd: the object without `metadata.resourceVersion` (it is the revision).
-fn stored_bytes(value: &serde_json::Value) -> Result<Bytes, StoreError> {
-    let mut v = value.clone();
+/// The bytes a value is stored as (without `resourceVersion`), and the value as stored.
+fn stored_bytes(mut v: serde_json::Value) -> Result<(Bytes, serde_json::Value), StoreError> {
     let obj = v.as_object_mut().ok_or_else(|| StoreError::InvalidValue("not a JSON object".into()))?;
     if let Some(serde_json::Value::Object(meta)) = obj.get_mut("metadata") {
         meta.remove("resourceVersion");
     }
-    serde_json::to_vec(&v).map(Bytes::from).map_err(|e| StoreError::InvalidValue(e.to_string()))
+    let bytes = serde_json::to_vec(&v).map(Bytes::from).map_err(|e| StoreError::InvalidValue(e.to_string()))?;
+    Ok((bytes, v))
 }
 
 /// Applies the changes between the cache's revision and `until` from a watch over every key
@@ -938,8 +944,9 @@ mod tests {
     #[test]
     fn stored_values_drop_the_resource_version_and_prefix_ends() {
         let v = serde_json::json!({"metadata": {"name": "a", "resourceVersion": "7"}, "x": 1});
-        assert_eq!(&stored_bytes(&v).unwrap()[..], br#"{"metadata":{"name":"a"},"x":1}"#);
-        assert!(stored_bytes(&serde_json::json!([1])).is_err());
+        assert_eq!(&stored_bytes(v.clone()).unwrap().0[..], br#"{"metadata":{"name":"a"},"x":1}"#);
+        assert_eq!(stored_bytes(v).unwrap().1, serde_json::json!({"metadata": {"name": "a"}, "x": 1}));
+        assert!(stored_bytes(serde_json::json!([1])).is_err());
         assert_eq!(prefix_end("/registry/"), b"/registry0".to_vec());
     }
 }
