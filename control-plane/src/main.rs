@@ -51,7 +51,7 @@ struct Cli {
     /// garbagecollector, namespace, replicaset, deployment, statefulset, daemonset, job,
     /// ttl-after-finished, cronjob, disruption, podgc, persistentvolume-binder, serviceaccount,
     /// nodeipam, volumesnapshot, root-ca-cert-publisher,
-    /// clusterrole-aggregation, csrapproving, csrsigning, csrcleaner, tokencleaner.
+    /// clusterrole-aggregation, csrapproving, csrsigning, csrcleaner, tokencleaner, bootstrapsigner.
     #[arg(long, default_value = "*", value_delimiter = ',')]
     controllers: Vec<String>,
     /// Time a node may go without renewing its Lease before it is marked unreachable.

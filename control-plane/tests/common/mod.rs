@@ -255,6 +255,14 @@ impl Server {
         client_for(&self.kubeconfig()).await
     }
 
+    /// Waits for the serviceaccount loop's `default` ServiceAccount in `namespace`: pods there
+    /// are refused until it exists (ServiceAccount admission, as upstream's), and the loops
+    /// start only once this server leads (on etcd, after a leader election).
+    pub async fn default_service_account(&self, namespace: &str) {
+        let sas: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> = kube::Api::namespaced(self.client().await, namespace);
+        fake::eventually(&format!("the default ServiceAccount in {namespace}"), || async { sas.get_opt("default").await.ok().flatten() }).await;
+    }
+
     /// A client that returns a 429 at once (kube's default layer retries 429s for minutes).
     pub async fn client_without_retries(&self) -> kube::Client {
         let kc = kube::config::Kubeconfig::read_from(self.kubeconfig()).unwrap();
