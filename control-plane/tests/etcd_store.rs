@@ -141,8 +141,8 @@ async fn writes_with_preconditions_serve_the_embedded_stores_bytes() {
 
 /// A write is acknowledged with etcd's answer, before the watch cache has applied it; reads
 /// through the same store still see every write it acknowledged (a get of the key, a list of
-/// anything), and a guarded write that conflicted with another server's write makes the next
-/// read of that key see the write it conflicted with.
+/// anything), and a guarded write that conflicted with another server's write (or a create
+/// refused because the other made the key) makes the next read of that key see that write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
 async fn reads_see_every_acknowledged_write_and_what_a_write_conflicted_with() {
@@ -199,6 +199,26 @@ async fn reads_see_every_acknowledged_write_and_what_a_write_conflicted_with() {
         let now = store.get(&key(&name)).await.unwrap().unwrap();
         assert_eq!(now.mod_rev, theirs.mod_rev, "the read after a conflict has the write it conflicted with");
         assert_eq!(now.attrs.labels.get("by").map(String::as_str), Some("other"));
+    }
+
+    // Both servers create the same key at once (the pod admission's on-the-spot `default`
+    // ServiceAccount against the leader's serviceaccount loop): the loser's create is refused
+    // as existing, and its next read has the winner's object, never "not found" from a cache
+    // the winner's event has not reached yet.
+    let stores: [&EtcdStore; 2] = [&store, &other];
+    for i in 0..100 {
+        let name = format!("raced-{i}");
+        let (a, b) = tokio::join!(
+            stores[0].write(Op::Create { key: key(&name), value: pod(&name, json!({"by": "0"}), "") }),
+            stores[1].write(Op::Create { key: key(&name), value: pod(&name, json!({"by": "1"}), "") })
+        );
+        let (winner, loser) = match (a, b) {
+            (Ok(w), Err(e)) => (w, { assert!(matches!(e, StoreError::AlreadyExists), "{e:?}"); stores[1] }),
+            (Err(e), Ok(w)) => (w, { assert!(matches!(e, StoreError::AlreadyExists), "{e:?}"); stores[0] }),
+            other => panic!("one create wins, one is refused: {other:?}"),
+        };
+        let now = loser.get(&key(&name)).await.unwrap().expect("the read after \"already exists\" finds the object");
+        assert_eq!(now.mod_rev, winner.mod_rev);
     }
 }
 

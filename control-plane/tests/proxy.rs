@@ -85,7 +85,6 @@ async fn logs_and_exec_reach_the_agent() {
                        "daemonEndpoints": {"kubeletEndpoint": {"Port": agent_port}}}})).unwrap())
         .await
         .unwrap();
-    s.default_service_account("default").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     pods.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "p"},
         "spec": {"nodeName": "n1", "containers": [{"name": "app", "image": "i"}]}})).unwrap())

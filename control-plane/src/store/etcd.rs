@@ -520,9 +520,17 @@ impl EtcdStore {
                 let (stored, value) = stored_bytes(value)?;
                 let txn = Txn::new()
                     .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(key.as_str(), stored.clone(), None)]);
+                    .and_then([TxnOp::put(key.as_str(), stored.clone(), None)])
+                    .or_else([TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only()))]);
                 let resp = txn_once(&kv, self.request_timeout, "create", txn).await?;
                 if !resp.succeeded() {
+                    // The key another writer made (another API server, or this one's loop a
+                    // moment ago): a read of it after this refusal waits for that write, as a
+                    // read after a conflict does, so "already exists" is never followed by
+                    // "not found" from a cache that lags.
+                    if let StoreError::Conflict { current } = Self::precondition_failed(&resp) {
+                        self.acked.note_key(&Arc::from(api_key), current, self.cache.revision());
+                    }
                     return Err(StoreError::AlreadyExists);
                 }
                 let rev = Self::txn_rev(&resp)?;

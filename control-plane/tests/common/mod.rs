@@ -260,7 +260,28 @@ impl Server {
     /// start only once this server leads (on etcd, after a leader election).
     pub async fn default_service_account(&self, namespace: &str) {
         let sas: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> = kube::Api::namespaced(self.client().await, namespace);
-        fake::eventually(&format!("the default ServiceAccount in {namespace}"), || async { sas.get_opt("default").await.ok().flatten() }).await;
+        let last_error = std::sync::Mutex::new(String::new());
+        let found = tokio::time::timeout(Duration::from_secs(90), async {
+            loop {
+                match sas.get_opt("default").await {
+                    Ok(Some(sa)) => return sa,
+                    Ok(None) => *last_error.lock().unwrap() = "not found".into(),
+                    Err(e) => *last_error.lock().unwrap() = e.to_string(),
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
+        // the server's log says why the serviceaccount loop did not make it
+        if found.is_err() {
+            let log = self.log();
+            let lines: Vec<&str> = log.lines().collect();
+            panic!(
+                "no default ServiceAccount in {namespace} after 90 s (last answer: {}); the server log's end:\n{}",
+                last_error.lock().unwrap(),
+                lines[lines.len().saturating_sub(150)..].join("\n")
+            );
+        }
     }
 
     /// A client that returns a 429 at once (kube's default layer retries 429s for minutes).

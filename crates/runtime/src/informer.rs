@@ -87,8 +87,19 @@ where
 
     /// Registers a handler, called for every change after the cache was updated. Handlers run
     /// on the informer's task and must be quick (queue a key, update a small index).
+    ///
+    /// A handler registered late (several loops share one informer, each registering when it
+    /// starts, and the watch may have listed already) is first told of every object in the
+    /// cache as added, as client-go does for a late event handler: nothing the informer saw
+    /// before is lost to it. Replayed under the handlers' lock, so the cache's next change
+    /// reaches it after the replay; it may see an object once more than needed, never miss one.
     pub fn on_change(&self, f: impl Fn(&Change<K>) + Send + Sync + 'static) {
-        self.handlers.write().unwrap_or_else(|p| p.into_inner()).push(Box::new(f));
+        let mut handlers = self.handlers.write().unwrap_or_else(|p| p.into_inner());
+        let cached: Vec<Arc<K>> = self.read().values().cloned().collect();
+        for new in cached {
+            f(&Change::Applied { old: None, new });
+        }
+        handlers.push(Box::new(f));
     }
 
     fn notify(&self, changes: &[Change<K>]) {
@@ -258,6 +269,22 @@ mod tests {
             ["add a/x", "add a/y", "add b/z", "delete b/z", "update a/y", "delete a/x"]
         );
         assert_eq!(inf.len(), 1);
+    }
+
+    #[test]
+    fn a_handler_registered_after_the_list_is_told_of_every_cached_object() {
+        let inf = Informer::<ConfigMap>::new();
+        let early = recorder(&inf);
+        let mut buf = None;
+        inf.inject(Event::Init, &mut buf);
+        inf.inject(Event::InitApply(cm("a", "x", "1")), &mut buf);
+        inf.inject(Event::InitApply(cm("b", "y", "2")), &mut buf);
+        inf.inject(Event::InitDone, &mut buf);
+        let late = recorder(&inf);
+        assert_eq!(*late.lock().unwrap(), ["add a/x", "add b/y"]);
+        inf.inject(Event::Delete(cm("a", "x", "3")), &mut buf);
+        assert_eq!(*late.lock().unwrap(), ["add a/x", "add b/y", "delete a/x"]);
+        assert_eq!(*early.lock().unwrap(), ["add a/x", "add b/y", "delete a/x"]);
     }
 
     #[test]
