@@ -64,3 +64,22 @@ ferro_install_deps() {
     fi
   fi
 }
+
+# Every test binary `cargo test --workspace --no-run` built (nothing is compiled again), one
+# per line: "<package dir>\t<executable>\t<target kind>" (kind: lib, bin or test). Running
+# them directly from their package dir is what `cargo test` does, without cargo's second look
+# at features: `cargo test -p <one package>` unifies features differently from the workspace
+# build and recompiles dozens of crates.
+ferro_test_binaries() {
+  cargo test --workspace --no-run --message-format=json 2>/dev/null | python3 -c '
+import sys, json, os
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        kind = m["target"]["kind"][0]
+        print(os.path.dirname(m["manifest_path"]) + "\t" + m["executable"] + "\t" + kind)
+'
+}

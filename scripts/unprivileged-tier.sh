@@ -5,20 +5,13 @@
 # Uses the binaries `cargo test --no-run` built (no second build); run by scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 user=${FERRO_UNPRIVILEGED_USER:-nobody}
 target=${CARGO_TARGET_DIR:-target}
 list=$(mktemp)
 trap 'rm -f "$list"' EXIT
-cargo test --workspace --no-run --message-format=json 2>/dev/null | python3 -c '
-import sys, json, os
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        print(os.path.dirname(m["manifest_path"]) + "\t" + m["executable"])
-' >"$list"
+ferro_test_binaries | cut -f1,2 >"$list"
 [ -s "$list" ] || { echo "unprivileged-tier: no test binaries found" >&2; exit 1; }
 # the user must reach the binaries (and the paths above them)
 chmod o+rx "$target" "$target/debug" "$target/debug/deps" 2>/dev/null || true
@@ -27,7 +20,7 @@ failed=0
 while IFS=$'\t' read -r dir bin; do
   if ! (cd "$dir" && runuser -u "$user" -- env HOME=/tmp "$bin" -q >/tmp/unprivileged-tier.out 2>&1); then
     echo "unprivileged-tier: FAILED as $user: $bin" >&2
-    grep -E "^test .*FAILED|panicked at|^---- " /tmp/unprivileged-tier.out >&2 || tail -20 /tmp/unprivileged-tier.out >&2
+    grep -E -A12 "^test .*FAILED|panicked at|^---- " /tmp/unprivileged-tier.out | head -200 >&2 || tail -20 /tmp/unprivileged-tier.out >&2
     failed=1
   fi
 done <"$list"
