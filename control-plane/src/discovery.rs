@@ -157,7 +157,6 @@ pub fn serve(path: &str) -> Result<Option<Response<Body>>, ApiError> {
             json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": docs})
         }
         "/openapi/v3" => openapi_index(),
-        "/openapi/v2" => return Err(ApiError::no_route()),
         p if p.starts_with("/openapi/v3/") => {
             let gv = &p["/openapi/v3/".len()..];
             let (group, version) = match gv.split('/').collect::<Vec<_>>().as_slice() {
@@ -183,6 +182,33 @@ pub fn serve(path: &str) -> Result<Option<Response<Body>>, ApiError> {
     };
     Ok(Some(json_response(200, &v)))
 }
+
+/// `/openapi/v2` (crate::openapi_v2): the built-in kinds' schemas of every group version, in
+/// protobuf when `accept` asks for it, else JSON. Built once (custom kinds are not in it).
+pub fn serve_openapi_v2(accept: &str) -> Response<Body> {
+    static DOC: OnceLock<(bytes::Bytes, bytes::Bytes)> = OnceLock::new();
+    let (json_bytes, pb_bytes) = DOC.get_or_init(|| {
+        let mut schemas = Map::new();
+        for (g, v) in openapi_group_versions() {
+            schemas.extend(components(g, v));
+        }
+        let doc = crate::openapi_v2::document(&schemas, OPENAPI_VERSION);
+        (bytes::Bytes::from(serde_json::to_vec(&doc).unwrap_or_default()), bytes::Bytes::from(crate::openapi_v2::to_protobuf(&doc)))
+    });
+    let (body, media) = if crate::openapi_v2::wants_protobuf(accept) {
+        (pb_bytes.clone(), crate::openapi_v2::PROTOBUF)
+    } else {
+        (json_bytes.clone(), "application/json")
+    };
+    Response::builder()
+        .status(200)
+        .header(http::header::CONTENT_TYPE, media)
+        .body(crate::server::full(body))
+        .unwrap_or_else(|_| json_response(500, &json!({})))
+}
+
+/// The version the OpenAPI documents name.
+const OPENAPI_VERSION: &str = "v1.33.0";
 
 fn gv_path(group: &str, version: &str) -> String {
     if group.is_empty() {
@@ -295,6 +321,17 @@ fn components(group: &str, version: &str) -> Map<String, Value> {
         .take_definitions(true)
         .into_iter()
         .collect();
+    // k8s-openapi's types hold `metadata` as a plain ObjectMeta (always there in Rust), so
+    // schemars lists it as required; upstream's schemas never require it (kubectl's
+    // client-side validation would refuse a manifest without it)
+    for schema in defs.values_mut() {
+        if let Some(Value::Array(req)) = schema.get_mut("required") {
+            req.retain(|f| f != "metadata");
+        }
+        if schema.get("required").and_then(Value::as_array).is_some_and(Vec::is_empty) {
+            schema.as_object_mut().map(|m| m.remove("required"));
+        }
+    }
     for (name, r) in roots {
         if let Some(Value::Object(s)) = defs.get_mut(&name) {
             s.insert(
@@ -362,7 +399,7 @@ fn openapi_doc(group: &str, version: &str) -> Value {
     }
     let doc = json!({
         "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": "v1.33.0"},
+        "info": {"title": "Kubernetes", "version": OPENAPI_VERSION},
         "paths": paths,
         "components": {"schemas": schemas},
     });
@@ -451,6 +488,10 @@ mod tests {
         let schemas = d["components"]["schemas"].as_object().unwrap();
         let dep = &schemas["io.k8s.api.apps.v1.Deployment"];
         assert_eq!(dep["x-kubernetes-group-version-kind"][0]["kind"], "Deployment");
+        // metadata is never required (upstream's schemas), spec is where upstream says so
+        assert!(dep.get("required").is_none(), "{}", dep["required"]);
+        let tr = openapi_doc("authentication.k8s.io", "v1");
+        assert_eq!(tr["components"]["schemas"]["io.k8s.api.authentication.v1.TokenReview"]["required"], json!(["spec"]));
         let text = d.to_string();
         for r in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
             let name = &r[..r.find('"').unwrap()];

@@ -49,7 +49,7 @@ pub struct ServerState {
     pub anonymous_auth: bool,
 }
 
-fn full(b: impl Into<Bytes>) -> Body {
+pub fn full(b: impl Into<Bytes>) -> Body {
     Full::new(b.into()).map_err(|never: Infallible| match never {}).boxed()
 }
 
@@ -656,6 +656,10 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
         return serve_explain(state, rest, &req).await;
     }
     let q = query(&req);
+    if path.trim_end_matches('/') == "/openapi/v2" {
+        let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+        return Ok(discovery::serve_openapi_v2(accept));
+    }
     if let Some(resp) = discovery::serve(&path)? {
         return Ok(resp);
     }

@@ -402,3 +402,57 @@ fn token_and_subject_access_reviews() {
     let out = s.kubectl(&["get", "--raw", TR]);
     assert!(!out.status.success(), "GET of a review is not allowed");
 }
+
+/// `kubectl create -f` of a kind whose /openapi/v3 path has no PATCH (the reviews) validates
+/// it on the client against /openapi/v2, which kubectl reads in gnostic's protobuf: a valid
+/// review goes through, unknown fields and wrong types are refused by kubectl itself (its
+/// `ValidationError(...)` messages name our definitions), before anything reaches the server.
+#[test]
+fn create_only_kinds_are_validated_by_kubectl_against_openapi_v2() {
+    let s = Server::start();
+    let create = |manifest: &str| s.kubectl_stdin(&["create", "-f", "-", "-o", "json"], Some(manifest));
+
+    let out = create("apiVersion: authentication.k8s.io/v1\nkind: TokenReview\nspec:\n  token: not-a-token\n  audiences: [api]\n");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["kind"], "TokenReview");
+    assert!(v["status"]["authenticated"].is_null(), "{v}");
+
+    let out = create("apiVersion: authorization.k8s.io/v1\nkind: SelfSubjectAccessReview\nspec:\n  resourceAttributes: {verb: list, resource: pods, namespace: default}\n");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"]["allowed"], true, "{v}");
+
+    // refused by kubectl's own validation, with the definitions' names
+    let out = create("apiVersion: authentication.k8s.io/v1\nkind: TokenReview\nspec:\n  tokn: abc\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("ValidationError(TokenReview.spec)") && err.contains("unknown field \"tokn\""), "{err}");
+    assert!(err.contains("io.k8s.api.authentication.v1.TokenReviewSpec"), "{err}");
+    let out = create("apiVersion: authentication.k8s.io/v1\nkind: TokenReview\nspec:\n  token: abc\n  audiences: api\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("ValidationError(TokenReview.spec.audiences)") && err.contains("expected \"array\""), "{err}");
+    // --validate=false leaves it to the server, which ignores the unknown field
+    let out = s.kubectl_stdin(&["create", "--validate=false", "-f", "-", "-o", "json"], Some("apiVersion: authentication.k8s.io/v1\nkind: TokenReview\nspec:\n  token: abc\n  tokn: abc\n"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // the JSON form: Swagger 2.0, the review kinds tagged with their group-version-kind,
+    // references into #/definitions that resolve, no paths (kubectl's client-side apply keeps
+    // its compiled-in patch strategies)
+    let doc: Value = serde_json::from_str(&s.ok(&["get", "--raw", "/openapi/v2"])).unwrap();
+    assert_eq!(doc["swagger"], "2.0");
+    assert_eq!(doc["paths"], serde_json::json!({}));
+    let defs = doc["definitions"].as_object().unwrap();
+    assert_eq!(
+        defs["io.k8s.api.authentication.v1.TokenReview"]["x-kubernetes-group-version-kind"],
+        serde_json::json!([{"group": "authentication.k8s.io", "version": "v1", "kind": "TokenReview"}])
+    );
+    assert_eq!(defs["io.k8s.api.core.v1.Pod"]["x-kubernetes-group-version-kind"][0]["kind"], "Pod");
+    let text = doc.to_string();
+    for r in text.split("\"$ref\":\"").skip(1) {
+        let target = &r[..r.find('"').unwrap()];
+        let name = target.strip_prefix("#/definitions/").unwrap_or_else(|| panic!("a v2 reference: {target}"));
+        assert!(defs.contains_key(name), "{target} resolves");
+    }
+}
