@@ -162,12 +162,14 @@ fn unused_image_is_collected_busybox_and_pause_stay() {
 
     // Phase 3: imageMaximumGCAge. Thresholds the image filesystem is far below (99/98 %), a
     // maximum age of 3 s: another unused image goes for its age alone; busybox and pause stay.
+    // Phase 2's agent (free everything, every second) is stopped first: it would remove the
+    // image while ctr imports it (CI saw "content digest ... not found" from the unpack).
+    lab.agent.kill();
     import_own_image(&lab, "aged", "left unused for too long\n", AGED);
     assert!(has(&lab, AGED), "{:?}", images(&lab));
     lab.write_agent_config(
         "imageGCHighThresholdPercent: 99\nimageGCLowThresholdPercent: 98\nimageMinimumGCAge: 0s\nimageMaximumGCAge: 3s\n",
     );
-    lab.agent.kill();
     lab.start_agent();
     lab.wait("the aged image to be removed", MIN, |l| (!has(l, AGED)).then_some(()));
     let log = lab.agent_log();
