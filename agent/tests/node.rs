@@ -31,12 +31,27 @@ impl ControlPlane {
         let dir = tempfile::Builder::new().prefix("ferro-agent-test-cp").tempdir().unwrap();
         let args = args.iter().map(|a| a.to_string()).collect();
         let mut cp = ControlPlane { dir, port: free_port(), proc: Proc(None), args };
-        cp.spawn();
+        // A port free_port handed out may be taken by another test's process before this one
+        // binds it: then again on another port.
+        for attempt in 0.. {
+            match cp.try_spawn() {
+                Ok(()) => break,
+                Err(log) if attempt < 4 && log.contains("Address already in use") => cp.port = free_port(),
+                Err(log) => panic!("{log}"),
+            }
+        }
         cp
     }
 
     /// Starts the binary (again) on the same data dir and port, waiting until it serves.
     fn spawn(&mut self) {
+        if let Err(log) = self.try_spawn() {
+            panic!("{log}");
+        }
+    }
+
+    fn try_spawn(&mut self) -> Result<(), String> {
+        let logged = self.log().len();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -54,13 +69,15 @@ impl ControlPlane {
         self.proc = Proc(Some(child));
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if self.dir.path().join("admin.kubeconfig").exists()
-                && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-            {
-                break;
+            let exited = self.proc.0.as_mut().unwrap().try_wait().unwrap();
+            if let Some(st) = exited {
+                self.proc = Proc(None);
+                let log = self.log();
+                return Err(format!("control plane exited with {st}: {}", log.get(logged..).unwrap_or(&log)));
             }
-            if let Some(st) = self.proc.0.as_mut().unwrap().try_wait().unwrap() {
-                panic!("control plane exited with {st}: {}", self.log());
+            // this process's listener, not whichever process took the port
+            if self.dir.path().join("admin.kubeconfig").exists() && ferro_lab::listens(self.proc.pid().unwrap(), self.port) {
+                return Ok(());
             }
             assert!(Instant::now() < deadline, "control plane did not start: {}", self.log());
             std::thread::sleep(Duration::from_millis(50));

@@ -288,34 +288,28 @@ impl Lab {
     }
 
     pub fn node_kubeconfig(&self) -> PathBuf {
-        let path = self.dir.path().join("node.kubeconfig");
-        if path.exists() {
-            return path;
-        }
-        let out = Command::new(sibling_bin("ferro-control-plane"))
-            .args(["kubeconfig", "--data-dir", self.dir.path().join("cp").to_str().unwrap()])
-            .args(["--user", &format!("system:node:{NODE}"), "--group", "system:nodes"])
-            .args(["--server", &format!("https://127.0.0.1:{API_PORT}")])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        std::fs::write(&path, out.stdout).unwrap();
-        path
+        self.kubeconfig_for("node.kubeconfig", &format!("system:node:{NODE}"), &["system:nodes"])
     }
 
     /// ferro-csi's own identity (user system:ferro-csi, bound to the ClusterRole of the same
     /// name), as install.sh gives it.
     pub fn csi_kubeconfig(&self) -> PathBuf {
-        let path = self.dir.path().join("csi.kubeconfig");
+        self.kubeconfig_for("csi.kubeconfig", "system:ferro-csi", &[])
+    }
+
+    /// A kubeconfig `file` (in the lab's dir, made once) with a client certificate for `user`
+    /// in `groups`, signed by the control plane's CA (`ferro-control-plane kubeconfig`).
+    fn kubeconfig_for(&self, file: &str, user: &str, groups: &[&str]) -> PathBuf {
+        let path = self.dir.path().join(file);
         if path.exists() {
             return path;
         }
-        let out = Command::new(sibling_bin("ferro-control-plane"))
-            .args(["kubeconfig", "--data-dir", self.dir.path().join("cp").to_str().unwrap()])
-            .args(["--user", "system:ferro-csi"])
-            .args(["--server", &format!("https://127.0.0.1:{API_PORT}")])
-            .output()
-            .unwrap();
+        let mut cmd = Command::new(sibling_bin("ferro-control-plane"));
+        cmd.args(["kubeconfig", "--data-dir", self.dir.path().join("cp").to_str().unwrap()]).args(["--user", user]);
+        for g in groups {
+            cmd.args(["--group", g]);
+        }
+        let out = cmd.args(["--server", &format!("https://127.0.0.1:{API_PORT}")]).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         std::fs::write(&path, out.stdout).unwrap();
         path

@@ -44,29 +44,11 @@ pub const FAST_ELECTION: &[&str] = &[
     "500ms",
 ];
 
+use ferro_lab::listens;
+
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
-}
-
-/// Whether process `pid` holds the listening socket on 127.0.0.1:`port` (/proc/net/tcp's
-/// listener inode among the process's descriptors).
-fn listens(pid: u32, port: u16) -> bool {
-    let Ok(tcp) = std::fs::read_to_string("/proc/net/tcp") else { return false };
-    let local = format!("0100007F:{port:04X}");
-    let sockets: Vec<String> = tcp
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.get(1) == Some(&local.as_str()) && f.get(3) == Some(&"0A")).then(|| f.get(9).map(|i| format!("socket:[{i}]")))?
-        })
-        .collect();
-    if sockets.is_empty() {
-        return false;
-    }
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
-    fds.flatten().any(|e| std::fs::read_link(e.path()).is_ok_and(|t| sockets.iter().any(|s| t.to_string_lossy() == s.as_str())))
 }
 
 impl Server {

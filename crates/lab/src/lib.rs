@@ -44,6 +44,27 @@ pub fn run(cmd: &mut Command) -> Result<Output> {
     Ok(out)
 }
 
+/// Whether process `pid` holds the listening socket on 127.0.0.1:`port` (/proc/net/tcp's
+/// listener inode among the process's descriptors): a port a test chose with a throwaway bind
+/// may have been taken by another test's process first, which a connect alone cannot tell.
+pub fn listens(pid: u32, port: u16) -> bool {
+    let Ok(tcp) = std::fs::read_to_string("/proc/net/tcp") else { return false };
+    let local = format!("0100007F:{port:04X}");
+    let sockets: Vec<String> = tcp
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1) == Some(&local.as_str()) && f.get(3) == Some(&"0A")).then(|| f.get(9).map(|i| format!("socket:[{i}]")))?
+        })
+        .collect();
+    if sockets.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.flatten().any(|e| std::fs::read_link(e.path()).is_ok_and(|t| sockets.iter().any(|s| t.to_string_lossy() == s.as_str())))
+}
+
 /// Fails unless the effective user is root.
 pub fn require_root() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
