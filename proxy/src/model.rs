@@ -186,6 +186,48 @@ pub struct FamilyModel {
     pub services: BTreeMap<ServicePortName, ServiceEntry>,
 }
 
+impl FamilyModel {
+    /// The service ports whose entry differs from what a renderer committed (`committed`: its
+    /// entry and rendering of each service port): added, changed or gone. `hint`, the names
+    /// the controller says changed, is looked at instead of comparing every entry; names in it
+    /// whose entry is in fact unchanged are left out either way.
+    pub fn changed_since<R, S: std::hash::BuildHasher>(
+        &self,
+        committed: &std::collections::HashMap<ServicePortName, (ServiceEntry, R), S>,
+        hint: Option<&BTreeSet<ServicePortName>>,
+    ) -> Vec<ServicePortName> {
+        let candidates: Vec<ServicePortName> = match hint {
+            Some(names) => names.iter().cloned().collect(),
+            None => {
+                let mut names: Vec<ServicePortName> = Vec::new();
+                let mut present = 0usize;
+                for (name, entry) in &self.services {
+                    match committed.get(name) {
+                        Some((e, _)) if e == entry => present += 1,
+                        Some(_) => {
+                            present += 1;
+                            names.push(name.clone());
+                        }
+                        None => names.push(name.clone()),
+                    }
+                }
+                if present < committed.len() {
+                    names.extend(committed.keys().filter(|n| !self.services.contains_key(*n)).cloned());
+                }
+                names
+            }
+        };
+        candidates
+            .into_iter()
+            .filter(|name| match (committed.get(name), self.services.get(name)) {
+                (Some((e, _)), Some(n)) => e != n,
+                (None, None) => false,
+                _ => true,
+            })
+            .collect()
+    }
+}
+
 /// Something in the input that was left out, and why (logged and turned into an Event by the
 /// controller; the rest is still programmed).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -932,6 +974,35 @@ mod tests {
 
     fn entry(port: ServicePort, eps: Vec<Endpoint>) -> ServiceEntry {
         ServiceEntry { port, endpoints: eps }
+    }
+
+    #[test]
+    fn changed_since_names_added_changed_and_gone_ports_with_or_without_a_hint() {
+        let named = |n: &str, ip: &str| {
+            let mut p = port(|p| p.name.name = n.into());
+            p.cluster_ip = ip.parse().unwrap();
+            entry(p, vec![ep("10.244.0.5", true, true, false, true, &[])])
+        };
+        let (same, changed_old, changed_new, gone, added) =
+            (named("same", "10.96.0.1"), named("chg", "10.96.0.2"), named("chg", "10.96.0.3"), named("gone", "10.96.0.4"), named("new", "10.96.0.5"));
+        let mut committed = std::collections::HashMap::new();
+        for e in [&same, &changed_old, &gone] {
+            committed.insert(e.port.name.clone(), (e.clone(), ()));
+        }
+        let model = FamilyModel {
+            family: Family::V4,
+            services: [&same, &changed_new, &added].into_iter().map(|e| (e.port.name.clone(), e.clone())).collect(),
+        };
+        let names = |v: Vec<ServicePortName>| v.into_iter().map(|n| n.name).collect::<BTreeSet<_>>();
+        let expected: BTreeSet<String> = ["chg", "gone", "new"].into_iter().map(String::from).collect();
+        assert_eq!(names(model.changed_since(&committed, None)), expected);
+        // told: an unchanged name in the hint is left out, a name outside it is not looked at
+        let hint: BTreeSet<ServicePortName> = [&same, &changed_new, &gone].into_iter().map(|e| e.port.name.clone()).collect();
+        let told: BTreeSet<String> = ["chg", "gone"].into_iter().map(String::from).collect();
+        assert_eq!(names(model.changed_since(&committed, Some(&hint))), told);
+        assert!(FamilyModel { family: Family::V4, services: BTreeMap::new() }
+            .changed_since(&std::collections::HashMap::<ServicePortName, (ServiceEntry, ())>::new(), None)
+            .is_empty());
     }
 
     fn ep(ip: &str, ready: bool, serving: bool, terminating: bool, local: bool, hints: &[&str]) -> Endpoint {

@@ -511,34 +511,8 @@ pub fn render_changed(
         }
         gone.extend(old.into_values().flat_map(|(_, r)| r.chains.into_iter().map(|(c, _)| c)));
     } else {
-        let look_at: Vec<ServicePortName> = match changed {
-            Some(names) => names.iter().cloned().collect(),
-            None => {
-                let mut names: Vec<ServicePortName> = Vec::new();
-                let mut present = 0usize;
-                for (name, entry) in &model.services {
-                    match state.services.get(name) {
-                        Some((e, _)) if e == entry => present += 1,
-                        Some(_) => {
-                            present += 1;
-                            names.push(name.clone());
-                        }
-                        None => names.push(name.clone()),
-                    }
-                }
-                if present < state.services.len() {
-                    names.extend(state.services.keys().filter(|n| !model.services.contains_key(*n)).cloned());
-                }
-                names
-            }
-        };
-        for name in &look_at {
+        for name in &model.changed_since(&state.services, changed) {
             let entry = model.services.get(name);
-            match (state.services.get(name), entry) {
-                (Some((e, _)), Some(n)) if e == n => continue,
-                (None, None) => continue,
-                _ => {}
-            }
             let prev = state.uncommit(name);
             let r = entry.map(|e| render_service(e, node, cfg, family));
             let prev_chains: HashMap<&str, &str> =
