@@ -343,6 +343,8 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
             health: health_tx.clone(),
             clock: ferro_agent::clock::Clock::System,
             period: ferro_agent::eviction::run::MONITORING_PERIOD,
+            cgroup_fs: Path::new("/sys/fs/cgroup").to_path_buf(),
+            cgroup_root: cfg.cgroup_root.clone(),
         }
         .run(),
     );

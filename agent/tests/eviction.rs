@@ -159,3 +159,56 @@ fn memory_pressure_evicts_the_pod_holding_the_most_memory() {
     lab.kubectl_ok(&["delete", "pod", "bystander", "hog", "--wait=true", "--timeout=60s"]);
     lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
 }
+
+/// PID pressure: a pid.available threshold of 100 % (met whatever the machine runs, never by
+/// the machine's own processes at risk) set once two BestEffort pods of equal priority run;
+/// the pod with more processes (counted in its cgroup) is evicted first, with upstream's
+/// message, and the node shows PIDPressure. The busy pod is the one the agent would take last
+/// without the counts (equal pods keep the order of their UIDs, smallest first).
+#[test]
+#[ignore = "privileged: needs root and containerd; run by scripts/test.sh"]
+fn pid_pressure_evicts_the_pod_with_the_most_processes_first() {
+    let mut lab = Lab::start("evictpid");
+    let pod = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sleep, '3600']\n"
+        )
+    };
+    let mut uids = Vec::new();
+    for name in ["one", "two"] {
+        lab.apply(&pod(name));
+        let p = lab.wait_pod(name, "Running", MIN, |p| p["status"]["phase"] == "Running");
+        uids.push((p["metadata"]["uid"].as_str().unwrap().to_string(), name));
+    }
+    uids.sort();
+    let (busy, quiet) = (uids[1].1, uids[0].1);
+    // 20 more processes in the busy pod: they outlive the exec's shell, and hold none of its
+    // streams (else the exec would not end)
+    lab.kubectl_ok(&["exec", busy, "--", "sh", "-c", "for i in $(seq 20); do sleep 3600 </dev/null >/dev/null 2>&1 & done"]);
+    let procs = lab.kubectl_ok(&["exec", busy, "--", "sh", "-c", "ps -o comm | grep -c sleep"]);
+    assert!(procs.trim().parse::<u32>().unwrap() >= 21, "{procs}");
+
+    lab.agent.kill();
+    lab.write_agent_config("evictionHard:\n  pid.available: 100%\nevictionPressureTransitionPeriod: 5s\n");
+    lab.start_agent();
+    let evicted = lab.wait_pod(busy, "evicted", Duration::from_secs(120), |p| p["status"]["phase"] == "Failed");
+    let st = &evicted["status"];
+    assert_eq!(st["reason"], "Evicted", "{st}");
+    let msg = st["message"].as_str().unwrap();
+    assert!(msg.starts_with("The node was low on resource: pids. Threshold quantity: "), "{msg}");
+    let node: Value = serde_json::from_str(&lab.kubectl_ok(&["get", "node", lab::NODE, "-o", "json"])).unwrap();
+    assert_eq!(condition(&node, "PIDPressure").as_deref(), Some("True"), "{}", node["status"]["conditions"]);
+    // the quiet pod went after the busy one, if at all yet (one pod per round, the next round
+    // after the evicted pod's cleanup): by the times of their DisruptionTarget conditions
+    let since = |p: &Value| {
+        p["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "DisruptionTarget")).and_then(|c| c["lastTransitionTime"].as_str().map(str::to_string))
+    };
+    let busy_at = since(&evicted).unwrap_or_else(|| panic!("no DisruptionTarget on {busy}: {st}"));
+    if let Some(quiet_at) = lab.pod(quiet).as_ref().and_then(since) {
+        assert!(quiet_at >= busy_at, "{quiet} evicted at {quiet_at}, before {busy} at {busy_at}");
+    }
+    let log = lab::plain(&lab.agent_log());
+    assert!(log.lines().any(|l| l.contains("node pressure changed") && l.contains("pid=true")), "no PIDPressure\n{log}");
+    lab.kubectl_ok(&["delete", "pod", "one", "two", "--wait=true", "--timeout=60s"]);
+    lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
+}

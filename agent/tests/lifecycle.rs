@@ -530,6 +530,8 @@ async fn the_eviction_manager_evicts_the_pod_using_the_most_memory_above_its_req
         health: Arc::new(health),
         clock: node.clock.clone(),
         period: run::MONITORING_PERIOD,
+        cgroup_fs: node.dir.path().join("cgroup"),
+        cgroup_root: String::new(),
     };
     let mut state = plan::State::default();
     let d = manager.round(&mut state).await.unwrap();

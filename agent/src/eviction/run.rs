@@ -38,6 +38,53 @@ pub struct Manager {
     pub health: Arc<tokio::sync::watch::Sender<Health>>,
     pub clock: Clock,
     pub period: Duration,
+    /// The cgroup mount (/sys/fs/cgroup) and the agent's --cgroup-root, where the pods'
+    /// cgroups are (their process counts rank pods under PID pressure).
+    pub cgroup_fs: PathBuf,
+    pub cgroup_root: String,
+}
+
+/// The processes (tasks, as upstream's pids.current) in pod `uid`'s cgroup: the unified
+/// hierarchy's or the v1 pids controller's `pids.current` of the pod cgroup (cgroupfs layout
+/// `<root>/kubepods[/<qos>]/pod<uid>`, systemd layout `kubepods[-<qos>]-pod<uid_>.slice`);
+/// without one, the processes listed in `cgroup.procs` through the pod's cgroup tree. 0 when
+/// the pod has no cgroup (yet).
+pub fn pod_processes(cgroup_fs: &Path, root: &str, uid: &str) -> u64 {
+    let rel = root.trim_start_matches('/');
+    let slice_uid = uid.replace('-', "_");
+    for hierarchy in [cgroup_fs.to_path_buf(), cgroup_fs.join("pids")] {
+        let base = if rel.is_empty() { hierarchy.clone() } else { hierarchy.join(rel) };
+        let mut candidates = Vec::new();
+        for qos in ["", "burstable", "besteffort"] {
+            let kubepods = base.join("kubepods");
+            candidates.push(if qos.is_empty() { kubepods.join(format!("pod{uid}")) } else { kubepods.join(qos).join(format!("pod{uid}")) });
+            let slices = base.join("kubepods.slice");
+            candidates.push(if qos.is_empty() {
+                slices.join(format!("kubepods-pod{slice_uid}.slice"))
+            } else {
+                slices.join(format!("kubepods-{qos}.slice")).join(format!("kubepods-{qos}-pod{slice_uid}.slice"))
+            });
+        }
+        if let Some(dir) = candidates.into_iter().find(|d| d.is_dir()) {
+            if let Some(n) = std::fs::read_to_string(dir.join("pids.current")).ok().and_then(|t| t.trim().parse().ok()) {
+                return n;
+            }
+            return procs_in_tree(&dir);
+        }
+    }
+    0
+}
+
+fn procs_in_tree(dir: &Path) -> u64 {
+    let own = std::fs::read_to_string(dir.join("cgroup.procs")).map(|t| t.lines().filter(|l| !l.trim().is_empty()).count() as u64).unwrap_or(0);
+    let children: u64 = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| procs_in_tree(&e.path()))
+        .sum();
+    own.saturating_add(children)
 }
 
 /// Bytes (allocated blocks, as `du`) and inodes under `dir` on the file system `dev`
@@ -138,7 +185,8 @@ impl Manager {
             pod.metadata.name.as_deref().unwrap_or("")
         ));
         let (lb, li) = dir_usage(&logs, dev);
-        PodUsage { pod, memory, disk: vb.saturating_add(lb).saturating_add(layer), inodes: vi.saturating_add(li), processes: 0 }
+        let processes = pod_processes(&self.cgroup_fs, &self.cgroup_root, &uid);
+        PodUsage { pod, memory, disk: vb.saturating_add(lb).saturating_add(layer), inodes: vi.saturating_add(li), processes }
     }
 
     /// After an eviction: until the pod's containers have stopped and its volumes are released,
@@ -154,5 +202,39 @@ impl Manager {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         tracing::warn!(uid, "the evicted pod was not cleaned up within 30 s");
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn write(path: &Path, text: &str) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+
+    #[test]
+    fn pod_processes_from_pids_current_or_the_procs_of_the_tree() {
+        let fs = tempfile::tempdir().unwrap();
+        let c = fs.path();
+        // unified hierarchy, cgroupfs layout under a cgroup root, pids controller on
+        write(&c.join("lab/kubepods/burstable/poda-1/pids.current"), "23\n");
+        write(&c.join("lab/kubepods/burstable/poda-1/ctr/cgroup.procs"), "1\n2\n");
+        assert_eq!(pod_processes(c, "/lab", "a-1"), 23);
+        // no pids.current: the processes of every cgroup below the pod's
+        write(&c.join("lab/kubepods/podb-2/cgroup.procs"), "");
+        write(&c.join("lab/kubepods/podb-2/sandbox/cgroup.procs"), "10\n");
+        write(&c.join("lab/kubepods/podb-2/app/cgroup.procs"), "11\n12\n13\n");
+        assert_eq!(pod_processes(c, "/lab", "b-2"), 4);
+        // systemd layout, no cgroup root
+        write(&c.join("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podc_3.slice/pids.current"), "7");
+        assert_eq!(pod_processes(c, "", "c-3"), 7);
+        // v1: the pids controller's hierarchy
+        write(&c.join("pids/kubepods/podd-4/pids.current"), "5");
+        assert_eq!(pod_processes(c, "", "d-4"), 5);
+        // a pod without a cgroup
+        assert_eq!(pod_processes(c, "/lab", "gone"), 0);
     }
 }
