@@ -174,7 +174,7 @@ async fn start_pods(
     name: &str,
     facts: &HostFacts,
     client: Option<kube::Client>,
-) -> anyhow::Result<PodWorkers> {
+) -> anyhow::Result<(PodWorkers, imagegc::Shared)> {
     let host_ips: Vec<String> = node::pick_internal_ip(cfg.node_ip, &facts.interfaces)
         .map(|ip| ip.to_string())
         .into_iter()
@@ -220,7 +220,8 @@ async fn start_pods(
     let node_events = client
         .clone()
         .map(|c| imagegc::NodeEvents::new(ferro_runtime::events::Recorder::new(c, "kubelet").with_host(name), name));
-    tokio::spawn(imagegc::image_gc_loop(std::sync::Arc::new(cri::connect_lazy(&cfg.runtime_socket)), cfg.image_gc(), node_events));
+    let image_gc = imagegc::ImageGc::new(std::sync::Arc::new(cri::connect_lazy(&cfg.runtime_socket)), cfg.image_gc(), node_events).shared();
+    tokio::spawn(imagegc::image_gc_loop(image_gc.clone()));
     if let Some(dir) = cfg.static_pod_path.clone() {
         // The first read happens before anything is cleaned up, so running static pods are
         // recognised after a restart.
@@ -245,7 +246,7 @@ async fn start_pods(
         workers.start();
         workers.queue_all().await;
     }
-    Ok(workers)
+    Ok((workers, image_gc))
 }
 
 async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
@@ -291,7 +292,7 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         }
         (c, _) => (c, None),
     };
-    let workers = start_pods(&cfg, &name, &facts, client.clone()).await?;
+    let (workers, image_gc) = start_pods(&cfg, &name, &facts, client.clone()).await?;
     let csi_drivers = std::sync::Arc::new(ferro_agent::csi::registry::Drivers::default());
     let mounter = std::sync::Arc::new(ferro_agent::csi::mounter::CsiMounter {
         root: cfg.root_dir.clone(),
@@ -345,6 +346,7 @@ async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
             period: ferro_agent::eviction::run::MONITORING_PERIOD,
             cgroup_fs: Path::new("/sys/fs/cgroup").to_path_buf(),
             cgroup_root: cfg.cgroup_root.clone(),
+            image_gc: Some(image_gc),
         }
         .run(),
     );

@@ -212,3 +212,77 @@ fn pid_pressure_evicts_the_pod_with_the_most_processes_first() {
     lab.kubectl_ok(&["delete", "pod", "one", "two", "--wait=true", "--timeout=60s"]);
     lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
 }
+
+/// Bytes available on containerd's root (the image filesystem, mounted in containerd's mount
+/// namespace only), as statvfs says: `stat -f` run there.
+fn image_fs_available(lab: &Lab) -> u64 {
+    let pid = lab.ctrd.pid().unwrap().to_string();
+    let root = lab.ctrd.dir().join("root");
+    let out = ok(Command::new("nsenter").args(["--target", &pid, "--mount", "--", "stat", "-f", "-c", "%a %S"]).arg(&root));
+    let mut f = out.split_whitespace().map(|n| n.parse::<u64>().unwrap());
+    f.next().unwrap() * f.next().unwrap()
+}
+
+/// `ctr images ls -q` of the CRI namespace.
+fn image_names(lab: &Lab) -> Vec<String> {
+    lab.ctrd.ctr(&["images", "ls", "-q"]).unwrap().lines().map(str::to_string).collect()
+}
+
+/// imagefs.available on a dedicated image filesystem (containerd's root on 256 MiB of its own,
+/// the agent's root dir on the host's): a threshold between what is available with an unused
+/// 40 MiB image and without it. The agent removes the unused image before evicting anything
+/// (upstream's node-level reclaim, with periodic image GC off), sees the pressure relieved and
+/// evicts no pod; busybox (in use) and pause (the sandbox image) stay, DiskPressure was set.
+#[test]
+#[ignore = "privileged: needs root, containerd and loop devices; run by scripts/test.sh"]
+fn image_pressure_removes_unused_images_instead_of_evicting() {
+    const UNUSED: &str = "registry.ferro.test/filler:1";
+    let mut lab = Lab::start_on("evictimg", lab::NO_IMAGE_GC, None, Some(256 << 20));
+    lab.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: keep\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    imagePullPolicy: Never\n    command: [sleep, '3600']\n"
+    ));
+    let pod = lab.wait_pod("keep", "Running", MIN, |p| p["status"]["phase"] == "Running");
+    let container = pod["status"]["containerStatuses"][0]["containerID"].as_str().unwrap().to_string();
+
+    // An image nobody uses, of 40 MiB of random bytes (its layer does not compress).
+    let before = image_fs_available(&lab);
+    let work = lab.dir.path().join("images").join("filler");
+    let rootfs = work.join("rootfs");
+    std::fs::create_dir_all(&rootfs).unwrap();
+    let mut random = std::io::Read::take(std::fs::File::open("/dev/urandom").unwrap(), 40 << 20);
+    std::io::copy(&mut random, &mut std::fs::File::create(rootfs.join("filler.bin")).unwrap()).unwrap();
+    let tar = ferro_lab::images::image(&work, "filler", &rootfs, &["/nothing"], &[], UNUSED).unwrap();
+    lab.ctrd.import(&tar).unwrap();
+    let with_image = image_fs_available(&lab);
+    assert!(before > with_image + (40 << 20), "the image takes at least 40 MiB: {before} -> {with_image}");
+    // Met with the image, not without it (what it takes, halved, as the margin either way).
+    let threshold = with_image + (before - with_image) / 2;
+
+    lab.agent.kill();
+    lab.write_agent_config(&format!(
+        "imageGCHighThresholdPercent: 100\nimageMinimumGCAge: 0s\nevictionHard:\n  imagefs.available: \"{threshold}\"\n  nodefs.available: 1%\n"
+    ));
+    lab.start_agent();
+    lab.wait("the unused image to be removed", Duration::from_secs(120), |l| (!image_names(l).iter().any(|n| n == UNUSED)).then_some(()));
+    lab.wait("the agent to find the pressure relieved", MIN, |l| {
+        lab::plain(&l.agent_log()).contains("able to reduce resource pressure without evicting pods").then_some(())
+    });
+    let log = lab::plain(&lab.agent_log());
+    assert!(log.lines().any(|l| l.contains("removed unused image to relieve disk pressure") && l.contains(UNUSED)), "{log}");
+    assert!(log.lines().any(|l| l.contains("node pressure changed") && l.contains("disk=true")), "no DiskPressure\n{log}");
+    assert!(!log.contains("eviction threshold met"), "no pod is evicted\n{log}");
+    assert!(image_fs_available(&lab) > threshold, "relieved on the file system too");
+    let names = image_names(&lab);
+    assert!(names.iter().any(|n| n == BUSYBOX) && names.iter().any(|n| n == ferro_lab::images::PAUSE_IMAGE), "{names:?}");
+    // The threshold was met: DiskPressure, held for the transition period (5 min).
+    lab.wait("DiskPressure on the node", MIN, |l| {
+        let n: Value = serde_json::from_str(&l.kubectl_ok(&["get", "node", lab::NODE, "-o", "json"])).ok()?;
+        (condition(&n, "DiskPressure").as_deref() == Some("True")).then_some(())
+    });
+    let pod = lab.pod("keep").unwrap();
+    assert_eq!(pod["status"]["phase"], "Running", "{}", pod["status"]);
+    assert_eq!(pod["status"]["containerStatuses"][0]["containerID"], container.as_str());
+    assert_eq!(pod["status"]["containerStatuses"][0]["restartCount"], 0);
+    lab.kubectl_ok(&["delete", "pod", "keep", "--wait=true", "--timeout=60s"]);
+    lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
+}

@@ -497,6 +497,94 @@ async fn an_evicted_pod_fails_with_the_disruption_target_and_releases_its_volume
     assert_eq!(node.fake.starts("late", "app"), 0);
 }
 
+/// imagefs.available met: the unused images are removed first (not the running pod's, not the
+/// sandbox image), the image filesystem observed again; still starved (a 100 % threshold
+/// cannot be relieved), so the pod is evicted for imagefs.available after all.
+#[tokio::test(start_paused = true)]
+async fn disk_pressure_removes_unused_images_before_evicting() {
+    use ferro_agent::eviction::{plan, run};
+    use ferro_agent::pod::imagegc;
+    const UNUSED: &str = "registry.test/unused:1";
+    const PAUSE: &str = "registry.test/pause:3.9";
+    let node = Node::new();
+    node.fake.add_image(UNUSED);
+    node.fake.add_image(PAUSE);
+    node.fake.set_sandbox_image(PAUSE);
+    let image_fs = node.dir.path().join("containerd");
+    std::fs::create_dir_all(&image_fs).unwrap();
+    node.fake.set_image_fs(&image_fs);
+    let w = node.agent();
+    w.upsert(pod("writer", json!({"containers": [container("writer")]})), Source::Api);
+    node.fake.set_usage("writer", 10 << 20, 200 << 20);
+    until("writer running", || node.fake.running("writer") == ["writer"]).await;
+
+    let proc = node.dir.path().join("proc");
+    std::fs::create_dir_all(proc.join("sys/kernel")).unwrap();
+    std::fs::write(proc.join("meminfo"), "MemTotal:        4194304 kB\nMemAvailable:    2097152 kB\n").unwrap();
+    std::fs::write(proc.join("sys/kernel/pid_max"), "4194304\n").unwrap();
+    std::fs::write(proc.join("loadavg"), "0.00 0.00 0.00 1/120 999\n").unwrap();
+    std::fs::create_dir_all(node.dir.path().join("root")).unwrap();
+    let gc_cfg = imagegc::ImageGcConfig {
+        // Periodic GC off: the node-level reclaim still runs, as upstream's.
+        high_threshold_percent: 100,
+        low_threshold_percent: 80,
+        min_age: Duration::ZERO,
+        max_age: Duration::ZERO,
+        period: Duration::from_secs(300),
+    };
+    let (health, watch) = tokio::sync::watch::channel(ferro_agent::node::Health::default());
+    let mut manager = run::Manager {
+        config: plan::Config {
+            hard: std::collections::BTreeMap::from([(plan::Signal::ImagefsAvailable, plan::Threshold::Percent(100.0))]),
+            ..plan::Config::default()
+        },
+        proc,
+        root_dir: node.dir.path().join("root"),
+        pod_log_root: node.dir.path().join("logs"),
+        workers: w.clone(),
+        cri: node.fake.clone(),
+        health: Arc::new(health),
+        clock: node.clock.clone(),
+        period: run::MONITORING_PERIOD,
+        cgroup_fs: node.dir.path().join("cgroup"),
+        cgroup_root: String::new(),
+        image_gc: Some(imagegc::ImageGc::new(node.fake.clone(), gc_cfg, None).shared()),
+    };
+    let d = manager.round(&mut plan::State::default()).await.unwrap();
+    assert!(d.disk_pressure && watch.borrow().disk_pressure);
+    assert_eq!(d.reclaim, Some(plan::Signal::ImagefsAvailable));
+    let removed: Vec<String> = node
+        .fake
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::RemoveImage { image } => Some(image),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(removed.len(), 1, "only the unused image goes: {removed:?}");
+    let left: Vec<String> = {
+        use ferro_agent::cri::Cri as _;
+        node.fake.list_images().await.unwrap().into_iter().flat_map(|i| i.repo_tags).collect()
+    };
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.iter().any(|t| t == IMAGE) && left.iter().any(|t| t == PAUSE), "in use and the sandbox image stay: {left:?}");
+    let e = d.evict.expect("a 100 % threshold stays met: the pod is evicted after the reclaim");
+    assert_eq!((e.name.as_str(), e.signal), ("writer", plan::Signal::ImagefsAvailable));
+    // On a shared image filesystem the pod counts its writable layer (200Mi) with its logs and
+    // volumes (a few KiB of directories).
+    let using_ki: u64 = e
+        .message
+        .split("Pod was using ")
+        .nth(1)
+        .and_then(|r| r.split("Ki,").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{}", e.message));
+    assert!(e.message.starts_with("The node was low on resource: ephemeral-storage. "), "{}", e.message);
+    assert!((200 << 10..201 << 10).contains(&using_ki), "{}", e.message);
+    until("writer evicted", || phase(&w, "writer") == "Failed").await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_eviction_manager_evicts_the_pod_using_the_most_memory_above_its_request() {
     use ferro_agent::eviction::{plan, run};
@@ -532,6 +620,7 @@ async fn the_eviction_manager_evicts_the_pod_using_the_most_memory_above_its_req
         period: run::MONITORING_PERIOD,
         cgroup_fs: node.dir.path().join("cgroup"),
         cgroup_root: String::new(),
+        image_gc: None,
     };
     let mut state = plan::State::default();
     let d = manager.round(&mut state).await.unwrap();

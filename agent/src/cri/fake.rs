@@ -84,6 +84,10 @@ struct State {
     cpu: HashMap<String, u64>,
     /// Every call with the clock's time when it was made.
     calls: Vec<(i64, Call)>,
+    /// The image filesystem's mountpoint ImageFsInfo names (/var/lib/containerd unless set).
+    image_fs: Option<String>,
+    /// The sandbox image the Status info's config names (none unless set).
+    sandbox_image: Option<String>,
 }
 
 /// The in-memory runtime. Cheap to share: wrap it in an `Arc` and hand a clone to the agent.
@@ -138,6 +142,16 @@ impl FakeCri {
             image.to_string(),
             api::Image { id, repo_tags: vec![image.to_string()], size: 1 << 20, ..Default::default() },
         );
+    }
+
+    /// The mountpoint ImageFsInfo names from now on.
+    pub fn set_image_fs(&self, mountpoint: &std::path::Path) {
+        self.lock().image_fs = Some(mountpoint.display().to_string());
+    }
+
+    /// The sandbox image the runtime's Status info names (as containerd's `sandboxImage`).
+    pub fn set_sandbox_image(&self, image: &str) {
+        self.lock().sandbox_image = Some(image.to_string());
     }
 
     /// Pulls of `image` fail with `message`.
@@ -545,14 +559,19 @@ impl Cri for FakeCri {
         let used: u64 = s.images.values().map(|i| i.size).sum();
         Ok(vec![api::FilesystemUsage {
             timestamp: self.clock.now_ns(),
-            fs_id: Some(api::FilesystemIdentifier { mountpoint: "/var/lib/containerd".into() }),
+            fs_id: Some(api::FilesystemIdentifier {
+                mountpoint: s.image_fs.clone().unwrap_or_else(|| "/var/lib/containerd".into()),
+            }),
             used_bytes: Some(api::UInt64Value { value: used }),
             inodes_used: None,
         }])
     }
 
     async fn status_info(&self) -> Result<HashMap<String, String>, CriError> {
-        Ok(HashMap::new())
+        Ok(match &self.lock().sandbox_image {
+            Some(image) => HashMap::from([("config".to_string(), serde_json::json!({ "sandboxImage": image }).to_string())]),
+            None => HashMap::new(),
+        })
     }
 
     async fn list_container_stats(&self, labels: HashMap<String, String>) -> Result<Vec<api::ContainerStats>, CriError> {

@@ -208,6 +208,11 @@ pub struct PodUsage<'a> {
     pub disk: u64,
     /// Inodes of the same.
     pub inodes: u64,
+    /// Bytes and inodes the pod is ranked by for the imagefs signals: the same as `disk` and
+    /// `inodes` when the image filesystem is the node's, its containers' writable layers alone
+    /// on a dedicated one (upstream's ranking).
+    pub imagefs_disk: u64,
+    pub imagefs_inodes: u64,
     pub processes: u64,
 }
 
@@ -230,7 +235,25 @@ pub struct Decision {
     pub pid_pressure: bool,
     /// The thresholds met now (for the log): signal, hard.
     pub met: Vec<(Signal, bool)>,
+    /// The signal whose node-level resources are reclaimed before a pod is evicted (upstream's
+    /// reclaimNodeLevelResources): the first threshold past its grace period, when it is a
+    /// disk one (unused images go; the eviction stands only if the resource is still
+    /// [`starved`] afterwards).
+    pub reclaim: Option<Signal>,
     pub evict: Option<Eviction>,
+}
+
+/// Whether `signal` has node-level resources to reclaim before pods are evicted for it.
+pub fn node_reclaim(signal: Signal) -> bool {
+    signal.pressure() == Pressure::Disk
+}
+
+/// Whether any threshold (hard or soft) of a signal of `resource` is met under `obs`: after
+/// the node-level reclaim, an eviction for that resource goes ahead only if so.
+pub fn starved(cfg: &Config, obs: &Observations, resource: &str) -> bool {
+    cfg.hard.iter().chain(cfg.soft.iter()).any(|(signal, th)| {
+        signal.resource() == resource && obs.get(signal).is_some_and(|o| o.available < th.amount(o.capacity))
+    })
 }
 
 /// Upstream's immediateEvictionGracePeriodSeconds.
@@ -282,9 +305,13 @@ pub fn rank<'a>(signal: Signal, pods: &[PodUsage<'a>]) -> Vec<PodUsage<'a>> {
     };
     match signal {
         Signal::MemoryAvailable => v.sort_by(by_usage(|p| p.memory, "memory")),
-        Signal::NodefsAvailable | Signal::ImagefsAvailable => v.sort_by(by_usage(|p| p.disk, "ephemeral-storage")),
-        Signal::NodefsInodesFree | Signal::ImagefsInodesFree => {
+        Signal::NodefsAvailable => v.sort_by(by_usage(|p| p.disk, "ephemeral-storage")),
+        Signal::ImagefsAvailable => v.sort_by(by_usage(|p| p.imagefs_disk, "ephemeral-storage")),
+        Signal::NodefsInodesFree => {
             v.sort_by(|a, b| priority(a.pod).cmp(&priority(b.pod)).then(b.inodes.cmp(&a.inodes)));
+        }
+        Signal::ImagefsInodesFree => {
+            v.sort_by(|a, b| priority(a.pod).cmp(&priority(b.pod)).then(b.imagefs_inodes.cmp(&a.imagefs_inodes)));
         }
         Signal::PidAvailable => {
             v.sort_by(|a, b| priority(a.pod).cmp(&priority(b.pod)).then(b.processes.cmp(&a.processes)));
@@ -311,7 +338,8 @@ fn message(signal: Signal, threshold: u64, available: u64, usage: &PodUsage) -> 
     );
     let (used, req) = match signal {
         Signal::MemoryAvailable => (usage.memory, request(usage.pod, "memory")),
-        Signal::NodefsAvailable | Signal::ImagefsAvailable => (usage.disk, request(usage.pod, "ephemeral-storage")),
+        Signal::NodefsAvailable => (usage.disk, request(usage.pod, "ephemeral-storage")),
+        Signal::ImagefsAvailable => (usage.imagefs_disk, request(usage.pod, "ephemeral-storage")),
         _ => return m,
     };
     m.push_str(&format!(
@@ -348,6 +376,7 @@ pub fn decide(cfg: &Config, state: &mut State, obs: &Observations, pods: &[PodUs
         disk_pressure: under(Pressure::Disk),
         pid_pressure: under(Pressure::Pid),
         met: met.iter().map(|(s, h, ..)| (*s, *h)).collect(),
+        reclaim: None,
         evict: None,
     };
     // Thresholds whose grace period is over, in reclaim order (hard first on a signal).
@@ -362,6 +391,7 @@ pub fn decide(cfg: &Config, state: &mut State, obs: &Observations, pods: &[PodUs
         })
         .collect();
     ready.sort_by_key(|(s, hard, ..)| (*s, !*hard));
+    d.reclaim = ready.first().map(|(s, ..)| *s).filter(|s| node_reclaim(*s));
     for (signal, hard, threshold, o) in ready {
         let Some(victim) = rank(*signal, pods).into_iter().next() else { continue };
         let pod_grace = victim
@@ -417,7 +447,7 @@ mod tests {
     }
 
     fn usage(pod: &Pod, memory: u64, disk: u64) -> PodUsage<'_> {
-        PodUsage { pod, memory, disk, inodes: 0, processes: 0 }
+        PodUsage { pod, memory, disk, inodes: 0, imagefs_disk: disk, imagefs_inodes: 0, processes: 0 }
     }
 
     fn obs(signal: Signal, available: u64, capacity: u64) -> Observations {
@@ -532,8 +562,8 @@ mod tests {
         assert_eq!(d.evict.unwrap().name, "mem");
         let (few, many) = (pod("few", json!({})), pod("many", json!({})));
         let pods = [
-            PodUsage { pod: &few, memory: 0, disk: 0, inodes: 0, processes: 3 },
-            PodUsage { pod: &many, memory: 0, disk: 0, inodes: 0, processes: 300 },
+            PodUsage { pod: &few, memory: 0, disk: 0, inodes: 0, imagefs_disk: 0, imagefs_inodes: 0, processes: 3 },
+            PodUsage { pod: &many, memory: 0, disk: 0, inodes: 0, imagefs_disk: 0, imagefs_inodes: 0, processes: 300 },
         ];
         let cfg = Config { hard: BTreeMap::from([(Signal::PidAvailable, Threshold::Quantity(100))]), ..Config::default() };
         let d = decide(&cfg, &mut State::default(), &obs(Signal::PidAvailable, 50, 4096), &pods, 0);
@@ -541,6 +571,76 @@ mod tests {
         let e = d.evict.unwrap();
         assert_eq!(e.name, "many");
         assert_eq!(e.message, "The node was low on resource: pids. Threshold quantity: 100, available: 50. ");
+    }
+
+    #[test]
+    fn disk_signals_reclaim_node_level_resources_first_memory_does_not() {
+        let (m, dsk) = (pod("mem", json!({})), pod("disk", json!({})));
+        let pods = [usage(&m, 500 * MI, 0), usage(&dsk, 0, 900 * MI)];
+        // imagefs.available below upstream's 15 %: unused images are reclaimed first.
+        let low_images = obs(Signal::ImagefsAvailable, 100 * MI, 1000 * MI);
+        let d = decide(&Config::default(), &mut State::default(), &low_images, &pods, 0);
+        assert!(d.disk_pressure);
+        assert_eq!(d.reclaim, Some(Signal::ImagefsAvailable));
+        assert_eq!(d.evict.as_ref().unwrap().name, "disk", "the eviction planned if the reclaim does not relieve it");
+        // Memory comes first and has nothing to reclaim at node level.
+        let mut both = low_images.clone();
+        both.insert(Signal::MemoryAvailable, Observation { available: 0, capacity: 1 << 30 });
+        let d = decide(&Config::default(), &mut State::default(), &both, &pods, 0);
+        assert_eq!((d.reclaim, d.evict.unwrap().name.as_str()), (None, "mem"));
+        // A soft disk threshold within its grace period: nothing ready, nothing reclaimed.
+        let cfg = Config {
+            hard: BTreeMap::new(),
+            soft: BTreeMap::from([(Signal::NodefsAvailable, Threshold::Percent(50.0))]),
+            soft_grace: BTreeMap::from([(Signal::NodefsAvailable, Duration::from_secs(60))]),
+            ..Config::default()
+        };
+        let d = decide(&cfg, &mut State::default(), &obs(Signal::NodefsAvailable, 100 * MI, 1000 * MI), &pods, 0);
+        assert!(d.disk_pressure && d.reclaim.is_none() && d.evict.is_none());
+    }
+
+    #[test]
+    fn starved_after_reclaim_looks_at_every_threshold_of_the_resource() {
+        let cfg = Config::default(); // nodefs.available < 10 %, imagefs.available < 15 %
+        let at = |nodefs: u64, imagefs: u64| {
+            let mut o = obs(Signal::NodefsAvailable, nodefs * MI, 1000 * MI);
+            o.insert(Signal::ImagefsAvailable, Observation { available: imagefs * MI, capacity: 1000 * MI });
+            o
+        };
+        assert!(starved(&cfg, &at(500, 100), "ephemeral-storage"), "imagefs still below 15 %");
+        assert!(starved(&cfg, &at(50, 500), "ephemeral-storage"), "nodefs below 10 %");
+        assert!(!starved(&cfg, &at(500, 200), "ephemeral-storage"), "relieved");
+        assert!(!starved(&cfg, &at(50, 100), "memory"), "another resource");
+        // A soft threshold counts too (upstream looks at every threshold met).
+        let soft = Config {
+            soft: BTreeMap::from([(Signal::ImagefsAvailable, Threshold::Percent(30.0))]),
+            soft_grace: BTreeMap::from([(Signal::ImagefsAvailable, Duration::from_secs(60))]),
+            ..Config::default()
+        };
+        assert!(starved(&soft, &at(500, 200), "ephemeral-storage"));
+    }
+
+    #[test]
+    fn imagefs_signals_rank_by_what_the_pod_holds_on_the_image_filesystem() {
+        let (logs, layers) = (pod("logs", json!({})), pod("layers", json!({})));
+        // On a dedicated image filesystem: "logs" writes its volumes and logs (node fs),
+        // "layers" its containers' writable layers (image fs).
+        let pods = [
+            PodUsage { pod: &logs, memory: 0, disk: 800 * MI, inodes: 9000, imagefs_disk: 0, imagefs_inodes: 0, processes: 0 },
+            PodUsage { pod: &layers, memory: 0, disk: 100 * MI, inodes: 10, imagefs_disk: 300 * MI, imagefs_inodes: 5000, processes: 0 },
+        ];
+        let names = |s: Signal| -> Vec<String> { rank(s, &pods).iter().map(|p| p.pod.metadata.name.clone().unwrap()).collect() };
+        assert_eq!(names(Signal::NodefsAvailable), ["logs", "layers"]);
+        assert_eq!(names(Signal::ImagefsAvailable), ["layers", "logs"]);
+        assert_eq!(names(Signal::NodefsInodesFree), ["logs", "layers"]);
+        assert_eq!(names(Signal::ImagefsInodesFree), ["layers", "logs"]);
+        let d = decide(&Config::default(), &mut State::default(), &obs(Signal::ImagefsAvailable, 100 * MI, 1000 * MI), &pods, 0);
+        let e = d.evict.unwrap();
+        assert_eq!(e.name, "layers");
+        assert_eq!(
+            e.message,
+            "The node was low on resource: ephemeral-storage. Threshold quantity: 150Mi, available: 100Mi. Pod was using 300Mi, request is 0, has larger consumption of ephemeral-storage. "
+        );
     }
 
     #[test]

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::plan::{self, Config, Decision, Observations, PodUsage, State};
+use super::plan::{self, Config, Decision, Observation, Observations, PodUsage, Signal, State};
 use crate::clock::Clock;
 use crate::cri::Cri;
 use crate::node::Health;
 use crate::pod::exec::PodWorkers;
+use crate::pod::imagegc;
 use crate::pod::model;
 use crate::pod::plan::admission::NodePressure;
 use crate::pod::volume;
@@ -42,6 +43,45 @@ pub struct Manager {
     /// cgroups are (their process counts rank pods under PID pressure).
     pub cgroup_fs: PathBuf,
     pub cgroup_root: String,
+    /// The image collector shared with the periodic image GC: unused images are removed
+    /// before a pod is evicted for disk pressure (None: no node-level reclaim).
+    pub image_gc: Option<imagegc::Shared>,
+}
+
+/// The image filesystem as the runtime names it (CRI ImageFsInfo), measured by statvfs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageFs {
+    pub available: Observation,
+    pub inodes_free: Observation,
+    /// On a file system of its own, not the node's (the agent's root dir's).
+    pub dedicated: bool,
+}
+
+impl ImageFs {
+    /// statvfs of `mountpoint`; dedicated when its device is not `node_dev`'s.
+    pub fn measure(mountpoint: &Path, node_dev: u64) -> Option<ImageFs> {
+        let st = nix::sys::statvfs::statvfs(mountpoint).ok()?;
+        let dev = std::fs::metadata(mountpoint).ok()?.dev();
+        #[allow(clippy::useless_conversion)]
+        let frag = u64::from(st.fragment_size());
+        #[allow(clippy::useless_conversion)]
+        Some(ImageFs {
+            available: Observation {
+                available: u64::from(st.blocks_available()).saturating_mul(frag),
+                capacity: u64::from(st.blocks()).saturating_mul(frag),
+            },
+            inodes_free: Observation { available: u64::from(st.files_available()), capacity: u64::from(st.files()) },
+            dedicated: dev != node_dev,
+        })
+    }
+}
+
+/// What a pod's containers use, from CRI ListContainerStats.
+#[derive(Debug, Clone, Copy, Default)]
+struct RuntimeUsage {
+    working_set: u64,
+    layer_bytes: u64,
+    layer_inodes: u64,
 }
 
 /// The processes (tasks, as upstream's pids.current) in pod `uid`'s cgroup: the unified
@@ -107,10 +147,11 @@ pub fn dir_usage(dir: &Path, dev: u64) -> (u64, u64) {
     (bytes, inodes)
 }
 
-/// Memory working set and writable-layer bytes of each pod's running containers, by pod UID.
-async fn runtime_usage(cri: &dyn Cri) -> HashMap<String, (u64, u64)> {
+/// Memory working set and writable-layer bytes and inodes of each pod's running containers,
+/// by pod UID.
+async fn runtime_usage(cri: &dyn Cri) -> HashMap<String, RuntimeUsage> {
     let selector = HashMap::from([(model::LABEL_MANAGED_BY.to_string(), model::MANAGED_BY.to_string())]);
-    let mut out: HashMap<String, (u64, u64)> = HashMap::new();
+    let mut out: HashMap<String, RuntimeUsage> = HashMap::new();
     match cri.list_container_stats(selector).await {
         Ok(stats) => {
             for s in stats {
@@ -118,10 +159,12 @@ async fn runtime_usage(cri: &dyn Cri) -> HashMap<String, (u64, u64)> {
                     continue;
                 };
                 let ws = s.memory.and_then(|m| m.working_set_bytes).map_or(0, |v| v.value);
-                let layer = s.writable_layer.and_then(|w| w.used_bytes).map_or(0, |v| v.value);
+                let layer = s.writable_layer.as_ref().and_then(|w| w.used_bytes.as_ref()).map_or(0, |v| v.value);
+                let inodes = s.writable_layer.as_ref().and_then(|w| w.inodes_used.as_ref()).map_or(0, |v| v.value);
                 let e = out.entry(uid).or_default();
-                e.0 = e.0.saturating_add(ws);
-                e.1 = e.1.saturating_add(layer);
+                e.working_set = e.working_set.saturating_add(ws);
+                e.layer_bytes = e.layer_bytes.saturating_add(layer);
+                e.layer_inodes = e.layer_inodes.saturating_add(inodes);
             }
         }
         Err(e) => tracing::debug!(error = %e, "container stats unavailable; memory usage counts as 0"),
@@ -142,19 +185,38 @@ impl Manager {
         }
     }
 
-    /// The node's signals now (None when /proc or the root dir cannot be read).
-    fn observe(&self) -> Option<Observations> {
-        crate::node::Signals::read(&self.proc, &self.root_dir).map(|s| s.observations())
+    /// The node's signals now (None when /proc or the root dir cannot be read): /proc, statvfs
+    /// of the root dir (nodefs) and of the image filesystem the runtime names (imagefs; left
+    /// out while the runtime does not answer), and whether that one is dedicated.
+    async fn observe(&self, node_dev: u64) -> Option<(Observations, bool)> {
+        let mut obs = crate::node::Signals::read(&self.proc, &self.root_dir).map(|s| s.observations())?;
+        let image_fs = match self.cri.image_fs_info().await {
+            Ok(list) => list
+                .first()
+                .and_then(|f| f.fs_id.as_ref())
+                .and_then(|id| ImageFs::measure(Path::new(&id.mountpoint), node_dev)),
+            Err(e) => {
+                tracing::debug!(error = %e, "image filesystem unknown; imagefs signals not observed");
+                None
+            }
+        };
+        let dedicated = image_fs.is_some_and(|f| f.dedicated);
+        if let Some(f) = image_fs {
+            obs.insert(Signal::ImagefsAvailable, f.available);
+            obs.insert(Signal::ImagefsInodesFree, f.inodes_free);
+        }
+        Some((obs, dedicated))
     }
 
-    /// One round: observe, decide, publish the conditions, evict at most one pod.
+    /// One round: observe, decide, publish the conditions, reclaim unused images first when
+    /// the signal is a disk one, evict at most one pod.
     pub async fn round(&mut self, state: &mut State) -> Option<Decision> {
-        let obs = self.observe()?;
+        let dev = std::fs::metadata(&self.root_dir).map(|m| m.dev()).ok()?;
+        let (obs, dedicated) = self.observe(dev).await?;
         let pods = self.workers.active_pods();
         let runtime = runtime_usage(self.cri.as_ref()).await;
-        let dev = std::fs::metadata(&self.root_dir).map(|m| m.dev()).ok()?;
-        let usages: Vec<PodUsage> = pods.iter().map(|p| self.usage(p, &runtime, dev)).collect();
-        let d = plan::decide(&self.config, state, &obs, &usages, self.clock.now_ns());
+        let usages: Vec<PodUsage> = pods.iter().map(|p| self.usage(p, &runtime, dev, dedicated)).collect();
+        let mut d = plan::decide(&self.config, state, &obs, &usages, self.clock.now_ns());
         let pressure = NodePressure { memory: d.memory_pressure, disk: d.disk_pressure, pid: d.pid_pressure };
         self.workers.set_pressure(pressure);
         self.health.send_if_modified(|h| {
@@ -167,6 +229,14 @@ impl Manager {
             }
             changed
         });
+        if let Some(signal) = d.reclaim {
+            // As upstream: relieved by the node-level reclaim, no pod is evicted this round.
+            let resource = signal.resource();
+            if self.reclaim_node_level(signal, dedicated, dev, resource).await {
+                tracing::info!(signal = signal.as_str(), resource, "able to reduce resource pressure without evicting pods");
+                d.evict = None;
+            }
+        }
         if let Some(e) = &d.evict {
             tracing::warn!(pod = %format!("{}/{}", e.namespace, e.name), signal = e.signal.as_str(), "eviction threshold met");
             self.workers.evict(&e.uid, &e.message, e.grace_seconds);
@@ -174,9 +244,29 @@ impl Manager {
         Some(d)
     }
 
-    fn usage<'a>(&self, pod: &'a Pod, runtime: &HashMap<String, (u64, u64)>, dev: u64) -> PodUsage<'a> {
+    /// Upstream's reclaimNodeLevelResources for `signal`: removes the unused images (on a
+    /// dedicated image filesystem only for the imagefs signals, as upstream's nodefs reclaim
+    /// there is dead containers alone), observes again and says whether `resource` is no
+    /// longer starved.
+    async fn reclaim_node_level(&self, signal: Signal, dedicated: bool, dev: u64, resource: &str) -> bool {
+        let Some(gc) = &self.image_gc else { return false };
+        if dedicated && !matches!(signal, Signal::ImagefsAvailable | Signal::ImagefsInodesFree) {
+            return false;
+        }
+        match gc.lock().await.delete_unused().await {
+            Ok(freed) => tracing::info!(signal = signal.as_str(), freed, "node-level reclaim: unused images removed"),
+            Err(e) => {
+                tracing::warn!(signal = signal.as_str(), error = %e, "node-level reclaim failed");
+                return false;
+            }
+        }
+        let Some((obs, _)) = self.observe(dev).await else { return false };
+        !plan::starved(&self.config, &obs, resource)
+    }
+
+    fn usage<'a>(&self, pod: &'a Pod, runtime: &HashMap<String, RuntimeUsage>, dev: u64, dedicated: bool) -> PodUsage<'a> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let (memory, layer) = runtime.get(&uid).copied().unwrap_or_default();
+        let r = runtime.get(&uid).copied().unwrap_or_default();
         // Disk: the pod's volumes on the node's file system (emptyDirs) and its logs.
         let (vb, vi) = dir_usage(&volume::pod_dir(&self.root_dir, &uid).join("volumes"), dev);
         let logs = self.pod_log_root.join(format!(
@@ -186,7 +276,17 @@ impl Manager {
         ));
         let (lb, li) = dir_usage(&logs, dev);
         let processes = pod_processes(&self.cgroup_fs, &self.cgroup_root, &uid);
-        PodUsage { pod, memory, disk: vb.saturating_add(lb).saturating_add(layer), inodes: vi.saturating_add(li), processes }
+        // Upstream's ranking: on a dedicated image filesystem nodefs counts volumes and logs,
+        // imagefs the writable layers; on a shared one both count everything.
+        let (local, local_inodes) = (vb.saturating_add(lb), vi.saturating_add(li));
+        let (disk, inodes, imagefs_disk, imagefs_inodes) = if dedicated {
+            (local, local_inodes, r.layer_bytes, r.layer_inodes)
+        } else {
+            let all = local.saturating_add(r.layer_bytes);
+            let all_inodes = local_inodes.saturating_add(r.layer_inodes);
+            (all, all_inodes, all, all_inodes)
+        };
+        PodUsage { pod, memory: r.working_set, disk, inodes, imagefs_disk, imagefs_inodes, processes }
     }
 
     /// After an eviction: until the pod's containers have stopped and its volumes are released,

@@ -97,6 +97,26 @@ pub enum Plan {
     Free { usage_percent: u64, to_free: u64, freed: u64, remove: Vec<String> },
 }
 
+/// The images that may be removed, in the order they go: not in use, not pinned, detected at
+/// least `min_age` ago; least recently used first (never used sorts first), ties by first
+/// detection, then id so that the order is total. Pure.
+pub fn candidates(images: &[ImageInfo], min_age: Duration, now: Instant) -> Vec<&ImageInfo> {
+    let mut candidates: Vec<&ImageInfo> = images
+        .iter()
+        .filter(|i| !i.in_use && !i.pinned)
+        // Upstream: an image used at `now` is in use.
+        .filter(|i| i.last_used.is_none_or(|u| u < now))
+        .filter(|i| now.saturating_duration_since(i.first_detected) >= min_age)
+        .collect();
+    candidates.sort_by(|a, b| {
+        a.last_used
+            .cmp(&b.last_used)
+            .then(a.first_detected.cmp(&b.first_detected))
+            .then(a.id.cmp(&b.id))
+    });
+    candidates
+}
+
 /// Decides which images to remove. Pure.
 pub fn plan(fs: FsUsage, high: u8, low: u8, min_age: Duration, images: &[ImageInfo], now: Instant) -> Plan {
     if fs.capacity_bytes == 0 {
@@ -107,24 +127,9 @@ pub fn plan(fs: FsUsage, high: u8, low: u8, min_age: Duration, images: &[ImageIn
         return Plan::BelowThreshold { usage_percent };
     }
     let to_free = fs.to_free(low);
-    let mut candidates: Vec<&ImageInfo> = images
-        .iter()
-        .filter(|i| !i.in_use && !i.pinned)
-        // Upstream: an image used at `now` is in use.
-        .filter(|i| i.last_used.is_none_or(|u| u < now))
-        .filter(|i| now.saturating_duration_since(i.first_detected) >= min_age)
-        .collect();
-    // Least recently used first (never used sorts first), ties by first detection, then id so
-    // that the order is total.
-    candidates.sort_by(|a, b| {
-        a.last_used
-            .cmp(&b.last_used)
-            .then(a.first_detected.cmp(&b.first_detected))
-            .then(a.id.cmp(&b.id))
-    });
     let mut freed = 0u64;
     let mut remove = Vec::new();
-    for c in candidates {
+    for c in candidates(images, min_age, now) {
         if freed >= to_free {
             break;
         }
@@ -290,8 +295,10 @@ pub fn fs_usage(path: &Path) -> Result<FsUsage, ImageGcError> {
 
 /// Runs a GC round every `cfg.period` (the first one at once) until the task is dropped.
 /// Errors are logged (repeated ones also as ImageGCFailed events) and the next round tries
-/// again.
-pub async fn image_gc_loop(rt: std::sync::Arc<dyn cri::Cri>, cfg: ImageGcConfig, events: Option<NodeEvents>) {
+/// again. The collector is shared with the eviction manager (its node-level reclaim), so both
+/// see the same first-detected and last-used records.
+pub async fn image_gc_loop(gc: Shared) {
+    let cfg = gc.lock().await.cfg.clone();
     if cfg.disabled() {
         tracing::info!("imageGCHighThresholdPercent is 100: image garbage collection disabled");
         return;
@@ -304,13 +311,12 @@ pub async fn image_gc_loop(rt: std::sync::Arc<dyn cri::Cri>, cfg: ImageGcConfig,
         period = ?cfg.period,
         "image garbage collection"
     );
-    let began = tokio::time::Instant::now().into_std();
-    let mut gc = ImageGc { rt, cfg, records: Records::default(), began, events };
-    let mut tick = tokio::time::interval(gc.cfg.period.max(Duration::from_millis(100)));
+    let mut tick = tokio::time::interval(cfg.period.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failed_before = false;
     loop {
         tick.tick().await;
+        let mut gc = gc.lock().await;
         match gc.round().await {
             Ok(()) => failed_before = false,
             Err(e) => {
@@ -346,34 +352,42 @@ pub fn aged_out(images: &[ImageInfo], max_age: Duration, began: Instant, now: In
         .collect()
 }
 
-struct ImageGc {
+pub struct ImageGc {
     rt: std::sync::Arc<dyn cri::Cri>,
     cfg: ImageGcConfig,
     records: Records,
-    /// When the loop started (imageMaximumGCAge waits that long before removing anything).
+    /// When the collector was made (imageMaximumGCAge waits that long before removing
+    /// anything).
     began: Instant,
     /// Events about the node (none without an API server).
     events: Option<NodeEvents>,
 }
 
+/// The collector as the periodic loop and the eviction manager share it.
+pub type Shared = std::sync::Arc<tokio::sync::Mutex<ImageGc>>;
+
+/// What one look at the runtime's images found.
+struct Inventory {
+    mountpoint: PathBuf,
+    runtime_used: Option<u64>,
+    fs: FsUsage,
+    sandbox_name: String,
+    sandbox_id: Option<String>,
+    images: Vec<ImageInfo>,
+    now: Instant,
+}
+
 impl ImageGc {
-    /// RemoveImage of `img`, logged with `what`: Some(true) when removed, Some(false) when the
-    /// runtime no longer had it, None when removing failed (logged).
-    async fn remove(&mut self, img: &ImageInfo, what: &str) -> Option<bool> {
-        match self.rt.remove_image(&img.id).await {
-            Ok(()) => {
-                tracing::info!(image = %img.id, tags = ?img.repo_tags, size = img.size, "{what}");
-                Some(true)
-            }
-            Err(e) if e.is_not_found() => Some(false),
-            Err(e) => {
-                tracing::warn!(image = %img.id, error = %e, "removing image failed");
-                None
-            }
-        }
+    pub fn new(rt: std::sync::Arc<dyn cri::Cri>, cfg: ImageGcConfig, events: Option<NodeEvents>) -> ImageGc {
+        ImageGc { rt, cfg, records: Records::default(), began: tokio::time::Instant::now().into_std(), events }
     }
 
-    async fn round(&mut self) -> Result<(), ImageGcError> {
+    pub fn shared(self) -> Shared {
+        std::sync::Arc::new(tokio::sync::Mutex::new(self))
+    }
+
+    /// The image filesystem, the sandbox image and every image with its records updated.
+    async fn inventory(&mut self) -> Result<Inventory, ImageGcError> {
         let fs_list = self.rt.image_fs_info().await?;
         let image_fs = fs_list.first().ok_or(ImageGcError::NoImageFs)?;
         let mountpoint = PathBuf::from(image_fs.fs_id.as_ref().map(|f| f.mountpoint.as_str()).unwrap_or_default());
@@ -399,7 +413,45 @@ impl ImageGc {
         in_use.extend(sandbox_id.clone());
 
         let now = tokio::time::Instant::now().into_std();
-        let mut images = self.records.observe(&listed, &in_use, now);
+        let images = self.records.observe(&listed, &in_use, now);
+        Ok(Inventory { mountpoint, runtime_used, fs, sandbox_name, sandbox_id, images, now })
+    }
+
+    /// Upstream's DeleteUnusedImages, the eviction manager's node-level reclaim: every image
+    /// not in use, not pinned and at least imageMinimumGCAge old is removed, whatever the
+    /// thresholds (also with periodic GC disabled, as upstream). Returns the bytes removed.
+    pub async fn delete_unused(&mut self) -> Result<u64, ImageGcError> {
+        let inv = self.inventory().await?;
+        let remove: Vec<ImageInfo> = candidates(&inv.images, self.cfg.min_age, inv.now).into_iter().cloned().collect();
+        let mut freed = 0u64;
+        for img in &remove {
+            if self.remove(img, "removed unused image to relieve disk pressure").await == Some(true) {
+                freed = freed.saturating_add(img.size);
+            }
+        }
+        Ok(freed)
+    }
+
+    /// RemoveImage of `img`, logged with `what`: Some(true) when removed, Some(false) when the
+    /// runtime no longer had it, None when removing failed (logged).
+    async fn remove(&mut self, img: &ImageInfo, what: &str) -> Option<bool> {
+        match self.rt.remove_image(&img.id).await {
+            Ok(()) => {
+                tracing::info!(image = %img.id, tags = ?img.repo_tags, size = img.size, "{what}");
+                Some(true)
+            }
+            Err(e) if e.is_not_found() => Some(false),
+            Err(e) => {
+                tracing::warn!(image = %img.id, error = %e, "removing image failed");
+                None
+            }
+        }
+    }
+
+    /// One periodic round: images past imageMaximumGCAge, then down to the low threshold
+    /// when usage is over the high one.
+    pub async fn round(&mut self) -> Result<(), ImageGcError> {
+        let Inventory { mountpoint, runtime_used, fs, sandbox_name, sandbox_id, mut images, now } = self.inventory().await?;
         for id in aged_out(&images, self.cfg.max_age, self.began, now) {
             let Some(img) = images.iter().find(|i| i.id == id) else { continue };
             if self.remove(img, "removed image unused for longer than imageMaximumGCAge").await.is_some() {
