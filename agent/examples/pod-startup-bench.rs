@@ -137,6 +137,122 @@ async fn floor(socket: PathBuf, n: usize, cgroup_root: String, logs: PathBuf) ->
     out
 }
 
+/// The floor again with the pods ferro runs: the same Pod objects as the API admitted them
+/// (the ServiceAccount's projected token volume included), and the sandbox and container
+/// configs the agent makes of them (`ferro_agent::pod::spec`: DNS, hostname, labels and
+/// annotations, cgroup parent, the environment with the service links, /etc/hosts, the
+/// termination-log file and the volume's bind mount, the security context); the CRI calls the
+/// configs need are made too (PodSandboxStatus for the pod IP /etc/hosts names; one
+/// ImageStatus for the image's user, before the clock starts). Timed as [`floor`].
+async fn floor_as_agent(socket: PathBuf, pods: Vec<Pod>, services: Vec<k8s_openapi::api::core::v1::Service>, cgroup_root: String, dir: PathBuf) -> Vec<f64> {
+    use ferro_agent::pod::spec;
+    let (rt, image_client) = ferro_lab::cri::connect(&socket).await.unwrap();
+    let image = {
+        let mut ic = image_client.clone();
+        ic.image_status(api::ImageStatusRequest { image: Some(api::ImageSpec { image: lab::BUSYBOX.into(), ..Default::default() }), verbose: false })
+            .await
+            .unwrap()
+            .into_inner()
+            .image
+    };
+    let image_user = spec::ImageUser::of(image.as_ref());
+    let ctx = spec::NodeContext {
+        node_name: lab::NODE.into(),
+        host_ips: vec![lab::API_ADDRESS.into()],
+        cluster_dns: Vec::new(),
+        cluster_domain: "cluster.local".into(),
+        cgroup_driver: spec::CgroupDriver::Cgroupfs,
+        pod_log_root: dir.join("logs"),
+        allocatable_cpu_milli: 2000,
+        allocatable_memory: 4 << 30,
+        memory_capacity: 4 << 30,
+    };
+    let objects = ferro_agent::pod::model::Objects { services, ..Default::default() };
+    let mut tasks = Vec::new();
+    for pod in pods {
+        let (mut rt, ctx, objects, image_user, cgroup_root, dir) =
+            (rt.clone(), ctx.clone(), objects.clone(), image_user.clone(), cgroup_root.clone(), dir.clone());
+        tasks.push(tokio::spawn(async move {
+            let t0 = Instant::now();
+            let uid = pod.metadata.uid.clone().unwrap();
+            let pod_dir = dir.join("pods").join(&uid);
+            // The pod's volumes as the agent lays them out (content does not matter to the
+            // runtime: a bind mount of a directory of three files).
+            let mut vols = BTreeMap::new();
+            for v in pod.spec.as_ref().unwrap().volumes.iter().flatten() {
+                let path = pod_dir.join("volumes").join(&v.name);
+                std::fs::create_dir_all(&path).unwrap();
+                for f in ["token", "ca.crt", "namespace"] {
+                    std::fs::write(path.join(f), "x").unwrap();
+                }
+                vols.insert(v.name.clone(), spec::VolumePath { host_path: path, read_only: v.projected.is_some() });
+            }
+            let mut sandbox_config = spec::sandbox_config(&pod, 0, &ctx).unwrap();
+            // Without the agent's own label: the lab's agent would stop these as not its pods'.
+            sandbox_config.labels.remove(ferro_agent::pod::model::LABEL_MANAGED_BY);
+            if let Some(l) = sandbox_config.linux.as_mut() {
+                l.cgroup_parent = format!("{cgroup_root}{}", l.cgroup_parent);
+            }
+            std::fs::create_dir_all(spec::pod_log_dir(&pod, &ctx)).unwrap();
+            let sandbox = rt
+                .run_pod_sandbox(api::RunPodSandboxRequest { config: Some(sandbox_config.clone()), runtime_handler: String::new() })
+                .await
+                .unwrap()
+                .into_inner()
+                .pod_sandbox_id;
+            let status = rt
+                .pod_sandbox_status(api::PodSandboxStatusRequest { pod_sandbox_id: sandbox.clone(), verbose: false })
+                .await
+                .unwrap()
+                .into_inner();
+            let ips: Vec<String> = status.status.and_then(|s| s.network).map(|n| vec![n.ip]).unwrap_or_default();
+            let hosts = pod_dir.join("etc-hosts");
+            std::fs::write(&hosts, spec::hosts_file(&pod, &ips, &ctx)).unwrap();
+            let c = &pod.spec.as_ref().unwrap().containers[0];
+            let env = spec::resolve_env(&pod, c, &objects, &ips, &ctx).unwrap();
+            let term = pod_dir.join("containers").join(&c.name);
+            std::fs::create_dir_all(&term).unwrap();
+            let term = term.join("0");
+            std::fs::write(&term, b"").unwrap();
+            let mounts = spec::container_mounts(c, &vols, &env, Some(&hosts), Some(&term)).unwrap();
+            let hash = ferro_agent::pod::plan::container_hash(c);
+            let mut config = spec::container_config(&pod, c, ferro_agent::pod::model::ContainerKind::App, 0, 0, hash, env, mounts, &image_user, &ctx).unwrap();
+            config.labels.remove(ferro_agent::pod::model::LABEL_MANAGED_BY);
+            let container = rt
+                .create_container(api::CreateContainerRequest { pod_sandbox_id: sandbox.clone(), config: Some(config), sandbox_config: Some(sandbox_config) })
+                .await
+                .unwrap()
+                .into_inner()
+                .container_id;
+            rt.start_container(api::StartContainerRequest { container_id: container }).await.unwrap();
+            (t0.elapsed().as_secs_f64(), sandbox)
+        }));
+    }
+    let mut out = Vec::new();
+    let mut sandboxes = Vec::new();
+    for t in tasks {
+        let (l, sb) = t.await.unwrap();
+        out.push(l);
+        sandboxes.push(sb);
+    }
+    let mut rt = rt;
+    for sb in sandboxes {
+        rt.stop_pod_sandbox(api::StopPodSandboxRequest { pod_sandbox_id: sb.clone() }).await.unwrap();
+        rt.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: sb }).await.unwrap();
+    }
+    out.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    out
+}
+
+/// The burst's pod `name` (ferro's pods and the agent-config floor's are the same).
+fn bench_pod(name: &str, node: Option<&str>) -> Pod {
+    let mut spec = serde_json::json!({"terminationGracePeriodSeconds": 1, "containers": [{"name": "app", "image": lab::BUSYBOX, "command": ["sleep", "3600"]}]});
+    if let Some(n) = node {
+        spec["nodeName"] = serde_json::json!(n);
+    }
+    serde_json::from_value(serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})).unwrap()
+}
+
 /// What the client saw of one pod (Unix ns).
 #[derive(Debug, Default, Clone)]
 struct Seen {
@@ -193,12 +309,7 @@ async fn burst(client: kube::Client, n: usize) -> (Vec<f64>, BTreeMap<String, Se
     let mut tasks = Vec::new();
     for i in 0..n {
         let name = format!("burst-{i}");
-        let pod: Pod = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {"terminationGracePeriodSeconds": 1, "containers": [{"name": "app", "image": lab::BUSYBOX, "command": ["sleep", "3600"]}]}
-        }))
-        .unwrap();
+        let pod = bench_pod(&name, None);
         seen.insert(name.clone(), Seen { created: unix_ns(SystemTime::now()), ..Default::default() });
         created.insert(name, Instant::now());
         let pods = pods.clone();
@@ -260,22 +371,57 @@ fn main() {
     let floor_ctrd_cpu = (cpu_ticks(ctrd_pid) - ctrd_f0) as f64 / 100.0;
     std::thread::sleep(Duration::from_secs(5));
 
-    let (agent_t0, ctrd_t0, wall0) = (cpu_ticks(pid), cpu_ticks(ctrd_pid), Instant::now());
     // The client lives in the lab namespace: a thread that entered it runs the runtime.
     let ns_path = lab.ns.path();
     let kubeconfig = lab.admin_kubeconfig();
-    let (latencies, seen) = std::thread::spawn(move || {
-        let f = std::fs::File::open(ns_path).unwrap();
-        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async move {
-            let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
-            burst(kube::Client::try_from(cfg).unwrap(), n).await
+    let in_lab = move |job: Box<dyn FnOnce(kube::Client) -> futures::future::BoxFuture<'static, Box<dyn std::any::Any + Send>> + Send>| {
+        let (ns_path, kubeconfig) = (ns_path.clone(), kubeconfig.clone());
+        std::thread::spawn(move || {
+            let f = std::fs::File::open(ns_path).unwrap();
+            nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+                let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+                job(kube::Client::try_from(cfg).unwrap()).await
+            })
         })
-    })
-    .join()
+        .join()
+        .unwrap()
+    };
+
+    // The floor with the agent's configs: the same pods as the API admits them (bound to a
+    // node that does not exist, so no agent runs them), the default namespace's Services.
+    let (floor_pods, services) = *in_lab(Box::new(move |client| {
+        Box::pin(async move {
+            let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), "default");
+            let mut made = Vec::new();
+            for i in 0..n {
+                made.push(pods.create(&Default::default(), &bench_pod(&format!("floor-{i}"), Some("floor-nowhere"))).await.unwrap());
+            }
+            let services: kube::Api<k8s_openapi::api::core::v1::Service> = kube::Api::namespaced(client, "default");
+            let services = services.list(&Default::default()).await.unwrap().items;
+            for p in &made {
+                pods.delete(p.metadata.name.as_deref().unwrap(), &kube::api::DeleteParams::default().grace_period(0)).await.unwrap();
+            }
+            Box::new((made, services)) as Box<dyn std::any::Any + Send>
+        })
+    }))
+    .downcast::<(Vec<Pod>, Vec<k8s_openapi::api::core::v1::Service>)>()
     .unwrap();
+    let floor2_wall0 = Instant::now();
+    let floor2_latencies = {
+        let (socket, cg, dir) = (lab.ctrd.socket(), lab.cgroup_root.clone(), lab.dir.path().join("floor-agent"));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(floor_as_agent(socket, floor_pods, services, cg, dir))
+    };
+    let floor2_wall = floor2_wall0.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(5));
+
+    let (agent_t0, ctrd_t0, wall0) = (cpu_ticks(pid), cpu_ticks(ctrd_pid), Instant::now());
+    let (latencies, seen) = *in_lab(Box::new(move |client| Box::pin(async move { Box::new(burst(client, n).await) as Box<dyn std::any::Any + Send> })))
+        .downcast::<(Vec<f64>, BTreeMap<String, Seen>)>()
+        .unwrap();
     let burst_wall = wall0.elapsed().as_secs_f64();
     let agent_cpu = (cpu_ticks(pid) - agent_t0) as f64 / 100.0;
     let ctrd_cpu = (cpu_ticks(ctrd_pid) - ctrd_t0) as f64 / 100.0;
@@ -292,12 +438,18 @@ fn main() {
             v.last().copied().unwrap_or(f64::NAN)
         )
     };
-    row("floor (CRI only):", &floor_latencies);
+    row("floor (CRI only, bare):", &floor_latencies);
+    row("floor (CRI only, agent's):", &floor2_latencies);
     row("ferro (API, scheduler, agent):", &latencies);
     println!(
-        "  ferro / floor: p50 {:.2}x   p99 {:.2}x   (floor burst {floor_wall:.2} s wall, containerd {floor_ctrd_cpu:.2} CPU-s)",
+        "  ferro / bare floor: p50 {:.2}x   p99 {:.2}x   (floor burst {floor_wall:.2} s wall, containerd {floor_ctrd_cpu:.2} CPU-s)",
         pct(&latencies, 50.0) / pct(&floor_latencies, 50.0),
         pct(&latencies, 99.0) / pct(&floor_latencies, 99.0)
+    );
+    println!(
+        "  ferro / floor with the agent's configs: p50 {:.2}x   p99 {:.2}x   (floor burst {floor2_wall:.2} s wall)",
+        pct(&latencies, 50.0) / pct(&floor2_latencies, 50.0),
+        pct(&latencies, 99.0) / pct(&floor2_latencies, 99.0)
     );
     // Where a ferro pod's time goes (medians over the pods; client and agent share the clock).
     let log = lab.agent_log();

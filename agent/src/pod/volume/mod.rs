@@ -31,7 +31,7 @@ use std::ffi::OsString;
 use std::fs;
 use std::io::ErrorKind;
 use std::os::unix::ffi::OsStringExt;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Container, DownwardAPIVolumeFile, KeyToPath, Pod, Volume};
@@ -394,7 +394,6 @@ pub fn setup(
         plugins: dir.join("plugins"),
         cpu_milli: node_allocatable_cpu_milli,
         memory: node_allocatable_memory,
-        mounted: mount_points(&read_mountinfo()?).into_iter().map(|m| m.mount_point).collect(),
     };
     let mut out = BTreeMap::new();
     // persistentVolumeClaim and inline csi volumes are the CSI mounter's (crate::csi::mounter),
@@ -425,7 +424,17 @@ struct Ctx<'a> {
     plugins: PathBuf,
     cpu_milli: i64,
     memory: i64,
-    mounted: BTreeSet<PathBuf>,
+}
+
+/// Whether `dir` is a mount point: its device is not its parent's (what `mountpoint(1)` checks
+/// first). The tmpfs mounts a pod's volumes get always differ from the directory they cover;
+/// two stats instead of reading and parsing /proc/self/mountinfo, whose size grows with every
+/// container and pod on the node, at each sync of each pod.
+fn is_mount_point(dir: &Path) -> Result<bool, VolumeError> {
+    let own = fs::symlink_metadata(dir).map_err(io("stat", dir))?;
+    let parent = dir.parent().unwrap_or(dir);
+    let up = fs::symlink_metadata(parent).map_err(io("stat", parent))?;
+    Ok(own.dev() != up.dev())
 }
 
 impl Ctx<'_> {
@@ -500,7 +509,7 @@ impl Ctx<'_> {
     /// Size: the smallest of `size_limit`, the pod's memory limit and the node's allocatable
     /// memory (upstream's sizing of memory-backed volumes); no size option when none is known.
     fn ensure_tmpfs(&mut self, dir: &Path, size_limit: Option<i128>) -> Result<bool, VolumeError> {
-        if self.mounted.contains(dir) {
+        if is_mount_point(dir)? {
             return Ok(false);
         }
         let size = [size_limit, pod_memory_limit(self.pod), (self.memory > 0).then_some(i128::from(self.memory))]
@@ -511,7 +520,6 @@ impl Ctx<'_> {
         let options = size.map(|s| format!("size={s}"));
         mount(Some("tmpfs"), dir, Some("tmpfs"), MsFlags::empty(), options.as_deref())
             .map_err(|source| VolumeError::Mount { path: dir.to_path_buf(), source })?;
-        self.mounted.insert(dir.to_path_buf());
         Ok(true)
     }
 
