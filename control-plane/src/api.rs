@@ -561,7 +561,7 @@ impl Api {
         }
         let bookmark_every = Duration::from_secs(if cfg!(debug_assertions) { 5 } else { 30 });
         loop {
-            let next = tokio::time::timeout(bookmark_every, watch.live.recv()).await;
+            let next = tokio::time::timeout(bookmark_every, watch.recv()).await;
             match next {
                 Ok(Ok(ev)) => {
                     if let Some(item) = handle(&ev, &mut start) {

@@ -243,7 +243,7 @@ async fn lists_and_watches_from_a_revision_with_backlog_and_across_a_restart() {
         .write(Op::Update { key: key("b"), value: pod("b", json!({"x": "1"}), ""), expect: None })
         .await
         .unwrap();
-    let ev = tokio::time::timeout(Duration::from_secs(5), w.live.recv()).await.unwrap().unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(5), w.recv()).await.unwrap().unwrap();
     assert_eq!((ev.kind, ev.rev), (EventKind::Modified, u.mod_rev));
     assert_eq!(ev.prev.as_ref().unwrap().mod_rev, revs[1]);
 
@@ -368,12 +368,12 @@ async fn the_cache_resumes_after_its_etcd_watch_breaks_and_relists_after_compact
     etcdctl_put_pod(&etcd, "c");
     let mut seen = Vec::new();
     while seen.len() < 2 {
-        let ev = tokio::time::timeout(Duration::from_secs(20), w.live.recv()).await.expect("events after etcd's restart").unwrap();
+        let ev = tokio::time::timeout(Duration::from_secs(20), w.recv()).await.expect("events after etcd's restart").unwrap();
         seen.push(ev.record.key.to_string());
     }
     assert_eq!(seen, vec![key("b"), key("c")]);
     let d = store.write(Op::Create { key: key("d"), value: pod("d", json!({}), "") }).await.unwrap();
-    let ev = tokio::time::timeout(Duration::from_secs(5), w.live.recv()).await.unwrap().unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(5), w.recv()).await.unwrap().unwrap();
     assert_eq!((ev.rev, ev.record.key.to_string()), (d.mod_rev, key("d")));
 
     // 2. Cut off while others write and etcd compacts past the cache's revision: once back,
@@ -388,7 +388,7 @@ async fn the_cache_resumes_after_its_etcd_watch_breaks_and_relists_after_compact
     wait_until("the cache to relist", || matches!(store.watch(d.mod_rev), Err(StoreError::Compacted { .. }))).await;
     let live = tokio::time::timeout(Duration::from_secs(5), async {
         loop {
-            match w.live.recv().await {
+            match w.recv().await {
                 Ok(_) => continue,
                 Err(e) => return e,
             }
@@ -406,7 +406,7 @@ async fn the_cache_resumes_after_its_etcd_watch_breaks_and_relists_after_compact
     let mut after = store.watch(rev).unwrap();
     let ev = match after.backlog.pop() {
         Some(ev) => ev,
-        None => tokio::time::timeout(Duration::from_secs(5), after.live.recv()).await.unwrap().unwrap(),
+        None => tokio::time::timeout(Duration::from_secs(5), after.recv()).await.unwrap().unwrap(),
     };
     assert_eq!((ev.rev, ev.record.key.to_string()), (f.mod_rev, key("f")));
 }

@@ -241,13 +241,13 @@ pub async fn run(api: Arc<Api>) {
                     Err(e) => tracing::warn!(error = %e.message, "CRD loop"),
                 }
             }
-            match w.live.recv().await {
+            match w.recv().await {
                 Ok(e) => dirty = relevant(&e.record.key, &watched),
                 Err(RecvError::Lagged(_)) => dirty = true,
                 Err(RecvError::Closed) => return,
             }
             // take every event already queued before reconciling once
-            while let Ok(e) = w.live.try_recv() {
+            while let Ok(e) = w.try_recv() {
                 dirty |= relevant(&e.record.key, &watched);
             }
         }

@@ -132,7 +132,7 @@ impl Policy {
             self.event(&ev, listed);
         }
         loop {
-            match watch.live.recv().await {
+            match watch.recv().await {
                 Ok(ev) => self.event(&ev, listed),
                 Err(RecvError::Lagged(n)) => return format!("the watch fell {n} events behind"),
                 Err(RecvError::Closed) => return "the store's watch ended".to_string(),

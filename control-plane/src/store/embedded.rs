@@ -174,7 +174,7 @@ impl Store for EmbeddedStore {
         let live = self.shared.events.subscribe();
         let start = state.history.partition_point(|e| e.rev <= after);
         let backlog = state.history.range(start..).cloned().collect();
-        Ok(Watch { backlog, live })
+        Ok(Watch { backlog, live, after })
     }
 
     fn oldest_watchable(&self) -> Revision {

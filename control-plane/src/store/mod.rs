@@ -133,10 +133,38 @@ pub struct Listing {
 }
 
 /// A watch: the backlog of events after the requested revision that had already happened when
-/// the watch started, then the live feed. Events of every key arrive; callers filter by prefix.
+/// the watch started, then the live feed ([`Watch::recv`]). Events of every key arrive; callers
+/// filter by prefix.
 pub struct Watch {
     pub backlog: Vec<Arc<Event>>,
     pub live: broadcast::Receiver<Arc<Event>>,
+    /// The revision the watch is from: live events at or before it are skipped. A store whose
+    /// cache lags its writes (etcd: a write is acknowledged with etcd's answer, its event
+    /// applied a moment later) can be asked for a watch from a revision its cache has not
+    /// reached yet; the events up to it then come through the live feed.
+    pub after: Revision,
+}
+
+impl Watch {
+    /// The next live event after [`Watch::after`].
+    pub async fn recv(&mut self) -> Result<Arc<Event>, broadcast::error::RecvError> {
+        loop {
+            let ev = self.live.recv().await?;
+            if ev.rev > self.after {
+                return Ok(ev);
+            }
+        }
+    }
+
+    /// The next live event after [`Watch::after`] already queued, without waiting.
+    pub fn try_recv(&mut self) -> Result<Arc<Event>, broadcast::error::TryRecvError> {
+        loop {
+            let ev = self.live.try_recv()?;
+            if ev.rev > self.after {
+                return Ok(ev);
+            }
+        }
+    }
 }
 
 pub trait Store: Send + Sync + 'static {
