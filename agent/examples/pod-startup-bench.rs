@@ -28,7 +28,7 @@ mod lab;
 #[path = "bench_util/mod.rs"]
 mod bench_util;
 
-use bench_util::{arg, cpu_ticks, pct};
+use bench_util::{arg, cpu_ticks, in_netns, pct};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -36,7 +36,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_cri::v1 as api;
 
-use futures::StreamExt as _;
+use futures::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
 
@@ -121,6 +121,14 @@ async fn floor(socket: PathBuf, n: usize, cgroup_root: String, logs: PathBuf) ->
             (t0.elapsed().as_secs_f64(), sandbox)
         }));
     }
+    latencies_then_remove(rt, tasks).await
+}
+
+/// Each floor pod's latency (sorted) once all have started; then their sandboxes are removed.
+async fn latencies_then_remove(
+    mut rt: api::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
+    tasks: Vec<tokio::task::JoinHandle<(f64, String)>>,
+) -> Vec<f64> {
     let mut out = Vec::new();
     let mut sandboxes = Vec::new();
     for t in tasks {
@@ -128,7 +136,6 @@ async fn floor(socket: PathBuf, n: usize, cgroup_root: String, logs: PathBuf) ->
         out.push(l);
         sandboxes.push(sb);
     }
-    let mut rt = rt;
     for sb in sandboxes {
         rt.stop_pod_sandbox(api::StopPodSandboxRequest { pod_sandbox_id: sb.clone() }).await.unwrap();
         rt.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: sb }).await.unwrap();
@@ -228,20 +235,7 @@ async fn floor_as_agent(socket: PathBuf, pods: Vec<Pod>, services: Vec<k8s_opena
             (t0.elapsed().as_secs_f64(), sandbox)
         }));
     }
-    let mut out = Vec::new();
-    let mut sandboxes = Vec::new();
-    for t in tasks {
-        let (l, sb) = t.await.unwrap();
-        out.push(l);
-        sandboxes.push(sb);
-    }
-    let mut rt = rt;
-    for sb in sandboxes {
-        rt.stop_pod_sandbox(api::StopPodSandboxRequest { pod_sandbox_id: sb.clone() }).await.unwrap();
-        rt.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: sb }).await.unwrap();
-    }
-    out.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    out
+    latencies_then_remove(rt, tasks).await
 }
 
 /// The burst's pod `name` (ferro's pods and the agent-config floor's are the same).
@@ -372,28 +366,12 @@ fn main() {
     std::thread::sleep(Duration::from_secs(5));
 
     // The client lives in the lab namespace: a thread that entered it runs the runtime.
-    let ns_path = lab.ns.path();
-    let kubeconfig = lab.admin_kubeconfig();
-    let in_lab = move |job: Box<dyn FnOnce(kube::Client) -> futures::future::BoxFuture<'static, Box<dyn std::any::Any + Send>> + Send>| {
-        let (ns_path, kubeconfig) = (ns_path.clone(), kubeconfig.clone());
-        std::thread::spawn(move || {
-            let f = std::fs::File::open(ns_path).unwrap();
-            nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async move {
-                let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-                let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
-                job(kube::Client::try_from(cfg).unwrap()).await
-            })
-        })
-        .join()
-        .unwrap()
-    };
+    let (ns_path, kubeconfig) = (lab.ns.path(), lab.admin_kubeconfig());
 
     // The floor with the agent's configs: the same pods as the API admits them (bound to a
     // node that does not exist, so no agent runs them), the default namespace's Services.
-    let (floor_pods, services) = *in_lab(Box::new(move |client| {
-        Box::pin(async move {
+    let (floor_pods, services) = in_netns(ns_path.clone(), kubeconfig.clone(), move |client| {
+        async move {
             let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), "default");
             let mut made = Vec::new();
             for i in 0..n {
@@ -404,11 +382,10 @@ fn main() {
             for p in &made {
                 pods.delete(p.metadata.name.as_deref().unwrap(), &kube::api::DeleteParams::default().grace_period(0)).await.unwrap();
             }
-            Box::new((made, services)) as Box<dyn std::any::Any + Send>
-        })
-    }))
-    .downcast::<(Vec<Pod>, Vec<k8s_openapi::api::core::v1::Service>)>()
-    .unwrap();
+            (made, services)
+        }
+        .boxed()
+    });
     let floor2_wall0 = Instant::now();
     let floor2_latencies = {
         let (socket, cg, dir) = (lab.ctrd.socket(), lab.cgroup_root.clone(), lab.dir.path().join("floor-agent"));
@@ -419,9 +396,7 @@ fn main() {
     std::thread::sleep(Duration::from_secs(5));
 
     let (agent_t0, ctrd_t0, wall0) = (cpu_ticks(pid), cpu_ticks(ctrd_pid), Instant::now());
-    let (latencies, seen) = *in_lab(Box::new(move |client| Box::pin(async move { Box::new(burst(client, n).await) as Box<dyn std::any::Any + Send> })))
-        .downcast::<(Vec<f64>, BTreeMap<String, Seen>)>()
-        .unwrap();
+    let (latencies, seen) = in_netns(ns_path, kubeconfig, move |client| burst(client, n).boxed());
     let burst_wall = wall0.elapsed().as_secs_f64();
     let agent_cpu = (cpu_ticks(pid) - agent_t0) as f64 / 100.0;
     let ctrd_cpu = (cpu_ticks(ctrd_pid) - ctrd_t0) as f64 / 100.0;

@@ -20,12 +20,12 @@ mod lab;
 #[path = "bench_util/mod.rs"]
 mod bench_util;
 
-use bench_util::{arg, cpu_ticks, pct};
+use bench_util::{arg, cpu_ticks, in_netns, pct};
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt as _;
+use futures::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
@@ -139,16 +139,8 @@ fn main() {
     lab.wait_csi_registered();
     lab.apply("apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: loop\nprovisioner: loop.csi.ferro.dev\nvolumeBindingMode: WaitForFirstConsumer\nreclaimPolicy: Delete\n");
     let (agent_pid, csi_pid) = (lab.agent.pid().unwrap(), csi.pid().unwrap());
-    let ns_path = lab.ns.path();
-    let kubeconfig = lab.admin_kubeconfig();
-    let (single, all, burst_wall, agent_cpu, csi_cpu) = std::thread::spawn(move || {
-        let f = std::fs::File::open(ns_path).unwrap();
-        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async move {
-            let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
-            let client = kube::Client::try_from(cfg).unwrap();
+    let (single, all, burst_wall, agent_cpu, csi_cpu) = in_netns(lab.ns.path(), lab.admin_kubeconfig(), move |client| {
+        async move {
             let mut single = Vec::new();
             for i in 0..singles {
                 single.extend(start_all(&client, &[format!("one-{i}")], size).await);
@@ -162,10 +154,9 @@ fn main() {
             let (a, c) = ((cpu_ticks(agent_pid) - a0) as f64 / 100.0, (cpu_ticks(csi_pid) - c0) as f64 / 100.0);
             clean(&client).await?;
             Ok::<_, String>((single, all, wall, a, c))
-        })
+        }
+        .boxed()
     })
-    .join()
-    .unwrap()
     .unwrap_or_else(|e| {
         let csi_log = std::fs::read_to_string(lab.dir.path().join("csi.log")).unwrap_or_default();
         let tail: Vec<&str> = csi_log.lines().rev().take(40).collect();

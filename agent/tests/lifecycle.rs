@@ -65,6 +65,44 @@ impl Node {
     fn now(&self) -> i64 {
         self.clock.now_ns()
     }
+
+    /// A /proc for the eviction manager: 4 GiB of memory, `available_kib` of it available.
+    fn fake_proc(&self, available_kib: u64) -> std::path::PathBuf {
+        let proc = self.dir.path().join("proc");
+        std::fs::create_dir_all(proc.join("sys/kernel")).unwrap();
+        std::fs::write(proc.join("meminfo"), format!("MemTotal:        4194304 kB\nMemAvailable:    {available_kib} kB\n")).unwrap();
+        std::fs::write(proc.join("sys/kernel/pid_max"), "4194304\n").unwrap();
+        std::fs::write(proc.join("loadavg"), "0.00 0.00 0.00 1/120 999\n").unwrap();
+        proc
+    }
+
+    /// The eviction manager of this node with one hard threshold, and the node health it
+    /// publishes.
+    fn eviction_manager(
+        &self,
+        w: &PodWorkers,
+        hard: (ferro_agent::eviction::plan::Signal, ferro_agent::eviction::plan::Threshold),
+        proc: std::path::PathBuf,
+        image_gc: Option<ferro_agent::pod::imagegc::Shared>,
+    ) -> (ferro_agent::eviction::run::Manager, tokio::sync::watch::Receiver<ferro_agent::node::Health>) {
+        use ferro_agent::eviction::{plan, run};
+        let (health, watch) = tokio::sync::watch::channel(ferro_agent::node::Health::default());
+        let manager = run::Manager {
+            config: plan::Config { hard: std::collections::BTreeMap::from([hard]), ..plan::Config::default() },
+            proc,
+            root_dir: self.dir.path().join("root"),
+            pod_log_root: self.dir.path().join("logs"),
+            workers: w.clone(),
+            cri: self.fake.clone(),
+            health: Arc::new(health),
+            clock: self.clock.clone(),
+            period: run::MONITORING_PERIOD,
+            cgroup_fs: self.dir.path().join("cgroup"),
+            cgroup_root: String::new(),
+            image_gc,
+        };
+        (manager, watch)
+    }
 }
 
 fn pod(name: &str, spec: Value) -> Pod {
@@ -502,7 +540,7 @@ async fn an_evicted_pod_fails_with_the_disruption_target_and_releases_its_volume
 /// cannot be relieved), so the pod is evicted for imagefs.available after all.
 #[tokio::test(start_paused = true)]
 async fn disk_pressure_removes_unused_images_before_evicting() {
-    use ferro_agent::eviction::{plan, run};
+    use ferro_agent::eviction::plan;
     use ferro_agent::pod::imagegc;
     const UNUSED: &str = "registry.test/unused:1";
     const PAUSE: &str = "registry.test/pause:3.9";
@@ -518,11 +556,7 @@ async fn disk_pressure_removes_unused_images_before_evicting() {
     node.fake.set_usage("writer", 10 << 20, 200 << 20);
     until("writer running", || node.fake.running("writer") == ["writer"]).await;
 
-    let proc = node.dir.path().join("proc");
-    std::fs::create_dir_all(proc.join("sys/kernel")).unwrap();
-    std::fs::write(proc.join("meminfo"), "MemTotal:        4194304 kB\nMemAvailable:    2097152 kB\n").unwrap();
-    std::fs::write(proc.join("sys/kernel/pid_max"), "4194304\n").unwrap();
-    std::fs::write(proc.join("loadavg"), "0.00 0.00 0.00 1/120 999\n").unwrap();
+    let proc = node.fake_proc(2097152);
     std::fs::create_dir_all(node.dir.path().join("root")).unwrap();
     let gc_cfg = imagegc::ImageGcConfig {
         // Periodic GC off: the node-level reclaim still runs, as upstream's.
@@ -532,24 +566,9 @@ async fn disk_pressure_removes_unused_images_before_evicting() {
         max_age: Duration::ZERO,
         period: Duration::from_secs(300),
     };
-    let (health, watch) = tokio::sync::watch::channel(ferro_agent::node::Health::default());
-    let mut manager = run::Manager {
-        config: plan::Config {
-            hard: std::collections::BTreeMap::from([(plan::Signal::ImagefsAvailable, plan::Threshold::Percent(100.0))]),
-            ..plan::Config::default()
-        },
-        proc,
-        root_dir: node.dir.path().join("root"),
-        pod_log_root: node.dir.path().join("logs"),
-        workers: w.clone(),
-        cri: node.fake.clone(),
-        health: Arc::new(health),
-        clock: node.clock.clone(),
-        period: run::MONITORING_PERIOD,
-        cgroup_fs: node.dir.path().join("cgroup"),
-        cgroup_root: String::new(),
-        image_gc: Some(imagegc::ImageGc::new(node.fake.clone(), gc_cfg, None).shared()),
-    };
+    let image_gc = Some(imagegc::ImageGc::new(node.fake.clone(), gc_cfg, None).shared());
+    let (mut manager, watch) =
+        node.eviction_manager(&w, (plan::Signal::ImagefsAvailable, plan::Threshold::Percent(100.0)), proc, image_gc);
     let d = manager.round(&mut plan::State::default()).await.unwrap();
     assert!(d.disk_pressure && watch.borrow().disk_pressure);
     assert_eq!(d.reclaim, Some(plan::Signal::ImagefsAvailable));
@@ -587,7 +606,7 @@ async fn disk_pressure_removes_unused_images_before_evicting() {
 
 #[tokio::test(start_paused = true)]
 async fn the_eviction_manager_evicts_the_pod_using_the_most_memory_above_its_request() {
-    use ferro_agent::eviction::{plan, run};
+    use ferro_agent::eviction::plan;
     let node = Node::new();
     let w = node.agent();
     let mut small = container("small");
@@ -599,29 +618,9 @@ async fn the_eviction_manager_evicts_the_pod_using_the_most_memory_above_its_req
     until("both running", || node.fake.running("small") == ["small"] && node.fake.running("big") == ["big"]).await;
 
     // A /proc whose MemAvailable is 50Mi: below upstream's 100Mi default.
-    let proc = node.dir.path().join("proc");
-    std::fs::create_dir_all(proc.join("sys/kernel")).unwrap();
-    std::fs::write(proc.join("meminfo"), "MemTotal:        4194304 kB\nMemAvailable:      51200 kB\n").unwrap();
-    std::fs::write(proc.join("sys/kernel/pid_max"), "4194304\n").unwrap();
-    std::fs::write(proc.join("loadavg"), "0.00 0.00 0.00 1/120 999\n").unwrap();
-    let (health, watch) = tokio::sync::watch::channel(ferro_agent::node::Health::default());
-    let mut manager = run::Manager {
-        config: plan::Config {
-            hard: std::collections::BTreeMap::from([(plan::Signal::MemoryAvailable, plan::Threshold::Quantity(100 << 20))]),
-            ..plan::Config::default()
-        },
-        proc: proc.clone(),
-        root_dir: node.dir.path().join("root"),
-        pod_log_root: node.dir.path().join("logs"),
-        workers: w.clone(),
-        cri: node.fake.clone(),
-        health: Arc::new(health),
-        clock: node.clock.clone(),
-        period: run::MONITORING_PERIOD,
-        cgroup_fs: node.dir.path().join("cgroup"),
-        cgroup_root: String::new(),
-        image_gc: None,
-    };
+    let proc = node.fake_proc(51200);
+    let (mut manager, watch) =
+        node.eviction_manager(&w, (plan::Signal::MemoryAvailable, plan::Threshold::Quantity(100 << 20)), proc.clone(), None);
     let mut state = plan::State::default();
     let d = manager.round(&mut state).await.unwrap();
     assert!(d.memory_pressure && !d.disk_pressure);

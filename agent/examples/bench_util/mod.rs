@@ -28,3 +28,25 @@ pub fn pct(sorted: &[f64], p: f64) -> f64 {
     let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
     sorted[i.min(sorted.len() - 1)]
 }
+
+/// Runs `job` with a client of `kubeconfig` on a thread inside the network namespace at
+/// `ns_path` (the lab's: its API address is only there), on a runtime of its own, and returns
+/// what it gives.
+pub fn in_netns<T: Send + 'static>(
+    ns_path: impl AsRef<std::path::Path> + Send + 'static,
+    kubeconfig: std::path::PathBuf,
+    job: impl FnOnce(kube::Client) -> futures::future::BoxFuture<'static, T> + Send + 'static,
+) -> T {
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(ns_path).unwrap();
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+            job(kube::Client::try_from(cfg).unwrap()).await
+        })
+    })
+    .join()
+    .unwrap()
+}
