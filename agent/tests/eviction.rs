@@ -160,7 +160,7 @@ fn memory_pressure_evicts_the_pod_holding_the_most_memory() {
     lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
 }
 
-/// PID pressure: a pid.available threshold of 100 % (met whatever the machine runs, never by
+/// PID pressure: a pid.available threshold of pid_max (met whatever the machine runs, never by
 /// the machine's own processes at risk) set once two BestEffort pods of equal priority run;
 /// the pod with more processes (counted in its cgroup) is evicted first, with upstream's
 /// message, and the node shows PIDPressure. The busy pod is the one the agent would take last
@@ -189,7 +189,10 @@ fn pid_pressure_evicts_the_pod_with_the_most_processes_first() {
     assert!(procs.trim().parse::<u32>().unwrap() >= 21, "{procs}");
 
     lab.agent.kill();
-    lab.write_agent_config("evictionHard:\n  pid.available: 100%\nevictionPressureTransitionPeriod: 5s\n");
+    // a threshold of pid_max itself: met while any process exists (100% would switch the
+    // signal off, as upstream's)
+    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap();
+    lab.write_agent_config(&format!("evictionHard:\n  pid.available: \"{}\"\nevictionPressureTransitionPeriod: 5s\n", pid_max.trim()));
     lab.start_agent();
     let evicted = lab.wait_pod(busy, "evicted", Duration::from_secs(120), |p| p["status"]["phase"] == "Failed");
     let st = &evicted["status"];
@@ -260,7 +263,7 @@ fn image_pressure_removes_unused_images_instead_of_evicting() {
 
     lab.agent.kill();
     lab.write_agent_config(&format!(
-        "imageGCHighThresholdPercent: 100\nimageMinimumGCAge: 0s\nevictionHard:\n  imagefs.available: \"{threshold}\"\n  nodefs.available: 1%\n"
+        "imageGCHighThresholdPercent: 100\nimageMinimumGCAge: 0s\nevictionHard:\n  imagefs.available: \"{threshold}\"\n"
     ));
     lab.start_agent();
     lab.wait("the unused image to be removed", Duration::from_secs(120), |l| (!image_names(l).iter().any(|n| n == UNUSED)).then_some(()));

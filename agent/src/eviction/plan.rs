@@ -161,11 +161,17 @@ impl Default for Config {
     }
 }
 
-/// Parses a map of thresholds (evictionHard, evictionSoft). Unknown signals are errors.
+/// Parses a map of thresholds (evictionHard, evictionSoft). Unknown signals are errors;
+/// `0%` and `100%` turn the signal's threshold off, as upstream's (a threshold the node
+/// always or never meets is no threshold: an operator writes `nodefs.available: 0%` to stop
+/// evicting for disk).
 pub fn parse_thresholds(m: &BTreeMap<String, String>) -> Result<BTreeMap<Signal, Threshold>, String> {
     let mut out = BTreeMap::new();
     for (k, v) in m {
         let s = Signal::parse(k).ok_or_else(|| format!("unknown eviction signal {k:?}"))?;
+        if v == "0%" || v == "100%" {
+            continue;
+        }
         out.insert(s, Threshold::parse(v).map_err(|e| format!("{k}: {e}"))?);
     }
     Ok(out)
@@ -465,6 +471,13 @@ mod tests {
         assert_eq!(parse_thresholds(&m).unwrap()[&Signal::MemoryAvailable], Threshold::Quantity(1 << 30));
         let bad = BTreeMap::from([("memory.free".to_string(), "1Gi".to_string())]);
         assert_eq!(parse_thresholds(&bad).unwrap_err(), "unknown eviction signal \"memory.free\"");
+        // 0% and 100% switch a signal off, as upstream's; 99.5% does not
+        let off = BTreeMap::from([
+            ("nodefs.available".to_string(), "0%".to_string()),
+            ("pid.available".to_string(), "100%".to_string()),
+            ("imagefs.available".to_string(), "99.5%".to_string()),
+        ]);
+        assert_eq!(parse_thresholds(&off).unwrap(), BTreeMap::from([(Signal::ImagefsAvailable, Threshold::Percent(99.5))]));
         let mut c = Config::default();
         c.soft.insert(Signal::MemoryAvailable, Threshold::Quantity(MI));
         assert!(c.validate().unwrap_err().contains("grace period must be specified"));
