@@ -52,7 +52,7 @@ spec:
       containers: [{name: work, image: busybox}]
 "#,
     );
-    s.ok(&["wait", "--for=condition=complete", "job/batch", "--timeout=240s"]);
+    s.wait_explained("condition=complete", "job/batch", "job", "240s");
     let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
     let job = jobs.get("batch").await.unwrap();
     let st = job.status.clone().unwrap();
@@ -112,7 +112,7 @@ spec:
       containers: [{name: work, image: busybox}]
 "#,
     );
-    s.ok(&["wait", "--for=condition=failed", "job/doomed", "--timeout=240s"]);
+    s.wait_explained("condition=failed", "job/doomed", "job", "240s");
     let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
     let job = jobs.get("doomed").await.unwrap();
     let failed = condition(&job, "Failed").unwrap();
@@ -151,7 +151,7 @@ spec:
       containers: [{name: work, image: busybox}]
 "#,
     );
-    s.ok(&["wait", "--for=condition=complete", "job/idx", "--timeout=240s"]);
+    s.wait_explained("condition=complete", "job/idx", "job", "240s");
     let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
     let st = jobs.get("idx").await.unwrap().status.unwrap();
     assert_eq!(st.completed_indexes.as_deref(), Some("0-3"));
@@ -199,7 +199,7 @@ spec:
     assert!(job_pods(&pods, "later").await.is_empty(), "a suspended Job has no pods");
     assert!(jobs.get("later").await.unwrap().status.unwrap().start_time.is_none());
     jobs.patch("later", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"suspend": false}}))).await.unwrap();
-    s.ok(&["wait", "--for=condition=complete", "job/later", "--timeout=240s"]);
+    s.wait_explained("condition=complete", "job/later", "job", "240s");
     let job = jobs.get("later").await.unwrap();
     let resumed = job.status.as_ref().unwrap().conditions.as_ref().unwrap().iter().find(|c| c.type_ == "Suspended").cloned().unwrap();
     assert_eq!((resumed.status.as_str(), resumed.reason.as_deref()), ("False", Some("JobResumed")));
@@ -242,7 +242,7 @@ spec:
       containers: [{name: work, image: busybox}]
 "#,
     );
-    s.ok(&["wait", "--for=condition=failed", "job/fatal", "--timeout=240s"]);
+    s.wait_explained("condition=failed", "job/fatal", "job", "240s");
     let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
     let job = jobs.get("fatal").await.unwrap();
     let failed = condition(&job, "Failed").unwrap();

@@ -34,6 +34,30 @@ impl Drop for FakeNodes {
     }
 }
 
+/// A write of the stand-in kubelet, tried until it is done or the pod is gone: a kubelet that
+/// gave up on one status write would leave its pod Pending for ever (no later event of the pod
+/// would bring it back), and a test waiting on the pod's owner would hang without a word.
+async fn persist<T, F, Fut>(what: &str, pod: &str, mut write: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    for attempt in 1.. {
+        match write().await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 404 => return,
+            Err(e) if attempt < 50 => {
+                eprintln!("fake kubelet: {what} of pod {pod} failed (attempt {attempt}, retrying): {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => {
+                eprintln!("fake kubelet: {what} of pod {pod} failed {attempt} times, giving up: {e}");
+                return;
+            }
+        }
+    }
+}
+
 fn now_micro() -> MicroTime {
     MicroTime(jiff::Timestamp::now())
 }
@@ -119,7 +143,8 @@ impl FakeNodes {
                     let ann = pod.annotations();
                     if pod.metadata.deletion_timestamp.is_some() {
                         if ann.get("fake.ferro.dev/hold-termination").map(String::as_str) != Some("true") {
-                            let _ = api.delete(&pod.name_any(), &DeleteParams::default().grace_period(0)).await;
+                            let (name, dp) = (pod.name_any(), DeleteParams::default().grace_period(0));
+                            persist("delete", &name, || api.delete(&name, &dp)).await;
                         }
                         continue;
                     }
@@ -127,7 +152,9 @@ impl FakeNodes {
                     if Exits::steers(&pod) {
                         if !matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
                             let code = exits.code(&pod);
-                            let _ = api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&exited(&pod, code))).await;
+                            let patch = exited(&pod, code);
+                            let (name, pp, patch) = (pod.name_any(), PatchParams::default(), Patch::Merge(&patch));
+                            persist("exit status", &name, || api.patch_status(&name, &pp, &patch)).await;
                         }
                         continue;
                     }
@@ -165,7 +192,8 @@ impl FakeNodes {
                             {"type": "ContainersReady", "status": r, "lastTransitionTime": now},
                             {"type": "Ready", "status": r, "lastTransitionTime": now}],
                         "containerStatuses": containers}});
-                    let _ = api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
+                    let (name, pp, patch) = (pod.name_any(), PatchParams::default(), Patch::Merge(&patch));
+                    persist("running status", &name, || api.patch_status(&name, &pp, &patch)).await;
                 }
             }));
         }

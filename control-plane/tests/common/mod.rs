@@ -212,6 +212,32 @@ impl Server {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// `kubectl wait --for=<condition> <kind>/<name>` in the default namespace; when it times
+    /// out, the panic shows what would explain it: the object, the pods, what the controller
+    /// loop `explain` would do for it (/debug/controllers), and the end of the server's log.
+    pub fn wait_explained(&self, condition: &str, object: &str, explain: &str, timeout: &str) {
+        let out = self.kubectl(&["wait", &format!("--for={condition}"), object, &format!("--timeout={timeout}")]);
+        if out.status.success() {
+            return;
+        }
+        let show = |args: &[&str]| {
+            let o = self.kubectl(args);
+            format!("$ kubectl {}\n{}{}", args.join(" "), String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+        };
+        let name = object.rsplit('/').next().unwrap_or(object);
+        let raw = format!("/debug/controllers/{explain}/default/{name}?format=text");
+        let log = self.log();
+        let tail: Vec<&str> = log.lines().rev().take(80).collect::<Vec<_>>().into_iter().rev().collect();
+        panic!(
+            "kubectl wait --for={condition} {object} failed: {}\n{}\n{}\n{}\n--- server log (tail) ---\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            show(&["get", object, "-o", "yaml"]),
+            show(&["get", "pods", "-o", "custom-columns=NAME:.metadata.name,PHASE:.status.phase,NODE:.spec.nodeName,FINALIZERS:.metadata.finalizers,DELETING:.metadata.deletionTimestamp,CREATED:.metadata.creationTimestamp"]),
+            show(&["get", "--raw", &raw]),
+            tail.join("\n")
+        );
+    }
+
     pub fn apply(&self, yaml: &str) -> String {
         let out = self.kubectl_stdin(&["apply", "-f", "-"], Some(yaml));
         assert!(out.status.success(), "apply failed: {}", String::from_utf8_lossy(&out.stderr));
