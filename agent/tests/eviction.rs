@@ -289,3 +289,55 @@ fn image_pressure_removes_unused_images_instead_of_evicting() {
     lab.kubectl_ok(&["delete", "pod", "keep", "--wait=true", "--timeout=60s"]);
     lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
 }
+
+/// imagefs.available on a dedicated image filesystem (containerd's root on 256 MiB of its own)
+/// where the space went to a finished pod: its container wrote 40 MiB of random bytes into its
+/// writable layer and exited 0. The threshold sits between what is available with that dead
+/// container and without it. The agent removes the finished pod's container and sandbox
+/// before evicting anything (upstream's node-level reclaim, DeleteAllUnusedContainers), sees
+/// the pressure relieved and evicts no pod: the running pod keeps its container, the finished
+/// pod stays Succeeded with its terminated container's status.
+#[test]
+#[ignore = "privileged: needs root, containerd and loop devices; run by scripts/test.sh"]
+fn disk_pressure_removes_the_containers_of_finished_pods_instead_of_evicting() {
+    let mut lab = Lab::start_on("evictctr", lab::NO_IMAGE_GC, None, Some(256 << 20));
+    lab.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: keep\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    imagePullPolicy: Never\n    command: [sleep, '3600']\n"
+    ));
+    let pod = lab.wait_pod("keep", "Running", MIN, |p| p["status"]["phase"] == "Running");
+    let kept = pod["status"]["containerStatuses"][0]["containerID"].as_str().unwrap().to_string();
+    let before = image_fs_available(&lab);
+    lab.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: done\nspec:\n  restartPolicy: Never\n  containers:\n  - name: fill\n    image: {BUSYBOX}\n    imagePullPolicy: Never\n    command: [sh, -c, 'head -c 41943040 /dev/urandom > /filler.bin']\n"
+    ));
+    let done = lab.wait_pod("done", "Succeeded", MIN, |p| p["status"]["phase"] == "Succeeded");
+    let dead = done["status"]["containerStatuses"][0]["containerID"].as_str().unwrap().trim_start_matches("containerd://").to_string();
+    let with_dead = image_fs_available(&lab);
+    assert!(before > with_dead + (40 << 20), "the dead container's layer takes at least 40 MiB: {before} -> {with_dead}");
+    let threshold = with_dead + (before - with_dead) / 2;
+
+    lab.agent.kill();
+    lab.write_agent_config(&format!("imageGCHighThresholdPercent: 100\nevictionHard:\n  imagefs.available: \"{threshold}\"\n"));
+    lab.start_agent();
+    lab.wait("the agent to find the pressure relieved", Duration::from_secs(120), |l| {
+        lab::plain(&l.agent_log()).contains("able to reduce resource pressure without evicting pods").then_some(())
+    });
+    let log = lab::plain(&lab.agent_log());
+    assert!(log.lines().any(|l| l.contains("removed the containers of a finished pod") && l.contains("default/done")), "{log}");
+    assert!(!log.contains("eviction threshold met"), "no pod is evicted\n{log}");
+    let containers = lab.ctrd.ctr(&["containers", "ls", "-q"]).unwrap();
+    assert!(!containers.contains(&dead), "the dead container is gone: {containers}");
+    assert!(containers.contains(kept.trim_start_matches("containerd://")), "the running one stays: {containers}");
+    assert!(image_fs_available(&lab) > threshold, "relieved on the file system too");
+    let names = image_names(&lab);
+    assert!(names.iter().any(|n| n == BUSYBOX), "no image was needed: {names:?}");
+    let pod = lab.pod("keep").unwrap();
+    assert_eq!(pod["status"]["phase"], "Running", "{}", pod["status"]);
+    assert_eq!(pod["status"]["containerStatuses"][0]["containerID"], kept.as_str());
+    let done = lab.pod("done").unwrap();
+    assert_eq!(done["status"]["phase"], "Succeeded", "{}", done["status"]);
+    let term = &done["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(term["exitCode"], 0, "{}", done["status"]);
+    lab.kubectl_ok(&["delete", "pod", "keep", "done", "--wait=true", "--timeout=60s"]);
+    lab.wait("no containers left", MIN, |l| l.ctrd.ctr(&["containers", "ls", "-q"]).unwrap().trim().is_empty().then_some(()));
+}

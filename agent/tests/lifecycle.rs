@@ -604,6 +604,73 @@ async fn disk_pressure_removes_unused_images_before_evicting() {
     until("writer evicted", || phase(&w, "writer") == "Failed").await;
 }
 
+/// nodefs.available met on a node whose images share the node's file system: the node-level
+/// reclaim removes the containers and sandbox of the finished pod (with their logs) first,
+/// then the unused image; the running pod's container stays. Still starved (a 100 % threshold
+/// cannot be relieved), the running pod is evicted after all. The finished pod keeps its
+/// status, its terminated container included.
+#[tokio::test(start_paused = true)]
+async fn disk_pressure_removes_the_containers_of_finished_pods_before_evicting() {
+    use ferro_agent::eviction::plan;
+    const UNUSED: &str = "registry.test/unused:1";
+    const PAUSE: &str = "registry.test/pause:3.9";
+    let node = Node::new();
+    node.fake.add_image(UNUSED);
+    node.fake.add_image(PAUSE);
+    node.fake.set_sandbox_image(PAUSE);
+    let image_fs = node.dir.path().join("containerd");
+    std::fs::create_dir_all(&image_fs).unwrap();
+    node.fake.set_image_fs(&image_fs);
+    node.fake.set_run("quick", Run::Exit { code: 0, after: Duration::from_secs(1) });
+    let w = node.agent();
+    w.upsert(pod("done", json!({"restartPolicy": "Never", "containers": [container("quick")]})), Source::Api);
+    w.upsert(pod("writer", json!({"containers": [container("writer")]})), Source::Api);
+    until("done succeeded, writer running", || phase(&w, "done") == "Succeeded" && node.fake.running("writer") == ["writer"]).await;
+    let log = node.dir.path().join("logs/default_done_uid-done/quick/0.log");
+    std::fs::create_dir_all(log.parent().unwrap()).unwrap();
+    std::fs::write(&log, "done\n").unwrap();
+
+    let proc = node.fake_proc(2097152);
+    std::fs::create_dir_all(node.dir.path().join("root")).unwrap();
+    let gc_cfg = ferro_agent::pod::imagegc::ImageGcConfig {
+        high_threshold_percent: 100,
+        low_threshold_percent: 80,
+        min_age: Duration::ZERO,
+        max_age: Duration::ZERO,
+        period: Duration::from_secs(300),
+    };
+    let image_gc = Some(ferro_agent::pod::imagegc::ImageGc::new(node.fake.clone(), gc_cfg, None).shared());
+    let (mut manager, _watch) =
+        node.eviction_manager(&w, (plan::Signal::NodefsAvailable, plan::Threshold::Percent(100.0)), proc, image_gc);
+    let before = node.fake.calls().len();
+    let d = manager.round(&mut plan::State::default()).await.unwrap();
+    assert_eq!(d.reclaim, Some(plan::Signal::NodefsAvailable));
+    let calls: Vec<Call> = node.fake.calls().split_off(before);
+    let at = |c: &Call| calls.iter().position(|x| x == c);
+    let container_gone = at(&Call::RemoveContainer { pod: "done".into(), container: "quick".into() });
+    let image_gone = calls.iter().position(|c| matches!(c, Call::RemoveImage { .. }));
+    assert!(container_gone.is_some() && at(&Call::RemoveSandbox { pod: "done".into() }).is_some(), "{calls:#?}");
+    assert!(container_gone < image_gone, "containers first, then images: {calls:#?}");
+    assert!(
+        !calls.iter().any(|c| matches!(c, Call::RemoveContainer { pod, .. } | Call::RemoveSandbox { pod } if pod == "writer")),
+        "the running pod keeps its containers: {calls:#?}"
+    );
+    assert!(!log.exists(), "the removed container's log goes with it");
+    let left: Vec<String> = {
+        use ferro_agent::cri::Cri as _;
+        node.fake.list_images().await.unwrap().into_iter().flat_map(|i| i.repo_tags).collect()
+    };
+    assert_eq!(left, [IMAGE, PAUSE], "the unused image went, the running pod's and the sandbox image stay");
+    let e = d.evict.expect("a 100 % threshold stays met: the running pod is evicted after the reclaim");
+    assert_eq!((e.name.as_str(), e.signal), ("writer", plan::Signal::NodefsAvailable));
+    until("writer evicted", || phase(&w, "writer") == "Failed").await;
+    // the finished pod, synced again with nothing left in the runtime, keeps its status
+    idle(Duration::from_secs(120)).await;
+    assert_eq!(phase(&w, "done"), "Succeeded");
+    let t = app_status(&w, "done", "quick").unwrap().state.unwrap().terminated.unwrap();
+    assert_eq!(t.exit_code, 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_eviction_manager_evicts_the_pod_using_the_most_memory_above_its_request() {
     use ferro_agent::eviction::plan;

@@ -20,6 +20,9 @@ use crate::pod::volume;
 
 /// Upstream's evictionMonitoringPeriod.
 pub const MONITORING_PERIOD: Duration = Duration::from_secs(10);
+/// How long the node-level reclaim waits at most for what it removed to show as free space
+/// (the runtime frees a removed container's writable layer asynchronously).
+pub const RECLAIM_SETTLE: Duration = Duration::from_secs(3);
 /// How long a round waits at most for an evicted pod's containers and volumes to go
 /// (upstream's podCleanupTimeout).
 pub const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -44,7 +47,8 @@ pub struct Manager {
     pub cgroup_fs: PathBuf,
     pub cgroup_root: String,
     /// The image collector shared with the periodic image GC: unused images are removed
-    /// before a pod is evicted for disk pressure (None: no node-level reclaim).
+    /// before a pod is evicted for disk pressure (None: only the containers of finished pods
+    /// are).
     pub image_gc: Option<imagegc::Shared>,
 }
 
@@ -175,6 +179,9 @@ async fn runtime_usage(cri: &dyn Cri) -> HashMap<String, RuntimeUsage> {
 impl Manager {
     /// Runs rounds forever.
     pub async fn run(mut self) {
+        // No ranking before every pod of the node is known (a pod listed a moment later could
+        // be the one to go, or a finished one whose containers would have been enough).
+        self.workers.wait_started().await;
         let mut state = State::default();
         loop {
             let decision = self.round(&mut state).await;
@@ -244,24 +251,42 @@ impl Manager {
         Some(d)
     }
 
-    /// Upstream's reclaimNodeLevelResources for `signal`: removes the unused images (on a
-    /// dedicated image filesystem only for the imagefs signals, as upstream's nodefs reclaim
-    /// there is dead containers alone), observes again and says whether `resource` is no
-    /// longer starved.
+    /// Upstream's reclaimNodeLevelResources for `signal`: removes the containers of finished
+    /// pods, then the unused images (on a dedicated image filesystem the nodefs signals remove
+    /// containers only: images are not on that file system), observes again and says whether
+    /// `resource` is no longer starved.
     async fn reclaim_node_level(&self, signal: Signal, dedicated: bool, dev: u64, resource: &str) -> bool {
-        let Some(gc) = &self.image_gc else { return false };
-        if dedicated && !matches!(signal, Signal::ImagefsAvailable | Signal::ImagefsInodesFree) {
-            return false;
-        }
-        match gc.lock().await.delete_unused().await {
-            Ok(freed) => tracing::info!(signal = signal.as_str(), freed, "node-level reclaim: unused images removed"),
+        match self.workers.remove_dead_containers().await {
+            Ok(removed) => tracing::info!(signal = signal.as_str(), removed, "node-level reclaim: containers of finished pods removed"),
             Err(e) => {
-                tracing::warn!(signal = signal.as_str(), error = %e, "node-level reclaim failed");
+                tracing::warn!(signal = signal.as_str(), error = %e, "node-level reclaim of containers failed");
                 return false;
             }
         }
-        let Some((obs, _)) = self.observe(dev).await else { return false };
-        !plan::starved(&self.config, &obs, resource)
+        let images = !dedicated || matches!(signal, Signal::ImagefsAvailable | Signal::ImagefsInodesFree);
+        if let Some(gc) = self.image_gc.as_ref().filter(|_| images) {
+            match gc.lock().await.delete_unused().await {
+                Ok(freed) => tracing::info!(signal = signal.as_str(), freed, "node-level reclaim: unused images removed"),
+                Err(e) => {
+                    tracing::warn!(signal = signal.as_str(), error = %e, "node-level reclaim of images failed");
+                    return false;
+                }
+            }
+        }
+        // What a removed container held is freed by the runtime's garbage collection a moment
+        // later (containerd removes a snapshot's files after the call returns): observed again
+        // until relieved, for a short while, before a pod pays for it.
+        let settle = tokio::time::Instant::now() + RECLAIM_SETTLE;
+        loop {
+            let Some((obs, _)) = self.observe(dev).await else { return false };
+            if !plan::starved(&self.config, &obs, resource) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= settle {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     fn usage<'a>(&self, pod: &'a Pod, runtime: &HashMap<String, RuntimeUsage>, dev: u64, dedicated: bool) -> PodUsage<'a> {

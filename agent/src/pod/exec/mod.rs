@@ -133,6 +133,9 @@ struct Inner {
     relist: Mutex<Option<tokio::task::AbortHandle>>,
     /// The node's pressure conditions as the eviction manager last decided (admission).
     pressure: Mutex<admission::NodePressure>,
+    /// Set by [`PodWorkers::start`]: the pod sources have been read (upstream's
+    /// sourcesReady), every pod of the node is known.
+    started: tokio::sync::watch::Sender<bool>,
     /// The cluster's Services (the service-link environment), set once by main.
     services: std::sync::OnceLock<Arc<ferro_runtime::Informer<k8s_openapi::api::core::v1::Service>>>,
     /// Service account tokens of projected volumes.
@@ -220,6 +223,7 @@ impl PodWorkers {
             csi: std::sync::OnceLock::new(),
             relist: Mutex::new(None),
             pressure: Mutex::new(admission::NodePressure::default()),
+            started: tokio::sync::watch::Sender::new(false),
             services: std::sync::OnceLock::new(),
             tokens: crate::pod::token::TokenManager::default(),
         });
@@ -252,6 +256,15 @@ impl PodWorkers {
         let this = self.clone();
         let relist = tokio::spawn(async move { this.relist_loop().await });
         *self.inner.relist.lock().unwrap_or_else(|p| p.into_inner()) = Some(relist.abort_handle());
+        self.inner.started.send_replace(true);
+    }
+
+    /// Until [`PodWorkers::start`] ran: main starts the workers once the API's pods have been
+    /// listed, so the eviction manager does not rank (and evict) pods before it knows them all.
+    pub async fn wait_started(&self) {
+        let mut rx = self.inner.started.subscribe();
+        // the sender lives as long as self
+        let _ = rx.wait_for(|s| *s).await;
     }
 
     /// Stops the workers, the relist and the probes (what a restart of the agent ends); the

@@ -16,7 +16,7 @@ impl PodWorkers {
             let n = seen.entry((c.kind == ContainerKind::Init, c.name.as_str())).or_insert(0);
             *n += 1;
             if *n > 2 && c.state == ContainerState::Exited {
-                if let Err(e) = rt.remove_container(&c.id).await {
+                if let Err(e) = self.remove_dead_container(observed, c).await {
                     tracing::debug!(container = %c.id, error = %e, "container gc");
                 }
             } else {
@@ -30,6 +30,73 @@ impl PodWorkers {
                 }
             }
         }
+    }
+
+    /// Removes an exited container and its log file (as upstream's container GC: the log goes
+    /// with the container it belongs to).
+    async fn remove_dead_container(&self, observed: &PodRuntime, c: &ContainerObs) -> Result<(), CriError> {
+        CriError::gone_ok(self.inner.rt.remove_container(&c.id).await)?;
+        if !observed.name.is_empty() {
+            let log = self
+                .inner
+                .cfg
+                .node
+                .pod_log_root
+                .join(format!("{}_{}_{}", observed.namespace, observed.name, observed.uid))
+                .join(&c.name)
+                .join(format!("{}.log", c.restart_count));
+            match std::fs::remove_file(&log) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!(file = %log.display(), error = %e, "removing a dead container's log");
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Node-level container reclaim under disk pressure (upstream's DeleteAllUnusedContainers):
+    /// every container and sandbox of the pods that have finished (Succeeded or Failed, nothing
+    /// left running) is removed with its log, where the periodic GC keeps the last attempts of
+    /// each for `kubectl logs`. Their statuses stay as written (a terminated container the
+    /// runtime no longer holds keeps its status). Returns how many containers went.
+    pub async fn remove_dead_containers(&self) -> Result<usize, CriError> {
+        let finished: Vec<String> = {
+            // the order of active_pods: desired, then states
+            let desired = self.inner.desired.read().unwrap_or_else(|p| p.into_inner());
+            let known: Vec<String> = desired.keys().cloned().collect();
+            let states = self.inner.states.lock().unwrap_or_else(|p| p.into_inner());
+            // The phase the agent wrote last, else the API's (after a restart of the agent)
+            let phase = |uid: &str| {
+                states
+                    .get(uid)
+                    .and_then(|s| s.last_status.as_ref())
+                    .or_else(|| desired.get(uid).and_then(|(p, _)| p.status.as_ref()))
+                    .and_then(|st| st.phase.clone())
+            };
+            known.into_iter().filter(|uid| matches!(phase(uid).as_deref(), Some("Succeeded" | "Failed"))).collect()
+        };
+        let mut removed = 0;
+        for uid in finished {
+            let observed = self.observe(&uid).await?;
+            let still_running = observed.running().next().is_some() || observed.sandboxes.iter().any(|s| s.state == SandboxState::Ready);
+            if still_running {
+                continue;
+            }
+            for c in &observed.containers {
+                self.remove_dead_container(&observed, c).await?;
+                removed += 1;
+            }
+            for s in &observed.sandboxes {
+                CriError::gone_ok(self.inner.rt.remove_sandbox(&s.id).await)?;
+            }
+            if !observed.containers.is_empty() || !observed.sandboxes.is_empty() {
+                tracing::info!(pod = %format!("{}/{}", observed.namespace, observed.name), containers = observed.containers.len(), "node-level reclaim: removed the containers of a finished pod");
+                // the next look at the runtime records that nothing is left
+                self.inner.queue.add(uid.clone());
+            }
+        }
+        Ok(removed)
     }
 
     /// Stops every running container (preStop hooks first, whatever ends the pod: deletion, a
