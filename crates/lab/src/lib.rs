@@ -12,12 +12,15 @@
 //! - [`storage`]: a scratch directory whose loop devices and mounts go with it.
 //! - [`nspawn`]: a cached minimal Debian root booted under systemd-nspawn (systemd as PID 1,
 //!   a private network), for the units' tests.
+//! - [`cluster`]: the multi-node lab: a control plane and several nodes, each a network
+//!   namespace with its own containerd, ferro-agent, ferro-netd and ferro-proxy.
 //!
 //! Nothing here touches the machine's root network namespace or the system containerd.
 //! Everything needs root and the Debian packages `containerd runc umoci skopeo
 //! busybox-static` (scripts/lib.sh installs them); a missing piece is an error with the
 //! package to install, never a silent skip. See docs/design/lab.md.
 
+pub mod cluster;
 pub mod containerd;
 pub mod cri;
 pub mod images;

@@ -1,0 +1,230 @@
+//! The multi-node lab (ferro_lab::cluster): a control plane and three nodes, each a network
+//! namespace with its own containerd, ferro-agent, ferro-netd and ferro-proxy, joined by an
+//! underlay bridge. Pods on different nodes talk over the VXLAN overlay; a Service balances
+//! over pods on every node, by its ClusterIP from a pod and by its NodePort from outside the
+//! nodes. Needs root; run by scripts/test.sh.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use ferro_lab::cluster::{node_ip, node_name, Cluster};
+use ferro_lab::images::BUSYBOX_IMAGE;
+use serde_json::Value;
+
+const NODES: usize = 3;
+const MIN: Duration = Duration::from_secs(60);
+
+/// A busybox httpd on :8080 answering with its pod's name, pinned to `node`.
+fn web_pod(node: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-{node}\n  labels: {{app: web}}\nspec:\n  nodeSelector: {{kubernetes.io/hostname: {node}}}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: httpd\n    image: {BUSYBOX_IMAGE}\n    imagePullPolicy: Never\n    command: [sh, -c, 'mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www']\n    readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}\n"
+    )
+}
+
+fn pod(c: &Cluster, name: &str) -> Value {
+    serde_json::from_str(&c.kubectl_ok(&["get", "pod", name, "-o", "json"]).unwrap()).unwrap()
+}
+
+fn ready(p: &Value) -> bool {
+    p["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+/// `wget` of `url` from the pod `client` (within `timeout_s`): the body, or what went wrong.
+fn fetch_from_client(c: &Cluster, url: &str, timeout_s: u32) -> Result<String, String> {
+    // `timeout`, not wget's -T: Debian's static busybox wget crashes (SIGSEGV) with -T
+    let out = c.kubectl(&["exec", "client", "--", "timeout", &timeout_s.to_string(), "wget", "-qO-", url]).map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+/// `fetch_from_client` until it answers; on timeout the last failure is in the panic.
+fn client_reaches(c: &Cluster, what: &str, url: &str) -> String {
+    let mut last = String::new();
+    c.wait(what, MIN, |c| match fetch_from_client(c, url, 3) {
+        Ok(body) => Some(body),
+        Err(e) => {
+            last = e;
+            None
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\nlast failure: {last}"))
+}
+
+/// Requests `fetch` until every name in `want` answered (each answer is a pod name).
+fn until_all_answer(c: &Cluster, what: &str, want: &BTreeSet<String>, mut fetch: impl FnMut() -> Option<String>) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    c.wait(what, MIN, |_| {
+        if let Some(answer) = fetch() {
+            let answer = answer.trim().to_string();
+            assert!(want.contains(&answer), "{what}: unexpected answer {answer:?}");
+            seen.insert(answer);
+        }
+        (&seen == want).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\nanswered so far: {seen:?}"));
+    seen
+}
+
+/// One cluster, two acts (a cluster takes most of a minute to start on 2 cores):
+/// 1. pods pinned to each node talk across nodes over the overlay; a NodePort Service over
+///    them answers from every node's pod by its ClusterIP from a pod and by its NodePort on
+///    each node from the underlay;
+/// 2. a Deployment's node loses its agent and netd: the node goes Unknown, its pods are
+///    evicted (their tolerationSeconds) and replaced on the other nodes, the Service follows
+///    them; the node comes back, ends the pods deleted meanwhile and runs new ones.
+#[test]
+#[ignore = "privileged: needs root, containerd and network namespaces; run by scripts/test.sh"]
+fn three_nodes_overlay_services_and_a_node_that_fails_and_returns() {
+    let mut c = Cluster::start("svc", NODES, "10s").unwrap_or_else(|e| panic!("{e:#}"));
+    // every node has a podCIDR of its own from the control plane
+    let cidrs: BTreeSet<String> = (0..NODES)
+        .map(|i| c.kubectl_ok(&["get", "node", &node_name(i), "-o", "jsonpath={.spec.podCIDR}"]).unwrap())
+        .collect();
+    assert_eq!(cidrs.len(), NODES, "{cidrs:?}");
+
+    for i in 0..NODES {
+        c.apply(&web_pod(&node_name(i))).unwrap();
+    }
+    c.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: client\nspec:\n  nodeSelector: {{kubernetes.io/hostname: node1}}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {BUSYBOX_IMAGE}\n    imagePullPolicy: Never\n    command: [sleep, '3600']\n"
+    ))
+    .unwrap();
+    c.apply("apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  type: NodePort\n  selector: {app: web}\n  ports:\n  - {port: 80, targetPort: 8080}\n").unwrap();
+    let want: BTreeSet<String> = (0..NODES).map(|i| format!("web-{}", node_name(i))).collect();
+    let mut ips = Vec::new();
+    for (i, name) in want.iter().enumerate() {
+        let p = c.wait(&format!("{name} ready"), Duration::from_secs(120), |c| Some(pod(c, name)).filter(ready)).unwrap();
+        assert_eq!(p["spec"]["nodeName"], node_name(i), "{name} runs where its nodeSelector says");
+        ips.push(p["status"]["podIP"].as_str().unwrap().to_string());
+    }
+    c.wait("client running", Duration::from_secs(120), |c| (pod(c, "client")["status"]["phase"] == "Running").then_some(())).unwrap();
+
+    // pod to pod, across nodes: node1's client reaches each web pod by its address
+    for (name, ip) in want.iter().zip(&ips) {
+        let answer = client_reaches(&c, &format!("client -> {name} ({ip})"), &format!("http://{ip}:8080/"));
+        assert_eq!(&answer, name);
+    }
+
+    // the ClusterIP from a pod: every endpoint answers, on every node
+    let cluster_ip = c.kubectl_ok(&["get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"]).unwrap();
+    until_all_answer(&c, "the ClusterIP to reach the pods of every node", &want, || fetch_from_client(&c, &format!("http://{cluster_ip}/"), 3).ok());
+
+    // the NodePort from outside the nodes (the underlay), through each node in turn
+    let node_port = c.kubectl_ok(&["get", "service", "web", "-o", "jsonpath={.spec.ports[0].nodePort}"]).unwrap();
+    for i in 0..NODES {
+        let url = format!("http://{}:{node_port}/", node_ip(i));
+        until_all_answer(&c, &format!("the NodePort of {} to reach the pods of every node", node_name(i)), &want, || {
+            let out = c.under.command("curl").args(["-fsS", "--max-time", "3", &url]).output().ok()?;
+            out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        });
+    }
+
+    let mut delete = vec!["delete", "pod", "client", "--wait=true", "--timeout=60s"];
+    let names: Vec<&str> = want.iter().map(String::as_str).collect();
+    delete.extend(names);
+    c.kubectl_ok(&delete).unwrap();
+    c.kubectl_ok(&["delete", "service", "web"]).unwrap();
+    for n in &c.nodes {
+        c.wait(&format!("{}'s containers to go", n.name), MIN, |_| n.ctrd.ctr(&["containers", "ls", "-q"]).ok().filter(|o| o.trim().is_empty()))
+            .unwrap();
+    }
+
+    node_fails_and_returns(&mut c);
+}
+
+/// The Deployment's pods: name -> (node, ready).
+fn app_pods(c: &Cluster) -> Vec<(String, String, bool)> {
+    let list: Value = serde_json::from_str(&c.kubectl_ok(&["get", "pods", "-l", "app=app", "-o", "json"]).unwrap()).unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .map(|p| {
+            (
+                p["metadata"]["name"].as_str().unwrap().to_string(),
+                p["spec"]["nodeName"].as_str().unwrap_or_default().to_string(),
+                ready(p),
+            )
+        })
+        .collect()
+}
+
+fn node_fails_and_returns(c: &mut Cluster) {
+    // tolerationSeconds 2 for an unreachable or not-ready node (the default is 300 s)
+    c.apply(&format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: app\nspec:\n  replicas: 3\n  selector: {{matchLabels: {{app: app}}}}\n  template:\n    metadata: {{labels: {{app: app}}}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      tolerations:\n      - {{key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 2}}\n      - {{key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 2}}\n      containers:\n      - name: httpd\n        image: {BUSYBOX_IMAGE}\n        imagePullPolicy: Never\n        resources: {{requests: {{cpu: 100m, memory: 32Mi}}}}\n        command: [sh, -c, 'mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www']\n        readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}\n"
+    ))
+    .unwrap();
+    c.apply("apiVersion: v1\nkind: Service\nmetadata:\n  name: app\nspec:\n  selector: {app: app}\n  ports:\n  - {port: 80, targetPort: 8080}\n").unwrap();
+    let pods = c
+        .wait("3 ready replicas", Duration::from_secs(120), |c| {
+            let p = app_pods(c);
+            (p.len() == 3 && p.iter().all(|(_, _, r)| *r)).then_some(p)
+        })
+        .unwrap();
+    // the node of the first replica fails; the client runs on another one
+    let failed = pods[0].1.clone();
+    let i = (0..NODES).find(|i| node_name(*i) == failed).unwrap();
+    let other = (0..NODES).map(node_name).find(|n| *n != failed).unwrap();
+    c.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: client\nspec:\n  nodeSelector: {{kubernetes.io/hostname: {other}}}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {BUSYBOX_IMAGE}\n    imagePullPolicy: Never\n    command: [sleep, '3600']\n"
+    ))
+    .unwrap();
+    c.wait("client running", Duration::from_secs(120), |c| (pod(c, "client")["status"]["phase"] == "Running").then_some(())).unwrap();
+    let cluster_ip = c.kubectl_ok(&["get", "service", "app", "-o", "jsonpath={.spec.clusterIP}"]).unwrap();
+    let fetch = |c: &Cluster| fetch_from_client(c, &format!("http://{cluster_ip}/"), 2).ok();
+    let names: BTreeSet<String> = pods.iter().map(|(n, _, _)| n.clone()).collect();
+    until_all_answer(c, "the Service to reach every replica", &names, || fetch(c));
+
+    // the node's agent and netd go (its containerd and pods stay, as on a machine whose
+    // kubelet died): no more lease renewals
+    let lost: BTreeSet<String> = pods.iter().filter(|(_, n, _)| *n == failed).map(|(p, _, _)| p.clone()).collect();
+    c.nodes[i].agent.kill9();
+    c.nodes[i].netd.kill9();
+    c.wait(&format!("{failed} to be Unknown"), Duration::from_secs(90), |c| {
+        let s = c.kubectl_ok(&["get", "node", &failed, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"]).ok()?;
+        (s == "Unknown").then_some(())
+    })
+    .unwrap();
+    let moved = c
+        .wait("the lost replicas replaced on the other nodes", Duration::from_secs(120), |c| {
+            let p = app_pods(c);
+            let fine = p.len() == 3 && p.iter().all(|(name, node, r)| *r && *node != failed && !lost.contains(name));
+            fine.then_some(p)
+        })
+        .unwrap();
+    // the Service answers from the replicas that are left and the new ones, and never from
+    // a pod of the failed node once the replacements answer
+    let now: BTreeSet<String> = moved.iter().map(|(n, _, _)| n.clone()).collect();
+    until_all_answer(c, "the Service to follow the replicas", &now, || fetch(c));
+
+    // the node returns: Ready again, its deleted pods ended and gone, new pods run there
+    c.start_node(i).unwrap();
+    c.wait_node_ready(i).unwrap();
+    for p in &lost {
+        c.wait(&format!("{p} (deleted while its node was away) to be gone"), Duration::from_secs(120), |c| {
+            let out = c.kubectl(&["get", "pod", p]).ok()?;
+            String::from_utf8_lossy(&out.stderr).contains("NotFound").then_some(())
+        })
+        .unwrap();
+    }
+    c.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: back\nspec:\n  nodeSelector: {{kubernetes.io/hostname: {failed}}}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: httpd\n    image: {BUSYBOX_IMAGE}\n    imagePullPolicy: Never\n    command: [sh, -c, 'mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www']\n    readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}\n"
+    ))
+    .unwrap();
+    let back = c.wait("a new pod on the returned node", Duration::from_secs(120), |c| Some(pod(c, "back")).filter(ready)).unwrap();
+    let ip = back["status"]["podIP"].as_str().unwrap().to_string();
+    let answer = client_reaches(c, "the returned node's pod reached over the overlay", &format!("http://{ip}:8080/"));
+    assert_eq!(answer, "back");
+    c.kubectl_ok(&["delete", "deployment", "app"]).unwrap();
+    c.kubectl_ok(&["delete", "pod", "back", "client", "--wait=true", "--timeout=60s"]).unwrap();
+    for n in &c.nodes {
+        c.wait(&format!("{}'s containers to go", n.name), MIN, |_| n.ctrd.ctr(&["containers", "ls", "-q"]).ok().filter(|o| o.trim().is_empty()))
+            .unwrap();
+    }
+}
