@@ -2,9 +2,11 @@
 //! underlay namespace holding the bridge `br-under` (192.168.77.1/24), and per node a network
 //! namespace (`eth0` 192.168.77.1N on that bridge) with its own containerd, ferro-agent (in
 //! containerd's network and mount namespaces), ferro-netd (the VXLAN overlay, the CNI
-//! conflist) and ferro-proxy (iptables mode). The nodes register themselves, get their
+//! conflist), ferro-proxy (iptables mode) and ferro-csi (loop.csi.ferro.dev with a pool of
+//! its own size, next to the agent). The nodes register themselves, get their
 //! podCIDRs from the control plane's node IPAM and their identities from client
-//! certificates the control plane signs (`system:node:<name>`, `system:kube-proxy`).
+//! certificates the control plane signs (`system:node:<name>`, `system:kube-proxy`,
+//! `system:ferro-csi`).
 //!
 //! Nothing is made in the root network namespace; every process is ours and ended by its pid;
 //! namespaces, containerds (with their shims, runc processes and mounts), the agents' cgroup
@@ -22,6 +24,7 @@ use nix::unistd::Pid;
 use crate::containerd::{Containerd, Options};
 use crate::images::{build_images, build_static_pause, ImageTars, PAUSE_IMAGE};
 use crate::netns::NetNs;
+use crate::storage::Scratch;
 
 /// The underlay's address of the control plane.
 pub const CONTROL_PLANE_IP: &str = "192.168.77.1";
@@ -112,13 +115,18 @@ impl Bins {
     }
 }
 
-/// One node of the cluster. Drop order: the agent, netd and proxy (by pid), containerd (with
-/// its pods), the cgroup root, the namespace.
+/// One node of the cluster. Drop order: the agent, netd, proxy and CSI driver (by pid),
+/// containerd (with its pods), the cgroup root, the CSI driver's loop devices, the namespace.
 pub struct Node {
     pub agent: Proc,
     pub netd: Proc,
     pub proxy: Proc,
+    pub csi: Proc,
     pub ctrd: Containerd,
+    /// ferro-csi's data dir (its pool's volumes, loop-attached): detached and removed on drop.
+    pub csi_data: Scratch,
+    /// ferro-csi's --pool-size.
+    pub pool: String,
     pub ns: NetNs,
     pub name: String,
     pub ip: String,
@@ -133,6 +141,7 @@ impl Drop for Node {
         self.agent.stop();
         self.netd.stop();
         self.proxy.stop();
+        self.csi.stop();
         self.ctrd.stop();
         remove_cgroup_root(&self.cgroup_root);
     }
@@ -149,9 +158,10 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// The control plane and `nodes` nodes, every node Ready with its overlay and proxy up.
-    /// `tag` keeps concurrent labs apart (namespace names), with the test process's pid.
-    pub fn start(tag: &str, nodes: usize, node_monitor_grace_period: &str) -> Result<Cluster> {
+    /// The control plane and one node per entry of `pools` (that node's ferro-csi pool size,
+    /// e.g. `"100Mi"`), every node Ready with its overlay, proxy and CSI driver up. `tag`
+    /// keeps concurrent labs apart (namespace names), with the test process's pid.
+    pub fn start(tag: &str, pools: &[&str], node_monitor_grace_period: &str) -> Result<Cluster> {
         crate::require_root()?;
         crate::require_bin("kubectl", "kubernetes-client")?;
         crate::require_bin("nsenter", "util-linux")?;
@@ -182,21 +192,21 @@ impl Cluster {
         cluster.wait("the control plane to serve", Duration::from_secs(60), |c| {
             (c.admin_kubeconfig().exists() && c.kubectl(&["get", "--raw", "/healthz"]).is_ok_and(|o| o.status.success())).then_some(())
         })?;
-        for i in 0..nodes {
-            let node = cluster.add_node(&prefix, i)?;
+        for (i, pool) in pools.iter().enumerate() {
+            let node = cluster.add_node(&prefix, i, pool)?;
             cluster.nodes.push(node);
         }
-        for i in 0..nodes {
+        for i in 0..pools.len() {
             cluster.start_node(i)?;
         }
-        for i in 0..nodes {
+        for i in 0..pools.len() {
             cluster.wait_node_ready(i)?;
         }
         Ok(cluster)
     }
 
     /// Node `i`'s namespace on the underlay, its containerd with the test images.
-    fn add_node(&self, prefix: &str, i: usize) -> Result<Node> {
+    fn add_node(&self, prefix: &str, i: usize, pool: &str) -> Result<Node> {
         let (name, ip) = (node_name(i), node_ip(i));
         let ns = NetNs::new(&format!("{prefix}n{}", i + 1))?;
         let port = format!("vu{}", i + 1);
@@ -232,11 +242,15 @@ impl Cluster {
         ctrd.import(&self.images.pause)?;
         ctrd.import(&self.images.busybox)?;
         let cgroup_root = format!("/{prefix}-{name}");
+        let csi_data = Scratch::new(&format!("ferro-cluster-csi-{name}-"))?;
         Ok(Node {
             agent: Proc { child: None },
             netd: Proc { child: None },
             proxy: Proc { child: None },
+            csi: Proc { child: None },
             ctrd,
+            csi_data,
+            pool: pool.to_string(),
             ns,
             name,
             ip,
@@ -246,13 +260,16 @@ impl Cluster {
         })
     }
 
-    /// Starts (again) node `i`'s netd, agent and proxy: whichever of them is not running.
+    /// Starts (again) node `i`'s netd, agent, proxy and CSI driver: whichever of them is not
+    /// running.
     pub fn start_node(&mut self, i: usize) -> Result<()> {
         let node_kc = self.kubeconfig_for(&format!("{}.kubeconfig", node_name(i)), &format!("system:node:{}", node_name(i)), &["system:nodes"])?;
         let proxy_kc = self.kubeconfig_for("proxy.kubeconfig", "system:kube-proxy", &[])?;
         let netd_bin = self.bins.get("ferro-netd")?;
         let agent_bin = self.bins.get("ferro-agent")?;
         let proxy_bin = self.bins.get("ferro-proxy")?;
+        let csi_kc = self.kubeconfig_for("csi.kubeconfig", "system:ferro-csi", &[])?;
+        let csi_bin = self.bins.get("ferro-csi")?;
         let n = &mut self.nodes[i];
         let d = n.dir.clone();
         if !n.netd.running() {
@@ -327,11 +344,39 @@ impl Cluster {
                 .context("start ferro-proxy")?;
             n.proxy = Proc::new(child);
         }
+        if !n.csi.running() {
+            // next to the agent, in containerd's mount namespace (it mounts the pods' volumes);
+            // it registers through the agent's plugin registry
+            let log = append(&d.join("csi.log"))?;
+            let pid = n.ctrd.pid().context("containerd is not running")?.to_string();
+            let data = n.csi_data.path().to_path_buf();
+            let child = Command::new("nsenter")
+                .args(["--target", &pid, "--net", "--mount", "--"])
+                .arg(&csi_bin)
+                .args(["--node-id", &n.name, "--pool-size", &n.pool])
+                .arg("--data-dir")
+                .arg(&data)
+                .arg("--endpoint")
+                .arg(format!("unix://{}", data.join("csi.sock").display()))
+                .arg("--registration-dir")
+                .arg(d.join("agent/plugins_registry"))
+                .arg("--allowed-path")
+                .arg(d.join("agent"))
+                .arg("--kubeconfig")
+                .arg(&csi_kc)
+                .env("RUST_LOG", "info")
+                .env("NO_COLOR", "1")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .context("start ferro-csi")?;
+            n.csi = Proc::new(child);
+        }
         Ok(())
     }
 
-    /// Until node `i` is Ready, its conflist written (the overlay knows its podCIDR) and its
-    /// proxy has synced once.
+    /// Until node `i` is Ready, its conflist written (the overlay knows its podCIDR), its
+    /// proxy has synced once and its CSI driver is registered.
     pub fn wait_node_ready(&self, i: usize) -> Result<()> {
         let name = node_name(i);
         self.wait(&format!("{name} to be Ready"), Duration::from_secs(90), |c| {
@@ -344,6 +389,10 @@ impl Cluster {
         self.wait(&format!("{name}'s ferro-proxy first sync"), Duration::from_secs(60), |_| {
             let out = n.ns.command("curl").args(["-fsS", "--max-time", "5", "http://127.0.0.1:10256/healthz"]).output().ok()?;
             out.status.success().then_some(())
+        })?;
+        self.wait(&format!("{name}'s ferro-csi registered in its CSINode"), Duration::from_secs(60), |c| {
+            let out = c.kubectl(&["get", "csinode", &name, "-o", "jsonpath={.spec.drivers[*].name}"]).ok()?;
+            (String::from_utf8_lossy(&out.stdout) == "loop.csi.ferro.dev").then_some(())
         })
     }
 
@@ -421,7 +470,7 @@ impl Cluster {
     /// What a failed test shows: nodes, pods, services, events, and the end of each log.
     pub fn logs(&self) -> String {
         let mut out = String::new();
-        if let Ok(o) = self.kubectl(&["get", "nodes,pods,services,endpointslices", "-A", "-o", "wide"]) {
+        if let Ok(o) = self.kubectl(&["get", "nodes,pods,services,endpointslices,pvc,pv,csistoragecapacities", "-A", "-o", "wide"]) {
             out.push_str(&String::from_utf8_lossy(&o.stdout));
         }
         if let Ok(o) = self.kubectl(&["get", "events", "-A", "--sort-by=.lastTimestamp"]) {
@@ -429,7 +478,7 @@ impl Cluster {
         }
         let mut files = vec![self.dir.path().join("cp.log")];
         for n in &self.nodes {
-            for f in ["agent.log", "netd.log", "proxy.log"] {
+            for f in ["agent.log", "netd.log", "proxy.log", "csi.log"] {
                 files.push(n.dir.join(f));
             }
             files.push(n.ctrd.dir().join("containerd.log"));

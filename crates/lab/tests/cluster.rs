@@ -1,8 +1,9 @@
 //! The multi-node lab (ferro_lab::cluster): a control plane and three nodes, each a network
-//! namespace with its own containerd, ferro-agent, ferro-netd and ferro-proxy, joined by an
-//! underlay bridge. Pods on different nodes talk over the VXLAN overlay; a Service balances
-//! over pods on every node, by its ClusterIP from a pod and by its NodePort from outside the
-//! nodes. Needs root; run by scripts/test.sh.
+//! namespace with its own containerd, ferro-agent, ferro-netd, ferro-proxy and ferro-csi,
+//! joined by an underlay bridge. Pods on different nodes talk over the VXLAN overlay; a
+//! Service balances over pods on every node, by its ClusterIP from a pod and by its NodePort
+//! from outside the nodes; a node that fails loses its pods to the others and rejoins; a
+//! StatefulSet's claim lands on the node with room for it. Needs root; run by scripts/test.sh.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
@@ -13,6 +14,8 @@ use ferro_lab::images::BUSYBOX_IMAGE;
 use serde_json::Value;
 
 const NODES: usize = 3;
+/// ferro-csi's pool on each node: only the third has room for a 300Mi claim.
+const POOLS: [&str; NODES] = ["100Mi", "100Mi", "600Mi"];
 const MIN: Duration = Duration::from_secs(60);
 
 /// A busybox httpd on :8080 answering with its pod's name, pinned to `node`.
@@ -69,17 +72,20 @@ fn until_all_answer(c: &Cluster, what: &str, want: &BTreeSet<String>, mut fetch:
     seen
 }
 
-/// One cluster, two acts (a cluster takes most of a minute to start on 2 cores):
+/// One cluster, three acts (a cluster takes a while to start on 2 cores):
 /// 1. pods pinned to each node talk across nodes over the overlay; a NodePort Service over
 ///    them answers from every node's pod by its ClusterIP from a pod and by its NodePort on
 ///    each node from the underlay;
 /// 2. a Deployment's node loses its agent and netd: the node goes Unknown, its pods are
 ///    evicted (their tolerationSeconds) and replaced on the other nodes, the Service follows
-///    them; the node comes back, ends the pods deleted meanwhile and runs new ones.
+///    them; the node comes back, ends the pods deleted meanwhile and runs new ones;
+/// 3. a StatefulSet with a 300Mi WaitForFirstConsumer claim: the scheduler places its pod on
+///    the one node whose CSI pool has room (published CSIStorageCapacity), the volume is
+///    provisioned there, holds data, and goes with the claim.
 #[test]
 #[ignore = "privileged: needs root, containerd and network namespaces; run by scripts/test.sh"]
 fn three_nodes_overlay_services_and_a_node_that_fails_and_returns() {
-    let mut c = Cluster::start("svc", NODES, "10s").unwrap_or_else(|e| panic!("{e:#}"));
+    let mut c = Cluster::start("svc", &POOLS, "10s").unwrap_or_else(|e| panic!("{e:#}"));
     // every node has a podCIDR of its own from the control plane
     let cidrs: BTreeSet<String> = (0..NODES)
         .map(|i| c.kubectl_ok(&["get", "node", &node_name(i), "-o", "jsonpath={.spec.podCIDR}"]).unwrap())
@@ -134,6 +140,43 @@ fn three_nodes_overlay_services_and_a_node_that_fails_and_returns() {
     }
 
     node_fails_and_returns(&mut c);
+    a_claim_lands_on_the_node_with_room(&c);
+}
+
+fn a_claim_lands_on_the_node_with_room(c: &Cluster) {
+    c.apply("apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: loop\nprovisioner: loop.csi.ferro.dev\nvolumeBindingMode: WaitForFirstConsumer\nreclaimPolicy: Delete\n").unwrap();
+    // every node's driver has published what it can hold for the class
+    c.wait("a CSIStorageCapacity of class loop per node", MIN, |c| {
+        let out = c.kubectl_ok(&["get", "csistoragecapacities", "-A", "-o", "jsonpath={range .items[?(@.storageClassName==\"loop\")]}{.nodeTopology.matchLabels}{\"\\n\"}{end}"]).ok()?;
+        (out.lines().filter(|l| !l.trim().is_empty()).count() == NODES).then_some(())
+    })
+    .unwrap();
+    c.apply(&format!(
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: db\nspec:\n  serviceName: db\n  replicas: 1\n  selector: {{matchLabels: {{app: db}}}}\n  template:\n    metadata: {{labels: {{app: db}}}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      containers:\n      - name: db\n        image: {BUSYBOX_IMAGE}\n        imagePullPolicy: Never\n        command: [sh, -c, 'echo kept > /data/f && sync && exec sleep 3600']\n        volumeMounts: [{{name: data, mountPath: /data}}]\n  volumeClaimTemplates:\n  - metadata: {{name: data}}\n    spec:\n      accessModes: [ReadWriteOnce]\n      storageClassName: loop\n      resources: {{requests: {{storage: 300Mi}}}}\n"
+    ))
+    .unwrap();
+    let db = c.wait("db-0 running", Duration::from_secs(120), |c| Some(pod(c, "db-0")).filter(|p| p["status"]["phase"] == "Running")).unwrap();
+    assert_eq!(db["spec"]["nodeName"], node_name(2), "only node3's pool holds 300Mi");
+    let pv = c.kubectl_ok(&["get", "pvc", "data-db-0", "-o", "jsonpath={.spec.volumeName}"]).unwrap();
+    let pv: Value = serde_json::from_str(&c.kubectl_ok(&["get", "pv", &pv, "-o", "json"]).unwrap()).unwrap();
+    let affinity = pv["spec"]["nodeAffinity"].to_string();
+    assert!(affinity.contains(&node_name(2)), "the volume is node3's: {affinity}");
+    let data = c.kubectl_ok(&["exec", "db-0", "--", "cat", "/data/f"]).unwrap();
+    assert_eq!(data.trim(), "kept");
+    c.kubectl_ok(&["delete", "statefulset", "db"]).unwrap();
+    c.wait("db-0 gone", MIN, |c| {
+        let out = c.kubectl(&["get", "pod", "db-0"]).ok()?;
+        String::from_utf8_lossy(&out.stderr).contains("NotFound").then_some(())
+    })
+    .unwrap();
+    c.kubectl_ok(&["delete", "pvc", "data-db-0", "--wait=true", "--timeout=60s"]).unwrap();
+    let name = pv["metadata"]["name"].as_str().unwrap().to_string();
+    c.wait("the volume deleted with its claim", MIN, |c| {
+        let out = c.kubectl(&["get", "pv", &name]).ok()?;
+        String::from_utf8_lossy(&out.stderr).contains("NotFound").then_some(())
+    })
+    .unwrap();
+    assert!(c.nodes[2].csi_data.loops().is_empty(), "node3's loop devices detached: {:?}", c.nodes[2].csi_data.loops());
 }
 
 /// The Deployment's pods: name -> (node, ready).
