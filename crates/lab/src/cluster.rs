@@ -4,8 +4,10 @@
 //! containerd's network and mount namespaces), ferro-netd (the VXLAN overlay, the CNI
 //! conflist), ferro-proxy (iptables mode) and ferro-csi (loop.csi.ferro.dev with a pool of
 //! its own size, next to the agent). The nodes register themselves, get their
-//! podCIDRs from the control plane's node IPAM and their identities from client
-//! certificates the control plane signs (`system:node:<name>`, `system:kube-proxy`,
+//! podCIDRs from the control plane's node IPAM. The agents join as workers do: a bootstrap
+//! token (`ferro-control-plane token create`) and a CSR the control plane approves and signs
+//! (`system:node:<name>`); netd then uses the agent's kubeconfig (the node's identity), the
+//! proxy and the CSI driver client certificates of their own (`system:kube-proxy`,
 //! `system:ferro-csi`).
 //!
 //! Nothing is made in the root network namespace; every process is ours and ended by its pid;
@@ -99,6 +101,13 @@ pub struct Bins {
 }
 
 impl Bins {
+    /// The binaries in `dir`, made absolute (the agent and CSI driver start through nsenter,
+    /// whose mount namespace does not keep this process's working directory).
+    pub fn new(dir: &Path) -> Result<Bins> {
+        let dir = std::fs::canonicalize(dir).with_context(|| format!("binary dir {}", dir.display()))?;
+        Ok(Bins { dir })
+    }
+
     /// `target/<profile>` of the running test executable (`target/<profile>/deps/<test>`).
     pub fn beside_test() -> Result<Bins> {
         let exe = std::env::current_exe()?;
@@ -162,10 +171,15 @@ impl Cluster {
     /// e.g. `"100Mi"`), every node Ready with its overlay, proxy and CSI driver up. `tag`
     /// keeps concurrent labs apart (namespace names), with the test process's pid.
     pub fn start(tag: &str, pools: &[&str], node_monitor_grace_period: &str) -> Result<Cluster> {
+        Cluster::start_with(Bins::beside_test()?, tag, pools, node_monitor_grace_period)
+    }
+
+    /// As [`Cluster::start`], with the binaries of `bins` (`ferro-lab cluster`: the release
+    /// build next to it).
+    pub fn start_with(bins: Bins, tag: &str, pools: &[&str], node_monitor_grace_period: &str) -> Result<Cluster> {
         crate::require_root()?;
         crate::require_bin("kubectl", "kubernetes-client")?;
         crate::require_bin("nsenter", "util-linux")?;
-        let bins = Bins::beside_test()?;
         let dir = tempfile::Builder::new().prefix(&format!("ferro-cluster-{tag}-")).tempdir()?;
         let images = build_images(&dir.path().join("images"), &build_static_pause()?)?;
         let prefix = format!("fcl{tag}{}", std::process::id());
@@ -263,7 +277,7 @@ impl Cluster {
     /// Starts (again) node `i`'s netd, agent, proxy and CSI driver: whichever of them is not
     /// running.
     pub fn start_node(&mut self, i: usize) -> Result<()> {
-        let node_kc = self.kubeconfig_for(&format!("{}.kubeconfig", node_name(i)), &format!("system:node:{}", node_name(i)), &["system:nodes"])?;
+        let bootstrap = self.bootstrap_kubeconfig()?;
         let proxy_kc = self.kubeconfig_for("proxy.kubeconfig", "system:kube-proxy", &[])?;
         let netd_bin = self.bins.get("ferro-netd")?;
         let agent_bin = self.bins.get("ferro-agent")?;
@@ -272,7 +286,51 @@ impl Cluster {
         let csi_bin = self.bins.get("ferro-csi")?;
         let n = &mut self.nodes[i];
         let d = n.dir.clone();
+        if !n.agent.running() {
+            n.agent_starts += 1;
+            std::fs::write(
+                d.join("agent.yaml"),
+                format!(
+                    "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n\
+                     imageGCHighThresholdPercent: 100\nevictionHard:\n  memory.available: 100Mi\n  nodefs.available: 0%\n  nodefs.inodesFree: 0%\n",
+                    d.join("logs").display()
+                ),
+            )?;
+            let log = append(&d.join("agent.log"))?;
+            let pid = n.ctrd.pid().context("containerd is not running")?.to_string();
+            let child = Command::new("nsenter")
+                .args(["--target", &pid, "--net", "--mount", "--"])
+                .arg(&agent_bin)
+                .arg("--bootstrap-kubeconfig")
+                .arg(&bootstrap)
+                .arg("--kubeconfig")
+                .arg(d.join("kubelet.kubeconfig"))
+                .args(["--hostname-override", &n.name, "--node-ip", &n.ip])
+                .arg("--root-dir")
+                .arg(d.join("agent"))
+                .arg("--container-runtime-endpoint")
+                .arg(format!("unix://{}", n.ctrd.socket().display()))
+                .arg("--config")
+                .arg(d.join("agent.yaml"))
+                .args(["--cgroup-root", &n.cgroup_root])
+                .env("RUST_LOG", "info")
+                .env("NO_COLOR", "1")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .context("start ferro-agent")?;
+            n.agent = Proc::new(child);
+        }
+        // netd as the node, with the agent's kubeconfig (written once its CSR was signed)
+        let node_kc = d.join("kubelet.kubeconfig");
         if !n.netd.running() {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !node_kc.exists() {
+                if Instant::now() > deadline || !n.agent.running() {
+                    bail!("{}'s agent wrote no kubeconfig (TLS bootstrap):\n{}", n.name, std::fs::read_to_string(d.join("agent.log")).unwrap_or_default());
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
             let log = append(&d.join("netd.log"))?;
             let child = n
                 .ns
@@ -293,39 +351,6 @@ impl Cluster {
                 .spawn()
                 .context("start ferro-netd")?;
             n.netd = Proc::new(child);
-        }
-        if !n.agent.running() {
-            n.agent_starts += 1;
-            std::fs::write(
-                d.join("agent.yaml"),
-                format!(
-                    "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n\
-                     imageGCHighThresholdPercent: 100\nevictionHard:\n  memory.available: 100Mi\n  nodefs.available: 0%\n  nodefs.inodesFree: 0%\n",
-                    d.join("logs").display()
-                ),
-            )?;
-            let log = append(&d.join("agent.log"))?;
-            let pid = n.ctrd.pid().context("containerd is not running")?.to_string();
-            let child = Command::new("nsenter")
-                .args(["--target", &pid, "--net", "--mount", "--"])
-                .arg(&agent_bin)
-                .arg("--kubeconfig")
-                .arg(&node_kc)
-                .args(["--hostname-override", &n.name, "--node-ip", &n.ip])
-                .arg("--root-dir")
-                .arg(d.join("agent"))
-                .arg("--container-runtime-endpoint")
-                .arg(format!("unix://{}", n.ctrd.socket().display()))
-                .arg("--config")
-                .arg(d.join("agent.yaml"))
-                .args(["--cgroup-root", &n.cgroup_root])
-                .env("RUST_LOG", "info")
-                .env("NO_COLOR", "1")
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .context("start ferro-agent")?;
-            n.agent = Proc::new(child);
         }
         if !n.proxy.running() {
             let log = append(&d.join("proxy.log"))?;
@@ -414,6 +439,28 @@ impl Cluster {
         }
         let out = crate::run(cmd.args(["--server", &format!("https://{CONTROL_PLANE_IP}:{API_PORT}")]))?;
         std::fs::write(&path, out.stdout)?;
+        Ok(path)
+    }
+
+    /// A kubeconfig with only the API server, its CA and a bootstrap token (made once, valid
+    /// for the cluster's life): what a worker is given to join.
+    fn bootstrap_kubeconfig(&self) -> Result<PathBuf> {
+        let path = self.dir.path().join("bootstrap.kubeconfig");
+        if path.exists() {
+            return Ok(path);
+        }
+        // it creates the token's Secret through the API: from the underlay, where the API is
+        let cp = self.bins.get("ferro-control-plane")?;
+        let out = crate::run(self.under.command(cp.to_str().context("path")?).args(["token", "create", "--data-dir"]).arg(self.dir.path().join("cp")))?;
+        let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: ferro\n  cluster:\n    server: https://{CONTROL_PLANE_IP}:{API_PORT}\n    certificate-authority: {}\n\
+                 contexts:\n- name: boot\n  context: {{cluster: ferro, user: boot}}\ncurrent-context: boot\nusers:\n- name: boot\n  user: {{token: {token}}}\n",
+                self.dir.path().join("cp/ca.crt").display()
+            ),
+        )?;
         Ok(path)
     }
 

@@ -91,6 +91,10 @@ fn three_nodes_overlay_services_and_a_node_that_fails_and_returns() {
         .map(|i| c.kubectl_ok(&["get", "node", &node_name(i), "-o", "jsonpath={.spec.podCIDR}"]).unwrap())
         .collect();
     assert_eq!(cidrs.len(), NODES, "{cidrs:?}");
+    // every agent joined with the bootstrap token: one signed CSR each, asked by the token
+    let csrs = c.kubectl_ok(&["get", "csr", "-o", "jsonpath={range .items[*]}{.spec.username} {.status.certificate}{\"\\n\"}{end}"]).unwrap();
+    let joined: Vec<&str> = csrs.lines().filter(|l| l.starts_with("system:bootstrap:") && l.split(' ').nth(1).is_some_and(|cert| !cert.is_empty())).collect();
+    assert_eq!(joined.len(), NODES, "{csrs}");
 
     for i in 0..NODES {
         c.apply(&web_pod(&node_name(i))).unwrap();

@@ -15,6 +15,9 @@
 //!   with the CRI plugin's registry config) and prints `IMAGE IMAGE-REF`.
 //! - `cri-teardown --socket S`: stops and removes every pod sandbox through CRI (which stops
 //!   their containers and calls CNI DEL), then prints how many there were.
+//! - `cluster [--nodes N] [--pool-size Q] [--bin-dir D]`: the multi-node lab
+//!   (ferro_lab::cluster) in the foreground: prints how to reach it, runs until SIGINT or
+//!   SIGTERM, then removes everything it made (scripts/lab-up.sh).
 
 use std::path::PathBuf;
 
@@ -81,6 +84,51 @@ enum Cmd {
         #[arg(long)]
         socket: PathBuf,
     },
+    /// Run the multi-node lab until SIGINT or SIGTERM, then remove it.
+    Cluster {
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Each node's ferro-csi pool.
+        #[arg(long, default_value = "1Gi")]
+        pool_size: String,
+        /// Where ferro-control-plane, ferro-agent, ferro-netd, ferro-cni, ferro-proxy and
+        /// ferro-csi are (default: this binary's directory).
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+        /// The control plane's --node-monitor-grace-period.
+        #[arg(long, default_value = "40s")]
+        node_monitor_grace_period: String,
+    },
+}
+
+/// The multi-node lab in the foreground: up, then down at SIGINT or SIGTERM.
+fn cluster(nodes: usize, pool_size: &str, bin_dir: Option<PathBuf>, grace: &str) -> anyhow::Result<()> {
+    use ferro_lab::cluster::{node_ip, node_name, Bins, Cluster};
+    anyhow::ensure!((1..=9).contains(&nodes), "--nodes {nodes}: between 1 and 9");
+    let dir = match bin_dir {
+        Some(d) => d,
+        None => std::env::current_exe()?.parent().context("no directory of ferro-lab")?.to_path_buf(),
+    };
+    let pools = vec![pool_size; nodes];
+    eprintln!("starting the control plane and {nodes} nodes (binaries from {})", dir.display());
+    let c = Cluster::start_with(Bins::new(&dir)?, "cli", &pools, grace)?;
+    let kubectl = format!("ip netns exec {} kubectl --kubeconfig {}", c.under.name(), c.admin_kubeconfig().display());
+    println!("ferro cluster up: {nodes} nodes");
+    for (i, n) in c.nodes.iter().enumerate() {
+        println!("  {} {} (netns {}), logs in {}", node_name(i), node_ip(i), n.ns.name(), n.dir.display());
+    }
+    println!("  kubectl: {kubectl} get nodes");
+    println!("stop with Ctrl-C or SIGTERM: everything is removed");
+    block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r,
+            _ = term.recv() => Ok(()),
+        }
+    })??;
+    eprintln!("stopping the cluster and removing what it made");
+    drop(c);
+    Ok(())
 }
 
 fn block_on<F: std::future::Future>(f: F) -> anyhow::Result<F::Output> {
@@ -168,6 +216,9 @@ async fn cri_teardown(socket: &std::path::Path) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
+        Cmd::Cluster { nodes, pool_size, bin_dir, node_monitor_grace_period } => {
+            cluster(nodes, &pool_size, bin_dir, &node_monitor_grace_period)?;
+        }
         Cmd::Images { out } => {
             std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
             let pause = images::build_static_pause()?;
