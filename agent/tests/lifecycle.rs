@@ -18,6 +18,8 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 use serde_json::{json, Value};
 
 const IMAGE: &str = "registry.test/busybox:1.36";
+const UNUSED: &str = "registry.test/unused:1";
+const PAUSE: &str = "registry.test/pause:3.9";
 const GIB: i64 = 1 << 30;
 
 struct Node {
@@ -64,6 +66,32 @@ impl Node {
 
     fn now(&self) -> i64 {
         self.clock.now_ns()
+    }
+
+    /// A node with an unused image and a sandbox image besides busybox, whose image
+    /// filesystem is a directory on the node's own file system.
+    fn with_images() -> Node {
+        let node = Node::new();
+        node.fake.add_image(UNUSED);
+        node.fake.add_image(PAUSE);
+        node.fake.set_sandbox_image(PAUSE);
+        let image_fs = node.dir.path().join("containerd");
+        std::fs::create_dir_all(&image_fs).unwrap();
+        node.fake.set_image_fs(&image_fs);
+        node
+    }
+
+    /// The image collector with periodic GC off (the node-level reclaim still runs, as
+    /// upstream's) and no minimum age.
+    fn image_gc_off(&self) -> ferro_agent::pod::imagegc::Shared {
+        let cfg = ferro_agent::pod::imagegc::ImageGcConfig {
+            high_threshold_percent: 100,
+            low_threshold_percent: 80,
+            min_age: Duration::ZERO,
+            max_age: Duration::ZERO,
+            period: Duration::from_secs(300),
+        };
+        ferro_agent::pod::imagegc::ImageGc::new(self.fake.clone(), cfg, None).shared()
     }
 
     /// A /proc for the eviction manager: 4 GiB of memory, `available_kib` of it available.
@@ -541,16 +569,7 @@ async fn an_evicted_pod_fails_with_the_disruption_target_and_releases_its_volume
 #[tokio::test(start_paused = true)]
 async fn disk_pressure_removes_unused_images_before_evicting() {
     use ferro_agent::eviction::plan;
-    use ferro_agent::pod::imagegc;
-    const UNUSED: &str = "registry.test/unused:1";
-    const PAUSE: &str = "registry.test/pause:3.9";
-    let node = Node::new();
-    node.fake.add_image(UNUSED);
-    node.fake.add_image(PAUSE);
-    node.fake.set_sandbox_image(PAUSE);
-    let image_fs = node.dir.path().join("containerd");
-    std::fs::create_dir_all(&image_fs).unwrap();
-    node.fake.set_image_fs(&image_fs);
+    let node = Node::with_images();
     let w = node.agent();
     w.upsert(pod("writer", json!({"containers": [container("writer")]})), Source::Api);
     node.fake.set_usage("writer", 10 << 20, 200 << 20);
@@ -558,15 +577,7 @@ async fn disk_pressure_removes_unused_images_before_evicting() {
 
     let proc = node.fake_proc(2097152);
     std::fs::create_dir_all(node.dir.path().join("root")).unwrap();
-    let gc_cfg = imagegc::ImageGcConfig {
-        // Periodic GC off: the node-level reclaim still runs, as upstream's.
-        high_threshold_percent: 100,
-        low_threshold_percent: 80,
-        min_age: Duration::ZERO,
-        max_age: Duration::ZERO,
-        period: Duration::from_secs(300),
-    };
-    let image_gc = Some(imagegc::ImageGc::new(node.fake.clone(), gc_cfg, None).shared());
+    let image_gc = Some(node.image_gc_off());
     let (mut manager, watch) =
         node.eviction_manager(&w, (plan::Signal::ImagefsAvailable, plan::Threshold::Percent(100.0)), proc, image_gc);
     let d = manager.round(&mut plan::State::default()).await.unwrap();
@@ -612,15 +623,7 @@ async fn disk_pressure_removes_unused_images_before_evicting() {
 #[tokio::test(start_paused = true)]
 async fn disk_pressure_removes_the_containers_of_finished_pods_before_evicting() {
     use ferro_agent::eviction::plan;
-    const UNUSED: &str = "registry.test/unused:1";
-    const PAUSE: &str = "registry.test/pause:3.9";
-    let node = Node::new();
-    node.fake.add_image(UNUSED);
-    node.fake.add_image(PAUSE);
-    node.fake.set_sandbox_image(PAUSE);
-    let image_fs = node.dir.path().join("containerd");
-    std::fs::create_dir_all(&image_fs).unwrap();
-    node.fake.set_image_fs(&image_fs);
+    let node = Node::with_images();
     node.fake.set_run("quick", Run::Exit { code: 0, after: Duration::from_secs(1) });
     let w = node.agent();
     w.upsert(pod("done", json!({"restartPolicy": "Never", "containers": [container("quick")]})), Source::Api);
@@ -632,14 +635,7 @@ async fn disk_pressure_removes_the_containers_of_finished_pods_before_evicting()
 
     let proc = node.fake_proc(2097152);
     std::fs::create_dir_all(node.dir.path().join("root")).unwrap();
-    let gc_cfg = ferro_agent::pod::imagegc::ImageGcConfig {
-        high_threshold_percent: 100,
-        low_threshold_percent: 80,
-        min_age: Duration::ZERO,
-        max_age: Duration::ZERO,
-        period: Duration::from_secs(300),
-    };
-    let image_gc = Some(ferro_agent::pod::imagegc::ImageGc::new(node.fake.clone(), gc_cfg, None).shared());
+    let image_gc = Some(node.image_gc_off());
     let (mut manager, _watch) =
         node.eviction_manager(&w, (plan::Signal::NodefsAvailable, plan::Threshold::Percent(100.0)), proc, image_gc);
     let before = node.fake.calls().len();
