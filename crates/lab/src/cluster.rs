@@ -24,7 +24,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use crate::containerd::{Containerd, Options};
-use crate::images::{build_images, build_static_pause, ImageTars, PAUSE_IMAGE};
+use crate::images::{build_images, build_static_pause, ImageTars, BUSYBOX_IMAGE, PAUSE_IMAGE};
 use crate::netns::NetNs;
 use crate::storage::Scratch;
 
@@ -541,6 +541,76 @@ impl Cluster {
         }
         out
     }
+}
+
+/// A pod of the cluster as the scenarios look at it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodView {
+    pub name: String,
+    pub node: String,
+    pub ready: bool,
+}
+
+impl Cluster {
+    /// The pods of the default namespace selected by `selector` that are not being deleted.
+    pub fn pods(&self, selector: &str) -> Result<Vec<PodView>> {
+        let list: serde_json::Value = serde_json::from_str(&self.kubectl_ok(&["get", "pods", "-l", selector, "-o", "json"])?)?;
+        Ok(list["items"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .map(|p| PodView {
+                name: p["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                node: p["spec"]["nodeName"].as_str().unwrap_or_default().to_string(),
+                ready: pod_ready(p),
+            })
+            .collect())
+    }
+
+    /// `wget` of `url` from pod `pod` (within `timeout_s`): the body, or what went wrong.
+    pub fn fetch(&self, pod: &str, url: &str, timeout_s: u32) -> std::result::Result<String, String> {
+        // `timeout`, not wget's -T: Debian's static busybox wget crashes (SIGSEGV) with -T
+        let out = self.kubectl(&["exec", pod, "--", "timeout", &timeout_s.to_string(), "wget", "-qO-", url]).map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+        }
+    }
+}
+
+/// Whether a pod (JSON) has its Ready condition True.
+pub fn pod_ready(p: &serde_json::Value) -> bool {
+    p["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+/// The command of a busybox httpd on :8080 answering with its pod's name.
+const HTTPD: &str = "[sh, -c, 'mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www']";
+
+/// A Deployment `name` (label app=<name>) of `replicas` httpd pods (100m CPU, 32Mi each)
+/// answering with their names, tolerating an unreachable or not-ready node for
+/// `toleration_seconds` (upstream's default is 300).
+pub fn httpd_deployment(name: &str, replicas: u32, toleration_seconds: u32) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\nspec:\n  replicas: {replicas}\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata: {{labels: {{app: {name}}}}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      tolerations:\n      - {{key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: {toleration_seconds}}}\n      - {{key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: {toleration_seconds}}}\n      containers:\n      - name: httpd\n        image: {BUSYBOX_IMAGE}\n        imagePullPolicy: Never\n        resources: {{requests: {{cpu: 100m, memory: 32Mi}}}}\n        command: {HTTPD}\n        readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\nspec:\n  selector: {{app: {name}}}\n  ports:\n  - {{port: 80, targetPort: 8080}}\n"
+    )
+}
+
+/// An httpd pod `name` (label app=<app> when given) pinned to `node`.
+pub fn httpd_pod(name: &str, app: Option<&str>, node: &str) -> String {
+    let labels = app.map(|a| format!("\n  labels: {{app: {a}}}")).unwrap_or_default();
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}{labels}\nspec:\n  nodeSelector: {{kubernetes.io/hostname: {node}}}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: httpd\n    image: {BUSYBOX_IMAGE}\n    imagePullPolicy: Never\n    command: {HTTPD}\n    readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}\n"
+    )
+}
+
+/// A pod `name` pinned to `node` that only sleeps (the client of the scenarios).
+pub fn sleeper_pod(name: &str, node: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  nodeSelector: {{kubernetes.io/hostname: {node}}}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {BUSYBOX_IMAGE}\n    imagePullPolicy: Never\n    command: [sleep, '3600']\n"
+    )
 }
 
 fn append(path: &Path) -> Result<std::fs::File> {

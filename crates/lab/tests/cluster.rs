@@ -9,8 +9,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use ferro_lab::cluster::{node_ip, node_name, Cluster};
 use ferro_lab::images::BUSYBOX_IMAGE;
+use ferro_lab::cluster::{httpd_deployment, httpd_pod, node_ip, node_name, pod_ready, sleeper_pod, Cluster, PodView};
 use serde_json::Value;
 
 const NODES: usize = 3;
@@ -18,36 +18,15 @@ const NODES: usize = 3;
 const POOLS: [&str; NODES] = ["100Mi", "100Mi", "600Mi"];
 const MIN: Duration = Duration::from_secs(60);
 
-/// A busybox httpd on :8080 answering with its pod's name, pinned to `node`.
-fn web_pod(node: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-{node}\n  labels: {{app: web}}\nspec:\n  nodeSelector: {{kubernetes.io/hostname: {node}}}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: httpd\n    image: {BUSYBOX_IMAGE}\n    imagePullPolicy: Never\n    command: [sh, -c, 'mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www']\n    readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}\n"
-    )
-}
-
 fn pod(c: &Cluster, name: &str) -> Value {
     serde_json::from_str(&c.kubectl_ok(&["get", "pod", name, "-o", "json"]).unwrap()).unwrap()
 }
 
-fn ready(p: &Value) -> bool {
-    p["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
-}
-
-/// `wget` of `url` from the pod `client` (within `timeout_s`): the body, or what went wrong.
-fn fetch_from_client(c: &Cluster, url: &str, timeout_s: u32) -> Result<String, String> {
-    // `timeout`, not wget's -T: Debian's static busybox wget crashes (SIGSEGV) with -T
-    let out = c.kubectl(&["exec", "client", "--", "timeout", &timeout_s.to_string(), "wget", "-qO-", url]).map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        Err(format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-    }
-}
-
-/// `fetch_from_client` until it answers; on timeout the last failure is in the panic.
+/// `Cluster::fetch` from the pod `client` until it answers; on timeout the last failure is in
+/// the panic.
 fn client_reaches(c: &Cluster, what: &str, url: &str) -> String {
     let mut last = String::new();
-    c.wait(what, MIN, |c| match fetch_from_client(c, url, 3) {
+    c.wait(what, MIN, |c| match c.fetch("client", url, 3) {
         Ok(body) => Some(body),
         Err(e) => {
             last = e;
@@ -97,17 +76,14 @@ fn three_nodes_overlay_services_and_a_node_that_fails_and_returns() {
     assert_eq!(joined.len(), NODES, "{csrs}");
 
     for i in 0..NODES {
-        c.apply(&web_pod(&node_name(i))).unwrap();
+        c.apply(&httpd_pod(&format!("web-{}", node_name(i)), Some("web"), &node_name(i))).unwrap();
     }
-    c.apply(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: client\nspec:\n  nodeSelector: {{kubernetes.io/hostname: node1}}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {BUSYBOX_IMAGE}\n    imagePullPolicy: Never\n    command: [sleep, '3600']\n"
-    ))
-    .unwrap();
+    c.apply(&sleeper_pod("client", "node1")).unwrap();
     c.apply("apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  type: NodePort\n  selector: {app: web}\n  ports:\n  - {port: 80, targetPort: 8080}\n").unwrap();
     let want: BTreeSet<String> = (0..NODES).map(|i| format!("web-{}", node_name(i))).collect();
     let mut ips = Vec::new();
     for (i, name) in want.iter().enumerate() {
-        let p = c.wait(&format!("{name} ready"), Duration::from_secs(120), |c| Some(pod(c, name)).filter(ready)).unwrap();
+        let p = c.wait(&format!("{name} ready"), Duration::from_secs(120), |c| Some(pod(c, name)).filter(pod_ready)).unwrap();
         assert_eq!(p["spec"]["nodeName"], node_name(i), "{name} runs where its nodeSelector says");
         ips.push(p["status"]["podIP"].as_str().unwrap().to_string());
     }
@@ -121,7 +97,7 @@ fn three_nodes_overlay_services_and_a_node_that_fails_and_returns() {
 
     // the ClusterIP from a pod: every endpoint answers, on every node
     let cluster_ip = c.kubectl_ok(&["get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"]).unwrap();
-    until_all_answer(&c, "the ClusterIP to reach the pods of every node", &want, || fetch_from_client(&c, &format!("http://{cluster_ip}/"), 3).ok());
+    until_all_answer(&c, "the ClusterIP to reach the pods of every node", &want, || c.fetch("client", &format!("http://{cluster_ip}/"), 3).ok());
 
     // the NodePort from outside the nodes (the underlay), through each node in turn
     let node_port = c.kubectl_ok(&["get", "service", "web", "-o", "jsonpath={.spec.ports[0].nodePort}"]).unwrap();
@@ -183,54 +159,34 @@ fn a_claim_lands_on_the_node_with_room(c: &Cluster) {
     assert!(c.nodes[2].csi_data.loops().is_empty(), "node3's loop devices detached: {:?}", c.nodes[2].csi_data.loops());
 }
 
-/// The Deployment's pods: name -> (node, ready).
-fn app_pods(c: &Cluster) -> Vec<(String, String, bool)> {
-    let list: Value = serde_json::from_str(&c.kubectl_ok(&["get", "pods", "-l", "app=app", "-o", "json"]).unwrap()).unwrap();
-    list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-        .map(|p| {
-            (
-                p["metadata"]["name"].as_str().unwrap().to_string(),
-                p["spec"]["nodeName"].as_str().unwrap_or_default().to_string(),
-                ready(p),
-            )
-        })
-        .collect()
+/// The Deployment's pods.
+fn app_pods(c: &Cluster) -> Vec<PodView> {
+    c.pods("app=app").unwrap()
 }
 
 fn node_fails_and_returns(c: &mut Cluster) {
     // tolerationSeconds 2 for an unreachable or not-ready node (the default is 300 s)
-    c.apply(&format!(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: app\nspec:\n  replicas: 3\n  selector: {{matchLabels: {{app: app}}}}\n  template:\n    metadata: {{labels: {{app: app}}}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      tolerations:\n      - {{key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 2}}\n      - {{key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 2}}\n      containers:\n      - name: httpd\n        image: {BUSYBOX_IMAGE}\n        imagePullPolicy: Never\n        resources: {{requests: {{cpu: 100m, memory: 32Mi}}}}\n        command: [sh, -c, 'mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www']\n        readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}\n"
-    ))
-    .unwrap();
-    c.apply("apiVersion: v1\nkind: Service\nmetadata:\n  name: app\nspec:\n  selector: {app: app}\n  ports:\n  - {port: 80, targetPort: 8080}\n").unwrap();
+    c.apply(&httpd_deployment("app", 3, 2)).unwrap();
     let pods = c
         .wait("3 ready replicas", Duration::from_secs(120), |c| {
             let p = app_pods(c);
-            (p.len() == 3 && p.iter().all(|(_, _, r)| *r)).then_some(p)
+            (p.len() == 3 && p.iter().all(|p| p.ready)).then_some(p)
         })
         .unwrap();
     // the node of the first replica fails; the client runs on another one
-    let failed = pods[0].1.clone();
+    let failed = pods[0].node.clone();
     let i = (0..NODES).find(|i| node_name(*i) == failed).unwrap();
     let other = (0..NODES).map(node_name).find(|n| *n != failed).unwrap();
-    c.apply(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: client\nspec:\n  nodeSelector: {{kubernetes.io/hostname: {other}}}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {BUSYBOX_IMAGE}\n    imagePullPolicy: Never\n    command: [sleep, '3600']\n"
-    ))
-    .unwrap();
+    c.apply(&sleeper_pod("client", &other)).unwrap();
     c.wait("client running", Duration::from_secs(120), |c| (pod(c, "client")["status"]["phase"] == "Running").then_some(())).unwrap();
     let cluster_ip = c.kubectl_ok(&["get", "service", "app", "-o", "jsonpath={.spec.clusterIP}"]).unwrap();
-    let fetch = |c: &Cluster| fetch_from_client(c, &format!("http://{cluster_ip}/"), 2).ok();
-    let names: BTreeSet<String> = pods.iter().map(|(n, _, _)| n.clone()).collect();
+    let fetch = |c: &Cluster| c.fetch("client", &format!("http://{cluster_ip}/"), 2).ok();
+    let names: BTreeSet<String> = pods.iter().map(|p| p.name.clone()).collect();
     until_all_answer(c, "the Service to reach every replica", &names, || fetch(c));
 
     // the node's agent and netd go (its containerd and pods stay, as on a machine whose
     // kubelet died): no more lease renewals
-    let lost: BTreeSet<String> = pods.iter().filter(|(_, n, _)| *n == failed).map(|(p, _, _)| p.clone()).collect();
+    let lost: BTreeSet<String> = pods.iter().filter(|p| p.node == failed).map(|p| p.name.clone()).collect();
     c.nodes[i].agent.kill9();
     c.nodes[i].netd.kill9();
     c.wait(&format!("{failed} to be Unknown"), Duration::from_secs(90), |c| {
@@ -241,13 +197,13 @@ fn node_fails_and_returns(c: &mut Cluster) {
     let moved = c
         .wait("the lost replicas replaced on the other nodes", Duration::from_secs(120), |c| {
             let p = app_pods(c);
-            let fine = p.len() == 3 && p.iter().all(|(name, node, r)| *r && *node != failed && !lost.contains(name));
+            let fine = p.len() == 3 && p.iter().all(|p| p.ready && p.node != failed && !lost.contains(&p.name));
             fine.then_some(p)
         })
         .unwrap();
     // the Service answers from the replicas that are left and the new ones, and never from
     // a pod of the failed node once the replacements answer
-    let now: BTreeSet<String> = moved.iter().map(|(n, _, _)| n.clone()).collect();
+    let now: BTreeSet<String> = moved.iter().map(|p| p.name.clone()).collect();
     until_all_answer(c, "the Service to follow the replicas", &now, || fetch(c));
 
     // the node returns: Ready again, its deleted pods ended and gone, new pods run there
@@ -260,11 +216,8 @@ fn node_fails_and_returns(c: &mut Cluster) {
         })
         .unwrap();
     }
-    c.apply(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: back\nspec:\n  nodeSelector: {{kubernetes.io/hostname: {failed}}}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: httpd\n    image: {BUSYBOX_IMAGE}\n    imagePullPolicy: Never\n    command: [sh, -c, 'mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www']\n    readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}\n"
-    ))
-    .unwrap();
-    let back = c.wait("a new pod on the returned node", Duration::from_secs(120), |c| Some(pod(c, "back")).filter(ready)).unwrap();
+    c.apply(&httpd_pod("back", None, &failed)).unwrap();
+    let back = c.wait("a new pod on the returned node", Duration::from_secs(120), |c| Some(pod(c, "back")).filter(pod_ready)).unwrap();
     let ip = back["status"]["podIP"].as_str().unwrap().to_string();
     let answer = client_reaches(c, "the returned node's pod reached over the overlay", &format!("http://{ip}:8080/"));
     assert_eq!(answer, "back");
