@@ -7,6 +7,7 @@
 //!   the time until the node is Unknown, until the lost replicas are replaced (3 ready, none
 //!   on that node) and until the Service answers from the new set only (every replica of it
 //!   answered, no answer from a lost pod since the last one that came).
+//!
 //! Prints every run and the p50. Root; build the workspace first (cargo build --workspace
 //! --all-targets), then: target/debug/examples/cluster-bench [--runs 5] [--grace 10s]
 //! [--toleration 2].
