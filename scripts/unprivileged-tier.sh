@@ -11,7 +11,12 @@ user=${FERRO_UNPRIVILEGED_USER:-nobody}
 target=${CARGO_TARGET_DIR:-target}
 list=$(mktemp)
 trap 'rm -f "$list"' EXIT
-ferro_test_binaries | cut -f1,2 >"$list"
+# (scripts/test.sh lists them once in $FERRO_TEST_BINARIES)
+if [ -n "${FERRO_TEST_BINARIES:-}" ]; then
+  cut -f1,2 "$FERRO_TEST_BINARIES" >"$list"
+else
+  ferro_test_binaries | cut -f1,2 >"$list"
+fi
 [ -s "$list" ] || { echo "unprivileged-tier: no test binaries found" >&2; exit 1; }
 # the user must reach the binaries (and the paths above them)
 chmod o+rx "$target" "$target/debug" "$target/debug/deps" 2>/dev/null || true
