@@ -52,7 +52,9 @@ impl PodWorkers {
         ]);
         let mut out = PodRuntime { uid: uid.to_string(), ..Default::default() };
         let mut sbs = rt.list_sandboxes(sel.clone()).await?;
-        sbs.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        // newest first; the attempt breaks ties (a sandbox whose start failed can have no
+        // creation time)
+        sbs.sort_by_key(|s| std::cmp::Reverse((s.created_at, s.metadata.as_ref().map_or(0, |m| m.attempt))));
         for (i, s) in sbs.iter().enumerate() {
             let md = s.metadata.clone().unwrap_or_default();
             out.name = md.name.clone();

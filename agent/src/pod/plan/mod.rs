@@ -376,7 +376,12 @@ fn sandbox_change(spec: &PodSpec, rt: &PodRuntime) -> Option<u32> {
     let Some(newest) = rt.sandbox() else {
         return Some(0);
     };
-    let next = newest.attempt.saturating_add(1);
+    // The next attempt comes after every attempt the runtime still holds, not only the newest
+    // by creation time: containerd keeps a sandbox whose RunPodSandbox failed (its CNI ADD,
+    // say) with its name reserved until it is removed, and such a sandbox can sort before an
+    // older one (its creation time unset or equal); reusing its attempt is refused with `name
+    // ... is reserved` on every retry.
+    let next = rt.sandboxes.iter().map(|s| s.attempt).max().unwrap_or(newest.attempt).saturating_add(1);
     let ready = rt.sandboxes.iter().filter(|s| s.state == SandboxState::Ready).count();
     if ready > 1 || newest.state != SandboxState::Ready {
         return Some(next);
@@ -988,6 +993,16 @@ mod tests {
                 ..Actions::default()
             }
         );
+    }
+
+    #[test]
+    fn a_new_sandbox_takes_an_attempt_after_every_one_the_runtime_holds() {
+        // the sandbox of a failed RunPodSandbox (attempt 1) listed after the older attempt 0
+        let p = pod("Always", &[], &["a"]);
+        let runtime = rt_with(vec![sandbox("sb0", 0, false), sandbox("sb1", 1, false)], vec![]);
+        let a = run(&p, &runtime);
+        assert!(a.create_sandbox);
+        assert_eq!(a.sandbox_attempt, 2);
     }
 
     #[test]
