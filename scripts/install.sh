@@ -37,6 +37,9 @@
 #                         csi.kubeconfig (and agent.kubeconfig when there is no --token), made
 #                         on the control plane with `ferro-control-plane kubeconfig`
 #                         (docs/operations.md)
+#   --cni-bin-dir DIR     where containerd looks for CNI plugins (default: its CRI plugin's
+#                         bin_dir from `containerd config dump`; with --root, /usr/lib/cni
+#                         when the tree has Debian's containerd package, else /opt/cni/bin)
 #   --enable / --no-enable  enable and start the units (default: enable when installing into /
 #                         under a running systemd)
 #   --dry-run             say what would change, change nothing
@@ -58,6 +61,7 @@ CA_FILE=""
 CA_HASH=""
 API_SERVER_GIVEN=0
 ENABLE=""
+CNI_BIN_DIR=""
 UNINSTALL=0
 DRY_RUN=0
 while [ $# -gt 0 ]; do
@@ -73,6 +77,7 @@ while [ $# -gt 0 ]; do
     --ca-file) CA_FILE=${2:?}; shift 2 ;;
     --discovery-token-ca-cert-hash) CA_HASH=${2:?}; shift 2 ;;
     --kubeconfig-dir) KUBECONFIG_DIR=${2:?}; shift 2 ;;
+    --cni-bin-dir) CNI_BIN_DIR=${2:?}; shift 2 ;;
     --enable) ENABLE=1; shift ;;
     --no-enable) ENABLE=0; shift ;;
     --uninstall) UNINSTALL=1; shift ;;
@@ -190,6 +195,7 @@ for u in "${UNITS[@]}"; do
   [ -x "$BIN_DIR/$u" ] || die "$BIN_DIR/$u is missing: build with 'cargo build --release --workspace --bins' or pass --bin-dir"
   [ -f "$SRC_DIR/systemd/$u.service" ] || die "$SRC_DIR/systemd/$u.service is missing"
 done
+[ -x "$BIN_DIR/ferro-cni" ] || die "$BIN_DIR/ferro-cni is missing: build with 'cargo build --release --workspace --bins' or pass --bin-dir"
 if [ -z "$NODE_NAME" ]; then
   if [ -n "$ROOT" ] && [ -s "$ROOT/etc/hostname" ]; then NODE_NAME=$(head -n1 "$ROOT/etc/hostname"); else NODE_NAME=$(hostname); fi
 fi
@@ -247,6 +253,35 @@ fi
 for u in "${UNITS[@]}"; do
   install_file "$BIN_DIR/$u" "/usr/local/bin/$u" 755
   install_file "$SRC_DIR/systemd/$u.service" "/etc/systemd/system/$u.service" 644
+done
+# --- the CNI plugins containerd calls for the pods, in its CRI plugin's bin_dir (Debian's
+# containerd: /usr/lib/cni, where containernetworking-plugins puts the reference plugins;
+# upstream's default: /opt/cni/bin): ferro-cni as type "ferro" (the conflist ferro-netd
+# writes), and the reference loopback (every sandbox's lo) and portmap (hostPort) linked from
+# /usr/lib/cni when the bin_dir is elsewhere
+if [ -z "$CNI_BIN_DIR" ]; then
+  if [ -z "$ROOT" ] && command -v containerd >/dev/null 2>&1; then
+    CNI_BIN_DIR=$(containerd config dump 2>/dev/null | awk -F'"' '$1 ~ /^ *bin_dir = $/ {print $2; exit}')
+  fi
+  if [ -z "$CNI_BIN_DIR" ] && [ -d "$ROOT/usr/share/doc/containerd" ]; then
+    CNI_BIN_DIR=/usr/lib/cni # Debian's containerd package in a --root tree
+  fi
+  CNI_BIN_DIR=${CNI_BIN_DIR:-/opt/cni/bin}
+fi
+install_file "$BIN_DIR/ferro-cni" "$CNI_BIN_DIR/ferro" 755
+for p in loopback portmap; do
+  [ "$CNI_BIN_DIR" = /usr/lib/cni ] && [ -x "$ROOT/usr/lib/cni/$p" ] && continue
+  if [ -L "$ROOT$CNI_BIN_DIR/$p" ] && [ "$(readlink "$ROOT$CNI_BIN_DIR/$p")" = "/usr/lib/cni/$p" ]; then
+    record "$CNI_BIN_DIR/$p"
+  elif [ -e "$ROOT$CNI_BIN_DIR/$p" ]; then
+    say "keep $CNI_BIN_DIR/$p (not ours)"
+  elif [ -x "$ROOT/usr/lib/cni/$p" ]; then
+    note_change "link $CNI_BIN_DIR/$p -> /usr/lib/cni/$p"
+    [ "$DRY_RUN" = 1 ] || { mkdir -p "$ROOT$CNI_BIN_DIR"; ln -s "/usr/lib/cni/$p" "$ROOT$CNI_BIN_DIR/$p"; }
+    record "$CNI_BIN_DIR/$p"
+  else
+    say "warning: the CNI plugin $p is missing: pods cannot start without it (apt-get install containernetworking-plugins)"
+  fi
 done
 
 # --- configuration (/etc/ferro), state (/var/lib/ferro); sockets go under /run/ferro
