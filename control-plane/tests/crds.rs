@@ -177,7 +177,13 @@ async fn a_crd_is_served_validated_printed_scaled_explained_and_deleted_with_its
     let rv = api.list(&Default::default()).await.unwrap().metadata.resource_version.unwrap();
     let mut events = api.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
     s.ok(&["label", "widget", "w1", "seen=yes"]);
-    let ev = events.next().await.unwrap().unwrap();
+    // (bookmarks may come first: the etcd store sends them on its progress notifications)
+    let ev = loop {
+        match events.next().await.unwrap().unwrap() {
+            WatchEvent::Bookmark(_) => continue,
+            ev => break ev,
+        }
+    };
     match ev {
         WatchEvent::Modified(o) => assert_eq!(o.types.unwrap().api_version, "example.com/v1beta1"),
         other => panic!("unexpected {other:?}"),
