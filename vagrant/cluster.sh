@@ -101,7 +101,8 @@ cleanup() {
       while kill -0 "$p" 2>/dev/null; do sleep 0.2; done
     done
     [ -e "/run/netns/$NS" ] && ip netns delete "$NS"
-    rm -f "$STATE/libvirtd.pid" "$STATE/virtlogd.pid"
+    # the bundle and the join files (a token, kubeconfigs) of a cluster that is gone
+    rm -rf "$STATE/libvirtd.pid" "$STATE/virtlogd.pid" "$STATE/work" "$STATE/admin.kubeconfig"
   elif [ "$KEEP" = 1 ]; then
     echo "kept: VMs in namespace $NS; kubectl: nsenter --net=/run/netns/$NS kubectl --kubeconfig $STATE/admin.kubeconfig get nodes"
     echo "      remove with: vagrant/cluster.sh --destroy"
@@ -117,9 +118,10 @@ start_libvirt() {
   mkdir -p "$STATE"
   [ -e "/run/netns/$NS" ] || ip netns add "$NS"
   in_ns ip link set lo up
-  in_ns virtlogd >"$STATE/virtlogd.log" 2>&1 &
+  # nsenter execs the daemon: $! is the daemon's pid (not a subshell's, as through in_ns)
+  nsenter --net="/run/netns/$NS" -- virtlogd >"$STATE/virtlogd.log" 2>&1 &
   VIRTLOGD_PID=$!
-  in_ns libvirtd >"$STATE/libvirtd.log" 2>&1 &
+  nsenter --net="/run/netns/$NS" -- libvirtd >"$STATE/libvirtd.log" 2>&1 &
   LIBVIRTD_PID=$!
   echo "$VIRTLOGD_PID" >"$STATE/virtlogd.pid"
   echo "$LIBVIRTD_PID" >"$STATE/libvirtd.pid"
