@@ -338,6 +338,15 @@ impl Api {
             .ok_or_else(|| ApiError::not_found(&res.group_resource(), name))
     }
 
+    /// A get of the most recent state (no `resourceVersion`): what any replica acknowledged
+    /// before the request ([`Store::get_latest`]).
+    pub async fn get_latest(&self, res: &Resource, ns: Option<&str>, name: &str) -> Result<Record, ApiError> {
+        self.store
+            .get_latest(&res.key(ns, name))
+            .await?
+            .ok_or_else(|| ApiError::not_found(&res.group_resource(), name))
+    }
+
     pub async fn list(
         &self,
         res: &Resource,
@@ -368,11 +377,12 @@ impl Api {
                     })?;
                     self.reach(rv).await?;
                 }
-                if opts.resource_version.as_deref().is_none_or(str::is_empty) {
+                let listing = if opts.resource_version.as_deref().is_none_or(str::is_empty) {
                     // the most recent state: what any replica acknowledged before this request
-                    self.store.sync().await?;
-                }
-                let listing = self.store.list(&prefix).await?;
+                    self.store.list_latest(&prefix).await?
+                } else {
+                    self.store.list(&prefix).await?
+                };
                 (Arc::new(listing.records), listing.revision, None)
             }
         };

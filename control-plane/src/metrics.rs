@@ -25,6 +25,15 @@ pub static REQUEST_DURATION: HistogramVec = HistogramVec::new(
     REQUEST_BUCKETS,
 );
 
+/// apiserver_watch_cache_consistent_read_total{fallback, resource, success}: consistent reads
+/// (no resourceVersion) on the etcd store, answered from the watch cache or, when it did not
+/// catch up with etcd in time, from etcd.
+pub static CONSISTENT_READS: CounterVec = CounterVec::new(
+    "apiserver_watch_cache_consistent_read_total",
+    "[ALPHA] Counter for consistent reads from cache.",
+    &["fallback", "resource", "success"],
+);
+
 /// scheduler_schedule_attempts_total{profile, result}: scheduled, unschedulable, error.
 pub static SCHEDULE_ATTEMPTS: CounterVec = CounterVec::new(
     "scheduler_schedule_attempts_total",
@@ -97,6 +106,7 @@ pub async fn render(api: &Api) -> String {
         let n = api.store.list(&prefix).await.map(|l| l.records.len() as i64).unwrap_or(-1);
         out.push_str(&format!("apiserver_storage_objects{{resource=\"{}\"}} {n}\n", r.group_resource()));
     }
+    CONSISTENT_READS.render(&mut out);
     ferro_runtime::metrics::render_queues(&mut out);
     SCHEDULE_ATTEMPTS.render(&mut out);
     ATTEMPT_DURATION.render(&mut out);

@@ -749,10 +749,11 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
     let api = &state.api;
     let mut resp = match (sub, verb) {
         (None, "get") => {
-            if q.get("resourceVersion").is_none_or(|v| v.is_empty()) {
-                api.store.sync().await?;
-            }
-            let r = api.get(res, ns, name).await?;
+            let r = if q.get("resourceVersion").is_none_or(|v| v.is_empty()) {
+                api.get_latest(res, ns, name).await?
+            } else {
+                api.get(res, ns, name).await?
+            };
             record_response(&out, 200, res, &r)
         }
         (None, "list") => list(api, res, ns, &q, &out).await?,
@@ -790,10 +791,11 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
             record_response(&out, 200, res, &r)
         }
         (Some(Sub::Status | Sub::Approval), "get") => {
-            if q.get("resourceVersion").is_none_or(|v| v.is_empty()) {
-                api.store.sync().await?;
-            }
-            let r = api.get(res, ns, name).await?;
+            let r = if q.get("resourceVersion").is_none_or(|v| v.is_empty()) {
+                api.get_latest(res, ns, name).await?
+            } else {
+                api.get(res, ns, name).await?
+            };
             record_response(&out, 200, res, &r)
         }
         (None, "delete") => {

@@ -291,6 +291,56 @@ async fn watches_older_than_the_cache_are_compacted_and_etcd_is_compacted_on_sch
     assert_eq!(store.list(POD_KEY).await.unwrap().records.len(), 7);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn consistent_reads_go_to_etcd_when_the_cache_lags_and_stay_on_the_cache_for_keys_outside_the_prefix() {
+    let etcd = Etcd::start();
+    // a server whose cache applies each batch of events 10 s late, and one that writes
+    let delay = Duration::from_secs(10);
+    let lagging = EtcdStore::connect(
+        EtcdOptions { apply_delay: delay, ..options(&etcd.url(), 100) },
+        etcd_key_layout("/registry"),
+        ferro_control_plane::strategy::indexer(),
+    )
+    .await
+    .unwrap();
+    let writer = connect(&etcd.url(), 100).await;
+    let reads = |s: &EtcdStore| {
+        let r = s.consistent_reads();
+        (r.from_cache.load(Ordering::SeqCst), r.from_etcd.load(Ordering::SeqCst))
+    };
+    let a = writer.write(Op::Create { key: key("a"), value: pod("a", json!({"app": "web"}), "n1") }).await.unwrap();
+
+    // the most recent state through the lagging server comes from etcd: the same bytes
+    let got = lagging.get_latest(&key("a")).await.unwrap().expect("a write the other server acknowledged");
+    assert_eq!((got.mod_rev, got.create_rev, &got.value), (a.mod_rev, a.create_rev, &a.value));
+    assert_eq!(got.attrs.labels.get("app").map(String::as_str), Some("web"));
+    let listed = lagging.list_latest(POD_KEY).await.unwrap();
+    assert_eq!(listed.records.iter().map(|r| r.key.to_string()).collect::<Vec<_>>(), vec![key("a")]);
+    assert!(listed.revision >= a.mod_rev, "{} < {}", listed.revision, a.mod_rev);
+    assert_eq!(listed.records[0].value, a.value);
+    // a key nobody wrote: not found from etcd as well
+    assert!(lagging.get_latest(&key("nobody")).await.unwrap().is_none());
+    assert_eq!(reads(&lagging), (0, 3));
+
+    // once the cache has caught up, reads are answered from it
+    let deadline = Instant::now() + delay * 4;
+    while lagging.revision() < a.mod_rev {
+        assert!(Instant::now() < deadline, "the lagging cache never applied the write");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(lagging.get_latest(&key("a")).await.unwrap().unwrap().value, a.value);
+    assert_eq!(reads(&lagging), (1, 3));
+
+    // a key outside the prefix moves etcd's revision and brings the cache no event: the cache
+    // is still current, so reads stay on it (and the next ones do not ask what moved it)
+    etcd.ok(&["put", "/elsewhere/x", "1"]);
+    assert_eq!(lagging.get_latest(&key("a")).await.unwrap().unwrap().value, a.value);
+    assert_eq!(lagging.list_latest(POD_KEY).await.unwrap().records.len(), 1);
+    assert_eq!(reads(&lagging), (3, 3));
+    assert!(lagging.revision() < a.mod_rev + 1, "no event outside the prefix reaches the cache");
+}
+
 /// A TCP relay between the store and etcd that a test can cut (every connection dropped, new
 /// ones refused) and restore: a network partition without touching etcd.
 struct Relay {

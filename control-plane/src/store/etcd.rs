@@ -61,6 +61,9 @@ pub struct EtcdOptions {
     pub request_timeout: Duration,
     /// How long to wait for etcd at start before giving up.
     pub start_timeout: Duration,
+    /// For tests only (zero otherwise): how long the cache's feeder holds each batch of watch
+    /// events before applying it, making a cache that lags etcd on purpose.
+    pub apply_delay: Duration,
 }
 
 impl EtcdOptions {
@@ -74,6 +77,7 @@ impl EtcdOptions {
             history: 20_000,
             request_timeout: Duration::from_secs(30),
             start_timeout: Duration::from_secs(20),
+            apply_delay: Duration::ZERO,
         }
     }
 }
@@ -152,6 +156,7 @@ fn custom_group(rest: &str, object: bool) -> Option<&str> {
 
 /// [`Store`] on an etcd v3 cluster, reads served from a watch cache.
 pub struct EtcdStore {
+    client: Client,
     kv: KvClient,
     cache: Arc<Cache>,
     layout: KeyLayout,
@@ -164,6 +169,23 @@ pub struct EtcdStore {
     /// prefix, which no event brings): reads that find etcd still there do not wait again.
     unreached: std::sync::atomic::AtomicI64,
     acked: Acked,
+    reads: ConsistentReads,
+}
+
+/// How this server's consistent reads were answered.
+#[derive(Debug, Default)]
+pub struct ConsistentReads {
+    /// From the watch cache, at or past etcd's revision (or while etcd could not tell it).
+    pub from_cache: std::sync::atomic::AtomicU64,
+    /// From etcd: the cache did not reach etcd's revision in time.
+    pub from_etcd: std::sync::atomic::AtomicU64,
+}
+
+/// Where a consistent read is answered from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fresh {
+    Cache,
+    Etcd,
 }
 
 /// Writes this server acknowledged that its watch cache may not have applied yet: the
@@ -216,8 +238,11 @@ impl Acked {
     }
 }
 
-/// How long a consistent read waits for etcd's revision, and for the cache to reach it.
+/// How long a consistent read waits for etcd's revision (and for a watch telling what moved
+/// it), and for the cache to reach it before asking what moved it, and in all before reading
+/// from etcd instead.
 const SYNC_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+const SYNC_FIRST_WAIT: Duration = Duration::from_millis(100);
 const SYNC_WAIT: Duration = Duration::from_secs(1);
 /// After a failed probe, reads skip probing for this long.
 const PROBE_QUIET: Duration = Duration::from_secs(2);
@@ -352,8 +377,20 @@ async fn load(
     rev: Revision,
     limit: Duration,
 ) -> Result<(Vec<Record>, Revision), etcd_client::Error> {
-    let end = prefix_end(&layout.range());
-    let mut from = layout.range().into_bytes();
+    load_prefix(kv, layout, indexer, &layout.range(), rev, limit).await
+}
+
+/// Every object whose etcd key starts with `prefix` at `rev` (0: the latest), as [`load`].
+async fn load_prefix(
+    kv: &mut KvClient,
+    layout: &KeyLayout,
+    indexer: &Indexer,
+    prefix: &str,
+    rev: Revision,
+    limit: Duration,
+) -> Result<(Vec<Record>, Revision), etcd_client::Error> {
+    let end = prefix_end(prefix);
+    let mut from = prefix.as_bytes().to_vec();
     let mut at = rev;
     let mut records = Vec::new();
     let mut ignored = 0usize;
@@ -429,11 +466,29 @@ impl EtcdStore {
             history_from = loaded,
             "etcd store ready"
         );
-        let mut tasks = vec![tokio::spawn(feed(client.clone(), kv.clone(), layout.clone(), cache.clone(), opts.request_timeout))];
+        let mut tasks = vec![tokio::spawn(feed(
+            client.clone(),
+            kv.clone(),
+            layout.clone(),
+            cache.clone(),
+            opts.request_timeout,
+            opts.apply_delay,
+        ))];
         if !opts.compaction_interval.is_zero() {
             tasks.push(tokio::spawn(compactor(kv.clone(), opts.compaction_interval, opts.request_timeout)));
         }
-        Ok(EtcdStore { kv, cache, layout, request_timeout: opts.request_timeout, tasks, probe_failed: Default::default(), unreached: Default::default(), acked: Acked::default() })
+        Ok(EtcdStore {
+            client,
+            kv,
+            cache,
+            layout,
+            request_timeout: opts.request_timeout,
+            tasks,
+            probe_failed: Default::default(),
+            unreached: Default::default(),
+            acked: Acked::default(),
+            reads: ConsistentReads::default(),
+        })
     }
 
     /// Loads the cache at up to `history` revisions before `current` and replays the changes
@@ -654,7 +709,7 @@ enum WatchEnd {
 }
 
 /// Follows the prefix from `from` into the cache until the watch breaks.
-async fn follow(client: &Client, layout: &KeyLayout, cache: &Cache, from: Revision) -> WatchEnd {
+async fn follow(client: &Client, layout: &KeyLayout, cache: &Cache, from: Revision, delay: Duration) -> WatchEnd {
     let mut wc = client.watch_client().max_decoding_message_size(MAX_MESSAGE);
     let options = WatchOptions::new().with_prefix().with_start_revision(from).with_progress_notify();
     let stream = tokio::time::timeout(Duration::from_secs(10), wc.watch(layout.range(), Some(options))).await;
@@ -687,6 +742,9 @@ async fn follow(client: &Client, layout: &KeyLayout, cache: &Cache, from: Revisi
             }
             continue;
         }
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         let last = events.iter().filter_map(|e| e.kv()).map(|kv| kv.mod_revision()).max().unwrap_or(0);
         cache.apply(events.iter().filter_map(|e| change_of(layout, e)).collect());
         // Keys outside the layout move the revision too.
@@ -696,14 +754,14 @@ async fn follow(client: &Client, layout: &KeyLayout, cache: &Cache, from: Revisi
 
 /// The cache's feeder: follows etcd, resumes after errors from the cache's revision (with
 /// back-off), relists when that revision has been compacted.
-async fn feed(client: Client, mut kv: KvClient, layout: KeyLayout, cache: Arc<Cache>, limit: Duration) {
+async fn feed(client: Client, mut kv: KvClient, layout: KeyLayout, cache: Arc<Cache>, limit: Duration, delay: Duration) {
     const MIN_BACKOFF: Duration = Duration::from_millis(100);
     const MAX_BACKOFF: Duration = Duration::from_secs(5);
     let mut backoff = MIN_BACKOFF;
     loop {
         let from = cache.revision() + 1;
         let began = Instant::now();
-        match follow(&client, &layout, &cache, from).await {
+        match follow(&client, &layout, &cache, from, delay).await {
             WatchEnd::Compacted(compacted) => {
                 tracing::warn!(from, compacted, "etcd compacted the revision the watch cache needs; relisting");
                 loop {
@@ -815,25 +873,50 @@ impl Store for EtcdStore {
         self.cache.oldest_watchable()
     }
 
-    fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(self.consistent())
+    fn get_latest<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(async move {
+            let fresh = self.freshness().await;
+            let got = match fresh {
+                Fresh::Cache => self.get(key).await,
+                Fresh::Etcd => self.get_from_etcd(key).await,
+            };
+            self.count_read(key, fresh, got.is_ok());
+            got
+        })
+    }
+
+    fn list_latest<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing, StoreError>> {
+        Box::pin(async move {
+            let fresh = self.freshness().await;
+            let got = match fresh {
+                Fresh::Cache => self.list(prefix).await,
+                Fresh::Etcd => self.list_from_etcd(prefix).await,
+            };
+            self.count_read(prefix, fresh, got.is_ok());
+            got
+        })
     }
 }
 
 impl EtcdStore {
-    /// Upstream's consistent read from the watch cache: etcd's current revision (a
-    /// linearizable count-only range), then a wait until the cache has applied it. Events in
-    /// flight arrive in milliseconds; a revision the cache does not reach within [`SYNC_WAIT`]
-    /// was moved by keys outside the prefix (etcd's compaction key, another tenant), which no
-    /// event brings, and the cache answers (and later reads at that revision do not wait).
-    /// Upstream asks etcd for a progress notification instead; etcd before 3.4.25 may send one
-    /// ahead of events still in flight (etcd#15220), and Debian 12 ships 3.4.23. When etcd
-    /// cannot say (no quorum, unreachable) the cache answers as it is: reads stay available,
-    /// as docs/operations.md says.
-    async fn consistent(&self) -> Result<(), StoreError> {
+    /// Where a consistent read (upstream's consistent read from the watch cache) is answered
+    /// from: etcd's current revision (a linearizable count-only range, one round trip), then
+    /// the cache if it has applied that revision. Events in flight arrive in milliseconds; when
+    /// the cache has not reached the revision after [`SYNC_FIRST_WAIT`], a watch over every
+    /// key from the cache's revision tells whether only keys outside the prefix moved it
+    /// (etcd's compaction key, another tenant: no event of the cache's watch brings those):
+    /// then the cache is current, and later reads at that revision do not ask again.
+    /// Otherwise the cache gets until [`SYNC_WAIT`] and the read goes to etcd, as upstream
+    /// falls back to etcd when its cache does not catch up. (Upstream asks etcd for a progress
+    /// notification instead of the watch; etcd before 3.4.25 may send one ahead of events
+    /// still in flight (etcd#15220), and Debian 12 ships 3.4.23.) When etcd cannot tell its
+    /// revision (no quorum, unreachable) the cache answers as it is: reads stay available, as
+    /// docs/operations.md says.
+    async fn freshness(&self) -> Fresh {
+        use std::sync::atomic::Ordering;
         let quiet = self.probe_failed.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|t| t.elapsed() < PROBE_QUIET);
         if quiet {
-            return Ok(());
+            return Fresh::Cache;
         }
         let probe = GetOptions::new().with_count_only();
         let mut kv = self.kv.clone();
@@ -846,18 +929,116 @@ impl EtcdStore {
                 };
                 tracing::warn!(error = %why, "etcd did not tell its revision; reading from the watch cache as it is");
                 *self.probe_failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-                return Ok(());
+                return Fresh::Cache;
             }
         };
-        use std::sync::atomic::Ordering;
         if self.cache.revision() >= current || self.unreached.load(Ordering::Acquire) == current {
-            return Ok(());
+            return Fresh::Cache;
         }
-        if !self.cache.wait_for(current, SYNC_WAIT).await {
-            tracing::debug!(etcd = current, cache = self.cache.revision(), "no event reached etcd's revision; keys outside the prefix moved it");
-            self.unreached.store(current, Ordering::Release);
+        if self.cache.wait_for(current, SYNC_FIRST_WAIT).await {
+            return Fresh::Cache;
         }
-        Ok(())
+        match moved_outside_only(&self.client, &self.layout, self.cache.revision() + 1, current, SYNC_PROBE_TIMEOUT).await {
+            Ok(true) => {
+                tracing::debug!(etcd = current, cache = self.cache.revision(), "only keys outside the prefix moved etcd's revision");
+                self.unreached.store(current, Ordering::Release);
+                return Fresh::Cache;
+            }
+            Ok(false) => {}
+            Err(e) => tracing::debug!(error = %e, "could not tell what moved etcd's revision"),
+        }
+        if self.cache.wait_for(current, SYNC_WAIT).await {
+            return Fresh::Cache;
+        }
+        tracing::debug!(etcd = current, cache = self.cache.revision(), "the watch cache is behind etcd; reading from etcd");
+        Fresh::Etcd
+    }
+
+    /// A linearizable get of one key from etcd.
+    async fn get_from_etcd(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        let ekey = self.layout.to_etcd(key).ok_or_else(|| StoreError::InvalidValue(format!("no etcd key for {key}")))?;
+        let mut kv = self.kv.clone();
+        let resp = timed(self.request_timeout, "consistent get", kv.get(ekey, None)).await?;
+        match resp.kvs().first() {
+            None => Ok(None),
+            Some(kv) => record_from_stored(Arc::from(key), kv.create_revision(), kv.mod_revision(), kv.value(), self.cache.indexer()).map(Some),
+        }
+    }
+
+    /// A linearizable list of a prefix from etcd (in pages of one snapshot).
+    async fn list_from_etcd(&self, prefix: &str) -> Result<Listing, StoreError> {
+        let eprefix = self.layout.to_etcd(prefix).ok_or_else(|| StoreError::InvalidValue(format!("no etcd key for {prefix}")))?;
+        let mut kv = self.kv.clone();
+        let (mut records, revision) =
+            load_prefix(&mut kv, &self.layout, self.cache.indexer(), &eprefix, 0, self.request_timeout).await.map_err(etcd_err)?;
+        records.retain(|r| r.key.starts_with(prefix));
+        records.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(Listing { records, revision })
+    }
+
+    fn count_read(&self, key: &str, fresh: Fresh, success: bool) {
+        use std::sync::atomic::Ordering;
+        let (counter, fallback) = match fresh {
+            Fresh::Cache => (&self.reads.from_cache, "false"),
+            Fresh::Etcd => (&self.reads.from_etcd, "true"),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let success = if success { "true" } else { "false" };
+        crate::metrics::CONSISTENT_READS.inc(&[fallback, &resource_of(key), success]);
+    }
+
+    /// How this server's consistent reads were answered so far.
+    pub fn consistent_reads(&self) -> &ConsistentReads {
+        &self.reads
+    }
+}
+
+/// Upstream's `resource` label of an API key: `pods`, `deployments.apps`.
+fn resource_of(key: &str) -> String {
+    let mut parts = key.trim_start_matches('/').split('/');
+    match (parts.next(), parts.next()) {
+        (Some("core"), Some(r)) => r.to_string(),
+        (Some(g), Some(r)) => format!("{r}.{g}"),
+        _ => String::new(),
+    }
+}
+
+/// Whether every change in revisions `from..=until` is outside the layout: a watch over every
+/// key from `from` (every revision has at least one event there), ended at the first change
+/// inside the layout.
+async fn moved_outside_only(client: &Client, layout: &KeyLayout, from: Revision, until: Revision, limit: Duration) -> Result<bool, StoreError> {
+    if from > until {
+        return Ok(true);
+    }
+    let mut wc = client.watch_client().max_decoding_message_size(MAX_MESSAGE);
+    let options = WatchOptions::new().with_all_keys().with_start_revision(from);
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut stream = tokio::time::timeout_at(deadline, wc.watch("\0", Some(options)))
+        .await
+        .map_err(|_| StoreError::Io("etcd: watch timed out".into()))?
+        .map_err(etcd_err)?;
+    loop {
+        let resp = tokio::time::timeout_at(deadline, stream.message())
+            .await
+            .map_err(|_| StoreError::Io(format!("etcd: the watch did not reach revision {until} in time")))?
+            .map_err(etcd_err)?
+            .ok_or_else(|| StoreError::Io("etcd: watch ended".into()))?;
+        if resp.canceled() {
+            return Err(StoreError::Io(format!("etcd: watch cancelled: {}", resp.cancel_reason())));
+        }
+        let mut reached = 0;
+        for kv in resp.events().iter().filter_map(|e| e.kv()) {
+            if kv.mod_revision() > until {
+                return Ok(true);
+            }
+            if layout.from_etcd(kv.key()).is_some() {
+                return Ok(false);
+            }
+            reached = kv.mod_revision();
+        }
+        if reached >= until {
+            return Ok(true);
+        }
     }
 }
 
@@ -933,6 +1114,15 @@ mod tests {
         acked.note(&Arc::from("/k/last"), 1000, 10 + ACKED_SWEEP as i64);
         assert!(acked.keys.lock().unwrap().len() <= 12, "{}", acked.keys.lock().unwrap().len());
         assert_eq!(acked.latest(), 1000);
+    }
+
+    #[test]
+    fn consistent_reads_are_counted_by_upstreams_resource_names() {
+        assert_eq!(resource_of("/core/pods/default/a"), "pods");
+        assert_eq!(resource_of("/core/nodes/"), "nodes");
+        assert_eq!(resource_of("/apps/deployments/ns/"), "deployments.apps");
+        assert_eq!(resource_of("/example.com/widgets/ns/a"), "widgets.example.com");
+        assert_eq!(resource_of("/"), "");
     }
 
     #[test]

@@ -186,11 +186,15 @@ pub trait Store: Send + Sync + 'static {
     fn watch(&self, after: Revision) -> Result<Watch, StoreError>;
     /// The oldest revision a watch can start after.
     fn oldest_watchable(&self) -> Revision;
-    /// Waits until reads from this store reflect every write acknowledged anywhere before the
-    /// call (upstream's consistent reads from the watch cache). A store that is the only
-    /// writer of its data (the embedded one) is always there.
-    fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async { Ok(()) })
+    /// [`Store::get`] of the most recent state: it reflects every write acknowledged anywhere
+    /// before the call (upstream's consistent read; a get without `resourceVersion`). A store
+    /// that is the only writer of its data (the embedded one) reads its own state.
+    fn get_latest<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        self.get(key)
+    }
+    /// [`Store::list`] of the most recent state (a list without `resourceVersion`).
+    fn list_latest<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing, StoreError>> {
+        self.list(prefix)
     }
 }
 
