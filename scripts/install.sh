@@ -3,7 +3,9 @@
 # default configuration under /etc/ferro and, on a control-plane node, the components'
 # kubeconfigs signed by the cluster CA. Idempotent: a second run with the same arguments
 # changes nothing (files already in place with the same content are left alone, configuration
-# a person edited is never overwritten). --uninstall removes what it installed (recorded in
+# a person edited is never overwritten). Run again with new binaries (an upgrade), it replaces
+# the binaries and units that differ and restarts those of their units that were running
+# (the agent's pods keep running: KillMode=process). --uninstall removes what it installed (recorded in
 # /var/lib/ferro/installed-files) and leaves the state (store, volumes) in place.
 #
 #   scripts/install.sh --role control-plane [--node-name NAME] [--node-ip IP]
@@ -249,10 +251,13 @@ if [ -n "$CA_HASH" ]; then
   fi
 fi
 
-# --- binaries and units
+# --- binaries and units (the units whose files changed: restarted below if they run)
+CHANGED_UNITS=()
 for u in "${UNITS[@]}"; do
+  before=$CHANGED
   install_file "$BIN_DIR/$u" "/usr/local/bin/$u" 755
   install_file "$SRC_DIR/systemd/$u.service" "/etc/systemd/system/$u.service" 644
+  [ "$CHANGED" = "$before" ] || CHANGED_UNITS+=("$u.service")
 done
 # --- the CNI plugins containerd calls for the pods, in its CRI plugin's bin_dir (Debian's
 # containerd: /usr/lib/cni, where containernetworking-plugins puts the reference plugins;
@@ -408,6 +413,24 @@ if [ "$DRY_RUN" = 0 ]; then
     services=()
     for u in "${UNITS[@]}"; do services+=("$u.service"); done
     if systemd_here; then
+      # an upgrade: units already running whose binary or unit file changed restart (the
+      # control plane first: the others wait for it to answer)
+      restart=()
+      for u in "${CHANGED_UNITS[@]}"; do
+        if systemctl is-active --quiet "$u"; then restart+=("$u"); fi
+      done
+      if [ "${#restart[@]}" -gt 0 ]; then
+        say "restarting ${restart[*]} (binary or unit changed)"
+        others=()
+        for u in "${restart[@]}"; do
+          if [ "$u" = ferro-control-plane.service ]; then
+            systemctl restart "$u"
+          else
+            others+=("$u")
+          fi
+        done
+        if [ "${#others[@]}" -gt 0 ]; then systemctl restart "${others[@]}"; fi
+      fi
       # the control plane first: the others wait for it to answer
       if [ "$ROLE" = control-plane ]; then systemctl enable --now ferro-control-plane.service; fi
       systemctl enable --now "${services[@]}"
