@@ -17,7 +17,13 @@ case "${1:-}" in
   *) echo "usage: $0 [--purge]" >&2; exit 2 ;;
 esac
 
-BIN=${CARGO_TARGET_DIR:-$PWD/target}/release
+BIN=$(ferro_bin_dir)
+if [ ! -x "$BIN/ferro-lab" ]; then
+  # up.sh may have run with another FERRO_PROFILE
+  for b in "${CARGO_TARGET_DIR:-$PWD/target}"/{debug,release}; do
+    if [ -x "$b/ferro-lab" ]; then BIN=$b; break; fi
+  done
+fi
 CTRD_RUN=$LAB_STATE/containerd
 
 # pid_of NAME PATTERN: the pid in $LAB_STATE/NAME.pid if it is alive and its command line has

@@ -13,6 +13,6 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ferro_require_root
 ferro_install_deps
-cargo build --release -p ferro-control-plane -p ferro-agent -p ferro-cni -p ferro-proxy -p ferro-csi -p ferro-lab
-BIN=${CARGO_TARGET_DIR:-$PWD/target}/release
+ferro_build -p ferro-control-plane -p ferro-agent -p ferro-cni -p ferro-proxy -p ferro-csi -p ferro-lab
+BIN=$(ferro_bin_dir)
 exec "$BIN/ferro-lab" cluster --bin-dir "$BIN" "$@"

@@ -23,6 +23,18 @@ FERRO_APT_PACKAGES=(iproute2 iputils-ping iptables nftables containernetworking-
   LAB_DNS_IP=169.254.20.10                  # ferro-dns on its own link in the namespace: the pods' clusterDNS
 }
 
+# The build up.sh, lab-up.sh and down.sh use: cargo's dev profile (ferro's crates without
+# optimisation, their dependencies at opt-level 1, no debug info for them: Cargo.toml), which
+# builds in about half the time of --release and is the build scripts/test.sh makes, so the
+# README's two commands build the dependencies once. FERRO_PROFILE=release for optimised
+# binaries (what install.sh installs on hosts and what docs/performance.md measures).
+FERRO_PROFILE=${FERRO_PROFILE:-dev}
+ferro_build() { cargo build --profile "$FERRO_PROFILE" "$@"; }
+ferro_bin_dir() {
+  local dir=${CARGO_TARGET_DIR:-$PWD/target}
+  if [ "$FERRO_PROFILE" = dev ]; then echo "$dir/debug"; else echo "$dir/$FERRO_PROFILE"; fi
+}
+
 ferro_require_root() {
   if [ "$(id -u)" -ne 0 ]; then
     echo "error: run as root (ferro builds network namespaces)" >&2

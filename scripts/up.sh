@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Brings up a one-node ferro cluster on this machine, inside the network namespace "ferro-lab"
 # (nothing changes in the root network namespace; the system containerd is never used):
-#   1. installs the Debian packages, builds ferro (release);
+#   1. installs the Debian packages, builds ferro (cargo's dev profile; FERRO_PROFILE=release
+#      for optimised binaries: scripts/lib.sh);
 #   2. a local registry (Debian's docker-registry) on 127.0.0.1:5000 inside the namespace,
 #      holding the test images built offline (busybox-static, ferro's static pause);
 #   3. a private containerd inside the namespace (own config, root, state, socket; its CRI
@@ -24,7 +25,7 @@ cd "$(dirname "$0")/.."
 ferro_require_root
 ferro_install_deps
 
-BIN=${CARGO_TARGET_DIR:-$PWD/target}/release
+BIN=$(ferro_bin_dir)
 CP_DATA=$LAB_DATA/control-plane
 CTRD_DATA=$LAB_DATA/containerd
 CTRD_RUN=$LAB_STATE/containerd
@@ -61,11 +62,8 @@ wait_for() {
   exit 1
 }
 
-step "building ferro (release)"
-cargo build --release -p ferro-control-plane -p ferro-agent -p ferro-cni -p ferro-proxy -p ferro-csi -p ferro-dns -p ferro-lab
-# The CNI plugin is installed as a static binary, as upstream's plugins are: it runs once per
-# pod network call, and static linking saves ~0.2 ms of its ~2.5 ms ADD (no dynamic loader).
-cargo rustc --release -p ferro-cni --bin ferro-cni -- -C target-feature=+crt-static
+step "building ferro (profile $FERRO_PROFILE)"
+ferro_build -p ferro-control-plane -p ferro-agent -p ferro-cni -p ferro-proxy -p ferro-csi -p ferro-dns -p ferro-lab
 install -d -m 0755 "$LAB_STATE" "$LAB_DATA" "$CP_DATA" "$CTRD_DATA" "$CTRD_RUN" \
   "$CNI/bin" "$CNI/conf" "$CNI/ipam" "$NODE_DIR" "$AGENT_ROOT" "$LAB_DATA/registry/data" \
   "$LAB_DATA/images" "$LAB_LOGS/pods" "$LAB_DATA/csi" "$LAB_STATE/csi"
