@@ -660,6 +660,41 @@ fn stored_bytes(mut v: serde_json::Value) -> Result<(Bytes, serde_json::Value), 
     Ok((bytes, v))
 }
 
+/// A watch over every key from a revision, read until `until` within one deadline (what
+/// [`replay`] and [`moved_outside_only`] read etcd's history with).
+struct History {
+    stream: etcd_client::WatchStream,
+    deadline: tokio::time::Instant,
+    until: Revision,
+}
+
+impl History {
+    async fn open(client: &Client, from: Revision, until: Revision, limit: Duration) -> Result<History, StoreError> {
+        let mut wc = client.watch_client().max_decoding_message_size(MAX_MESSAGE);
+        let options = WatchOptions::new().with_all_keys().with_start_revision(from);
+        let deadline = tokio::time::Instant::now() + limit;
+        let stream = tokio::time::timeout_at(deadline, wc.watch("\0", Some(options)))
+            .await
+            .map_err(|_| StoreError::Io("etcd: history watch timed out".into()))?
+            .map_err(etcd_err)?;
+        Ok(History { stream, deadline, until })
+    }
+
+    /// The next response; an error once the deadline passed, the watch ended or was cancelled.
+    async fn next(&mut self) -> Result<etcd_client::WatchResponse, StoreError> {
+        let until = self.until;
+        let resp = tokio::time::timeout_at(self.deadline, self.stream.message())
+            .await
+            .map_err(|_| StoreError::Io(format!("etcd: the history watch did not reach revision {until} in time")))?
+            .map_err(etcd_err)?
+            .ok_or_else(|| StoreError::Io("etcd: history watch ended".into()))?;
+        if resp.canceled() {
+            return Err(StoreError::Io(format!("etcd: history watch cancelled: {}", resp.cancel_reason())));
+        }
+        Ok(resp)
+    }
+}
+
 /// Applies the changes between the cache's revision and `until` from a watch over every key
 /// (every revision has at least one event there, so reaching `until` is certain); changes
 /// outside the layout are skipped.
@@ -668,22 +703,9 @@ async fn replay(client: &Client, layout: &KeyLayout, cache: &Cache, until: Revis
     if from > until {
         return Ok(());
     }
-    let mut wc = client.watch_client().max_decoding_message_size(MAX_MESSAGE);
-    let options = WatchOptions::new().with_all_keys().with_start_revision(from);
-    let deadline = tokio::time::Instant::now() + limit;
-    let mut stream = tokio::time::timeout_at(deadline, wc.watch("\0", Some(options)))
-        .await
-        .map_err(|_| StoreError::Io("etcd: replay watch timed out".into()))?
-        .map_err(etcd_err)?;
+    let mut history = History::open(client, from, until, limit).await?;
     loop {
-        let resp = tokio::time::timeout_at(deadline, stream.message())
-            .await
-            .map_err(|_| StoreError::Io(format!("etcd: history replay did not reach revision {until} in time")))?
-            .map_err(etcd_err)?
-            .ok_or_else(|| StoreError::Io("etcd: replay watch ended".into()))?;
-        if resp.canceled() {
-            return Err(StoreError::Io(format!("etcd: replay watch cancelled: {}", resp.cancel_reason())));
-        }
+        let resp = history.next().await?;
         let mut changes = Vec::new();
         let mut reached = 0;
         for event in resp.events() {
@@ -1010,22 +1032,9 @@ async fn moved_outside_only(client: &Client, layout: &KeyLayout, from: Revision,
     if from > until {
         return Ok(true);
     }
-    let mut wc = client.watch_client().max_decoding_message_size(MAX_MESSAGE);
-    let options = WatchOptions::new().with_all_keys().with_start_revision(from);
-    let deadline = tokio::time::Instant::now() + limit;
-    let mut stream = tokio::time::timeout_at(deadline, wc.watch("\0", Some(options)))
-        .await
-        .map_err(|_| StoreError::Io("etcd: watch timed out".into()))?
-        .map_err(etcd_err)?;
+    let mut history = History::open(client, from, until, limit).await?;
     loop {
-        let resp = tokio::time::timeout_at(deadline, stream.message())
-            .await
-            .map_err(|_| StoreError::Io(format!("etcd: the watch did not reach revision {until} in time")))?
-            .map_err(etcd_err)?
-            .ok_or_else(|| StoreError::Io("etcd: watch ended".into()))?;
-        if resp.canceled() {
-            return Err(StoreError::Io(format!("etcd: watch cancelled: {}", resp.cancel_reason())));
-        }
+        let resp = history.next().await?;
         let mut reached = 0;
         for kv in resp.events().iter().filter_map(|e| e.kv()) {
             if kv.mod_revision() > until {
