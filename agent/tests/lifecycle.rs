@@ -462,6 +462,37 @@ async fn images_are_pulled_per_policy_and_failed_pulls_back_off() {
     assert_eq!(node.fake.starts("never", "app") + node.fake.starts("broken", "app"), 0);
 }
 
+/// The watch brings back every status the agent writes: such a status-only change is stored
+/// without a sync (upstream's RECONCILE), while a change of the labels or the spec syncs the
+/// pod (observed again through ListPodSandbox, counted by the fake).
+#[tokio::test(start_paused = true)]
+async fn a_status_only_update_is_stored_without_a_sync_and_a_label_change_syncs() {
+    let node = Node::new();
+    let w = node.agent();
+    let p = pod("quiet", json!({"containers": [container("app")]}));
+    w.upsert(p.clone(), Source::Api);
+    until("phase Running", || phase(&w, "quiet") == "Running").await;
+    idle(Duration::from_secs(5)).await;
+    let observations = || node.fake.sandbox_lists_with("io.kubernetes.pod.uid", "uid-quiet");
+    let settled = observations();
+    idle(Duration::from_secs(5)).await;
+    assert_eq!(observations(), settled, "the pod was observed again with nothing changed");
+
+    // the echo of the agent's own status write: a new resourceVersion and the status
+    let mut echo = p.clone();
+    echo.metadata.resource_version = Some("42".into());
+    echo.status = Some(status(&w, "quiet"));
+    w.upsert(echo.clone(), Source::Api);
+    idle(Duration::from_secs(5)).await;
+    assert_eq!(observations(), settled, "a status-only change synced the pod");
+    assert_eq!(w.pods()[0].metadata.resource_version.as_deref(), Some("42"), "the new copy is stored");
+
+    let mut labelled = echo;
+    labelled.metadata.labels = Some([("tier".to_string(), "web".to_string())].into());
+    w.upsert(labelled, Source::Api);
+    until("a sync after the label change", || observations() > settled).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_restarted_agent_adopts_running_containers_without_restarting_them() {
     let node = Node::new();

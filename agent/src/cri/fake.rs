@@ -84,6 +84,9 @@ struct State {
     cpu: HashMap<String, u64>,
     /// Every call with the clock's time when it was made.
     calls: Vec<(i64, Call)>,
+    /// ListPodSandbox calls per label selector (the reads are not in `calls`): one per
+    /// observation of a pod, whose selector names its UID.
+    sandbox_lists: HashMap<Vec<(String, String)>, usize>,
     /// The image filesystem's mountpoint ImageFsInfo names (/var/lib/containerd unless set).
     image_fs: Option<String>,
     /// The sandbox image the Status info's config names (none unless set).
@@ -201,6 +204,13 @@ impl FakeCri {
     }
 
     /// Every call so far, in order.
+    /// How many ListPodSandbox calls so far had a selector with label `key` = `value` (e.g.
+    /// the pod UID label: how often the agent observed that pod).
+    pub fn sandbox_lists_with(&self, key: &str, value: &str) -> usize {
+        let s = self.lock();
+        s.sandbox_lists.iter().filter(|(sel, _)| sel.iter().any(|(k, v)| k == key && v == value)).map(|(_, n)| n).sum()
+    }
+
     pub fn calls(&self) -> Vec<Call> {
         self.lock().calls.iter().map(|(_, c)| c.clone()).collect()
     }
@@ -289,7 +299,10 @@ fn host_network(config: &api::PodSandboxConfig) -> bool {
 #[async_trait::async_trait]
 impl Cri for FakeCri {
     async fn list_sandboxes(&self, labels: HashMap<String, String>) -> Result<Vec<api::PodSandbox>, CriError> {
-        let s = self.lock();
+        let mut s = self.lock();
+        let mut key: Vec<(String, String)> = labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        key.sort();
+        *s.sandbox_lists.entry(key).or_default() += 1;
         Ok(s.sandboxes
             .iter()
             .filter(|(_, sb)| matches(&sb.config.labels, &labels))

@@ -356,13 +356,22 @@ impl PodWorkers {
             return;
         }
         let label = pod_label(&pod);
-        let added =
-            self.inner.desired.write().unwrap_or_else(|p| p.into_inner()).insert(uid.clone(), (Arc::new(pod), source));
-        if added.is_none() {
-            // Upstream's "SyncLoop ADD".
-            tracing::info!(pod = %label, uid = %uid, ?source, "pod added");
+        let pod = Arc::new(pod);
+        let previous =
+            self.inner.desired.write().unwrap_or_else(|p| p.into_inner()).insert(uid.clone(), (pod.clone(), source));
+        let sync = match &previous {
+            None => {
+                // Upstream's "SyncLoop ADD".
+                tracing::info!(pod = %label, uid = %uid, ?source, "pod added");
+                true
+            }
+            // a status-only change (most often the echo of this agent's own write) is stored
+            // without a sync, as upstream's RECONCILE
+            Some((old, old_source)) => *old_source != source || plan::update_needs_sync(old, &pod),
+        };
+        if sync {
+            self.inner.queue.add(uid);
         }
-        self.inner.queue.add(uid);
     }
 
     /// A pod is gone from its source: its containers are stopped and everything removed.

@@ -29,6 +29,29 @@ pub mod admission;
 pub mod deadline;
 pub mod image;
 
+/// Whether a changed copy of a known pod (`old` -> `new`, from the same source) needs a sync,
+/// as upstream's pod config decides (`checkAndUpdatePod`): a change of the spec, the labels,
+/// the annotations, the deletion timestamp or grace period does (an UPDATE); a change of the
+/// status alone does not (a RECONCILE: the stored copy is replaced, nothing runs), since it is
+/// most often the echo of the agent's own status write, unless the pod has readiness gates
+/// (their conditions, set by others, go into the Ready condition the agent computes:
+/// upstream's `NeedToReconcilePodReadiness`). The resourceVersion and managedFields change
+/// with every write and are not looked at.
+pub fn update_needs_sync(old: &Pod, new: &Pod) -> bool {
+    let (om, nm) = (&old.metadata, &new.metadata);
+    if old.spec != new.spec
+        || om.labels != nm.labels
+        || om.annotations != nm.annotations
+        || om.deletion_timestamp != nm.deletion_timestamp
+        || om.deletion_grace_period_seconds != nm.deletion_grace_period_seconds
+        || om.uid != nm.uid
+    {
+        return true;
+    }
+    old.status != new.status
+        && new.spec.as_ref().and_then(|s| s.readiness_gates.as_ref()).is_some_and(|g| !g.is_empty())
+}
+
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
@@ -568,6 +591,40 @@ mod tests {
 
     fn pod(policy: &str, inits: &[&str], apps: &[&str]) -> Pod {
         pod_with(policy, inits, apps, false)
+    }
+
+    #[test]
+    fn only_spec_metadata_and_gated_status_changes_need_a_sync() {
+        use k8s_openapi::api::core::v1::{PodReadinessGate, PodStatus};
+        let old = pod("Always", &[], &["app"]);
+        let mut echo = old.clone();
+        echo.metadata.resource_version = Some("7".into());
+        echo.metadata.managed_fields = Some(vec![Default::default()]);
+        echo.status = Some(PodStatus { phase: Some("Running".into()), ..Default::default() });
+        assert!(!update_needs_sync(&old, &echo), "a status-only change is a reconcile");
+        assert!(!update_needs_sync(&old, &old.clone()));
+        let changed = |f: &dyn Fn(&mut Pod)| {
+            let mut p = echo.clone();
+            f(&mut p);
+            update_needs_sync(&echo, &p)
+        };
+        assert!(changed(&|p| p.spec.as_mut().unwrap().containers[0].image = Some("img-2".into())));
+        assert!(changed(&|p| p.metadata.labels = Some([("a".to_string(), "b".to_string())].into())));
+        assert!(changed(&|p| p.metadata.annotations = Some([("a".to_string(), "b".to_string())].into())));
+        assert!(changed(&|p| p.metadata.deletion_grace_period_seconds = Some(30)));
+        assert!(changed(&|p| {
+            p.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH))
+        }));
+        assert!(!changed(&|p| p.status.as_mut().unwrap().phase = Some("Failed".into())));
+        // with a readiness gate, others' conditions go into Ready: a status change syncs
+        let mut gated = echo.clone();
+        gated.spec.as_mut().unwrap().readiness_gates =
+            Some(vec![PodReadinessGate { condition_type: "example.com/lb".into() }]);
+        let mut set = gated.clone();
+        set.status.as_mut().unwrap().conditions = Some(vec![Default::default()]);
+        assert!(update_needs_sync(&gated, &set));
+        assert!(!update_needs_sync(&gated, &gated.clone()));
     }
 
     fn spec_container<'a>(pod: &'a Pod, kind: ContainerKind, name: &str) -> &'a Container {
