@@ -2,7 +2,8 @@
 # Builds the Vagrant box ferro's VMs run (libvirt provider), offline from the Debian mirror
 # apt already uses: a minimal Debian 12 root (mmdebstrap), the cloud kernel, GRUB on a
 # one-partition disk, ssh with Vagrant's insecure key for the first login (Vagrant replaces
-# it), the QEMU guest agent, containerd and runc, and the tools ferro's units call (iptables,
+# it), the QEMU guest agent, containerd, runc and crun (the second OCI runtime
+# vagrant/pod-startup-bench.sh compares), and the tools ferro's units call (iptables,
 # nftables, e2fsprogs, xfsprogs). No registry and no image from the network: only .deb
 # packages.
 #
@@ -25,7 +26,7 @@ DISK_SIZE=${FERRO_BOX_DISK:-12G}
 PACKAGES=(
   systemd-sysv udev dbus linux-image-cloud-amd64 grub-pc initramfs-tools
   openssh-server sudo qemu-guest-agent ca-certificates procps iproute2 iputils-ping kmod
-  containerd runc containernetworking-plugins iptables nftables conntrack e2fsprogs xfsprogs
+  containerd runc crun containernetworking-plugins iptables nftables conntrack e2fsprogs xfsprogs
   util-linux mount
 )
 

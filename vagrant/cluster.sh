@@ -16,24 +16,22 @@
 #                   this script cannot know: pass --driver qemu on machines whose /dev/kvm
 #                   does not, as the one ferro is developed on; FERRO_VM_DRIVER works too)
 #
-# The machine's network is left alone: libvirtd, its networks (bridges, dnsmasq, firewall
-# rules) and the VMs live in a network namespace of their own (ferro-vagrant), which is
-# removed at the end; the VMs' networks are isolated (no forwarding), so nothing they send
-# leaves that namespace. Needs root.
+# The machine's network is left alone (vagrant/lib.sh). Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
+# shellcheck source=vagrant/lib.sh
+. vagrant/lib.sh
 ferro_require_root
 
-KEEP=0
 DESTROY_ONLY=0
 WORKERS=${FERRO_WORKERS:-2}
 DRIVER=${FERRO_VM_DRIVER:-kvm}
 BIN_DIR=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --keep) KEEP=1; shift ;;
+    --keep) VG_KEEP=1; shift ;;
     --destroy) DESTROY_ONLY=1; shift ;;
     --workers) WORKERS=${2:?}; shift 2 ;;
     --driver) DRIVER=${2:?}; shift 2 ;;
@@ -41,107 +39,21 @@ while [ $# -gt 0 ]; do
     *) echo "cluster.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-NS=ferro-vagrant
-STATE=/var/lib/ferro-vagrant
 NET=${FERRO_NET_PREFIX:-192.168.78}
 CP_IP=$NET.10
 export FERRO_WORKERS=$WORKERS FERRO_VM_DRIVER=$DRIVER FERRO_NET_PREFIX=$NET
-export VAGRANT_CWD=$PWD/vagrant VAGRANT_DEFAULT_PROVIDER=libvirt
-export LIBVIRT_DEFAULT_URI=qemu:///system
-start=$SECONDS
-step() { printf '== %s (%ss)\n' "$*" "$((SECONDS - start))"; }
-in_ns() { nsenter --net="/run/netns/$NS" -- "$@"; }
-vg() { in_ns vagrant "$@"; }
-
-# --- packages: Vagrant with its libvirt plugin, libvirt, QEMU. Where qemu-utils already comes
-# from bookworm-backports (as on the machine ferro is developed on), QEMU and libvirt must come
-# from there too; systemd stays bookworm's.
-vm_packages=(vagrant vagrant-libvirt libvirt-daemon-system libvirt-daemon-driver-qemu qemu-system-x86)
-missing=()
-for p in "${vm_packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  if dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null | grep -q bpo12; then
-    cat >/etc/apt/sources.list.d/ferro-backports.sources <<'EOF'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: bookworm-backports
-Components: main
-EOF
-    cat >/etc/apt/preferences.d/ferro-vm <<'EOF'
-Package: qemu-* libvirt* seabios ipxe-qemu libslirp0
-Pin: release n=bookworm-backports
-Pin-Priority: 990
-EOF
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
-
-# --- the namespace with libvirt: started here, ended by pid at the end
-LIBVIRTD_PID=""
-VIRTLOGD_PID=""
-cleanup() {
-  local rc=$?
-  if [ "$KEEP" = 0 ] || [ "$rc" != 0 ]; then
-    if [ -e "/run/netns/$NS" ] && [ -n "$LIBVIRTD_PID" ]; then
-      step "destroying the VMs"
-      vg destroy -f >/dev/null 2>&1 || true
-      # the networks vagrant-libvirt defined for these VMs (libvirt's own "default" stays)
-      for n in vagrant-libvirt ferro-private; do
-        in_ns virsh net-destroy "$n" >/dev/null 2>&1 || true
-        in_ns virsh net-undefine "$n" >/dev/null 2>&1 || true
-      done
-    fi
-    for p in $LIBVIRTD_PID $VIRTLOGD_PID; do
-      kill "$p" 2>/dev/null || true
-    done
-    for p in $LIBVIRTD_PID $VIRTLOGD_PID; do
-      while kill -0 "$p" 2>/dev/null; do sleep 0.2; done
-    done
-    [ -e "/run/netns/$NS" ] && ip netns delete "$NS"
-    # the bundle and the join files (a token, kubeconfigs) of a cluster that is gone
-    rm -rf "$STATE/libvirtd.pid" "$STATE/virtlogd.pid" "$STATE/work" "$STATE/admin.kubeconfig"
-  elif [ "$KEEP" = 1 ]; then
-    echo "kept: VMs in namespace $NS; kubectl: nsenter --net=/run/netns/$NS kubectl --kubeconfig $STATE/admin.kubeconfig get nodes"
-    echo "      remove with: vagrant/cluster.sh --destroy"
-  fi
-  exit "$rc"
-}
-
-start_libvirt() {
-  if pgrep -x libvirtd >/dev/null; then
-    echo "cluster.sh: a libvirtd is already running on this machine; this script runs its own in namespace $NS (stop the other first)" >&2
-    exit 1
-  fi
-  mkdir -p "$STATE"
-  [ -e "/run/netns/$NS" ] || ip netns add "$NS"
-  in_ns ip link set lo up
-  # nsenter execs the daemon: $! is the daemon's pid (not a subshell's, as through in_ns)
-  nsenter --net="/run/netns/$NS" -- virtlogd >"$STATE/virtlogd.log" 2>&1 &
-  VIRTLOGD_PID=$!
-  nsenter --net="/run/netns/$NS" -- libvirtd >"$STATE/libvirtd.log" 2>&1 &
-  LIBVIRTD_PID=$!
-  echo "$VIRTLOGD_PID" >"$STATE/virtlogd.pid"
-  echo "$LIBVIRTD_PID" >"$STATE/libvirtd.pid"
-  for _ in $(seq 100); do
-    in_ns virsh version >/dev/null 2>&1 && return 0
-    kill -0 "$LIBVIRTD_PID" 2>/dev/null || { cat "$STATE/libvirtd.log" >&2; exit 1; }
-    sleep 0.2
-  done
-  echo "cluster.sh: libvirtd did not answer" >&2
-  cat "$STATE/libvirtd.log" >&2
-  exit 1
-}
+vg_install_packages
+work=$STATE/work
+# the bundle and the join files (a token, kubeconfigs) of a cluster that is gone
+VG_CLEAN_FILES="$work $STATE/admin.kubeconfig"
+VG_KEPT_HINT="kubectl: nsenter --net=/run/netns/$NS kubectl --kubeconfig $STATE/admin.kubeconfig get nodes"
 
 if [ "$DESTROY_ONLY" = 1 ]; then
-  LIBVIRTD_PID=$(cat "$STATE/libvirtd.pid" 2>/dev/null || true)
-  VIRTLOGD_PID=$(cat "$STATE/virtlogd.pid" 2>/dev/null || true)
-  trap cleanup EXIT
+  vg_adopt_kept
+  trap vg_cleanup EXIT
   exit 0
 fi
-trap cleanup EXIT
+trap vg_cleanup EXIT
 
 # --- binaries, images, bundle
 if [ -z "$BIN_DIR" ]; then
@@ -149,7 +61,6 @@ if [ -z "$BIN_DIR" ]; then
   cargo build --release --workspace --bins
   BIN_DIR=target/release
 fi
-work=$STATE/work
 rm -rf "$work"
 mkdir -p "$work/bundle/bin" "$work/bundle/scripts" "$work/join"
 for b in ferro-control-plane ferro-agent ferro-netd ferro-proxy ferro-dns ferro-csi ferro-cni; do
@@ -164,25 +75,9 @@ step "test images (built offline)"
 tar -C "$work/bundle" -czf "$work/bundle.tar.gz" .
 export FERRO_BUNDLE=$work/bundle.tar.gz FERRO_JOIN_DIR=$work/join
 
-# --- the box
+# --- the box, libvirt
 step "the box"
-box=$(vagrant/build-box.sh)
-marker=$STATE/box-added
-box_changed=0
-if [ "$(cat "$marker" 2>/dev/null)" != "$box" ] || ! vagrant box list 2>/dev/null | grep -q '^ferro/debian12 '; then
-  vagrant box add --force --name ferro/debian12 "$box" >/dev/null
-  box_changed=1
-fi
-
-start_libvirt
-if [ "$box_changed" = 1 ]; then
-  # vagrant-libvirt keeps its copy of a box in libvirt's default pool and would go on using
-  # an old one of the same name
-  for v in $(in_ns virsh vol-list --pool default 2>/dev/null | awk '/ferro-VAGRANTSLASH-debian12/ {print $1}'); do
-    in_ns virsh vol-delete --pool default "$v" >/dev/null
-  done
-  echo "$box" >"$marker"
-fi
+vg_box_and_libvirt
 step "the control plane VM"
 vg up cp --no-parallel
 # the workers' join files: a bootstrap token and the CA for the agent (TLS bootstrap), and

@@ -119,7 +119,14 @@ impl Drop for Proc {
 }
 
 /// The offline test images, built under `work` (removed with the lab's temp dir).
+/// The lab's two test images: built here (the static pause through cargo, busybox from the
+/// host's busybox-static), or taken from `$FERRO_LAB_IMAGES` (the directory `ferro-lab images
+/// --out` wrote) where there is no workspace to build in, as for the benchmark inside a VM
+/// (vagrant/pod-startup-bench.sh).
 fn images(work: &std::path::Path) -> ferro_lab::images::ImageTars {
+    if let Some(dir) = std::env::var_os("FERRO_LAB_IMAGES") {
+        return ferro_lab::images::ImageTars::prebuilt(std::path::Path::new(&dir)).unwrap();
+    }
     let pause = ferro_lab::images::build_static_pause().unwrap();
     ferro_lab::images::build_images(work, &pause).unwrap()
 }

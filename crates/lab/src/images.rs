@@ -145,6 +145,20 @@ pub struct ImageTars {
     pub busybox: PathBuf,
 }
 
+impl ImageTars {
+    /// The two tars [`build_images`] (or `ferro-lab images --out DIR`) wrote to `dir` earlier:
+    /// `pause.tar` and `busybox.tar`; an error names the one missing.
+    pub fn prebuilt(dir: &Path) -> Result<ImageTars> {
+        let (pause, busybox) = (dir.join("pause.tar"), dir.join("busybox.tar"));
+        for t in [&pause, &busybox] {
+            if !t.is_file() {
+                bail!("{} is missing: make the images with `ferro-lab images --out {}`", t.display(), dir.display());
+            }
+        }
+        Ok(ImageTars { pause, busybox })
+    }
+}
+
 /// Builds both images under `work` from `pause_bin` and Debian's /bin/busybox.
 pub fn build_images(work: &Path, pause_bin: &Path) -> Result<ImageTars> {
     require_bin("umoci", "umoci")?;
@@ -230,4 +244,22 @@ pub fn image_as(
         .arg(format!("oci:{img}"))
         .arg(format!("docker-archive:{}:{reference}", tar.display())))?;
     Ok(tar)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prebuilt_images_need_both_tars() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("pause.tar"), b"x").unwrap();
+        let err = ImageTars::prebuilt(d.path()).unwrap_err().to_string();
+        assert!(err.contains("busybox.tar is missing"), "{err}");
+        std::fs::write(d.path().join("busybox.tar"), b"x").unwrap();
+        let tars = ImageTars::prebuilt(d.path()).unwrap();
+        assert_eq!(tars.pause, d.path().join("pause.tar"));
+        assert_eq!(tars.busybox, d.path().join("busybox.tar"));
+    }
 }
