@@ -48,12 +48,7 @@ work=$STATE/work
 VG_CLEAN_FILES="$work $STATE/admin.kubeconfig"
 VG_KEPT_HINT="kubectl: nsenter --net=/run/netns/$NS kubectl --kubeconfig $STATE/admin.kubeconfig get nodes"
 
-if [ "$DESTROY_ONLY" = 1 ]; then
-  vg_adopt_kept
-  trap vg_cleanup EXIT
-  exit 0
-fi
-trap vg_cleanup EXIT
+vg_begin "$DESTROY_ONLY"
 
 # --- binaries, images, bundle
 if [ -z "$BIN_DIR" ]; then

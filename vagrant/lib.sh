@@ -80,10 +80,15 @@ vg_cleanup() {
   exit "$rc"
 }
 
-# With --destroy: take the pids a kept run recorded, so that the trap ends them.
-vg_adopt_kept() {
-  LIBVIRTD_PID=$(cat "$STATE/libvirtd.pid" 2>/dev/null || true)
-  VIRTLOGD_PID=$(cat "$STATE/virtlogd.pid" 2>/dev/null || true)
+# Sets the EXIT trap; with DESTROY_ONLY=1 (--destroy) takes the pids a kept run recorded, so
+# that the trap ends them, and exits: the teardown is all that runs.
+vg_begin() {
+  trap vg_cleanup EXIT
+  if [ "$1" = 1 ]; then
+    LIBVIRTD_PID=$(cat "$STATE/libvirtd.pid" 2>/dev/null || true)
+    VIRTLOGD_PID=$(cat "$STATE/virtlogd.pid" 2>/dev/null || true)
+    exit 0
+  fi
 }
 
 vg_start_libvirt() {

@@ -56,12 +56,7 @@ vg_install_packages
 work=$STATE/bench
 VG_CLEAN_FILES=$work
 VG_KEPT_HINT="vagrant: VAGRANT_CWD=$VAGRANT_CWD FERRO_BENCH_VM=1 nsenter --net=/run/netns/$NS vagrant ssh bench"
-if [ "$DESTROY_ONLY" = 1 ]; then
-  vg_adopt_kept
-  trap vg_cleanup EXIT
-  exit 0
-fi
-trap vg_cleanup EXIT
+vg_begin "$DESTROY_ONLY"
 
 # --- the benchmark, the binaries it starts, the images; laid out as cargo's target dir,
 # where the benchmark looks for its sibling binaries (examples/..)
