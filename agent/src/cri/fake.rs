@@ -203,7 +203,6 @@ impl FakeCri {
         true
     }
 
-    /// Every call so far, in order.
     /// How many ListPodSandbox calls so far had a selector with label `key` = `value` (e.g.
     /// the pod UID label: how often the agent observed that pod).
     pub fn sandbox_lists_with(&self, key: &str, value: &str) -> usize {
@@ -211,6 +210,7 @@ impl FakeCri {
         s.sandbox_lists.iter().filter(|(sel, _)| sel.iter().any(|(k, v)| k == key && v == value)).map(|(_, n)| n).sum()
     }
 
+    /// Every call so far, in order.
     pub fn calls(&self) -> Vec<Call> {
         self.lock().calls.iter().map(|(_, c)| c.clone()).collect()
     }

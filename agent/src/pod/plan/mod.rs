@@ -29,6 +29,14 @@ pub mod admission;
 pub mod deadline;
 pub mod image;
 
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+
+use crate::pod::model::{
+    is_sidecar, ContainerKind, ContainerObs, ContainerState, PodRuntime, ProbeResults, SandboxState,
+};
+
 /// Whether a changed copy of a known pod (`old` -> `new`, from the same source) needs a sync,
 /// as upstream's pod config decides (`checkAndUpdatePod`): a change of the spec, the labels,
 /// the annotations, the deletion timestamp or grace period does (an UPDATE); a change of the
@@ -51,14 +59,6 @@ pub fn update_needs_sync(old: &Pod, new: &Pod) -> bool {
     old.status != new.status
         && new.spec.as_ref().and_then(|s| s.readiness_gates.as_ref()).is_some_and(|g| !g.is_empty())
 }
-
-use std::time::Duration;
-
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-
-use crate::pod::model::{
-    is_sidecar, ContainerKind, ContainerObs, ContainerState, PodRuntime, ProbeResults, SandboxState,
-};
 
 /// FNV-1a 64 over `bytes`.
 fn fnv1a64(bytes: &[u8]) -> u64 {
