@@ -139,7 +139,11 @@ fn ms(d: Duration) -> String {
 }
 
 async fn run(mode: &str, n: u32, m: u32, changes: usize, udp_every: u32) {
-    let inputs = Inputs { services: Informer::new(), slices: Informer::new(), nodes: Informer::new() };
+    let inputs = Inputs {
+        services: Informer::with_transform(ferro_proxy::slim::service),
+        slices: Informer::with_transform(ferro_proxy::slim::endpoint_slice),
+        nodes: Informer::with_transform(ferro_proxy::slim::node),
+    };
     let t = Instant::now();
     let mut buf = None;
     inputs.services.inject(Event::Init, &mut buf);

@@ -22,4 +22,5 @@ pub mod nfcount;
 pub mod nl;
 pub mod nftables;
 pub mod server;
+pub mod slim;
 pub mod trace;

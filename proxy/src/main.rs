@@ -20,7 +20,7 @@ use ferro_proxy::exec::Host;
 use ferro_proxy::health::Health;
 use ferro_proxy::metrics::Metrics;
 use ferro_proxy::model::{Family, Problem, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
-use ferro_proxy::{backend, cleanup, server};
+use ferro_proxy::{backend, cleanup, server, slim};
 use ferro_runtime::systemd::Systemd;
 use ferro_runtime::Informer;
 
@@ -60,7 +60,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let backend = backend::for_mode(&cfg)?;
     let client = client(&cfg).await?;
 
-    let inputs = Inputs { services: Informer::new(), slices: Informer::new(), nodes: Informer::new() };
+    // the caches keep what the model reads (see slim.rs)
+    let inputs = Inputs {
+        services: Informer::with_transform(slim::service),
+        slices: Informer::with_transform(slim::endpoint_slice),
+        nodes: Informer::with_transform(slim::node),
+    };
     let selector = format!("!{LABEL_SERVICE_PROXY_NAME},!{LABEL_HEADLESS}");
     let tasks = [
         inputs.services.spawn(Api::<Service>::all(client.clone()), watcher::Config::default().labels(&selector)),

@@ -57,12 +57,14 @@ impl<K> Change<K> {
 }
 
 type Handler<K> = Box<dyn Fn(&Change<K>) + Send + Sync>;
+type Transform<K> = Box<dyn Fn(&mut K) + Send + Sync>;
 
 /// One watch of a kind, its cache, and its handlers.
 pub struct Informer<K> {
     cache: RwLock<BTreeMap<ObjectKey, Arc<K>>>,
     handlers: RwLock<Vec<Handler<K>>>,
     synced: tokio::sync::watch::Sender<bool>,
+    transform: Option<Transform<K>>,
 }
 
 impl<K> Informer<K>
@@ -70,11 +72,32 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     pub fn new() -> Arc<Self> {
+        Self::build(None)
+    }
+
+    /// An informer that passes every object it receives through `transform` before caching it
+    /// or telling a handler (client-go's SetTransform): a loop that reads a few fields of a
+    /// kind it holds by the ten thousand drops the rest (managedFields, fields it never reads)
+    /// and keeps its memory to what it uses. The transform must keep the namespace, name and
+    /// resourceVersion (the cache's key and its relist comparison).
+    pub fn with_transform(transform: impl Fn(&mut K) + Send + Sync + 'static) -> Arc<Self> {
+        Self::build(Some(Box::new(transform)))
+    }
+
+    fn build(transform: Option<Transform<K>>) -> Arc<Self> {
         Arc::new(Informer {
             cache: RwLock::new(BTreeMap::new()),
             handlers: RwLock::new(Vec::new()),
             synced: tokio::sync::watch::Sender::new(false),
+            transform,
         })
+    }
+
+    fn transformed(&self, mut obj: K) -> K {
+        if let Some(t) = &self.transform {
+            t(&mut obj);
+        }
+        obj
     }
 
     fn read(&self) -> RwLockReadGuard<'_, BTreeMap<ObjectKey, Arc<K>>> {
@@ -128,6 +151,12 @@ where
     }
 
     fn apply(&self, ev: Event<K>, buffer: &mut Option<BTreeMap<ObjectKey, Arc<K>>>) {
+        let ev = match ev {
+            Event::InitApply(obj) => Event::InitApply(self.transformed(obj)),
+            Event::Apply(obj) => Event::Apply(self.transformed(obj)),
+            Event::Delete(obj) => Event::Delete(self.transformed(obj)),
+            other => other,
+        };
         match ev {
             Event::Init => *buffer = Some(BTreeMap::new()),
             Event::InitApply(obj) => {
@@ -285,6 +314,31 @@ mod tests {
         inf.inject(Event::Delete(cm("a", "x", "3")), &mut buf);
         assert_eq!(*late.lock().unwrap(), ["add a/x", "add b/y", "delete a/x"]);
         assert_eq!(*early.lock().unwrap(), ["add a/x", "add b/y", "delete a/x"]);
+    }
+
+    #[test]
+    fn a_transform_applies_before_the_cache_and_the_handlers() {
+        let inf = Informer::<ConfigMap>::with_transform(|c| {
+            c.data = None;
+            c.metadata.managed_fields = None;
+        });
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        inf.on_change(move |c| s.lock().unwrap().push(c.object().data.is_none() && c.object().metadata.managed_fields.is_none()));
+        let mut full = cm("a", "x", "1");
+        full.data = Some([("k".to_string(), "v".to_string())].into());
+        full.metadata.managed_fields = Some(vec![Default::default()]);
+        let mut buf = None;
+        inf.inject(Event::Init, &mut buf);
+        inf.inject(Event::InitApply(full.clone()), &mut buf);
+        inf.inject(Event::InitDone, &mut buf);
+        full.metadata.resource_version = Some("2".into());
+        inf.inject(Event::Apply(full.clone()), &mut buf);
+        inf.inject(Event::Delete(full), &mut buf);
+        assert_eq!(*seen.lock().unwrap(), [true, true, true]);
+        inf.inject(Event::Apply(cm("a", "y", "3")), &mut buf);
+        let y = inf.get(Some("a"), "y").unwrap();
+        assert_eq!(y.metadata.resource_version.as_deref(), Some("3"));
     }
 
     #[test]
