@@ -456,34 +456,48 @@ pub fn render_changed(
     if full {
         state.services.clear();
         state.set_refs.clear();
-        let rendered: Vec<Rendered> = model.services.values().map(|e| render_service(e, node, cfg, family)).collect();
+        // One service port at a time: rendered, written into the three parts of the text,
+        // kept in the state (digests), its rules dropped before the next is rendered, so the
+        // transient strings of one rendering are reused by the next instead of 100,000
+        // endpoints' worth of them living at once (the process's memory after a cold sync
+        // would stay at that peak, fragmented around what the state keeps).
         let _ = writeln!(text, "add table {tf} {TABLE}");
         let _ = writeln!(text, "delete table {tf} {TABLE}");
         text.push_str(&skeleton(family, cfg));
-        for r in &rendered {
-            write_service_chains(&mut text, tf, r);
-        }
-        for r in &rendered {
+        let mut rules_text = String::new();
+        // per map: its "add element" lines so far, and the elements on the open line
+        let mut by_map: BTreeMap<&str, (String, usize)> = BTreeMap::new();
+        for (name, entry) in &model.services {
+            let r = render_service(entry, node, cfg, family);
+            write_service_chains(&mut text, tf, &r);
             for (_, rules) in &r.chains {
-                text.push_str(rules);
+                rules_text.push_str(rules);
             }
             out.chains_written += r.chains.len();
-        }
-        let mut by_map: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for r in &rendered {
             for e in &r.elements {
-                by_map.entry(e.map).or_default().push(&e.text);
+                let (lines, open) = by_map.entry(e.map).or_default();
+                if *open == 1000 {
+                    lines.push_str(" }\n");
+                    *open = 0;
+                }
+                if *open == 0 {
+                    let _ = write!(lines, "add element {tf} {TABLE} {} {{ {}", e.map, e.text);
+                } else {
+                    let _ = write!(lines, ", {}", e.text);
+                }
+                *open += 1;
+                out.elements_changed += 1;
             }
-        }
-        for (map, els) in by_map {
-            out.elements_changed += els.len();
-            for chunk in els.chunks(1000) {
-                let _ = writeln!(text, "add element {tf} {TABLE} {map} {{ {} }}", chunk.join(", "));
-            }
-        }
-        for ((name, entry), r) in model.services.iter().zip(rendered) {
             state.count(&r, true);
             state.keep(name.clone(), entry.clone(), r);
+        }
+        text.push_str(&rules_text);
+        drop(rules_text);
+        for (_, (lines, open)) in by_map {
+            text.push_str(&lines);
+            if open > 0 {
+                text.push_str(" }\n");
+            }
         }
     } else {
         // (old rendering, new rendering) of each changed service port; None = absent
@@ -734,6 +748,38 @@ mod tests {
         let r = render_service(&e, &NodeInfo::default(), &cfg(), Family::V4);
         assert!(r.chains.is_empty());
         assert!(r.elements.iter().any(|e| e.map == "no-endpoint-services" && e.text.ends_with(": goto reject-chain")));
+    }
+
+    #[test]
+    fn a_full_render_declares_every_chain_then_the_rules_then_the_elements_1000_per_line() {
+        let entries: Vec<ServiceEntry> = (0..1500u32)
+            .map(|i| {
+                let vip = std::net::Ipv4Addr::from(0x0a60_0000 + i).to_string();
+                let ep = std::net::Ipv4Addr::from(0x0a80_0000 + i).to_string();
+                entry(spn("ns", &format!("s{i}"), "p"), &vip, &[&ep])
+            })
+            .collect();
+        let m = model(entries);
+        let mut st = State::default();
+        let o = render(&m, &NodeInfo::default(), &cfg(), &mut st, true);
+        let lines: Vec<&str> = o.text.lines().collect();
+        let last_chain = lines.iter().rposition(|l| l.starts_with("add chain ")).unwrap();
+        let first_rule = lines.iter().position(|l| l.starts_with("add rule ip kube-proxy endpoint-")).unwrap();
+        let last_rule = lines.iter().rposition(|l| l.starts_with("add rule ")).unwrap();
+        let first_element = lines.iter().position(|l| l.starts_with("add element ")).unwrap();
+        assert!(last_chain < first_rule && last_rule < first_element, "{last_chain} {first_rule} {last_rule} {first_element}: {}", lines[last_chain]);
+        assert_eq!(o.chains_written, 3000);
+        for map in ["cluster-ips", "service-ips"] {
+            let mine: Vec<&&str> = lines.iter().filter(|l| l.starts_with(&format!("add element ip kube-proxy {map} {{ "))).collect();
+            assert_eq!(mine.len(), 2, "{map}");
+            assert!(mine.iter().all(|l| l.ends_with(" }")));
+            let counts: Vec<usize> = mine.iter().map(|l| l.matches(", ").count() + 1).collect();
+            assert_eq!(counts, [1000, 500], "{map}");
+        }
+        assert_eq!(o.elements_changed, 3000);
+        // every element exactly once, in the model's order
+        assert!(o.text.contains("10.96.0.0 . tcp . 80 : goto service-"));
+        assert_eq!(o.text.matches("10.96.5.219 . tcp . 80 : goto").count(), 1);
     }
 
     #[test]
