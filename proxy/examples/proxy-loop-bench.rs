@@ -32,7 +32,7 @@ use ferro_proxy::model::Family;
 use ferro_proxy::nftables::netlink::{BatchError, NftWriter, Op};
 use ferro_runtime::Informer;
 use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use ferro_proxy::slim::EndpointSlice;
 use kube::runtime::watcher::Event;
 use serde_json::json;
 
@@ -162,6 +162,7 @@ async fn run(mode: &str, n: u32, m: u32, changes: usize, udp_every: u32) {
     inputs.nodes.inject(Event::InitApply(serde_json::from_value::<Node>(json!({"metadata": {"name": "bench-node", "resourceVersion": "1"}})).unwrap()), &mut buf);
     inputs.nodes.inject(Event::InitDone, &mut buf);
     let made = t.elapsed();
+    println!("RSS with the objects only: {:.0} MiB", status_mib("VmRSS:"));
 
     let cidrs = vec!["10.244.0.0/16".parse().unwrap()];
     let ops = Arc::new(Mutex::new(0usize));

@@ -17,7 +17,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument as _;
@@ -28,6 +27,7 @@ use crate::conntrack::{self, Conntrack};
 use crate::error::SyncError;
 use crate::health::Health;
 use crate::metrics::Metrics;
+use crate::slim::EndpointSlice;
 use crate::model::{self, Family, FamilyModel, NodeInfo, Problem, ServiceEntry, ServicePortName, LABEL_ZONE};
 
 /// What a mode's backend did in one sync.

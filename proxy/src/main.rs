@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser as _;
 use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use ferro_proxy::slim::EndpointSlice;
 use kube::runtime::watcher;
 use kube::Api;
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use crate::slim::{Address, EndpointSlice};
 /// The label that hands a Service to another proxy (upstream's `service.kubernetes.io/service-proxy-name`).
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
 /// The label the EndpointSlice controller puts on slices of headless Services.
@@ -475,21 +475,21 @@ pub fn slice_endpoints(
     let namespace = slice.metadata.namespace.clone().unwrap_or_default();
     let slice_key = format!("{namespace}/{}", slice.metadata.name.as_deref().unwrap_or_default());
     for ep in &slice.endpoints {
-        let Some(addr) = ep.addresses.first() else { continue };
-        let ip = match addr.parse::<IpAddr>() {
-            Ok(ip) if family.contains(&ip) => ip,
-            Ok(_) => {
+        let Some(addr) = &ep.address else { continue };
+        let ip = match addr {
+            Address::Ip(ip) if family.contains(ip) => *ip,
+            Address::Ip(_) => {
                 problems.push(Problem::InvalidEndpoint {
                     slice: slice_key.clone(),
-                    address: addr.clone(),
+                    address: addr.to_string(),
                     reason: format!("not an {want} address"),
                 });
                 continue;
             }
-            Err(_) => {
+            Address::Invalid(text) => {
                 problems.push(Problem::InvalidEndpoint {
                     slice: slice_key.clone(),
-                    address: addr.clone(),
+                    address: text.to_string(),
                     reason: "not an IP address".into(),
                 });
                 continue;
@@ -524,7 +524,7 @@ pub fn slice_endpoints(
                     serving,
                     terminating,
                     local,
-                    zone: ep.zone.clone(),
+                    zone: ep.zone.as_deref().map(str::to_string),
                     zone_hints: zone_hints.clone(),
                 },
             ));

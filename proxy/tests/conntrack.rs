@@ -22,7 +22,7 @@ use ferro_proxy::iptables::backend::IptablesBackend;
 use ferro_proxy::model::{self, Family, FamilyModel, NodeInfo};
 use ferro_proxy::nftables::backend::NftBackend;
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use ferro_proxy::slim::EndpointSlice;
 use serde_json::json;
 
 const SERVICE_PORT: u16 = 53;

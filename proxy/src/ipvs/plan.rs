@@ -420,7 +420,7 @@ mod tests {
     use std::sync::Arc;
 
     use k8s_openapi::api::core::v1::Service;
-    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use crate::slim::EndpointSlice;
     use serde_json::{json, Value};
 
     use super::*;
