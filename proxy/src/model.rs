@@ -572,6 +572,8 @@ pub fn build(
                 .then((b.ready, b.serving, !b.terminating).cmp(&(a.ready, a.serving, !a.terminating)))
         });
         e.endpoints.dedup_by(|later, first| later.ip == first.ip && later.port == first.port);
+        // kept until the Service changes: no room for endpoints that never come
+        e.endpoints.shrink_to_fit();
     }
     (FamilyModel { family, services: entries }, problems)
 }

@@ -97,6 +97,59 @@ impl Element {
     }
 }
 
+/// A service port's map and set elements, sorted. A service port has a few (its cluster IP,
+/// its verdict map entries): a sorted vector of exactly that many, not a B-tree node with
+/// room for eleven, is what 10,000 committed renderings keep.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Elements(Vec<Element>);
+
+impl Elements {
+    /// Adds `e` unless it is there; whether it was added.
+    pub fn insert(&mut self, e: Element) -> bool {
+        match self.0.binary_search(&e) {
+            Ok(_) => false,
+            Err(i) => {
+                self.0.insert(i, e);
+                true
+            }
+        }
+    }
+
+    pub fn contains(&self, e: &Element) -> bool {
+        self.0.binary_search(e).is_ok()
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, Element> {
+        self.0.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The elements of `self` not in `other`, in order.
+    pub fn difference<'a>(&'a self, other: &'a Elements) -> impl Iterator<Item = &'a Element> + 'a {
+        self.0.iter().filter(move |e| !other.contains(e))
+    }
+
+    fn shrink(&mut self) {
+        self.0.shrink_to_fit();
+    }
+}
+
+impl<'a> IntoIterator for &'a Elements {
+    type Item = &'a Element;
+    type IntoIter = std::slice::Iter<'a, Element>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
 /// One service port rendered on its own.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rendered {
@@ -107,7 +160,7 @@ pub struct Rendered {
     pub rules: Vec<Vec<Rule>>,
     /// Its affinity sets (name, timeout seconds).
     pub sets: Vec<(String, u32)>,
-    pub elements: BTreeSet<Element>,
+    pub elements: Elements,
 }
 
 /// What ferro-proxy committed for one family.
@@ -158,6 +211,8 @@ impl State {
             *t = crate::names::text_digest(t);
         }
         r.rules = Vec::new();
+        r.chains.shrink_to_fit();
+        r.elements.shrink();
         self.services.insert(name, (entry, r));
     }
 
@@ -541,7 +596,7 @@ fn partial(
     // ~100 ms per sync).
     let live_chains: BTreeSet<&str> =
         changed.iter().filter_map(|(_, _, n)| n.as_ref()).flat_map(|r| r.chains.iter().map(|(c, _)| c.as_str())).collect();
-    let empty: BTreeSet<Element> = BTreeSet::new();
+    let empty = Elements::default();
     // the service port each element, chain and set of the plan belongs to (the culprit of
     // a refused batch)
     let mut owner: HashMap<&str, &ServicePortName> = HashMap::new();
