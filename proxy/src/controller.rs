@@ -16,7 +16,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Node;
+use crate::slim::Service;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument as _;

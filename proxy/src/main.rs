@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser as _;
-use k8s_openapi::api::core::v1::{Node, Service};
+use ferro_proxy::slim::Service;
+use k8s_openapi::api::core::v1::Node;
 use ferro_proxy::slim::EndpointSlice;
 use kube::runtime::watcher;
 use kube::Api;

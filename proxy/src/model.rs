@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::Service;
+use crate::slim::Service;
 
 use crate::slim::{Address, EndpointSlice};
 /// The label that hands a Service to another proxy (upstream's `service.kubernetes.io/service-proxy-name`).
@@ -410,7 +410,7 @@ pub fn service_ports(svc: &Service, family: Family, problems: &mut Vec<Problem>)
             problems.push(Problem::UnsupportedProtocol {
                 service: key.clone(),
                 port: port_name,
-                protocol: p.protocol.clone().unwrap_or_default(),
+                protocol: p.protocol.as_deref().unwrap_or_default().to_string(),
             });
             continue;
         };

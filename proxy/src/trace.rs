@@ -315,7 +315,7 @@ mod tests {
     use std::collections::BTreeSet;
     use std::sync::Arc;
 
-    use k8s_openapi::api::core::v1::Service;
+    use crate::slim::Service;
     use crate::slim::EndpointSlice;
     use serde_json::{json, Value};
 

@@ -21,7 +21,7 @@ use ferro_proxy::controller::Backend;
 use ferro_proxy::iptables::backend::IptablesBackend;
 use ferro_proxy::model::{self, Family, FamilyModel, NodeInfo};
 use ferro_proxy::nftables::backend::NftBackend;
-use k8s_openapi::api::core::v1::Service;
+use ferro_proxy::slim::Service;
 use ferro_proxy::slim::EndpointSlice;
 use serde_json::json;
 

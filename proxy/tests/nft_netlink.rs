@@ -14,7 +14,7 @@ use ferro_proxy::controller::Backend;
 use ferro_proxy::model::{self, Family, FamilyModel, NodeInfo, Protocol};
 use ferro_proxy::nftables::backend::NftBackend;
 use ferro_proxy::nftables::netlink::{BatchError, Kernel, Key, NftWriter, Op, Verdict};
-use k8s_openapi::api::core::v1::Service;
+use ferro_proxy::slim::Service;
 use ferro_proxy::slim::EndpointSlice;
 use serde_json::json;
 

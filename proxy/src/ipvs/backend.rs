@@ -153,7 +153,7 @@ impl<K: IpvsKernel, R: Runner> Backend for IpvsBackend<K, R> {
 mod tests {
     use std::sync::Arc;
 
-    use k8s_openapi::api::core::v1::Service;
+    use crate::slim::Service;
     use crate::slim::EndpointSlice;
     use serde_json::json;
 

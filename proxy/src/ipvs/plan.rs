@@ -419,7 +419,7 @@ pub fn diff(from: &Desired, to: &Desired, family: Family) -> Vec<Op> {
 mod tests {
     use std::sync::Arc;
 
-    use k8s_openapi::api::core::v1::Service;
+    use crate::slim::Service;
     use crate::slim::EndpointSlice;
     use serde_json::{json, Value};
 
