@@ -77,8 +77,6 @@ pub struct Inputs {
     pub nodes: Arc<Informer<Node>>,
 }
 
-/// The annotation the EndpointSlice controller sets to when the change that caused it happened.
-const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// This node as the model needs it, and whether /healthz may call it eligible.
 pub fn node_info(name: &str, node: Option<&Node>) -> (NodeInfo, bool) {
@@ -109,8 +107,8 @@ pub fn watch_changes(inputs: &Inputs, notify: Arc<Notify>, metrics: Arc<Metrics>
         let (notify, metrics, health, triggers) = (notify.clone(), metrics.clone(), health.clone(), triggers.clone());
         inputs.slices.on_change(move |c: &Change<EndpointSlice>| {
             if let Change::Applied { new, .. } = c {
-                let t = new.metadata.annotations.as_ref().and_then(|a| a.get(TRIGGER_TIME));
-                if let Some(ts) = t.and_then(|t| t.parse::<jiff::Timestamp>().ok()).map(SystemTime::from).filter(|t| *t > started) {
+                // when the change that caused it happened (the EndpointSlice controller's annotation)
+                if let Some(ts) = new.trigger_time().map(SystemTime::from).filter(|t| *t > started) {
                     triggers.lock().unwrap_or_else(|p| p.into_inner()).push(ts);
                 }
             }
@@ -561,7 +559,7 @@ mod tests {
         serde_json::from_value(json!({
             "metadata": {"namespace": "ns", "name": format!("{name}-x"), "resourceVersion": next_rv(),
                          "labels": {"kubernetes.io/service-name": name},
-                         "annotations": {TRIGGER_TIME: trigger}},
+                         "annotations": {crate::slim::TRIGGER_TIME: trigger}},
             "addressType": "IPv4",
             "ports": [{"port": 8080, "protocol": "TCP"}],
             "endpoints": eps,

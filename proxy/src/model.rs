@@ -471,7 +471,7 @@ pub fn slice_endpoints(
     if labels.is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME) || l.contains_key(LABEL_HEADLESS)) {
         return out;
     }
-    let Some(service) = labels.and_then(|l| l.get(LABEL_SERVICE_NAME)) else { return out };
+    let Some(service) = slice.service_name() else { return out };
     let namespace = slice.metadata.namespace.clone().unwrap_or_default();
     let slice_key = format!("{namespace}/{}", slice.metadata.name.as_deref().unwrap_or_default());
     for ep in &slice.endpoints {
@@ -513,7 +513,7 @@ pub fn slice_endpoints(
             out.push((
                 ServicePortName {
                     namespace: namespace.clone(),
-                    name: service.clone(),
+                    name: service.to_string(),
                     port: p.name.clone().unwrap_or_default(),
                     protocol,
                 },
@@ -553,8 +553,8 @@ pub fn build(
         .collect();
     for slice in slices {
         // a slice of no proxied Service is not looked at (nor reported)
-        let owner = slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME));
-        if !owner.is_some_and(|o| owners.contains(&(slice.metadata.namespace.as_deref().unwrap_or_default(), o.as_str()))) {
+        let owner = slice.service_name();
+        if !owner.is_some_and(|o| owners.contains(&(slice.metadata.namespace.as_deref().unwrap_or_default(), o))) {
             continue;
         }
         for (name, ep) in slice_endpoints(slice, family, node, &mut problems) {
@@ -719,8 +719,8 @@ impl ModelCache {
         let mut by_service: Vec<((&str, &str), &Arc<EndpointSlice>)> = slices
             .iter()
             .filter_map(|s| {
-                let svc = s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME))?;
-                Some((key(s.metadata.namespace.as_ref(), Some(svc)), s))
+                let svc = s.service_name()?;
+                Some(((s.metadata.namespace.as_deref().unwrap_or_default(), svc), s))
             })
             .collect();
         by_service.sort_by(|a, b| a.0.cmp(&b.0));

@@ -35,7 +35,7 @@ const SERVICE_ANNOTATIONS: &[&str] = &[
 ];
 
 /// The EndpointSlice annotation the controller reads (network programming latency).
-const SLICE_ANNOTATIONS: &[&str] = &["endpoints.kubernetes.io/last-change-trigger-time"];
+pub const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 fn keep_keys(map: &mut Option<BTreeMap<String, String>>, keep: &[&str]) {
     if let Some(m) = map {
@@ -183,6 +183,14 @@ pub fn service(svc: &mut Service) {
 pub struct EndpointSlice {
     #[serde(default)]
     pub metadata: ObjectMeta,
+    /// The `kubernetes.io/service-name` label, moved here by [`endpoint_slice`] (a label map
+    /// costs a B-tree node per object).
+    #[serde(skip)]
+    pub service_name: Option<Box<str>>,
+    /// The `endpoints.kubernetes.io/last-change-trigger-time` annotation, parsed and moved
+    /// here by [`endpoint_slice`].
+    #[serde(skip)]
+    pub trigger_time: Option<jiff::Timestamp>,
     #[serde(default)]
     pub address_type: String,
     #[serde(default, deserialize_with = "null_is_empty")]
@@ -256,6 +264,20 @@ pub struct EndpointPort {
     pub port: Option<i32>,
     #[serde(default)]
     pub protocol: Option<String>,
+}
+
+impl EndpointSlice {
+    /// The Service it belongs to (its `kubernetes.io/service-name` label).
+    pub fn service_name(&self) -> Option<&str> {
+        self.service_name
+            .as_deref()
+            .or_else(|| self.metadata.labels.as_ref()?.get(LABEL_SERVICE_NAME).map(String::as_str))
+    }
+
+    /// When the change it reflects happened (its last-change-trigger-time annotation).
+    pub fn trigger_time(&self) -> Option<jiff::Timestamp> {
+        self.trigger_time.or_else(|| self.metadata.annotations.as_ref()?.get(TRIGGER_TIME)?.parse().ok())
+    }
 }
 
 impl k8s_openapi::Resource for EndpointSlice {
@@ -373,9 +395,17 @@ fn intern(s: &str) -> Arc<str> {
     n
 }
 
-/// An EndpointSlice's metadata as the model and the controller read it.
+/// An EndpointSlice's metadata as the model and the controller read it: its Service's name
+/// and its trigger time in fields of their own, the labels that exclude it (never there when
+/// the informer's label selector did its job) kept.
 pub fn endpoint_slice(slice: &mut EndpointSlice) {
-    slim_meta(&mut slice.metadata, &[LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, LABEL_HEADLESS], SLICE_ANNOTATIONS);
+    if let Some(name) = slice.metadata.labels.as_mut().and_then(|l| l.remove(LABEL_SERVICE_NAME)) {
+        slice.service_name = Some(name.into());
+    }
+    if let Some(t) = slice.metadata.annotations.as_ref().and_then(|a| a.get(TRIGGER_TIME)).and_then(|t| t.parse().ok()) {
+        slice.trigger_time = Some(t);
+    }
+    slim_meta(&mut slice.metadata, &[LABEL_SERVICE_PROXY_NAME, LABEL_HEADLESS], &[]);
 }
 
 /// This node as the controller reads it (its zone label, deletion, taints).
@@ -504,8 +534,11 @@ mod tests {
         let node = NodeInfo { name: "node-a".into(), zone: Some("z1".into()) };
         let s = read_slice(&slice_json("IPv4", &["10.1.0.1", "10.1.0.2", "not-an-ip", "fd00::7"]));
         assert!(s.metadata.managed_fields.is_none() && s.metadata.owner_references.is_none());
-        assert_eq!(s.metadata.labels.as_ref().unwrap().len(), 1);
-        assert_eq!(s.metadata.annotations.as_ref().unwrap().len(), 1);
+        assert_eq!((s.metadata.labels.as_ref(), s.metadata.annotations.as_ref()), (None, None));
+        assert_eq!(s.service_name(), Some("web"));
+        assert_eq!(s.trigger_time(), Some("2026-11-28T00:00:00Z".parse().unwrap()));
+        let untransformed: EndpointSlice = serde_json::from_value(slice_json("IPv4", &["10.1.0.1"])).unwrap();
+        assert_eq!((untransformed.service_name(), untransformed.trigger_time()), (s.service_name(), s.trigger_time()));
         assert_eq!(s.metadata.resource_version.as_deref(), Some("9"));
         let addrs: Vec<String> = s.endpoints.iter().map(|e| e.address.as_ref().unwrap().to_string()).collect();
         assert_eq!(addrs, ["10.1.0.1", "10.1.0.2", "not-an-ip", "fd00::7"], "the first address of each");
