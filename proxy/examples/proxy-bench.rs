@@ -86,7 +86,7 @@ fn model(services: u32, endpoints: u32) -> FamilyModel {
             topology_aware: false,
         };
         let eps = (0..endpoints).map(|e| endpoint(s * endpoints + e + 1)).collect();
-        m.services.insert(name, ServiceEntry { port, endpoints: eps });
+        m.services.insert(name, std::sync::Arc::new(ServiceEntry { port, endpoints: eps }));
     }
     m
 }
@@ -187,7 +187,7 @@ fn run_in(ns: &NetNs, mode: &str, services: u32, endpoints: u32, changes: usize)
         let s = (k as u64 * 7919 % services as u64) as usize;
         let entry = m.services.values_mut().nth(s).unwrap();
         let fresh = endpoint(services * endpoints + 1 + k as u32);
-        entry.endpoints[k % endpoints as usize] = fresh;
+        std::sync::Arc::make_mut(entry).endpoints[k % endpoints as usize] = fresh;
         let t = Instant::now();
         let rep = backend.sync(std::slice::from_ref(&m), &node, false).unwrap();
         times.push(t.elapsed());

@@ -171,7 +171,7 @@ pub async fn run<B: Backend, C: Conntrack>(
     // ports, each with its entry as then programmed (None: absent; everything is absent before
     // the first sync, so then every UDP frontend's flows that do not go to a serving endpoint
     // are stale). The conntrack planner and the backend's diff look at these only.
-    let mut unsynced: BTreeMap<Family, BTreeMap<ServicePortName, Option<ServiceEntry>>> =
+    let mut unsynced: BTreeMap<Family, BTreeMap<ServicePortName, Option<Arc<ServiceEntry>>>> =
         cfg.families.iter().map(|f| (*f, BTreeMap::new())).collect();
     let mut need_full = true;
     let mut last_full = Instant::now();
@@ -181,7 +181,7 @@ pub async fn run<B: Backend, C: Conntrack>(
     let mut model_cache = model::ModelCache::default();
     // Service ports whose rules the kernel refused, with the entry it refused and why: left
     // out of the models (the others are programmed) until their entry changes.
-    let mut quarantine: BTreeMap<(Family, ServicePortName), (ServiceEntry, String)> = BTreeMap::new();
+    let mut quarantine: BTreeMap<(Family, ServicePortName), (Arc<ServiceEntry>, String)> = BTreeMap::new();
     let mut drift_tick = tokio::time::interval(cfg.drift_check_period);
     drift_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     drift_tick.tick().await;
@@ -296,7 +296,7 @@ pub async fn run<B: Backend, C: Conntrack>(
                 .iter()
                 .flat_map(|m| {
                     let changed = unsynced.get(&m.family).into_iter().flatten();
-                    conntrack::plan_changes(m.family, changed.map(|(name, old)| (name, old.as_ref(), m.services.get(name))), &node)
+                    conntrack::plan_changes(m.family, changed.map(|(name, old)| (name, old.as_deref(), m.services.get(name).map(|e| &**e))), &node)
                 })
                 .collect();
             for c in unsynced.values_mut() {
@@ -370,7 +370,7 @@ pub type Changes = BTreeMap<Family, BTreeSet<ServicePortName>>;
 
 /// Notes service ports the model cache changed: the first entry noted for a service port since
 /// the last successful sync is the one that sync programmed.
-fn note_changes(unsynced: &mut BTreeMap<ServicePortName, Option<ServiceEntry>>, changes: Vec<model::Changed>) {
+fn note_changes(unsynced: &mut BTreeMap<ServicePortName, Option<Arc<ServiceEntry>>>, changes: Vec<model::Changed>) {
     for (name, before) in changes {
         unsynced.entry(name).or_insert(before);
     }
@@ -383,9 +383,9 @@ fn note_changes(unsynced: &mut BTreeMap<ServicePortName, Option<ServiceEntry>>, 
 /// refused one (another port of its Service changed: taken out again) or a new one (tried).
 fn leave_out_refused(
     models: &mut [FamilyModel],
-    quarantine: &mut BTreeMap<(Family, ServicePortName), (ServiceEntry, String)>,
+    quarantine: &mut BTreeMap<(Family, ServicePortName), (Arc<ServiceEntry>, String)>,
     problems: &mut Vec<Problem>,
-    unsynced: &mut BTreeMap<Family, BTreeMap<ServicePortName, Option<ServiceEntry>>>,
+    unsynced: &mut BTreeMap<Family, BTreeMap<ServicePortName, Option<Arc<ServiceEntry>>>>,
     cache: &model::ModelCache,
 ) {
     if quarantine.is_empty() {

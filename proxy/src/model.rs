@@ -183,7 +183,7 @@ pub struct NodeInfo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FamilyModel {
     pub family: Family,
-    pub services: BTreeMap<ServicePortName, ServiceEntry>,
+    pub services: BTreeMap<ServicePortName, Arc<ServiceEntry>>,
 }
 
 impl FamilyModel {
@@ -193,7 +193,7 @@ impl FamilyModel {
     /// whose entry is in fact unchanged are left out either way.
     pub fn changed_since<R, S: std::hash::BuildHasher>(
         &self,
-        committed: &std::collections::HashMap<ServicePortName, (ServiceEntry, R), S>,
+        committed: &std::collections::HashMap<ServicePortName, (Arc<ServiceEntry>, R), S>,
         hint: Option<&BTreeSet<ServicePortName>>,
     ) -> Vec<ServicePortName> {
         let candidates: Vec<ServicePortName> = match hint {
@@ -575,7 +575,7 @@ pub fn build(
         // kept until the Service changes: no room for endpoints that never come
         e.endpoints.shrink_to_fit();
     }
-    (FamilyModel { family, services: entries }, problems)
+    (FamilyModel { family, services: entries.into_iter().map(|(k, v)| (k, Arc::new(v))).collect() }, problems)
 }
 
 /// The endpoints one service port sends traffic to, as upstream's CategorizeEndpoints.
@@ -679,7 +679,7 @@ impl Cached {
 
 /// One service port of a model that changed, with its entry before the change (None: it was
 /// not in the model).
-pub type Changed = (ServicePortName, Option<ServiceEntry>);
+pub type Changed = (ServicePortName, Option<Arc<ServiceEntry>>);
 
 /// [`build`], incrementally and in place: the cache keeps, per Service, the resourceVersions of
 /// the Service and its EndpointSlices it last parsed and the service ports it put into the
@@ -989,11 +989,11 @@ mod tests {
             (named("same", "10.96.0.1"), named("chg", "10.96.0.2"), named("chg", "10.96.0.3"), named("gone", "10.96.0.4"), named("new", "10.96.0.5"));
         let mut committed = std::collections::HashMap::new();
         for e in [&same, &changed_old, &gone] {
-            committed.insert(e.port.name.clone(), (e.clone(), ()));
+            committed.insert(e.port.name.clone(), (Arc::new(e.clone()), ()));
         }
         let model = FamilyModel {
             family: Family::V4,
-            services: [&same, &changed_new, &added].into_iter().map(|e| (e.port.name.clone(), e.clone())).collect(),
+            services: [&same, &changed_new, &added].into_iter().map(|e| (e.port.name.clone(), Arc::new(e.clone()))).collect(),
         };
         let names = |v: Vec<ServicePortName>| v.into_iter().map(|n| n.name).collect::<BTreeSet<_>>();
         let expected: BTreeSet<String> = ["chg", "gone", "new"].into_iter().map(String::from).collect();
@@ -1003,7 +1003,7 @@ mod tests {
         let told: BTreeSet<String> = ["chg", "gone"].into_iter().map(String::from).collect();
         assert_eq!(names(model.changed_since(&committed, Some(&hint))), told);
         assert!(FamilyModel { family: Family::V4, services: BTreeMap::new() }
-            .changed_since(&std::collections::HashMap::<ServicePortName, (ServiceEntry, ())>::new(), None)
+            .changed_since(&std::collections::HashMap::<ServicePortName, (Arc<ServiceEntry>, ())>::new(), None)
             .is_empty());
     }
 

@@ -59,10 +59,10 @@ fn usable(e: &ServiceEntry, node: &NodeInfo) -> bool {
 pub fn plan(old: &FamilyModel, new: &FamilyModel, node: &NodeInfo) -> Vec<Flows> {
     let family = new.family;
     let empty = BTreeMap::new();
-    let old_services: &BTreeMap<ServicePortName, ServiceEntry> =
+    let old_services: &BTreeMap<ServicePortName, std::sync::Arc<ServiceEntry>> =
         if old.family == family { &old.services } else { &empty };
     let names: BTreeSet<&ServicePortName> = old_services.keys().chain(new.services.keys()).collect();
-    plan_changes(family, names.into_iter().map(|n| (n, old_services.get(n), new.services.get(n))), node)
+    plan_changes(family, names.into_iter().map(|n| (n, old_services.get(n).map(|e| &**e), new.services.get(n).map(|e| &**e))), node)
 }
 
 /// [`plan`] over the service ports that changed only, each as (name, entry before, entry
@@ -166,7 +166,7 @@ mod tests {
     fn model(entries: Vec<ServiceEntry>) -> FamilyModel {
         FamilyModel {
             family: Family::V4,
-            services: entries.into_iter().map(|e| (e.port.name.clone(), e)).collect(),
+            services: entries.into_iter().map(|e| (e.port.name.clone(), std::sync::Arc::new(e))).collect(),
         }
     }
 

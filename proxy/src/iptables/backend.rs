@@ -233,7 +233,7 @@ mod tests {
             zone: None,
             zone_hints: Default::default(),
         };
-        FamilyModel { family: Family::V4, services: [(name, ServiceEntry { port, endpoints: vec![ep] })].into() }
+        FamilyModel { family: Family::V4, services: [(name, std::sync::Arc::new(ServiceEntry { port, endpoints: vec![ep] }))].into() }
     }
 
     #[test]
@@ -259,7 +259,7 @@ mod tests {
         let mut b = IptablesBackend::new(r.clone(), Box::new(crate::nfcount::Fake(|_, _, _| Some(1))), vec![], false, vec![]);
         b.sync(&[model()], &NodeInfo::default(), false).unwrap();
         let mut m = model();
-        m.services.values_mut().next().unwrap().endpoints[0].port = 81;
+        std::sync::Arc::make_mut(m.services.values_mut().next().unwrap()).endpoints[0].port = 81;
         let refuse = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let rf = refuse.clone();
         r.answer(move |c| {

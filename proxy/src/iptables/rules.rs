@@ -71,7 +71,7 @@ pub struct Rendered {
 #[derive(Debug, Clone, Default)]
 pub struct State {
     /// Per service port: the entry it was rendered from, and the result.
-    services: HashMap<ServicePortName, (ServiceEntry, Rendered)>,
+    services: HashMap<ServicePortName, (std::sync::Arc<ServiceEntry>, Rendered)>,
     /// Text of every shared chain as last written, per (table, chain) (a digest).
     shared: BTreeMap<(&'static str, &'static str), String>,
     /// Rules in each shared chain as last written, the rules of the per-service chains, and
@@ -687,7 +687,7 @@ fn same_shared_lines(a: &Rendered, b: &Rendered) -> bool {
 impl State {
     /// Keeps a rendering as committed (its chains' digests, not their text), counted in the
     /// totals.
-    fn keep(&mut self, name: ServicePortName, entry: ServiceEntry, mut r: Rendered) {
+    fn keep(&mut self, name: ServicePortName, entry: std::sync::Arc<ServiceEntry>, mut r: Rendered) {
         for (_, t) in r.chains.iter_mut() {
             *t = crate::names::text_digest(t);
         }
@@ -777,7 +777,7 @@ mod tests {
     }
 
     fn model(entries: Vec<ServiceEntry>) -> FamilyModel {
-        FamilyModel { family: Family::V4, services: entries.into_iter().map(|e| (e.port.name.clone(), e)).collect() }
+        FamilyModel { family: Family::V4, services: entries.into_iter().map(|e| (e.port.name.clone(), std::sync::Arc::new(e))).collect() }
     }
 
     #[test]

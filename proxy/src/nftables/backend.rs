@@ -208,7 +208,7 @@ mod tests {
     }
 
     fn model(entries: &[crate::model::ServiceEntry]) -> FamilyModel {
-        FamilyModel { family: Family::V4, services: entries.iter().map(|e| (e.port.name.clone(), e.clone())).collect() }
+        FamilyModel { family: Family::V4, services: entries.iter().map(|e| (e.port.name.clone(), std::sync::Arc::new(e.clone()))).collect() }
     }
 
     #[test]

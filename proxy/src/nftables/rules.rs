@@ -166,7 +166,7 @@ pub struct Rendered {
 /// What ferro-proxy committed for one family.
 #[derive(Debug, Clone, Default)]
 pub struct State {
-    services: HashMap<ServicePortName, (ServiceEntry, Rendered)>,
+    services: HashMap<ServicePortName, (std::sync::Arc<ServiceEntry>, Rendered)>,
     /// How many committed renderings hold each plain set element (no comment, no verdict:
     /// `cluster-ips`, which every port of a Service shares), so a partial sync knows whether
     /// one a changed service port lets go of is still someone's without looking at the
@@ -206,7 +206,7 @@ impl State {
 
     /// Keeps a rendering (already counted) as committed: its chains' digests, not their text
     /// or rules.
-    fn keep(&mut self, name: ServicePortName, entry: ServiceEntry, mut r: Rendered) {
+    fn keep(&mut self, name: ServicePortName, entry: std::sync::Arc<ServiceEntry>, mut r: Rendered) {
         for (_, t) in r.chains.iter_mut() {
             *t = crate::names::text_digest(t);
         }
@@ -765,7 +765,7 @@ mod tests {
     }
 
     fn model(entries: Vec<ServiceEntry>) -> FamilyModel {
-        FamilyModel { family: Family::V4, services: entries.into_iter().map(|e| (e.port.name.clone(), e)).collect() }
+        FamilyModel { family: Family::V4, services: entries.into_iter().map(|e| (e.port.name.clone(), std::sync::Arc::new(e))).collect() }
     }
 
     fn cfg() -> RenderConfig {
