@@ -213,7 +213,7 @@ pub struct Endpoint {
     #[serde(default, deserialize_with = "shared_name")]
     pub zone: Option<Arc<str>>,
     #[serde(default)]
-    pub hints: Option<Hints>,
+    pub hints: Option<Box<Hints>>,
 }
 
 /// An endpoint's address: an IP, or the text that is not one (reported, not programmed).

@@ -53,6 +53,9 @@ pub struct RenderConfig {
 pub struct Rendered {
     /// Its own nat chains (KUBE-SVC/SVL/EXT/FW/SEP) with their rules, in writing order.
     pub chains: Vec<(String, String)>,
+    /// A committed rendering's [`crate::names::digest`] of each chain's text (same order as
+    /// `chains`, whose texts it keeps empty); a fresh rendering has none.
+    pub digests: Vec<u128>,
     /// Its lines in nat KUBE-SERVICES, nat KUBE-NODEPORTS, filter KUBE-SERVICES, filter
     /// KUBE-EXTERNAL-SERVICES, filter KUBE-NODEPORTS, filter KUBE-PROXY-FIREWALL.
     pub nat_services: String,
@@ -515,11 +518,13 @@ pub fn render_changed(
             let entry = model.services.get(name);
             let prev = state.uncommit(name);
             let r = entry.map(|e| render_service(e, node, cfg, family));
-            let prev_chains: HashMap<&str, &str> =
-                prev.as_ref().map(|p| p.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect()).unwrap_or_default();
+            let prev_chains: HashMap<&str, u128> = prev
+                .as_ref()
+                .map(|p| p.chains.iter().zip(&p.digests).map(|((c, _), d)| (c.as_str(), *d)).collect())
+                .unwrap_or_default();
             if let Some(r) = &r {
                 for (c, t) in &r.chains {
-                    if !prev_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, t)) {
+                    if !prev_chains.get(c.as_str()).is_some_and(|old| *old == crate::names::digest(t)) {
                         changed_chains.insert(c, t);
                     }
                 }
@@ -688,8 +693,10 @@ impl State {
     /// Keeps a rendering as committed (its chains' digests, not their text), counted in the
     /// totals.
     fn keep(&mut self, name: ServicePortName, entry: std::sync::Arc<ServiceEntry>, mut r: Rendered) {
-        for (_, t) in r.chains.iter_mut() {
-            *t = crate::names::text_digest(t);
+        r.digests = r.chains.iter().map(|(_, t)| crate::names::digest(t)).collect();
+        for (c, t) in r.chains.iter_mut() {
+            *t = String::new();
+            c.shrink_to_fit();
         }
         self.own_rules += r.rules;
         self.no_local.0 += u64::from(r.no_local.0);

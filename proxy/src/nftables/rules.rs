@@ -158,6 +158,9 @@ pub struct Rendered {
     /// The typed rules of each chain of `chains` (same order), the text's source. Only a fresh
     /// rendering has them: the committed state keeps the chains' digests, not their rules.
     pub rules: Vec<Vec<Rule>>,
+    /// A committed rendering's [`crate::names::digest`] of each chain's text (same order as
+    /// `chains`, whose texts it keeps empty); a fresh rendering has none.
+    pub digests: Vec<u128>,
     /// Its affinity sets (name, timeout seconds).
     pub sets: Vec<(String, u32)>,
     pub elements: Elements,
@@ -207,8 +210,10 @@ impl State {
     /// Keeps a rendering (already counted) as committed: its chains' digests, not their text
     /// or rules.
     fn keep(&mut self, name: ServicePortName, entry: std::sync::Arc<ServiceEntry>, mut r: Rendered) {
-        for (_, t) in r.chains.iter_mut() {
-            *t = crate::names::text_digest(t);
+        r.digests = r.chains.iter().map(|(_, t)| crate::names::digest(t)).collect();
+        for (c, t) in r.chains.iter_mut() {
+            *t = String::new();
+            c.shrink_to_fit();
         }
         r.rules = Vec::new();
         r.chains.shrink_to_fit();
@@ -578,6 +583,11 @@ pub fn render_changed(
     out
 }
 
+/// A committed rendering's chains with their digests.
+fn committed_digests(r: &Rendered) -> HashMap<&str, u128> {
+    r.chains.iter().zip(&r.digests).map(|((c, _), d)| (c.as_str(), *d)).collect()
+}
+
 /// A partial sync's text and operations for `changed` (each service port's old and new
 /// rendering), against `state` (the new renderings already counted in its shared elements).
 fn partial(
@@ -630,8 +640,7 @@ fn partial(
     let mut stale_chains: BTreeSet<String> = BTreeSet::new();
     let mut stale_sets: BTreeSet<String> = BTreeSet::new();
     for (_, old_r, new_r) in changed {
-        let old_chains: HashMap<&str, &str> =
-            old_r.as_ref().map(|r| r.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect()).unwrap_or_default();
+        let old_chains: HashMap<&str, u128> = old_r.as_ref().map(committed_digests).unwrap_or_default();
         if let Some(r) = new_r {
             let old_sets: BTreeSet<&String> = old_r.as_ref().map(|o| o.sets.iter().map(|(s, _)| s).collect()).unwrap_or_default();
             for (set, secs) in &r.sets {
@@ -642,7 +651,7 @@ fn partial(
                 }
             }
             for (i, (c, rules)) in r.chains.iter().enumerate() {
-                if !old_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, rules)) {
+                if !old_chains.get(c.as_str()).is_some_and(|old| *old == crate::names::digest(rules)) {
                     let _ = writeln!(*text, "add chain {tf} {TABLE} {c}");
                     let _ = writeln!(*text, "flush chain {tf} {TABLE} {c}");
                     // its rules follow
@@ -670,11 +679,10 @@ fn partial(
         }
     }
     for (_, old_r, new_r) in changed {
-        let old_chains: HashMap<&str, &str> =
-            old_r.as_ref().map(|r| r.chains.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect()).unwrap_or_default();
+        let old_chains: HashMap<&str, u128> = old_r.as_ref().map(committed_digests).unwrap_or_default();
         if let Some(r) = new_r {
             for (i, (c, rules)) in r.chains.iter().enumerate() {
-                if !old_chains.get(c.as_str()).is_some_and(|old| crate::names::same_text(old, rules)) {
+                if !old_chains.get(c.as_str()).is_some_and(|old| *old == crate::names::digest(rules)) {
                     text.push_str(rules);
                     out.chains_written += 1;
                     if typed {
