@@ -140,6 +140,16 @@ impl IpAllocator {
         Ok(())
     }
 
+    /// Whether `ip` is one this allocator may hand out (in range, not the network or broadcast
+    /// address), whatever is allocated.
+    pub fn check(&self, ip: IpAddr) -> Result<(), AllocError> {
+        let off = if self.cidr.contains(ip) { self.cidr.offset(ip) } else { 0 };
+        if off == 0 || off > self.usable {
+            return Err(AllocError::IpOutOfRange(self.cidr.to_string()));
+        }
+        Ok(())
+    }
+
     /// Picks a free address: a random probe first, then a scan, so the cost stays bounded.
     pub fn allocate_next(&mut self) -> Result<IpAddr, AllocError> {
         if self.used.len() as u128 >= self.usable {
@@ -203,6 +213,14 @@ impl PortAllocator {
 
     pub fn contains(&self, port: u16) -> bool {
         (self.first..=self.last).contains(&port)
+    }
+
+    /// Whether `port` is in the range, whatever is allocated.
+    pub fn check(&self, port: u16) -> Result<(), AllocError> {
+        if !self.contains(port) {
+            return Err(AllocError::PortOutOfRange(self.range()));
+        }
+        Ok(())
     }
 
     pub fn allocate(&mut self, port: u16) -> Result<(), AllocError> {

@@ -6,8 +6,12 @@
 //! `/registry/servicenodeports/<port>` (ferro's own, the same shape). Two API servers that pick
 //! the same address at the same moment both try to create its key; the store (one etcd
 //! transaction comparing create_revision with 0) lets exactly one succeed and the other picks
-//! again. No state lives in one process's memory: a pick lists the claims (from the store's
-//! in-memory cache) and takes a free one.
+//! again. What one process keeps in memory is a hint, never the authority: the items it knows
+//! to be claimed (listed from the store once, then its own claims and releases, the claims it
+//! found taken, refreshed by every repair run), where a pick looks for a free one — so a pick
+//! costs a few operations, not a listing of every claim (10,000 Services made one after the
+//! other listed 50 million claims). An item another API server claimed since is found taken
+//! by the create and the pick tries again.
 //!
 //! A claim names its Service (namespace, name and uid). A claim whose Service never got stored
 //! (a crash between the claim and the Service write) or whose release was lost is a leak;
@@ -214,11 +218,78 @@ pub struct ServiceAllocations {
     ips: IpAllocator,
     ports: PortAllocator,
     leaked: Mutex<HashSet<(Item, Revision)>>,
+    /// The items this server knows to be claimed (see the module's notes); None until listed.
+    known: Mutex<Option<Known>>,
+}
+
+/// The hint: the ranges' allocators with the items known to be claimed marked.
+struct Known {
+    ips: IpAllocator,
+    ports: PortAllocator,
 }
 
 impl ServiceAllocations {
     pub fn new(store: Arc<dyn Store>, ips: IpAllocator, ports: PortAllocator) -> Self {
-        ServiceAllocations { store, ips, ports, leaked: Mutex::default() }
+        ServiceAllocations { store, ips, ports, leaked: Mutex::default(), known: Mutex::new(None) }
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, Option<Known>> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The hint from the store's claims (their keys only).
+    async fn list_known(&self) -> Result<Known, StoreError> {
+        let mut k = Known { ips: self.ips.clone(), ports: self.ports.clone() };
+        for prefix in [IP_PREFIX, PORT_PREFIX] {
+            for r in &self.store.list(prefix).await?.records {
+                // claims outside the current ranges (a changed flag) are not ours to count
+                let _outside = match Item::parse(&r.key) {
+                    Some(Item::Ip(ip)) => k.ips.allocate(ip),
+                    Some(Item::Port(p)) => k.ports.allocate(p),
+                    None => Ok(()),
+                };
+            }
+        }
+        Ok(k)
+    }
+
+    /// Marks (`taken`) or unmarks `item` in the hint.
+    fn note(&self, item: Item, taken: bool) {
+        if let Some(k) = self.known().as_mut() {
+            match (item, taken) {
+                (Item::Ip(ip), true) => drop(k.ips.allocate(ip)),
+                (Item::Ip(ip), false) => k.ips.release(ip),
+                (Item::Port(p), true) => drop(k.ports.allocate(p)),
+                (Item::Port(p), false) => k.ports.release(p),
+            }
+        }
+    }
+
+    /// A free item by the hint (listed first when there is none yet, and again when the hint
+    /// says the range is full: releases by other servers are not in it), marked taken in it.
+    async fn pick(&self, ip: bool, also_taken: &[u16]) -> Result<Item, ClaimError> {
+        let pick = |k: &mut Known| -> Result<Item, AllocError> {
+            if ip {
+                return k.ips.allocate_next().map(Item::Ip);
+            }
+            let mut ports = k.ports.clone();
+            for p in also_taken {
+                let _outside = ports.allocate(*p);
+            }
+            let port = ports.allocate_next()?;
+            let _ = k.ports.allocate(port);
+            Ok(Item::Port(port))
+        };
+        if let Some(k) = self.known().as_mut() {
+            match pick(k) {
+                Err(AllocError::Full) => {}
+                other => return Ok(other?),
+            }
+        }
+        let mut fresh = self.list_known().await?;
+        let item = pick(&mut fresh);
+        *self.known() = Some(fresh);
+        Ok(item?)
     }
 
     /// The first address of the range (the `kubernetes` Service's).
@@ -241,8 +312,8 @@ impl ServiceAllocations {
     /// `Ok(false)`: the owner already held it.
     pub async fn claim(&self, item: Item, owner: &Owner, dry_run: bool) -> Result<bool, ClaimError> {
         match item {
-            Item::Ip(ip) => self.ips.clone().allocate(ip)?,
-            Item::Port(p) => self.ports.clone().allocate(p)?,
+            Item::Ip(ip) => self.ips.check(ip)?,
+            Item::Port(p) => self.ports.check(p)?,
         }
         let taken = match item {
             Item::Ip(_) => AllocError::IpTaken,
@@ -256,54 +327,56 @@ impl ServiceAllocations {
                 Some(_) => Err(taken.into()),
             };
         }
-        match self.store.write(Op::Create { key: key.clone(), value: item.claim(owner) }).await {
+        let result = match self.store.write(Op::Create { key: key.clone(), value: item.claim(owner) }).await {
             Ok(_) => Ok(true),
             Err(StoreError::AlreadyExists) => match self.store.get(&key).await? {
                 Some(r) if Owner::of_claim(&r.json()?) == *owner => Ok(false),
                 _ => Err(taken.into()),
             },
             Err(e) => Err(e.into()),
+        };
+        match &result {
+            Ok(_) | Err(ClaimError::Alloc(_)) => self.note(item, true),
+            Err(_) => {}
         }
+        result
     }
 
     /// Picks a free address and claims it (only picks when `dry_run`).
     pub async fn claim_next_ip(&self, owner: &Owner, dry_run: bool) -> Result<IpAddr, ClaimError> {
-        for _ in 0..PICK_ATTEMPTS {
-            let mut free = self.ips.clone();
-            for item in self.claims(IP_PREFIX).await?.keys() {
-                if let Item::Ip(ip) = item {
-                    // claims outside the current range (a changed flag) are not ours to count
-                    let _outside = free.allocate(*ip);
-                }
-            }
-            let ip = free.allocate_next()?;
-            match self.claim(Item::Ip(ip), owner, dry_run).await {
-                Ok(_) => return Ok(ip),
-                Err(ClaimError::Alloc(AllocError::IpTaken)) => continue,
-                Err(e) => return Err(e),
-            }
+        match self.claim_next(owner, dry_run, true, &[]).await? {
+            Item::Ip(ip) => Ok(ip),
+            Item::Port(_) => Err(AllocError::Full.into()),
         }
-        Err(AllocError::Full.into())
     }
 
     /// Picks a free NodePort and claims it (only picks when `dry_run`). `also_taken`: ports this
     /// request picked already (a dry run claims nothing, so they are not in the store).
     pub async fn claim_next_port(&self, owner: &Owner, dry_run: bool, also_taken: &[u16]) -> Result<u16, ClaimError> {
+        match self.claim_next(owner, dry_run, false, also_taken).await? {
+            Item::Port(p) => Ok(p),
+            Item::Ip(_) => Err(AllocError::Full.into()),
+        }
+    }
+
+    async fn claim_next(&self, owner: &Owner, dry_run: bool, ip: bool, also_taken: &[u16]) -> Result<Item, ClaimError> {
         for _ in 0..PICK_ATTEMPTS {
-            let mut free = self.ports.clone();
-            for item in self.claims(PORT_PREFIX).await?.keys() {
-                if let Item::Port(p) = item {
-                    let _outside = free.allocate(*p);
+            let item = self.pick(ip, also_taken).await?;
+            let result = self.claim(item, owner, dry_run).await;
+            match result {
+                Ok(_) => {
+                    if dry_run {
+                        // picked, not held
+                        self.note(item, false);
+                    }
+                    return Ok(item);
                 }
-            }
-            for p in also_taken {
-                let _outside = free.allocate(*p);
-            }
-            let port = free.allocate_next()?;
-            match self.claim(Item::Port(port), owner, dry_run).await {
-                Ok(_) => return Ok(port),
-                Err(ClaimError::Alloc(AllocError::PortTaken)) => continue,
-                Err(e) => return Err(e),
+                // another API server holds it (now marked in the hint): pick again
+                Err(ClaimError::Alloc(AllocError::IpTaken | AllocError::PortTaken)) => continue,
+                Err(e) => {
+                    self.note(item, false);
+                    return Err(e);
+                }
             }
         }
         Err(AllocError::Full.into())
@@ -319,7 +392,11 @@ impl ServiceAllocations {
                 return Ok(());
             }
             match self.store.write(Op::Delete { key: key.clone(), expect: Some(r.mod_rev) }).await {
-                Ok(_) | Err(StoreError::NotFound) | Err(StoreError::Conflict { .. }) => Ok(()),
+                Ok(_) | Err(StoreError::NotFound) => {
+                    self.note(item, false);
+                    Ok(())
+                }
+                Err(StoreError::Conflict { .. }) => Ok(()),
                 Err(e) => Err(e),
             }
         }
@@ -360,6 +437,11 @@ impl ServiceAllocations {
             }
         }
         *self.leaked.lock().unwrap_or_else(|p| p.into_inner()) = leaked;
+        // the hint starts again from the store (what other API servers released comes back)
+        match self.list_known().await {
+            Ok(k) => *self.known() = Some(k),
+            Err(e) => tracing::warn!(error = %e, "listing the service allocations for the hint failed"),
+        }
         if !report.created.is_empty() || !report.released.is_empty() || !report.conflicts.is_empty() {
             tracing::info!(created = ?report.created, released = ?report.released, conflicts = ?report.conflicts, "service allocations repaired");
         }

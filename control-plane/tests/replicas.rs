@@ -252,6 +252,41 @@ async fn services_created_at_once_through_two_replicas_get_distinct_ips_and_node
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn a_replica_finds_the_free_address_the_other_left_whatever_it_knew() {
+    // 10.96.0.0/29: 6 addresses, the first the `kubernetes` Service's
+    let etcd = Etcd::start();
+    let args: Vec<&str> = ELECTION.iter().copied().chain(["--service-cluster-ip-range", "10.96.0.0/29"]).collect();
+    let a = Server::replica(&etcd, None, &args);
+    let b = Server::replica(&etcd, Some(&a), &args);
+    let (via_a, via_b): (Api<Service>, Api<Service>) =
+        (Api::namespaced(a.client().await, "default"), Api::namespaced(b.client().await, "default"));
+    let create = |api: &Api<Service>, name: &str| {
+        let (api, svc) = (api.clone(), json!({"metadata": {"name": name}, "spec": {"ports": [{"port": 80}]}}));
+        async move { api.create(&PostParams::default(), &serde_json::from_value(svc).unwrap()).await }
+    };
+    let ip = |s: &Service| s.spec.as_ref().unwrap().cluster_ip.clone().unwrap();
+    // a takes four of the five free addresses; b, which knew of none of them, takes the
+    // fifth (its picks of a's addresses are refused by etcd and it picks again)
+    let mut ips = BTreeSet::new();
+    for i in 0..4 {
+        ips.insert(ip(&create(&via_a, &format!("a{i}")).await.unwrap()));
+    }
+    ips.insert(ip(&create(&via_b, "b0").await.unwrap()));
+    assert_eq!(ips.len(), 5, "{ips:?}");
+    // the range is full, for both
+    for api in [&via_a, &via_b] {
+        let e = create(api, "over").await.unwrap_err();
+        assert!(matches!(&e, kube::Error::Api(st) if st.code >= 400), "{e}");
+    }
+    // b gives one back; a, which knew the range full, finds it
+    let freed = ip(&via_b.get("a2").await.unwrap());
+    via_b.delete("a2", &DeleteParams::default()).await.unwrap();
+    let again = create(&via_a, "a4").await.unwrap();
+    assert_eq!(ip(&again), freed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
 async fn acknowledged_writes_survive_an_etcd_member_killed_mid_stream() {
     let mut cluster = EtcdCluster::start(3);
     // the API servers alone (no loops): this is about the store
