@@ -524,7 +524,7 @@ pub fn render_changed(
                 .unwrap_or_default();
             if let Some(r) = &r {
                 for (c, t) in &r.chains {
-                    if !prev_chains.get(c.as_str()).is_some_and(|old| *old == crate::names::digest(t)) {
+                    if prev_chains.get(c.as_str()).is_none_or(|old| *old != crate::names::digest(t)) {
                         changed_chains.insert(c, t);
                     }
                 }

@@ -651,7 +651,7 @@ fn partial(
                 }
             }
             for (i, (c, rules)) in r.chains.iter().enumerate() {
-                if !old_chains.get(c.as_str()).is_some_and(|old| *old == crate::names::digest(rules)) {
+                if old_chains.get(c.as_str()).is_none_or(|old| *old != crate::names::digest(rules)) {
                     let _ = writeln!(*text, "add chain {tf} {TABLE} {c}");
                     let _ = writeln!(*text, "flush chain {tf} {TABLE} {c}");
                     // its rules follow
@@ -682,7 +682,7 @@ fn partial(
         let old_chains: HashMap<&str, u128> = old_r.as_ref().map(committed_digests).unwrap_or_default();
         if let Some(r) = new_r {
             for (i, (c, rules)) in r.chains.iter().enumerate() {
-                if !old_chains.get(c.as_str()).is_some_and(|old| *old == crate::names::digest(rules)) {
+                if old_chains.get(c.as_str()).is_none_or(|old| *old != crate::names::digest(rules)) {
                     text.push_str(rules);
                     out.chains_written += 1;
                     if typed {
