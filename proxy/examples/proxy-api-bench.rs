@@ -89,7 +89,7 @@ fn slice(i: u32, ips: &[Ipv4Addr]) -> EndpointSlice {
 }
 
 fn spn(i: u32) -> ServicePortName {
-    ServicePortName { namespace: "default".into(), name: format!("svc-{i}"), port: "http".into(), protocol: Protocol::Tcp }
+    ServicePortName { namespace: "default".into(), name: format!("svc-{i}").into(), port: "http".into(), protocol: Protocol::Tcp }
 }
 
 fn ep(ip: Ipv4Addr) -> Endpoint {

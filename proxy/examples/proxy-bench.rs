@@ -69,7 +69,7 @@ fn endpoint(i: u32) -> Endpoint {
 fn model(services: u32, endpoints: u32) -> FamilyModel {
     let mut m = FamilyModel { family: Family::V4, services: Default::default() };
     for s in 0..services {
-        let name = ServicePortName { namespace: format!("ns{}", s % 50), name: format!("svc{s}"), port: "http".into(), protocol: Protocol::Tcp };
+        let name = ServicePortName { namespace: format!("ns{}", s % 50).into(), name: format!("svc{s}").into(), port: "http".into(), protocol: Protocol::Tcp };
         let port = ServicePort {
             name: name.clone(),
             cluster_ip: std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a60_0000u32 + s + 1)),

@@ -409,7 +409,7 @@ fn leave_out_refused(
         }
         problems.push(Problem::Refused {
             service: format!("{}/{}", name.namespace, name.name),
-            port: name.port.clone(),
+            port: name.port.to_string(),
             family: *family,
             message: message.clone(),
         });
@@ -462,7 +462,7 @@ mod tests {
             }
             if let Some(bad) = self.refuse.lock().unwrap().clone() {
                 for m in models {
-                    if let Some(service) = m.services.keys().find(|k| k.name == bad) {
+                    if let Some(service) = m.services.keys().find(|k| *k.name == *bad) {
                         self.events.lock().unwrap().push(format!("refused {bad}"));
                         return Err(SyncError::Refused {
                             family: m.family,

@@ -82,9 +82,11 @@ impl Protocol {
 /// unnamed port), which also feeds the chain-name hashes.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServicePortName {
-    pub namespace: String,
-    pub name: String,
-    pub port: String,
+    /// Shared (`Arc`): a service port's name is a key of the model, of the committed states and
+    /// of the model cache, and the namespace and Service name are the same for all its ports.
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    pub port: Arc<str>,
     pub protocol: Protocol,
 }
 
@@ -305,9 +307,9 @@ pub fn service_ports(svc: &Service, family: Family, problems: &mut Vec<Problem>)
     }
     let Some(spec) = &svc.spec else { return out };
     let key = key_of(svc);
-    let (namespace, name) = (
-        svc.metadata.namespace.clone().unwrap_or_default(),
-        svc.metadata.name.clone().unwrap_or_default(),
+    let (namespace, name): (Arc<str>, Arc<str>) = (
+        svc.metadata.namespace.as_deref().unwrap_or_default().into(),
+        svc.metadata.name.as_deref().unwrap_or_default().into(),
     );
     // clusterIPs wins; clusterIP is its first element (older objects may carry only it).
     let ips: Vec<&String> = match &spec.cluster_ips {
@@ -433,7 +435,7 @@ pub fn service_ports(svc: &Service, family: Family, problems: &mut Vec<Problem>)
             0
         };
         out.push(ServicePort {
-            name: ServicePortName { namespace: namespace.clone(), name: name.clone(), port: port_name, protocol },
+            name: ServicePortName { namespace: namespace.clone(), name: name.clone(), port: port_name.into(), protocol },
             cluster_ip,
             port,
             protocol,
@@ -472,7 +474,8 @@ pub fn slice_endpoints(
         return out;
     }
     let Some(service) = slice.service_name() else { return out };
-    let namespace = slice.metadata.namespace.clone().unwrap_or_default();
+    let namespace: Arc<str> = slice.metadata.namespace.as_deref().unwrap_or_default().into();
+    let service: Arc<str> = service.into();
     let slice_key = format!("{namespace}/{}", slice.metadata.name.as_deref().unwrap_or_default());
     for ep in &slice.endpoints {
         let Some(addr) = &ep.address else { continue };
@@ -513,8 +516,8 @@ pub fn slice_endpoints(
             out.push((
                 ServicePortName {
                     namespace: namespace.clone(),
-                    name: service.to_string(),
-                    port: p.name.clone().unwrap_or_default(),
+                    name: service.clone(),
+                    port: p.name.as_deref().unwrap_or_default().into(),
                     protocol,
                 },
                 Endpoint {
@@ -800,7 +803,7 @@ impl ModelCache {
     pub fn has_port(&self, family: Family, name: &ServicePortName) -> bool {
         let Some(cached) = self.per_family.get(&family) else { return false };
         cached
-            .binary_search_by(|c| (c.namespace.as_str(), c.name.as_str()).cmp(&(name.namespace.as_str(), name.name.as_str())))
+            .binary_search_by(|c| (c.namespace.as_str(), c.name.as_str()).cmp(&(&*name.namespace, &*name.name)))
             .is_ok_and(|i| cached[i].ports.contains(name))
     }
 }
@@ -889,7 +892,7 @@ mod tests {
     fn service_port_name_prints_as_upstream() {
         let mut n = ServicePortName { namespace: "ns1".into(), name: "svc1".into(), port: "p80".into(), protocol: Protocol::Tcp };
         assert_eq!(n.to_string(), "ns1/svc1:p80");
-        n.port.clear();
+        n.port = "".into();
         assert_eq!(n.to_string(), "ns1/svc1");
     }
 
@@ -995,7 +998,7 @@ mod tests {
             family: Family::V4,
             services: [&same, &changed_new, &added].into_iter().map(|e| (e.port.name.clone(), Arc::new(e.clone()))).collect(),
         };
-        let names = |v: Vec<ServicePortName>| v.into_iter().map(|n| n.name).collect::<BTreeSet<_>>();
+        let names = |v: Vec<ServicePortName>| v.into_iter().map(|n| n.name.to_string()).collect::<BTreeSet<_>>();
         let expected: BTreeSet<String> = ["chg", "gone", "new"].into_iter().map(String::from).collect();
         assert_eq!(names(model.changed_since(&committed, None)), expected);
         // told: an unchanged name in the hint is left out, a name outside it is not looked at
@@ -1022,7 +1025,7 @@ mod tests {
 
     fn port(f: impl FnOnce(&mut ServicePort)) -> ServicePort {
         let mut p = ServicePort {
-            name: ServicePortName { namespace: "ns".into(), name: "s".into(), port: String::new(), protocol: Protocol::Tcp },
+            name: ServicePortName { namespace: "ns".into(), name: "s".into(), port: "".into(), protocol: Protocol::Tcp },
             cluster_ip: "10.96.0.1".parse().unwrap(),
             port: 80,
             protocol: Protocol::Tcp,

@@ -509,7 +509,7 @@ mod tests {
         let node = NodeInfo { name: "node-a".into(), zone: None };
         let (m, problems) = model::build(Family::V4, &[Arc::new(slim_svc.clone())], &slices, &node);
         assert!(problems.iter().all(|p| p.to_string().contains("not-an-ip")), "{problems:?}");
-        let http = m.services.values().find(|e| e.port.name.port == "http").unwrap();
+        let http = m.services.values().find(|e| &*e.port.name.port == "http").unwrap();
         let p = &http.port;
         assert_eq!((p.cluster_ip.to_string().as_str(), p.port, p.node_port, p.health_check_node_port), ("10.96.0.10", 80, 30080, 31000));
         assert_eq!(p.external_ips, ["192.0.2.7".parse::<IpAddr>().unwrap()]);
@@ -517,7 +517,7 @@ mod tests {
         assert_eq!(p.load_balancer_source_ranges, ["10.0.0.0/8".parse::<ipnet::IpNet>().unwrap()]);
         assert_eq!(p.affinity_seconds, Some(60));
         assert!(p.external_policy_local && !p.internal_policy_local && p.topology_aware);
-        let dns = m.services.values().find(|e| e.port.name.port == "dns").unwrap();
+        let dns = m.services.values().find(|e| &*e.port.name.port == "dns").unwrap();
         assert_eq!((dns.port.protocol, dns.port.port, dns.port.node_port), (model::Protocol::Udp, 53, 0));
         assert_eq!(http.endpoints.len(), 2);
         let (m6, _) = model::build(Family::V6, &[Arc::new(slim_svc.clone())], &slices, &node);

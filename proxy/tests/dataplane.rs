@@ -208,13 +208,13 @@ fn nftables_names_the_service_port_the_kernel_refused() {
         panic!("not attributed to a service port: {e}: {:?}", std::error::Error::source(&e));
     };
     assert_eq!(*family, Family::V4);
-    assert!(["web", "dup"].contains(&service.name.as_str()), "{service}");
+    assert!(["web", "dup"].contains(&&*service.name), "{service}");
     assert!(source.to_string().contains("File exists"), "{source}");
     // nothing of the refused transaction is in the kernel
     assert!(w.get_in_node(&format!("http://{other_vip}/")).is_err());
     // without the named one, everything else is programmed
     let rest: Vec<(Service, EndpointSlice)> =
-        all.into_iter().filter(|(s, _)| s.metadata.name.as_deref() != Some(service.name.as_str())).collect();
+        all.into_iter().filter(|(s, _)| s.metadata.name.as_deref() != Some(&*service.name)).collect();
     b.sync(&build(&rest), &node(), false).unwrap();
     assert_eq!(w.get_in_node(&format!("http://{other_vip}/")).unwrap(), "pod0");
     assert_eq!(w.get_in_node(&format!("http://{vip}/")).unwrap(), "pod0");

@@ -296,7 +296,7 @@ mod tests {
         match e {
             SyncError::Refused { family, service, .. } => {
                 assert_eq!(family, Family::V4);
-                assert_eq!(service.name, "a");
+                assert_eq!(&*service.name, "a");
             }
             other => panic!("{other}"),
         }
@@ -333,7 +333,7 @@ mod tests {
                 None
             }
         });
-        assert_eq!(who.unwrap().name, "b");
+        assert_eq!(&*who.unwrap().name, "b");
     }
 
     #[test]

@@ -285,7 +285,7 @@ mod tests {
         // a refused batch names the service port, changes nothing and makes the next sync full
         batches.refuse_next(0, 2);
         let e = b.sync(&[model(&[])], &node, false).unwrap_err();
-        assert!(matches!(&e, SyncError::Refused { service, .. } if service.name == "z"), "{e:?}");
+        assert!(matches!(&e, SyncError::Refused { service, .. } if &*service.name == "z"), "{e:?}");
         let report = b.sync(&[model(&[])], &node, false).unwrap();
         assert!(report.full);
         assert_eq!(r.calls().len(), 3, "the full sync after the refusal is nft -f");
