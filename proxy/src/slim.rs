@@ -57,6 +57,33 @@ fn slim_meta(meta: &mut ObjectMeta, labels: &[&str], annotations: &[&str]) {
     keep_keys(&mut meta.annotations, annotations);
 }
 
+/// Makes a type of this module an API object kube can watch: k8s-openapi's `Resource` and
+/// `Metadata` (kube's `Resource` follows from those).
+macro_rules! api_object {
+    ($t:ty, $api_version:literal, $group:literal, $kind:literal, $version:literal, $plural:literal, $scope:ty) => {
+        impl k8s_openapi::Resource for $t {
+            const API_VERSION: &'static str = $api_version;
+            const GROUP: &'static str = $group;
+            const KIND: &'static str = $kind;
+            const VERSION: &'static str = $version;
+            const URL_PATH_SEGMENT: &'static str = $plural;
+            type Scope = $scope;
+        }
+
+        impl k8s_openapi::Metadata for $t {
+            type Ty = ObjectMeta;
+
+            fn metadata(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+
+            fn metadata_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
 /// A Service (v1) as ferro-proxy reads it from the API: the spec and status fields the model
 /// reads (field names as k8s-openapi's), the metadata cut by [`service`] in the informer.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -148,26 +175,7 @@ pub struct LoadBalancerIngress {
     pub ip_mode: Option<Arc<str>>,
 }
 
-impl k8s_openapi::Resource for Service {
-    const API_VERSION: &'static str = "v1";
-    const GROUP: &'static str = "";
-    const KIND: &'static str = "Service";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "services";
-    type Scope = k8s_openapi::NamespaceResourceScope;
-}
-
-impl k8s_openapi::Metadata for Service {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+api_object!(Service, "v1", "", "Service", "v1", "services", k8s_openapi::NamespaceResourceScope);
 
 /// A Service's metadata as the model and the Events read it.
 pub fn service(svc: &mut Service) {
@@ -280,26 +288,7 @@ impl EndpointSlice {
     }
 }
 
-impl k8s_openapi::Resource for EndpointSlice {
-    const API_VERSION: &'static str = "discovery.k8s.io/v1";
-    const GROUP: &'static str = "discovery.k8s.io";
-    const KIND: &'static str = "EndpointSlice";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "endpointslices";
-    type Scope = k8s_openapi::NamespaceResourceScope;
-}
-
-impl k8s_openapi::Metadata for EndpointSlice {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+api_object!(EndpointSlice, "discovery.k8s.io/v1", "discovery.k8s.io", "EndpointSlice", "v1", "endpointslices", k8s_openapi::NamespaceResourceScope);
 
 fn null_is_empty<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
     Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
@@ -570,6 +559,7 @@ mod tests {
         assert!(serde_json::from_value::<EndpointSlice>(json!({"endpoints": [{"addresses": [7]}]})).is_err());
         assert_eq!(<EndpointSlice as kube::Resource>::plural(&()), "endpointslices");
         assert_eq!(<EndpointSlice as kube::Resource>::api_version(&()), "discovery.k8s.io/v1");
+        assert_eq!((<Service as kube::Resource>::plural(&()), <Service as kube::Resource>::api_version(&())), ("services".into(), "v1".into()));
     }
 
     #[test]
