@@ -698,6 +698,18 @@ impl State {
             *t = String::new();
             c.shrink_to_fit();
         }
+        // kept until the service port changes: no spare room
+        r.chains.shrink_to_fit();
+        for lines in [
+            &mut r.nat_services,
+            &mut r.nat_nodeports,
+            &mut r.filter_services,
+            &mut r.filter_external,
+            &mut r.filter_nodeports,
+            &mut r.filter_firewall,
+        ] {
+            lines.shrink_to_fit();
+        }
         self.own_rules += r.rules;
         self.no_local.0 += u64::from(r.no_local.0);
         self.no_local.1 += u64::from(r.no_local.1);
