@@ -395,11 +395,16 @@ fn main() {
     let floor2_wall = floor2_wall0.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(5));
 
+    let requests0 = lab.api_requests();
     let (agent_t0, ctrd_t0, wall0) = (cpu_ticks(pid), cpu_ticks(ctrd_pid), Instant::now());
     let (latencies, seen) = in_netns(ns_path, kubeconfig, move |client| burst(client, n).boxed());
     let burst_wall = wall0.elapsed().as_secs_f64();
     let agent_cpu = (cpu_ticks(pid) - agent_t0) as f64 / 100.0;
     let ctrd_cpu = (cpu_ticks(ctrd_pid) - ctrd_t0) as f64 / 100.0;
+    let mut requests = lab.api_requests();
+    for (k, v) in &requests0 {
+        *requests.entry(k.clone()).or_default() -= v;
+    }
     std::thread::sleep(Duration::from_secs(5));
     let (rss_n, cpu_n) = footprint(pid, idle);
 
@@ -459,6 +464,12 @@ fn main() {
         agent_cpu * 1000.0 / n as f64
     );
     println!("ferro-agent footprint (idle window of {} s):", idle.as_secs());
+    let per_pod: Vec<String> = requests
+        .iter()
+        .filter(|(_, v)| **v > 0.0)
+        .map(|(k, v)| format!("{k} {:.1}", v / n as f64))
+        .collect();
+    println!("API requests during the burst, per pod (every client): {}", per_pod.join(", "));
     println!("  0 pods:  RSS {:.1} MiB   CPU {:.2} % of a core", rss0 as f64 / 1024.0, cpu0);
     println!("  {n} pods: RSS {:.1} MiB   CPU {:.2} % of a core", rss_n as f64 / 1024.0, cpu_n);
     if let Ok(path) = std::env::var("FERRO_BENCH_AGENT_LOG") {

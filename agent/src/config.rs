@@ -137,6 +137,7 @@ pub struct KubeletConfiguration {
     pub image_minimum_gc_age: Option<String>,
     #[serde(rename = "imageMaximumGCAge")]
     pub image_maximum_gc_age: Option<String>,
+    pub config_map_and_secret_change_detection_strategy: Option<String>,
 }
 
 /// `authentication` of KubeletConfiguration: the x509 client CA.
@@ -248,6 +249,9 @@ pub struct AgentConfig {
     pub image_gc_period: Duration,
     /// How requests to the :10250 server are authorized.
     pub authorization: crate::server::authz::AuthzConfig,
+    /// configMapAndSecretChangeDetectionStrategy: `Watch` (default; a watch per referenced
+    /// object) or `Get` (a GET per pod sync).
+    pub watch_referenced_objects: bool,
 }
 
 impl AgentConfig {
@@ -280,6 +284,21 @@ impl AgentConfig {
                 reason: "must be cgroupfs or systemd".into(),
             });
         }
+        let watch_referenced_objects = match file.config_map_and_secret_change_detection_strategy.as_deref() {
+            None | Some("Watch") => true,
+            Some("Get") => false,
+            Some(other) => {
+                return Err(ConfigError::Value {
+                    field: "configMapAndSecretChangeDetectionStrategy",
+                    value: other.to_string(),
+                    reason: if other == "Cache" {
+                        "ferro-agent supports Watch (the default) and Get, not the TTL cache".into()
+                    } else {
+                        "must be Watch or Get".into()
+                    },
+                });
+            }
+        };
         let (image_gc_high_threshold_percent, image_gc_low_threshold_percent) =
             image_gc_thresholds(file.image_gc_high_threshold_percent, file.image_gc_low_threshold_percent)?;
         let image_gc_period = parse_duration(&flags.image_gc_period).map_err(|reason| ConfigError::Duration {
@@ -374,6 +393,7 @@ impl AgentConfig {
             )?,
             max_pods: file.max_pods.unwrap_or(110),
             cgroup_driver,
+            watch_referenced_objects,
             cgroup_root: flags
                 .cgroup_root
                 .clone()
@@ -554,6 +574,21 @@ mod tests {
         assert_eq!(c.hostname_override.as_deref(), Some("n1"));
         let c = AgentConfig::resolve(&flags(&[]), Some(file)).unwrap();
         assert_eq!(c.static_pod_path, Some(PathBuf::from("/etc/from-file")));
+    }
+
+    #[test]
+    fn referenced_objects_are_watched_unless_get_is_asked_for() {
+        let file = |v: &str| {
+            let text = format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nconfigMapAndSecretChangeDetectionStrategy: {v}\n");
+            KubeletConfiguration::parse(&text, Path::new("c.yaml")).unwrap()
+        };
+        assert!(AgentConfig::resolve(&flags(&[]), None).unwrap().watch_referenced_objects);
+        assert!(AgentConfig::resolve(&flags(&[]), Some(file("Watch"))).unwrap().watch_referenced_objects);
+        assert!(!AgentConfig::resolve(&flags(&[]), Some(file("Get"))).unwrap().watch_referenced_objects);
+        let e = AgentConfig::resolve(&flags(&[]), Some(file("Cache"))).unwrap_err().to_string();
+        assert!(e.contains("configMapAndSecretChangeDetectionStrategy") && e.contains("Watch (the default) and Get"), "{e}");
+        let e = AgentConfig::resolve(&flags(&[]), Some(file("watch"))).unwrap_err().to_string();
+        assert!(e.contains("must be Watch or Get"), "{e}");
     }
 
     #[test]

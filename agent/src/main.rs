@@ -235,6 +235,10 @@ async fn start_pods(
         let services = ferro_runtime::Informer::<k8s_openapi::api::core::v1::Service>::new();
         services.spawn(kube::Api::all(c.clone()), kube::runtime::watcher::Config::default());
         workers.set_services(services);
+        if cfg.watch_referenced_objects {
+            use ferro_agent::pod::objects::{ApiWatches, ObjectCache};
+            workers.set_object_caches(ObjectCache::new(Box::new(ApiWatches(c.clone()))), ObjectCache::new(Box::new(ApiWatches(c.clone()))));
+        }
         let informer = source::watch_api(c, name, workers.clone());
         let w = workers.clone();
         tokio::spawn(async move {

@@ -352,6 +352,7 @@ fn volumes_graceful_deletion_and_admission() {
     let lab = Lab::start("vol");
     let host = lab.host_dir();
     lab.apply("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\ndata:\n  color: blue\n");
+    let requests_before = lab.api_requests();
     lab.apply(&pod_yaml(
         "cmpod",
         &format!(
@@ -360,6 +361,12 @@ fn volumes_graceful_deletion_and_admission() {
         ),
     ));
     lab.wait("the container to see color=blue", MIN, |_| (read(&host.join("color")).as_deref() == Some("blue")).then_some(()));
+    // The agent read the ConfigMap from a watch of it (upstream's default Watch strategy), not
+    // a GET per sync: nothing but the agent touched ConfigMaps since the apply above.
+    let requests = lab.api_requests();
+    let count = |k: &str| requests.get(k).copied().unwrap_or(0.0);
+    assert!(count("WATCH configmaps") >= 1.0, "{requests:?}");
+    assert_eq!(count("GET configmaps"), requests_before.get("GET configmaps").copied().unwrap_or(0.0), "{requests:?}");
     lab.apply("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\ndata:\n  color: green\n");
     // Refreshed at the pod's next periodic sync (60 s, upstream's syncFrequency).
     lab.wait("the updated ConfigMap inside the running container", Duration::from_secs(150), |_| {

@@ -356,8 +356,11 @@ fn node_rules(node: &str, a: &Attributes<'_>, graph: &dyn NodeGraph, body: Optio
                 deny(format!("no relationship found between node '{node}' and this object"))
             }
         }
+        // Secrets and ConfigMaps: read one by name (a get, or a list or watch whose field
+        // selector names it: the agent's watch-based cache); claims: get.
         ("", r @ ("secrets" | "configmaps" | "persistentvolumeclaims"), "") => {
-            if a.verb == "get" && graph.node_references(node, a.namespace, r, a.name) {
+            let verb_ok = a.verb == "get" || (r != "persistentvolumeclaims" && matches!(a.verb, "list" | "watch"));
+            if verb_ok && !a.name.is_empty() && graph.node_references(node, a.namespace, r, a.name) {
                 Ok(())
             } else {
                 deny(format!("no relationship found between node '{node}' and this object"))
@@ -655,6 +658,14 @@ mod tests {
         assert!(ok(attrs("get", "", "secrets", "", "default", "used"), None));
         assert!(!ok(attrs("get", "", "secrets", "", "default", "other"), None));
         assert!(!ok(attrs("list", "", "secrets", "", "default", ""), None));
+        assert!(!ok(attrs("watch", "", "secrets", "", "default", ""), None));
+        // a list or watch naming one object (its field selector's metadata.name)
+        assert!(ok(attrs("watch", "", "secrets", "", "default", "used"), None));
+        assert!(ok(attrs("list", "", "secrets", "", "default", "used"), None));
+        assert!(!ok(attrs("watch", "", "secrets", "", "default", "other"), None));
+        assert!(ok(attrs("watch", "", "configmaps", "", "default", "used"), None));
+        assert!(!ok(attrs("watch", "", "persistentvolumeclaims", "", "default", "used"), None));
+        assert!(!ok(attrs("delete", "", "secrets", "", "default", "used"), None));
         assert!(!ok(attrs("create", "", "services", "", "default", ""), None));
         assert!(!ok(attrs("update", "apps", "deployments", "", "default", "d"), None));
         assert!(ok(attrs("create", "", "events", "", "default", ""), None));

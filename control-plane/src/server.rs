@@ -320,6 +320,24 @@ impl NodeGraph for Graph<'_> {
     }
 }
 
+/// The object name a request is authorized for: its path's, or for a list or watch the one
+/// name its field selector requires (`fieldSelector=metadata.name=<name>`), as upstream's
+/// RequestInfo does, so RBAC's resourceNames and the Node authorizer apply to a watch of one
+/// object (the agent's watch of a ConfigMap its pods use). A name that could not be a path
+/// segment is not one.
+fn authorized_name(path_name: &str, verb: &str, q: &HashMap<String, String>) -> String {
+    if !path_name.is_empty() || !matches!(verb, "list" | "watch") {
+        return path_name.to_string();
+    }
+    let Some(Ok(sel)) = q.get("fieldSelector").map(|f| crate::selector::FieldSelector::parse(f)) else {
+        return String::new();
+    };
+    match sel.exact_value("metadata.name") {
+        Some(n) if !matches!(n, "" | "." | "..") && !n.contains(['/', '%']) => n.to_string(),
+        _ => String::new(),
+    }
+}
+
 fn pod_references(pod: &Value, resource: &str, name: &str) -> bool {
     let eq = |v: Option<&Value>| v.and_then(|v| v.as_str()) == Some(name);
     let spec = pod.get("spec").cloned().unwrap_or(Value::Null);
@@ -732,13 +750,14 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
     };
     let ns = info.namespace.as_deref();
     let name = info.name.as_deref().unwrap_or("");
+    let authz_name = authorized_name(name, verb, &q);
     let attrs = Attributes {
         verb,
         group: res.group,
         resource: res.plural,
         subresource: info.subresource.as_deref().unwrap_or(""),
         namespace: ns.unwrap_or(""),
-        name,
+        name: &authz_name,
     };
     if let Err(why) = authorize(state, &user, &Action::Resource(attrs), body_value.as_ref(), seen).await {
         return Err(ApiError::forbidden(&res.group_resource(), name, why));
@@ -1065,6 +1084,26 @@ where
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_or_watch_of_one_name_is_authorized_for_that_name() {
+        let q = |sel: &str| HashMap::from([("fieldSelector".to_string(), sel.to_string())]);
+        assert_eq!(authorized_name("", "watch", &q("metadata.name=kube-root-ca.crt")), "kube-root-ca.crt");
+        assert_eq!(authorized_name("", "list", &q("metadata.name==x,metadata.namespace=default")), "x");
+        assert_eq!(authorized_name("", "list", &q(r"metadata.name=a\,b")), "a,b");
+        // not one name: a set, an inequality, another field, no selector, a bad selector
+        assert_eq!(authorized_name("", "watch", &q("metadata.name!=x")), "");
+        assert_eq!(authorized_name("", "watch", &q("spec.nodeName=x")), "");
+        assert_eq!(authorized_name("", "watch", &HashMap::new()), "");
+        assert_eq!(authorized_name("", "watch", &q("metadata.name")), "");
+        // names that cannot be a path segment
+        for bad in ["..", ".", "a/b", "a%2Fb", ""] {
+            assert_eq!(authorized_name("", "watch", &q(&format!("metadata.name={bad}"))), "", "{bad}");
+        }
+        // only lists and watches; a path's name is the name
+        assert_eq!(authorized_name("", "deletecollection", &q("metadata.name=x")), "");
+        assert_eq!(authorized_name("p", "get", &q("metadata.name=x")), "p");
+    }
 
     #[test]
     fn paths() {

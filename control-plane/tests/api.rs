@@ -208,9 +208,14 @@ async fn node_credentials_are_limited_to_their_node() {
         nodes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": n}})).unwrap()).await.unwrap();
     }
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    for (p, n) in [("on-n1", "n1"), ("on-n2", "n2")] {
+    for (p, n, cm) in [("on-n1", "n1", "used-cm"), ("on-n2", "n2", "other-cm")] {
         pods.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": p},
-            "spec": {"nodeName": n, "containers": [{"name": "c", "image": "i"}]}})).unwrap()).await.unwrap();
+            "spec": {"nodeName": n, "containers": [{"name": "c", "image": "i"}],
+                     "volumes": [{"name": "v", "configMap": {"name": cm}}]}})).unwrap()).await.unwrap();
+    }
+    let admin_cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    for n in ["used-cm", "other-cm"] {
+        admin_cms.create(&PostParams::default(), &cm(n, "v")).await.unwrap();
     }
     let node_client = client_for(&s.cert_kubeconfig("system:node:n1", &["system:nodes"])).await;
     let as_node: Api<Node> = Api::all(node_client.clone());
@@ -226,6 +231,24 @@ async fn node_credentials_are_limited_to_their_node() {
     // reads are fine; writes elsewhere are not
     assert_eq!(pods_as_node.list(&ListParams::default()).await.unwrap().items.len(), 2);
     let cms: Api<ConfigMap> = Api::namespaced(node_client.clone(), "default");
+    // ConfigMaps its pods use: get, or list and watch by name (the agent's watch-based cache,
+    // upstream's Node authorizer); not the others, not all of them
+    assert_eq!(cms.get("used-cm").await.unwrap().metadata.name.as_deref(), Some("used-cm"));
+    assert_eq!(api_code(cms.get("other-cm").await.unwrap_err()), 403);
+    let by_name = |n: &str| ListParams::default().fields(&format!("metadata.name={n}"));
+    let listed = cms.list(&by_name("used-cm")).await.unwrap();
+    assert_eq!(listed.items.iter().map(|c| c.metadata.name.clone().unwrap()).collect::<Vec<_>>(), vec!["used-cm"]);
+    assert_eq!(api_code(cms.list(&by_name("other-cm")).await.unwrap_err()), 403);
+    assert_eq!(api_code(cms.list(&ListParams::default()).await.unwrap_err()), 403);
+    let rv = listed.metadata.resource_version.clone().unwrap();
+    let mut watch = cms.watch(&kube::api::WatchParams::default().fields("metadata.name=used-cm"), &rv).await.unwrap().boxed();
+    admin_cms.patch("used-cm", &PatchParams::default(), &Patch::Merge(json!({"data": {"k": "changed"}}))).await.unwrap();
+    admin_cms.patch("other-cm", &PatchParams::default(), &Patch::Merge(json!({"data": {"k": "changed"}}))).await.unwrap();
+    match watch.next().await.unwrap().unwrap() {
+        kube::api::WatchEvent::Modified(c) => assert_eq!(c.metadata.name.as_deref(), Some("used-cm")),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(api_code(cms.watch(&kube::api::WatchParams::default().fields("metadata.name=other-cm"), &rv).await.map(|_| ()).unwrap_err()), 403);
     let e = cms.create(&PostParams::default(), &cm("x", "y")).await.unwrap_err();
     match e {
         kube::Error::Api(st) => {

@@ -374,6 +374,29 @@ impl Lab {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The API server's apiserver_request_total summed by "<verb> <resource>[/<subresource>]"
+    /// (every client, every code).
+    pub fn api_requests(&self) -> std::collections::BTreeMap<String, f64> {
+        let out = self.kubectl(&["get", "--raw", "/metrics"]);
+        assert!(out.status.success(), "reading the API's metrics: {}", String::from_utf8_lossy(&out.stderr));
+        let mut counts = std::collections::BTreeMap::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some(rest) = line.strip_prefix("apiserver_request_total{") else { continue };
+            let Some((labels, value)) = rest.rsplit_once("} ") else { continue };
+            let label = |name: &str| {
+                labels
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
+                    .map(|v| v.trim_end_matches('"').to_string())
+                    .unwrap_or_default()
+            };
+            let sub = label("subresource");
+            let key = format!("{} {}{}", label("verb"), label("resource"), if sub.is_empty() { String::new() } else { format!("/{sub}") });
+            *counts.entry(key).or_default() += value.trim().parse::<f64>().unwrap_or(0.0);
+        }
+        counts
+    }
+
     pub fn kubectl(&self, args: &[&str]) -> Output {
         self.ns
             .command("kubectl")

@@ -140,6 +140,10 @@ struct Inner {
     services: std::sync::OnceLock<Arc<ferro_runtime::Informer<k8s_openapi::api::core::v1::Service>>>,
     /// Service account tokens of projected volumes.
     tokens: crate::pod::token::TokenManager,
+    /// The ConfigMaps and Secrets pods refer to, from watches (set once by main; without them
+    /// each sync GETs them: upstream's `Get` strategy).
+    config_maps: std::sync::OnceLock<crate::pod::objects::ObjectCache<k8s_openapi::api::core::v1::ConfigMap>>,
+    secrets: std::sync::OnceLock<crate::pod::objects::ObjectCache<k8s_openapi::api::core::v1::Secret>>,
 }
 
 /// The pod workers of this node.
@@ -226,6 +230,8 @@ impl PodWorkers {
             started: tokio::sync::watch::Sender::new(false),
             services: std::sync::OnceLock::new(),
             tokens: crate::pod::token::TokenManager::default(),
+            config_maps: std::sync::OnceLock::new(),
+            secrets: std::sync::OnceLock::new(),
         });
         tokio::spawn(async move {
             while let Some(uid) = notify_rx.recv().await {
@@ -285,6 +291,18 @@ impl PodWorkers {
     pub fn set_services(&self, informer: Arc<ferro_runtime::Informer<k8s_openapi::api::core::v1::Service>>) {
         if self.inner.services.set(informer).is_err() {
             tracing::warn!("the Services informer was set twice; keeping the first");
+        }
+    }
+
+    /// Read the ConfigMaps and Secrets pods refer to from these caches (upstream's `Watch`
+    /// strategy) instead of a GET per sync.
+    pub fn set_object_caches(
+        &self,
+        config_maps: crate::pod::objects::ObjectCache<k8s_openapi::api::core::v1::ConfigMap>,
+        secrets: crate::pod::objects::ObjectCache<k8s_openapi::api::core::v1::Secret>,
+    ) {
+        if self.inner.config_maps.set(config_maps).is_err() || self.inner.secrets.set(secrets).is_err() {
+            tracing::warn!("the object caches were set twice; keeping the first");
         }
     }
 

@@ -26,18 +26,9 @@ impl PodWorkers {
         };
         let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
         let refs = model::references(pod);
-        let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client.clone(), &ns);
-        for n in refs.config_maps {
-            if let Ok(Some(cm)) = cms.get_opt(&n).await {
-                out.config_maps.insert(n, cm);
-            }
-        }
-        let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(client.clone(), &ns);
-        for n in refs.secrets {
-            if let Ok(Some(s)) = secrets.get_opt(&n).await {
-                out.secrets.insert(n, s);
-            }
-        }
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        out.config_maps = referenced(&client, self.inner.config_maps.get(), uid, &ns, &refs.config_maps).await;
+        out.secrets = referenced(&client, self.inner.secrets.get(), uid, &ns, &refs.secrets).await;
         if let Some(p) = crate::pod::token::projection(pod) {
             out.service_account_token = self.inner.tokens.token(&client, pod, p).await;
             let desired = self.inner.desired.read().unwrap_or_else(|e| e.into_inner());
@@ -444,6 +435,44 @@ pub(super) fn humanize(d: Duration) -> String {
     } else {
         format!("{}m{}s", s / 60, s % 60)
     }
+}
+
+/// The objects `names` of kind K in `ns` that pod `uid` refers to: from `cache` (registering
+/// the pod's references) where there is one and it knows the object, else from the API. An
+/// object that cannot be read is left out (the volume or env that needs it reports it).
+async fn referenced<K: crate::pod::objects::Referenced>(
+    client: &kube::Client,
+    cache: Option<&crate::pod::objects::ObjectCache<K>>,
+    uid: &str,
+    ns: &str,
+    names: &std::collections::BTreeSet<String>,
+) -> BTreeMap<String, K> {
+    use crate::pod::objects::Lookup;
+    let mut out = BTreeMap::new();
+    if let Some(c) = cache {
+        c.register(uid, ns, names);
+    }
+    let api: kube::Api<K> = kube::Api::namespaced(client.clone(), ns);
+    for n in names {
+        let lookup = match cache {
+            Some(c) => c.get(ns, n).await,
+            None => Lookup::Unknown,
+        };
+        match lookup {
+            Lookup::Found(obj) => {
+                out.insert(n.clone(), (*obj).clone());
+            }
+            Lookup::Missing => {}
+            Lookup::Unknown => match api.get_opt(n).await {
+                Ok(Some(obj)) => {
+                    out.insert(n.clone(), obj);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::debug!(kind = %K::kind(&()), namespace = ns, name = %n, error = %e, "reading a referenced object"),
+            },
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -235,6 +235,12 @@ impl PodWorkers {
         }
         self.inner.states.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
         self.inner.observed.write().unwrap_or_else(|p| p.into_inner()).remove(uid);
+        if let Some(c) = self.inner.config_maps.get() {
+            c.unregister(uid);
+        }
+        if let Some(c) = self.inner.secrets.get() {
+            c.unregister(uid);
+        }
         Ok(())
     }
 }
