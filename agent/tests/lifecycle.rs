@@ -493,6 +493,23 @@ async fn a_status_only_update_is_stored_without_a_sync_and_a_label_change_syncs(
     until("a sync after the label change", || observations() > settled).await;
 }
 
+/// The relist sees the sandbox and container a sync started; that sync observed them running
+/// and wrote the status: the pod is not synced (observed) a second time for them. An exit the
+/// sync did not see still syncs it.
+#[tokio::test(start_paused = true)]
+async fn the_relist_does_not_sync_a_pod_again_for_what_its_sync_started_and_saw() {
+    let node = Node::new();
+    let w = node.agent();
+    w.upsert(pod("once", json!({"containers": [container("app")]})), Source::Api);
+    until("phase Running", || phase(&w, "once") == "Running").await;
+    let observations = || node.fake.sandbox_lists_with("io.kubernetes.pod.uid", "uid-once");
+    let settled = observations();
+    idle(Duration::from_secs(5)).await;
+    assert_eq!(observations(), settled, "the relist synced the pod for its own start");
+    node.fake.exit("once", "app", 0);
+    until("a sync after the exit", || observations() > settled).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_restarted_agent_adopts_running_containers_without_restarting_them() {
     let node = Node::new();

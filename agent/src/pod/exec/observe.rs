@@ -5,37 +5,31 @@ use super::*;
 
 impl PodWorkers {
     /// Upstream's PLEG: relist containers and sandboxes every second and queue the pods whose
-    /// state changed.
+    /// state changed, unless the pod's last sync already saw the state the relist sees (the
+    /// containers a sync started and observed do not sync the pod a second time).
     pub(super) async fn relist_loop(&self) {
-        let mut last: BTreeMap<String, (String, i32)> = BTreeMap::new();
+        let mut last: Relisted = BTreeMap::new();
         let rt = self.inner.rt.clone();
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
             let (Ok(cs), Ok(sbs)) = (rt.list_containers(managed()).await, rt.list_sandboxes(managed()).await) else {
                 continue;
             };
-            let mut now: BTreeMap<String, (String, i32)> = BTreeMap::new();
+            let mut now: Relisted = BTreeMap::new();
             for c in &cs {
                 if let Some(uid) = c.labels.get(model::LABEL_POD_UID) {
-                    now.insert(c.id.clone(), (uid.clone(), c.state));
+                    now.insert(c.id.clone(), (uid.clone(), Seen::Container(container_state(c.state))));
                 }
             }
             for s in &sbs {
                 if let Some(uid) = s.labels.get(model::LABEL_POD_UID) {
-                    now.insert(s.id.clone(), (uid.clone(), 100 + s.state));
+                    now.insert(s.id.clone(), (uid.clone(), Seen::Sandbox(sandbox_state(s.state))));
                 }
             }
-            let mut changed: BTreeSet<String> = BTreeSet::new();
-            for (id, v) in &now {
-                if last.get(id) != Some(v) {
-                    changed.insert(v.0.clone());
-                }
-            }
-            for (id, v) in &last {
-                if !now.contains_key(id) {
-                    changed.insert(v.0.clone());
-                }
-            }
+            let changed = {
+                let observed = self.inner.observed.read().unwrap_or_else(|p| p.into_inner());
+                relist_changes(&last, &now, &observed)
+            };
             for uid in changed {
                 self.inner.queue.add(uid);
             }
@@ -140,6 +134,45 @@ impl PodWorkers {
     }
 }
 
+/// What a relist sees of one container or sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Seen {
+    Container(ContainerState),
+    Sandbox(SandboxState),
+}
+
+/// A relist: container or sandbox id -> (pod uid, state).
+pub(super) type Relisted = BTreeMap<String, (String, Seen)>;
+
+/// The pods to sync after a relist: those with a container or sandbox that appeared, changed
+/// state or went away since the previous relist, except a pod whose last sync observed exactly
+/// what this relist sees (its own starts and stops, already in its status).
+pub(super) fn relist_changes(last: &Relisted, now: &Relisted, observed: &BTreeMap<String, PodRuntime>) -> BTreeSet<String> {
+    let mut changed: BTreeSet<String> = BTreeSet::new();
+    for (id, v) in now {
+        if last.get(id) != Some(v) {
+            changed.insert(v.0.clone());
+        }
+    }
+    for (id, v) in last {
+        if !now.contains_key(id) {
+            changed.insert(v.0.clone());
+        }
+    }
+    changed.retain(|uid| {
+        let Some(o) = observed.get(uid) else { return true };
+        let seen: BTreeMap<&str, Seen> = o
+            .containers
+            .iter()
+            .map(|c| (c.id.as_str(), Seen::Container(c.state)))
+            .chain(o.sandboxes.iter().map(|s| (s.id.as_str(), Seen::Sandbox(s.state))))
+            .collect();
+        let relisted: BTreeMap<&str, Seen> = now.iter().filter(|(_, (u, _))| u == uid).map(|(id, (_, s))| (id.as_str(), *s)).collect();
+        seen != relisted
+    });
+    changed
+}
+
 pub(super) fn sandbox_state(s: i32) -> SandboxState {
     if s == cri::api::PodSandboxState::SandboxReady as i32 {
         SandboxState::Ready
@@ -193,6 +226,79 @@ pub fn termination_message(file: &Path, fallback_to_log: bool, log: &Path) -> Op
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    fn relisted(v: &[(&str, &str, Seen)]) -> Relisted {
+        v.iter().map(|(id, uid, s)| (id.to_string(), (uid.to_string(), *s))).collect()
+    }
+
+    fn runtime(uid: &str, containers: &[(&str, ContainerState)], sandboxes: &[(&str, SandboxState)]) -> PodRuntime {
+        PodRuntime {
+            uid: uid.into(),
+            containers: containers
+                .iter()
+                .map(|(id, st)| ContainerObs {
+                    id: id.to_string(),
+                    sandbox_id: String::new(),
+                    name: "app".into(),
+                    kind: ContainerKind::App,
+                    attempt: 0,
+                    state: *st,
+                    created_at: 0,
+                    started_at: 0,
+                    finished_at: 0,
+                    exit_code: 0,
+                    reason: String::new(),
+                    message: String::new(),
+                    image: String::new(),
+                    image_ref: String::new(),
+                    hash: 0,
+                    restart_count: 0,
+                })
+                .collect(),
+            sandboxes: sandboxes
+                .iter()
+                .map(|(id, st)| Sandbox { id: id.to_string(), attempt: 0, state: *st, created_at: 0, ip: None, additional_ips: Vec::new() })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_relist_syncs_the_pods_whose_runtime_state_their_last_sync_did_not_see() {
+        use ContainerState::*;
+        use Seen::{Container as C, Sandbox as S};
+        let ready = SandboxState::Ready;
+        let last = relisted(&[("s1", "a", S(ready)), ("c1", "a", C(Running)), ("s2", "b", S(ready)), ("c2", "b", C(Running))]);
+        // a's container exited, b's is unchanged, c is new, d's container went away
+        let mut before = last.clone();
+        before.insert("c4".into(), ("d".into(), C(Running)));
+        let now = relisted(&[
+            ("s1", "a", S(ready)),
+            ("c1", "a", C(Exited)),
+            ("s2", "b", S(ready)),
+            ("c2", "b", C(Running)),
+            ("s3", "c", S(ready)),
+            ("c3", "c", C(Running)),
+        ]);
+        let none = BTreeMap::new();
+        assert_eq!(relist_changes(&before, &now, &none), ["a", "c", "d"].map(String::from).into());
+        // c's sync started its sandbox and container and observed them running: not again;
+        // a's last sync saw the container running: synced; d's saw a container now gone: synced
+        let observed = BTreeMap::from([
+            ("a".to_string(), runtime("a", &[("c1", Running)], &[("s1", ready)])),
+            ("c".to_string(), runtime("c", &[("c3", Running)], &[("s3", ready)])),
+            ("d".to_string(), runtime("d", &[("c4", Running)], &[])),
+        ]);
+        assert_eq!(relist_changes(&before, &now, &observed), ["a", "d"].map(String::from).into());
+        // c's sync saw the container only as created: synced
+        let observed = BTreeMap::from([("c".to_string(), runtime("c", &[("c3", Created)], &[("s3", ready)]))]);
+        assert!(relist_changes(&last, &now, &observed).contains("c"));
+        // c's sync saw one container fewer than there are: synced
+        let observed = BTreeMap::from([("c".to_string(), runtime("c", &[], &[("s3", ready)]))]);
+        assert!(relist_changes(&last, &now, &observed).contains("c"));
+        // nothing changed since the last relist: nothing, whatever the syncs saw
+        assert!(relist_changes(&now, &now, &none).is_empty());
+    }
 
     #[test]
     fn termination_messages() {
