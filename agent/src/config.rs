@@ -138,6 +138,7 @@ pub struct KubeletConfiguration {
     #[serde(rename = "imageMaximumGCAge")]
     pub image_maximum_gc_age: Option<String>,
     pub config_map_and_secret_change_detection_strategy: Option<String>,
+    pub enforce_node_allocatable: Option<Vec<String>>,
 }
 
 /// `authentication` of KubeletConfiguration: the x509 client CA.
@@ -341,8 +342,25 @@ impl AgentConfig {
                 let d = parse_duration(v).map_err(|reason| ConfigError::Duration { field, value: v.clone(), reason })?;
                 grace.insert(signal, d);
             }
+            // enforceNodeAllocatable (default [pods]): "pods" applies a hard memory.available
+            // threshold to allocatableMemory.available too; "none" alone turns that off.
+            let enforce = file.enforce_node_allocatable.clone().unwrap_or_else(|| vec!["pods".into()]);
+            for e in &enforce {
+                let reason = match e.as_str() {
+                    "pods" => continue,
+                    "none" if enforce.len() == 1 => continue,
+                    "none" => "none cannot be combined with other values".to_string(),
+                    "system-reserved" | "kube-reserved" | "system-reserved-compressible" | "kube-reserved-compressible" => {
+                        format!("{e} is not supported: ferro-agent reserves nothing for the system or kube daemons (no systemReserved/kubeReserved)")
+                    }
+                    _ => "must be pods or none".to_string(),
+                };
+                return Err(ConfigError::Value { field: "enforceNodeAllocatable", value: e.clone(), reason });
+            }
+            let hard = thresholds("evictionHard", file.eviction_hard.as_ref())?.unwrap_or(defaults.hard);
+            let hard = if enforce.iter().any(|e| e == "pods") { crate::eviction::plan::with_allocatable_thresholds(hard) } else { hard };
             let cfg = Config {
-                hard: thresholds("evictionHard", file.eviction_hard.as_ref())?.unwrap_or(defaults.hard),
+                hard,
                 soft: thresholds("evictionSoft", file.eviction_soft.as_ref())?.unwrap_or_default(),
                 soft_grace: grace,
                 pressure_transition_period: dur(
@@ -618,12 +636,26 @@ mod tests {
             AgentConfig::resolve(&flags(&[]), Some(file))
         };
         let c = parse("").unwrap();
-        assert_eq!(c.eviction, crate::eviction::plan::Config::default());
+        let defaults = crate::eviction::plan::Config::default();
+        assert_eq!(c.eviction.hard, crate::eviction::plan::with_allocatable_thresholds(defaults.hard.clone()), "enforceNodeAllocatable [pods] by default");
+        assert_eq!(c.eviction.hard[&Signal::AllocatableMemoryAvailable], Threshold::Quantity(100 << 20));
+        assert_eq!(c.eviction.soft, defaults.soft);
+        assert_eq!(parse("enforceNodeAllocatable: [none]\n").unwrap().eviction.hard, defaults.hard);
+        assert_eq!(parse("enforceNodeAllocatable: [pods]\nevictionHard: {memory.available: 1Gi}\n").unwrap().eviction.hard[&Signal::AllocatableMemoryAvailable], Threshold::Quantity(1 << 30));
+        assert!(!parse("evictionHard: {nodefs.available: 30%}\n").unwrap().eviction.hard.contains_key(&Signal::AllocatableMemoryAvailable));
+        for (body, want) in [
+            ("enforceNodeAllocatable: [system-reserved]\n", "ferro-agent reserves nothing"),
+            ("enforceNodeAllocatable: [pods, none]\n", "none cannot be combined"),
+            ("enforceNodeAllocatable: [everything]\n", "must be pods or none"),
+        ] {
+            let err = parse(body).unwrap_err().to_string();
+            assert!(err.contains("enforceNodeAllocatable") && err.contains(want), "{body}: {err}");
+        }
         assert_eq!(c.volume_stats_agg_period, Duration::from_secs(60));
         assert_eq!(parse("volumeStatsAggPeriod: 2s\n").unwrap().volume_stats_agg_period, Duration::from_secs(2));
         assert!(parse("volumeStatsAggPeriod: 0s\n").unwrap_err().to_string().contains("volumeStatsAggPeriod"));
         let c = parse("evictionHard: {nodefs.available: 30%}\nevictionSoft: {memory.available: 1Gi}\nevictionSoftGracePeriod: {memory.available: 1m30s}\nevictionPressureTransitionPeriod: 5s\nevictionMaxPodGracePeriod: 20\n").unwrap();
-        assert_eq!(c.eviction.hard.len(), 1, "a configured map replaces the defaults");
+        assert_eq!(c.eviction.hard.len(), 1, "a configured map replaces the defaults (no memory.available: no allocatable threshold)");
         assert_eq!(c.eviction.hard[&Signal::NodefsAvailable], Threshold::Percent(30.0));
         assert_eq!(c.eviction.soft[&Signal::MemoryAvailable], Threshold::Quantity(1 << 30));
         assert_eq!(c.eviction.soft_grace[&Signal::MemoryAvailable], Duration::from_secs(90));

@@ -754,3 +754,38 @@ async fn the_eviction_manager_evicts_the_pod_using_the_most_memory_above_its_req
     assert!(!watch.borrow().memory_pressure);
     assert_eq!(node.fake.running("small"), ["small"]);
 }
+
+/// allocatableMemory.available (enforceNodeAllocatable [pods]): the node has memory to spare,
+/// but the pods together use more than the node's allocatable memory (4 GiB here) allows: the
+/// pod most above its request is evicted, as upstream's.
+#[tokio::test(start_paused = true)]
+async fn pods_using_more_than_allocatable_memory_are_evicted_while_the_node_has_memory_to_spare() {
+    use ferro_agent::eviction::plan;
+    let node = Node::new();
+    let w = node.agent();
+    w.upsert(pod("hog", json!({"containers": [container("hog")]})), Source::Api);
+    w.upsert(pod("quiet", json!({"containers": [container("quiet")]})), Source::Api);
+    node.fake.set_usage("hog", 3900 << 20, 0);
+    node.fake.set_usage("quiet", 100 << 20, 0);
+    until("both running", || node.fake.running("hog") == ["hog"] && node.fake.running("quiet") == ["quiet"]).await;
+
+    // /proc: 3 GiB available (the node is fine); the pods use 4000Mi of 4096Mi allocatable.
+    let proc = node.fake_proc(3 << 20);
+    let (mut manager, watch) =
+        node.eviction_manager(&w, (plan::Signal::AllocatableMemoryAvailable, plan::Threshold::Quantity(100 << 20)), proc, None);
+    let mut state = plan::State::default();
+    let d = manager.round(&mut state).await.unwrap();
+    assert!(d.memory_pressure, "{:?}", d.met);
+    assert!(watch.borrow().memory_pressure);
+    let e = d.evict.unwrap();
+    assert_eq!((e.name.as_str(), e.signal), ("hog", plan::Signal::AllocatableMemoryAvailable));
+    assert_eq!(e.message, "The node was low on resource: memory. Threshold quantity: 100Mi, available: 96Mi. Pod was using 3900Mi, request is 0, has larger consumption of memory. ");
+    until("hog evicted", || phase(&w, "hog") == "Failed").await;
+    assert_eq!(status(&w, "hog").reason.as_deref(), Some("Evicted"));
+
+    // The hog's usage is gone with it: room again, nothing more evicted.
+    node.fake.set_usage("hog", 0, 0);
+    let d = manager.round(&mut state).await.unwrap();
+    assert!(d.evict.is_none());
+    assert_eq!(node.fake.running("quiet"), ["quiet"]);
+}

@@ -26,6 +26,9 @@ use k8s_openapi::api::core::v1::Pod;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Signal {
     MemoryAvailable,
+    /// Node allocatable memory less the pods' working set (with enforceNodeAllocatable
+    /// `pods`, upstream's default: a hard memory.available threshold applies to it too).
+    AllocatableMemoryAvailable,
     NodefsAvailable,
     NodefsInodesFree,
     ImagefsAvailable,
@@ -42,8 +45,9 @@ pub enum Pressure {
 }
 
 impl Signal {
-    pub const ALL: [Signal; 6] = [
+    pub const ALL: [Signal; 7] = [
         Signal::MemoryAvailable,
+        Signal::AllocatableMemoryAvailable,
         Signal::NodefsAvailable,
         Signal::NodefsInodesFree,
         Signal::ImagefsAvailable,
@@ -58,6 +62,7 @@ impl Signal {
     pub fn as_str(self) -> &'static str {
         match self {
             Signal::MemoryAvailable => "memory.available",
+            Signal::AllocatableMemoryAvailable => "allocatableMemory.available",
             Signal::NodefsAvailable => "nodefs.available",
             Signal::NodefsInodesFree => "nodefs.inodesFree",
             Signal::ImagefsAvailable => "imagefs.available",
@@ -69,7 +74,7 @@ impl Signal {
     /// The resource named in the eviction message (upstream's signalToResource).
     pub fn resource(self) -> &'static str {
         match self {
-            Signal::MemoryAvailable => "memory",
+            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => "memory",
             Signal::NodefsAvailable | Signal::ImagefsAvailable => "ephemeral-storage",
             Signal::NodefsInodesFree | Signal::ImagefsInodesFree => "inodes",
             Signal::PidAvailable => "pids",
@@ -78,7 +83,7 @@ impl Signal {
 
     pub fn pressure(self) -> Pressure {
         match self {
-            Signal::MemoryAvailable => Pressure::Memory,
+            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Pressure::Memory,
             Signal::PidAvailable => Pressure::Pid,
             _ => Pressure::Disk,
         }
@@ -86,7 +91,10 @@ impl Signal {
 
     /// Whether amounts of this signal are bytes (printed as quantities such as `100Mi`).
     fn bytes(self) -> bool {
-        matches!(self, Signal::MemoryAvailable | Signal::NodefsAvailable | Signal::ImagefsAvailable)
+        matches!(
+            self,
+            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable | Signal::NodefsAvailable | Signal::ImagefsAvailable
+        )
     }
 }
 
@@ -175,6 +183,20 @@ pub fn parse_thresholds(m: &BTreeMap<String, String>) -> Result<BTreeMap<Signal,
         out.insert(s, Threshold::parse(v).map_err(|e| format!("{k}: {e}"))?);
     }
     Ok(out)
+}
+
+/// enforceNodeAllocatable with `pods` (upstream's addAllocatableThresholds): a hard
+/// memory.available threshold also applies to allocatableMemory.available, unless one is set.
+pub fn with_allocatable_thresholds(mut hard: BTreeMap<Signal, Threshold>) -> BTreeMap<Signal, Threshold> {
+    if let Some(t) = hard.get(&Signal::MemoryAvailable).copied() {
+        hard.entry(Signal::AllocatableMemoryAvailable).or_insert(t);
+    }
+    hard
+}
+
+/// allocatableMemory.available: the node's allocatable memory less what the pods use.
+pub fn allocatable_memory(allocatable: u64, pods_working_set: u64) -> Observation {
+    Observation { available: allocatable.saturating_sub(pods_working_set), capacity: allocatable }
 }
 
 impl Config {
@@ -310,7 +332,7 @@ pub fn rank<'a>(signal: Signal, pods: &[PodUsage<'a>]) -> Vec<PodUsage<'a>> {
         }
     };
     match signal {
-        Signal::MemoryAvailable => v.sort_by(by_usage(|p| p.memory, "memory")),
+        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => v.sort_by(by_usage(|p| p.memory, "memory")),
         Signal::NodefsAvailable => v.sort_by(by_usage(|p| p.disk, "ephemeral-storage")),
         Signal::ImagefsAvailable => v.sort_by(by_usage(|p| p.imagefs_disk, "ephemeral-storage")),
         Signal::NodefsInodesFree => {
@@ -343,7 +365,7 @@ fn message(signal: Signal, threshold: u64, available: u64, usage: &PodUsage) -> 
         amount(signal, available)
     );
     let (used, req) = match signal {
-        Signal::MemoryAvailable => (usage.memory, request(usage.pod, "memory")),
+        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => (usage.memory, request(usage.pod, "memory")),
         Signal::NodefsAvailable => (usage.disk, request(usage.pod, "ephemeral-storage")),
         Signal::ImagefsAvailable => (usage.imagefs_disk, request(usage.pod, "ephemeral-storage")),
         _ => return m,
@@ -654,6 +676,35 @@ mod tests {
             e.message,
             "The node was low on resource: ephemeral-storage. Threshold quantity: 150Mi, available: 100Mi. Pod was using 300Mi, request is 0, has larger consumption of ephemeral-storage. "
         );
+    }
+
+    #[test]
+    fn allocatable_memory_evicts_when_the_pods_use_more_than_allocatable_whatever_the_node_has() {
+        let hard = with_allocatable_thresholds(Config::default().hard);
+        assert_eq!(hard[&Signal::AllocatableMemoryAvailable], Threshold::Quantity(100 * MI));
+        // a threshold of its own stays; no memory.available threshold, none added
+        let own = BTreeMap::from([(Signal::MemoryAvailable, Threshold::Quantity(MI)), (Signal::AllocatableMemoryAvailable, Threshold::Percent(5.0))]);
+        assert_eq!(with_allocatable_thresholds(own)[&Signal::AllocatableMemoryAvailable], Threshold::Percent(5.0));
+        assert!(!with_allocatable_thresholds(BTreeMap::new()).contains_key(&Signal::AllocatableMemoryAvailable));
+        assert_eq!(Signal::parse("allocatableMemory.available"), Some(Signal::AllocatableMemoryAvailable));
+
+        let cfg = Config { hard, ..Config::default() };
+        let (big, small) = (pod("big", json!({})), pod("small", json!({})));
+        let pods = [usage(&big, 900 * MI, 0), usage(&small, 50 * MI, 0)];
+        // the node has plenty (8 GiB available) but the pods use 950Mi of 1Gi allocatable
+        let mut o = obs(Signal::MemoryAvailable, 8 << 30, 16 << 30);
+        o.insert(Signal::AllocatableMemoryAvailable, allocatable_memory(1 << 30, 950 * MI));
+        let d = decide(&cfg, &mut State::default(), &o, &pods, 0);
+        let e = d.evict.unwrap();
+        assert_eq!((e.name.as_str(), e.signal), ("big", Signal::AllocatableMemoryAvailable));
+        assert!(d.memory_pressure, "MemoryPressure, as upstream's signal-to-condition map");
+        assert!(d.reclaim.is_none(), "no node-level reclaim for memory");
+        assert!(e.message.starts_with("The node was low on resource: memory. Threshold quantity: 100Mi, available: 74Mi. "), "{}", e.message);
+        // under allocatable by more than the threshold: nothing
+        o.insert(Signal::AllocatableMemoryAvailable, allocatable_memory(1 << 30, 900 * MI));
+        assert!(decide(&cfg, &mut State::default(), &o, &pods, 0).evict.is_none());
+        // pods above allocatable: none available, not an underflow
+        assert_eq!(allocatable_memory(MI, 2 * MI), Observation { available: 0, capacity: MI });
     }
 
     #[test]

@@ -222,6 +222,12 @@ impl Manager {
         let (obs, dedicated) = self.observe(dev).await?;
         let pods = self.workers.active_pods();
         let runtime = runtime_usage(self.cri.as_ref()).await;
+        let mut obs = obs;
+        if self.config.hard.contains_key(&Signal::AllocatableMemoryAvailable) || self.config.soft.contains_key(&Signal::AllocatableMemoryAvailable) {
+            let pods_working_set = runtime.values().fold(0u64, |n, r| n.saturating_add(r.working_set));
+            let allocatable = u64::try_from(self.workers.allocatable_memory()).unwrap_or(0);
+            obs.insert(Signal::AllocatableMemoryAvailable, plan::allocatable_memory(allocatable, pods_working_set));
+        }
         let usages: Vec<PodUsage> = pods.iter().map(|p| self.usage(p, &runtime, dev, dedicated)).collect();
         let mut d = plan::decide(&self.config, state, &obs, &usages, self.clock.now_ns());
         let pressure = NodePressure { memory: d.memory_pressure, disk: d.disk_pressure, pid: d.pid_pressure };

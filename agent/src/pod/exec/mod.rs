@@ -306,6 +306,11 @@ impl PodWorkers {
         }
     }
 
+    /// The node's allocatable memory (bytes), as admission counts it.
+    pub fn allocatable_memory(&self) -> i64 {
+        self.inner.cfg.allocatable_memory
+    }
+
     /// The node's pressure conditions, for admission (set by the eviction manager).
     pub fn set_pressure(&self, p: admission::NodePressure) {
         *self.inner.pressure.lock().unwrap_or_else(|p| p.into_inner()) = p;
