@@ -495,13 +495,28 @@ impl Lab {
 
     pub fn logs(&self) -> String {
         let state = self.kubectl(&["get", "nodes,pods,events", "-A", "-o", "wide"]);
+        // Panics and errors anywhere in the control plane's and the agent's logs (a tail can
+        // miss them: a backtrace alone is longer than the tail).
+        let notable = |log: &str| {
+            let lines: Vec<&str> = log.lines().collect();
+            let mut out = Vec::new();
+            for (i, l) in lines.iter().enumerate() {
+                if l.contains("panicked at") || l.contains(" ERROR ") || l.contains("ERROR\u{1b}") {
+                    out.extend(lines[i..(i + 2).min(lines.len())].iter().copied());
+                }
+            }
+            out.truncate(60);
+            out.join("\n")
+        };
         format!(
-            "--- kubectl get nodes,pods,events ---\n{}{}\n--- agent log (tail) ---\n{}\n--- containerd log (tail) ---\n{}\n--- control plane log (tail) ---\n{}",
+            "--- kubectl get nodes,pods,events ---\n{}{}\n--- agent log (tail) ---\n{}\n--- containerd log (tail) ---\n{}\n--- control plane log (tail) ---\n{}\n--- panics and errors (control plane, agent) ---\n{}\n{}",
             String::from_utf8_lossy(&state.stdout),
             String::from_utf8_lossy(&state.stderr),
             Self::tail(&self.agent_log(), 120),
             Self::tail(&self.ctrd.log(), 40),
-            Self::tail(&self.cp_log(), 30)
+            Self::tail(&self.cp_log(), 30),
+            notable(&self.cp_log()),
+            notable(&self.agent_log())
         )
     }
 
