@@ -493,6 +493,22 @@ async fn a_status_only_update_is_stored_without_a_sync_and_a_label_change_syncs(
     until("a sync after the label change", || observations() > settled).await;
 }
 
+/// activeDeadlineSeconds counts from the startTime the pod's first sync writes: the pod fails
+/// with DeadlineExceeded when it passes, not at the next periodic sync (60 s) — the first sync
+/// is the only one a quiet pod gets before then.
+#[tokio::test(start_paused = true)]
+async fn an_active_deadline_ends_the_pod_when_it_passes_not_at_the_next_periodic_sync() {
+    let node = Node::new();
+    let w = node.agent();
+    w.upsert(pod("short", json!({"activeDeadlineSeconds": 3, "containers": [container("app")]})), Source::Api);
+    until("phase Running", || phase(&w, "short") == "Running").await;
+    let started = tokio::time::Instant::now();
+    until("DeadlineExceeded", || phase(&w, "short") == "Failed").await;
+    assert_eq!(status(&w, "short").reason.as_deref(), Some("DeadlineExceeded"));
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(30), "failed only after {waited:?} of the paused clock: at a periodic sync, not at the deadline");
+}
+
 /// The relist sees the sandbox and container a sync started; that sync observed them running
 /// and wrote the status: the pod is not synced (observed) a second time for them. An exit the
 /// sync did not see still syncs it.
@@ -508,6 +524,22 @@ async fn the_relist_does_not_sync_a_pod_again_for_what_its_sync_started_and_saw(
     assert_eq!(observations(), settled, "the relist synced the pod for its own start");
     node.fake.exit("once", "app", 0);
     until("a sync after the exit", || observations() > settled).await;
+}
+
+/// A container that exits as soon as it started (before the sync that started it observes it)
+/// is restarted by the next sync the relist queues, not at the periodic one.
+#[tokio::test(start_paused = true)]
+async fn a_container_that_exits_at_once_is_restarted_without_waiting_for_the_periodic_sync() {
+    let node = Node::new();
+    node.fake.set_run("flash", Run::Exit { code: 1, after: Duration::ZERO });
+    let w = node.agent();
+    w.upsert(pod("flash", json!({"containers": [container("flash")]})), Source::Api);
+    until("started once", || node.fake.starts("flash", "flash") >= 1).await;
+    let t0 = tokio::time::Instant::now();
+    until("started again", || node.fake.starts("flash", "flash") >= 2).await;
+    // the first crash-loop back-off is 10 s; the periodic sync would come after 60 s
+    let waited = t0.elapsed();
+    assert!(waited < Duration::from_secs(30), "restarted only after {waited:?} of the paused clock");
 }
 
 #[tokio::test(start_paused = true)]

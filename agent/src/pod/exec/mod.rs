@@ -604,6 +604,16 @@ impl PodWorkers {
             status::disruption_target(&mut st, "TerminationByKubelet", &message, self.now_ns());
         }
         let finished = matches!(st.phase.as_deref(), Some("Succeeded" | "Failed"));
+        // activeDeadlineSeconds counts from the status's startTime, which the first sync only
+        // now sets: look again when the deadline passes (no other sync may come before the
+        // periodic one).
+        if !terminating {
+            match deadline::active_deadline(&pod, st.start_time.as_ref(), self.now_ns()) {
+                Deadline::In(d) => next = next.min(d),
+                Deadline::Exceeded => next = Duration::ZERO,
+                Deadline::None => {}
+            }
+        }
         self.write_status(uid, &pod, source, st).await?;
 
         // Deleted in the API and everything stopped: the final delete with grace 0.

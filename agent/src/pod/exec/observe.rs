@@ -146,7 +146,8 @@ pub(super) type Relisted = BTreeMap<String, (String, Seen)>;
 
 /// The pods to sync after a relist: those with a container or sandbox that appeared, changed
 /// state or went away since the previous relist, except a pod whose last sync observed exactly
-/// what this relist sees (its own starts and stops, already in its status).
+/// what this relist sees with every container running and every sandbox ready (the starts of
+/// that sync, already in its status, with nothing left for the planner).
 pub(super) fn relist_changes(last: &Relisted, now: &Relisted, observed: &BTreeMap<String, PodRuntime>) -> BTreeSet<String> {
     let mut changed: BTreeSet<String> = BTreeSet::new();
     for (id, v) in now {
@@ -161,6 +162,13 @@ pub(super) fn relist_changes(last: &Relisted, now: &Relisted, observed: &BTreeMa
     }
     changed.retain(|uid| {
         let Some(o) = observed.get(uid) else { return true };
+        // Only a pod whose last sync left everything running is settled: an exited or created
+        // container may need the planner (a restart, the next init container).
+        let settled = o.containers.iter().all(|c| c.state == ContainerState::Running)
+            && o.sandboxes.iter().all(|s| s.state == SandboxState::Ready);
+        if !settled {
+            return true;
+        }
         let seen: BTreeMap<&str, Seen> = o
             .containers
             .iter()
@@ -296,6 +304,10 @@ mod tests {
         // c's sync saw one container fewer than there are: synced
         let observed = BTreeMap::from([("c".to_string(), runtime("c", &[], &[("s3", ready)]))]);
         assert!(relist_changes(&last, &now, &observed).contains("c"));
+        // c's sync saw exactly this, but with a container exited at once (to be restarted): synced
+        let exited = relisted(&[("s3", "c", S(ready)), ("c3", "c", C(Exited))]);
+        let observed = BTreeMap::from([("c".to_string(), runtime("c", &[("c3", Exited)], &[("s3", ready)]))]);
+        assert!(relist_changes(&BTreeMap::new(), &exited, &observed).contains("c"));
         // nothing changed since the last relist: nothing, whatever the syncs saw
         assert!(relist_changes(&now, &now, &none).is_empty());
     }
