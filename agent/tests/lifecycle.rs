@@ -526,6 +526,23 @@ async fn the_relist_does_not_sync_a_pod_again_for_what_its_sync_started_and_saw(
     until("a sync after the exit", || observations() > settled).await;
 }
 
+/// A sidecar, then the next init container once the sidecar runs, then the app once the init
+/// container is done: each without waiting for the periodic sync (the pod's containers all run
+/// between the steps, so no relist queues it).
+#[tokio::test(start_paused = true)]
+async fn sidecar_init_and_app_start_one_after_the_other_without_waiting_for_the_periodic_sync() {
+    let node = Node::new();
+    node.fake.set_run("setup", Run::Exit { code: 0, after: Duration::from_secs(2) });
+    let w = node.agent();
+    let mut proxy = container("proxy");
+    proxy["restartPolicy"] = json!("Always");
+    let t0 = tokio::time::Instant::now();
+    w.upsert(pod("chain", json!({"initContainers": [proxy, container("setup")], "containers": [container("app")]})), Source::Api);
+    until("app and sidecar running", || node.fake.running("chain") == ["app", "proxy"]).await;
+    let waited = t0.elapsed();
+    assert!(waited < Duration::from_secs(30), "the app ran only after {waited:?} of the paused clock (setup takes 2 s)");
+}
+
 /// A container that exits as soon as it started (before the sync that started it observes it)
 /// is restarted by the next sync the relist queues, not at the periodic one.
 #[tokio::test(start_paused = true)]
