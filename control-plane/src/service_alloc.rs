@@ -298,7 +298,10 @@ impl ServiceAllocations {
     }
 
     async fn claims(&self, prefix: &str) -> Result<BTreeMap<Item, (Owner, Revision)>, StoreError> {
-        let listing = self.store.list(prefix).await?;
+        // The most recent state (a consistent read): a claim another replica released just
+        // before must not look taken, or a range with a free address would be "full" (seen once
+        // in the etcd pass, another replica's delete not yet in this one's watch cache).
+        let listing = self.store.list_latest(prefix).await?;
         let mut out = BTreeMap::new();
         for r in &listing.records {
             if let Some(item) = Item::parse(&r.key) {
