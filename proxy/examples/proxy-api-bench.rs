@@ -12,11 +12,16 @@
 //!   change;
 //! - the data path: new TCP connections from the node to the 1st and to the Nth Service's
 //!   ClusterIP (both Services' endpoints are addresses of one pod namespace that accepts),
-//!   p50/p99 of connect().
+//!   p50/p99 of connect();
+//! - the floor of the cold sync, in the same run: the node namespace's rules as the kernel
+//!   tool lists them once the proxy is stopped (`iptables-save`, `nft list table`), loaded by
+//!   the tool alone into an empty namespace (`iptables-restore`, `nft -f`), timed (`--no-floor`
+//!   leaves it out).
 //!
 //! `cargo build --release -p ferro-control-plane -p ferro-proxy --bins --example proxy-api-bench
 //!  && ./target/release/examples/proxy-api-bench [--services 10000] [--endpoints 10]
-//!  [--changes 100] [--mode iptables|nftables|both]` (as root; everything it makes is removed).
+//!  [--changes 100] [--mode iptables|nftables|both] [--no-floor]` (as root; everything it
+//!  makes is removed).
 #![allow(clippy::unwrap_used)]
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -304,7 +309,8 @@ fn measure(mode: &str, n: u32, m: u32, changes: usize, dir: &Path) {
     let mut probe = Netlink::new();
     let mut lat = Vec::with_capacity(changes);
     let cpu0 = cpu_of(pid);
-    let mut last_write: Option<Instant> = None;
+    // the cold sync counts as the first write: a change within minSyncPeriod of it waits
+    let mut last_write: Option<Instant> = Some(Instant::now());
     for k in 0..changes {
         // changes further apart than minSyncPeriod (1 s): each is synced as it arrives, not
         // held back by the rate limit (a burst inside one period is one sync, by design)
@@ -328,6 +334,7 @@ fn measure(mode: &str, n: u32, m: u32, changes: usize, dir: &Path) {
     let cpu = cpu_of(pid).saturating_sub(cpu0);
     let (rss, hwm) = (status_kib(pid, "VmRSS:"), status_kib(pid, "VmHWM:"));
     drop(proxy);
+    let floor = (!std::env::args().any(|a| a == "--no-floor")).then(|| floor(mode, dir));
 
     println!("mode {mode}: {n} Services × {m} endpoints (made through the API in {:.1} s)", made.as_secs_f64());
     println!("  cold start: proxy started -> first sync done {:.2} s (the full sync itself: {full_sync:.2} s)", cold.as_secs_f64());
@@ -346,6 +353,45 @@ fn measure(mode: &str, n: u32, m: u32, changes: usize, dir: &Path) {
         us(pct(&mut to_last, 0.5)),
         us(pct(&mut to_last, 0.99))
     );
+    if let Some((took, bytes)) = floor {
+        println!(
+            "  floor: the tool alone loads the same rules ({:.1} MiB of text) into an empty namespace in {:.2} s; cold sync / floor {:.2}x",
+            bytes as f64 / 1048576.0,
+            took.as_secs_f64(),
+            full_sync / took.as_secs_f64()
+        );
+    }
+}
+
+/// The cold sync's floor: the rules in this thread's (the node's) namespace, listed by the
+/// mode's tool, then loaded by the tool alone into an empty namespace of their own; the time
+/// of the load, and the text's size.
+fn floor(mode: &str, dir: &Path) -> (Duration, usize) {
+    let save = |args: &[&str]| -> String {
+        let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (text, load): (String, &[&str]) = match mode {
+        "iptables" => (format!("{}{}", save(&["iptables-save", "-t", "filter"]), save(&["iptables-save", "-t", "nat"])), &["iptables-restore", "-w"]),
+        _ => (save(&["nft", "list", "table", "ip", "kube-proxy"]), &["nft", "-f"]),
+    };
+    let file = dir.join(format!("floor-{mode}.rules"));
+    std::fs::write(&file, &text).unwrap();
+    let ns = NetNs::new(&NetNs::unique_name("fpx-apib-floor")).unwrap();
+    let mut cmd = ns.command(load[0]);
+    cmd.args(&load[1..]);
+    if mode == "nftables" {
+        cmd.arg(&file);
+    } else {
+        cmd.stdin(std::fs::File::open(&file).unwrap());
+    }
+    let t = Instant::now();
+    let out = cmd.output().unwrap();
+    let took = t.elapsed();
+    assert!(out.status.success(), "{load:?} in {}: {}", ns.name(), String::from_utf8_lossy(&out.stderr));
+    drop(ns);
+    (took, text.len())
 }
 
 fn main() {

@@ -13,10 +13,12 @@
 //!
 //! `cargo run --release -p ferro-proxy --example proxy-loop-bench -- [--services 10000]
 //!  [--endpoints 10] [--changes 200] [--mode iptables|nftables|both] [--udp-every 0]
-//!  [--kernel]` (`--udp-every K`: every K-th Service is UDP, so the conntrack planner has
+//!  [--kernel] [--exit-after-cold-sync]` (`--udp-every K`: every K-th Service is UDP, so the conntrack planner has
 //! work; `--kernel`, as root, nftables only: the real kernel in a network namespace of its
 //! own — `nft -f` for the cold sync, the netlink batches for the changes — to split the CPU of
-//! a change between ferro-proxy (user) and the kernel (system)).
+//! a change between ferro-proxy (user) and the kernel (system); `--exit-after-cold-sync`: exit
+//! right after the cold sync, so a heap profiler such as heaptrack reports everything live
+//! then as leaked, by allocation site).
 #![allow(clippy::unwrap_used)]
 
 use std::sync::{Arc, Mutex};
@@ -207,6 +209,11 @@ async fn run(mode: &str, n: u32, m: u32, changes: usize, udp_every: u32) {
     rx.wait_for(|p| p.syncs >= 1).await.unwrap();
     let (cold, cold_cpu) = (t0.elapsed(), cpu().0 - c0.0);
     let rss_cold = status_mib("VmRSS:");
+    if std::env::args().any(|a| a == "--exit-after-cold-sync") {
+        // For a heap profiler: what is live now is reported as leaked, by allocation site.
+        println!("{mode}: cold sync {}, RSS after it {rss_cold:.0} MiB; exiting", ms(cold));
+        std::process::exit(0);
+    }
     let mut lat = Vec::with_capacity(changes);
     let c1 = cpu();
     for k in 0..changes {

@@ -3,7 +3,10 @@
 //! against what it committed last and applies the difference in one atomic step per family).
 //!
 //! Timing as upstream's BoundedFrequencyRunner: a change syncs at once unless the last sync
-//! started less than `min_sync_period` ago; nothing changing still syncs every `sync_period`;
+//! that had something to write started less than `min_sync_period` ago (unlike upstream, a
+//! periodic sync that found nothing changed does not hold back the change that follows it:
+//! the rate limit bounds how often rules are written, and that sync wrote none); nothing
+//! changing still syncs every `sync_period`;
 //! a full sync happens at start, after a failure, every `full_sync_period` and when the
 //! backend's drift check (every `drift_check_period`) finds its rules damaged.
 //!
@@ -186,7 +189,7 @@ pub async fn run<B: Backend, C: Conntrack>(
     drift_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     drift_tick.tick().await;
     loop {
-        // min_sync_period between two syncs' starts
+        // min_sync_period between the starts of two syncs that write
         if let Some(t) = last_start {
             let earliest = t + cfg.min_sync_period;
             tokio::select! {
@@ -197,7 +200,7 @@ pub async fn run<B: Backend, C: Conntrack>(
         if last_full.elapsed() >= cfg.full_sync_period {
             need_full = true;
         }
-        last_start = Some(Instant::now());
+        let previous_start = last_start.replace(Instant::now());
         // Level-triggered: whatever woke us before this point is covered by this sync.
         let _ = futures::FutureExt::now_or_never(notify.notified());
         let (node, eligible) = node_info(&cfg.node_name, inputs.nodes.get(None, &cfg.node_name).as_deref());
@@ -230,6 +233,10 @@ pub async fn run<B: Backend, C: Conntrack>(
         let span = tracing::info_span!("sync", full, service_ports = models.iter().map(|m| m.services.len()).sum::<usize>());
         let started = std::time::Instant::now();
         let hint: Changes = unsynced.iter().map(|(f, c)| (*f, c.keys().cloned().collect())).collect();
+        if !full && hint.values().all(BTreeSet::is_empty) {
+            // nothing to write (the periodic sync with nothing changed): not rate-limited
+            last_start = previous_start;
+        }
         let joined = tokio::task::spawn_blocking(move || {
             let r = b.sync_changed(&models, &node, full, &hint);
             (b, r, models, node)
@@ -662,6 +669,25 @@ mod tests {
         wait_syncs(&mut w, 3).await;
         assert!(Instant::now() - t >= Duration::from_secs(29));
         assert_eq!(w.fake.log.lock().unwrap().len(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_right_after_a_periodic_sync_that_wrote_nothing_syncs_at_once() {
+        let mut w = start(vec![svc("a", "10.96.0.1")], vec![slice("a", &["10.244.0.1"])]);
+        wait_syncs(&mut w, 1).await;
+        // nothing changes: the periodic sync, 30 s later, has nothing to write
+        wait_syncs(&mut w, 2).await;
+        assert_eq!(w.fake.log.lock().unwrap()[1], (false, 1, 1));
+        let t = Instant::now();
+        apply(&w.inputs.slices, slice("a", &["10.244.0.1", "10.244.0.2"]));
+        wait_syncs(&mut w, 3).await;
+        assert!(Instant::now() - t < Duration::from_millis(100), "held back {:?} by a sync that wrote nothing", Instant::now() - t);
+        assert_eq!(w.fake.log.lock().unwrap()[2], (false, 1, 2));
+        // that sync wrote: the next change waits for min_sync_period
+        let t = Instant::now();
+        apply(&w.inputs.slices, slice("a", &["10.244.0.3"]));
+        wait_syncs(&mut w, 4).await;
+        assert!(Instant::now() - t >= Duration::from_millis(999), "{:?}", Instant::now() - t);
     }
 
     #[tokio::test(start_paused = true)]

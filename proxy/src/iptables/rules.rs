@@ -53,9 +53,6 @@ pub struct RenderConfig {
 pub struct Rendered {
     /// Its own nat chains (KUBE-SVC/SVL/EXT/FW/SEP) with their rules, in writing order.
     pub chains: Vec<(String, String)>,
-    /// A committed rendering's [`crate::names::digest`] of each chain's text (same order as
-    /// `chains`, whose texts it keeps empty); a fresh rendering has none.
-    pub digests: Vec<u128>,
     /// Its lines in nat KUBE-SERVICES, nat KUBE-NODEPORTS, filter KUBE-SERVICES, filter
     /// KUBE-EXTERNAL-SERVICES, filter KUBE-NODEPORTS, filter KUBE-PROXY-FIREWALL.
     pub nat_services: String,
@@ -73,8 +70,8 @@ pub struct Rendered {
 /// What ferro-proxy committed for one family (nothing is read back from the kernel).
 #[derive(Debug, Clone, Default)]
 pub struct State {
-    /// Per service port: the entry it was rendered from, and the result.
-    services: HashMap<ServicePortName, (std::sync::Arc<ServiceEntry>, Rendered)>,
+    /// Per service port: the entry it was rendered from, and the result (compact).
+    services: HashMap<ServicePortName, (std::sync::Arc<ServiceEntry>, Committed)>,
     /// Text of every shared chain as last written, per (table, chain) (a digest).
     shared: BTreeMap<(&'static str, &'static str), String>,
     /// Rules in each shared chain as last written, the rules of the per-service chains, and
@@ -87,6 +84,66 @@ pub struct State {
     cfg: Option<RenderConfig>,
     /// Whether a full write has happened (else the next render is full).
     committed: bool,
+}
+
+/// A service port's rendering as kept once committed, for every service port until it
+/// changes (10,000 of them at 10,000 Services): its chains' names and digests, not their
+/// texts, and its lines of the shared chains, each in one allocation (a `Rendered` kept as
+/// such is eleven chain-name strings, a vector of pairs and six strings per service port).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Committed {
+    /// Its own chains' names, each followed by a newline, in writing order.
+    chains: Box<str>,
+    /// [`crate::names::digest`] of each chain's text, in the same order.
+    digests: Box<[u128]>,
+    /// Its lines of the shared chains ([`Rendered::shared_lines`] order), one after another;
+    /// part `i` ends at `ends[i]`.
+    lines: Box<str>,
+    ends: [u32; 6],
+    /// Rules in its own chains.
+    rules: u32,
+    /// Whether it has no local endpoint for a Local policy (internal, external).
+    no_local: (bool, bool),
+}
+
+impl Committed {
+    fn new(r: &Rendered) -> Committed {
+        let mut chains = String::with_capacity(r.chains.iter().map(|(c, _)| c.len() + 1).sum());
+        for (c, _) in &r.chains {
+            chains.push_str(c);
+            chains.push('\n');
+        }
+        let parts = r.shared_lines();
+        let mut lines = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+        let mut ends = [0u32; 6];
+        for (i, p) in parts.iter().enumerate() {
+            lines.push_str(p);
+            ends[i] = u32::try_from(lines.len()).unwrap_or(u32::MAX);
+        }
+        Committed {
+            chains: chains.into_boxed_str(),
+            digests: r.chains.iter().map(|(_, t)| crate::names::digest(t)).collect(),
+            lines: lines.into_boxed_str(),
+            ends,
+            rules: u32::try_from(r.rules).unwrap_or(u32::MAX),
+            no_local: r.no_local,
+        }
+    }
+
+    /// Its chains' names, in writing order.
+    fn chain_names(&self) -> impl Iterator<Item = &str> {
+        self.chains.split_terminator('\n')
+    }
+
+    /// Its lines of shared chain `i` ([`Rendered::shared_lines`] order).
+    fn part(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        self.lines.get(start..self.ends[i] as usize).unwrap_or("")
+    }
+
+    fn shared_lines(&self) -> [&str; 6] {
+        std::array::from_fn(|i| self.part(i))
+    }
 }
 
 /// One render's output.
@@ -510,9 +567,11 @@ pub fn render_changed(
             for (c, t) in &r.chains {
                 changed_chains.insert(c, t);
             }
-            state.keep(name.clone(), entry.clone(), r);
+            state.keep(name.clone(), entry.clone(), &r);
         }
-        gone.extend(old.into_values().flat_map(|(_, r)| r.chains.into_iter().map(|(c, _)| c)));
+        for (_, c) in old.values() {
+            gone.extend(c.chain_names().map(str::to_string));
+        }
     } else {
         for name in &model.changed_since(&state.services, changed) {
             let entry = model.services.get(name);
@@ -520,7 +579,7 @@ pub fn render_changed(
             let r = entry.map(|e| render_service(e, node, cfg, family));
             let prev_chains: HashMap<&str, u128> = prev
                 .as_ref()
-                .map(|p| p.chains.iter().zip(&p.digests).map(|((c, _), d)| (c.as_str(), *d)).collect())
+                .map(|p| p.chain_names().zip(p.digests.iter()).map(|(c, d)| (c, *d)).collect())
                 .unwrap_or_default();
             if let Some(r) = &r {
                 for (c, t) in &r.chains {
@@ -531,11 +590,11 @@ pub fn render_changed(
             }
             if let Some(p) = &prev {
                 let keep: BTreeSet<&str> = r.iter().flat_map(|r| r.chains.iter().map(|(c, _)| c.as_str())).collect();
-                gone.extend(p.chains.iter().filter(|(c, _)| !keep.contains(c.as_str())).map(|(c, _)| c.clone()));
+                gone.extend(p.chain_names().filter(|c| !keep.contains(c)).map(str::to_string));
             }
-            let none = Rendered::default();
-            shared_dirty |= !same_shared_lines(prev.as_ref().unwrap_or(&none), r.as_ref().unwrap_or(&none));
-            if let (Some(r), Some(entry)) = (r, entry) {
+            let none = [""; 6];
+            shared_dirty |= prev.as_ref().map_or(none, Committed::shared_lines) != r.as_ref().map_or(none, Rendered::shared_lines);
+            if let (Some(r), Some(entry)) = (&r, entry) {
                 state.keep(name.clone(), entry.clone(), r);
             }
         }
@@ -546,7 +605,7 @@ pub fn render_changed(
     // port is owned by no other: no need to look at every live chain at a partial sync.
     let mut deleted: BTreeSet<String> = gone.into_iter().filter(|c| !changed_chains.contains_key(c)).collect();
     if !existing.is_empty() {
-        let live: BTreeSet<&str> = state.services.values().flat_map(|(_, r)| r.chains.iter().map(|(c, _)| c.as_str())).collect();
+        let live: BTreeSet<&str> = state.services.values().flat_map(|(_, r)| r.chain_names()).collect();
         for c in existing {
             if is_service_chain(c) && !live.contains(c.as_str()) {
                 deleted.insert(c.clone());
@@ -557,25 +616,25 @@ pub fn render_changed(
     // shared chains, in service port name order: built only when they may have changed
     let mut shared: BTreeMap<(&'static str, &'static str), String> = BTreeMap::new();
     if shared_dirty {
-        let ordered: Vec<&Rendered> = model.services.keys().filter_map(|k| state.services.get(k).map(|(_, r)| r)).collect();
+        let ordered: Vec<&Committed> = model.services.keys().filter_map(|k| state.services.get(k).map(|(_, r)| r)).collect();
         let fixed = fixed_rules(family, cfg);
-        let concat = |f: &dyn Fn(&Rendered) -> &str| -> String {
-            let mut s = String::with_capacity(ordered.iter().map(|r| f(r).len()).sum::<usize>() + 256);
+        let concat = |part: usize| -> String {
+            let mut s = String::with_capacity(ordered.iter().map(|r| r.part(part).len()).sum::<usize>() + 256);
             for r in &ordered {
-                s.push_str(f(r));
+                s.push_str(r.part(part));
             }
             s
         };
-        let mut nat_services = concat(&|r| r.nat_services.as_str());
+        let mut nat_services = concat(0);
         if let Some((_, _, tail)) = fixed.iter().find(|(_, c, _)| *c == "nodeports-tail") {
             nat_services.push_str(tail);
         }
         shared.insert(("nat", KUBE_SERVICES), nat_services);
-        shared.insert(("nat", KUBE_NODEPORTS), concat(&|r| r.nat_nodeports.as_str()));
-        shared.insert(("filter", KUBE_SERVICES), concat(&|r| r.filter_services.as_str()));
-        shared.insert(("filter", KUBE_EXTERNAL_SERVICES), concat(&|r| r.filter_external.as_str()));
-        shared.insert(("filter", KUBE_NODEPORTS), concat(&|r| r.filter_nodeports.as_str()));
-        shared.insert(("filter", KUBE_PROXY_FIREWALL), concat(&|r| r.filter_firewall.as_str()));
+        shared.insert(("nat", KUBE_NODEPORTS), concat(1));
+        shared.insert(("filter", KUBE_SERVICES), concat(2));
+        shared.insert(("filter", KUBE_EXTERNAL_SERVICES), concat(3));
+        shared.insert(("filter", KUBE_NODEPORTS), concat(4));
+        shared.insert(("filter", KUBE_PROXY_FIREWALL), concat(5));
         for (t, c, text) in fixed.into_iter().filter(|(_, c, _)| *c != "nodeports-tail") {
             shared.insert((t, c), text);
         }
@@ -679,47 +738,37 @@ impl Chains {
     }
 }
 
-/// Whether two renderings have the same lines in the shared chains.
-fn same_shared_lines(a: &Rendered, b: &Rendered) -> bool {
-    a.nat_services == b.nat_services
-        && a.nat_nodeports == b.nat_nodeports
-        && a.filter_services == b.filter_services
-        && a.filter_external == b.filter_external
-        && a.filter_nodeports == b.filter_nodeports
-        && a.filter_firewall == b.filter_firewall
+impl Rendered {
+    /// Its lines of the shared chains: nat KUBE-SERVICES, nat KUBE-NODEPORTS, filter
+    /// KUBE-SERVICES, filter KUBE-EXTERNAL-SERVICES, filter KUBE-NODEPORTS, filter
+    /// KUBE-PROXY-FIREWALL.
+    fn shared_lines(&self) -> [&str; 6] {
+        [
+            &self.nat_services,
+            &self.nat_nodeports,
+            &self.filter_services,
+            &self.filter_external,
+            &self.filter_nodeports,
+            &self.filter_firewall,
+        ]
+    }
 }
 
 impl State {
     /// Keeps a rendering as committed (its chains' digests, not their text), counted in the
     /// totals.
-    fn keep(&mut self, name: ServicePortName, entry: std::sync::Arc<ServiceEntry>, mut r: Rendered) {
-        r.digests = r.chains.iter().map(|(_, t)| crate::names::digest(t)).collect();
-        for (c, t) in r.chains.iter_mut() {
-            *t = String::new();
-            c.shrink_to_fit();
-        }
-        // kept until the service port changes: no spare room
-        r.chains.shrink_to_fit();
-        for lines in [
-            &mut r.nat_services,
-            &mut r.nat_nodeports,
-            &mut r.filter_services,
-            &mut r.filter_external,
-            &mut r.filter_nodeports,
-            &mut r.filter_firewall,
-        ] {
-            lines.shrink_to_fit();
-        }
-        self.own_rules += r.rules;
-        self.no_local.0 += u64::from(r.no_local.0);
-        self.no_local.1 += u64::from(r.no_local.1);
-        self.services.insert(name, (entry, r));
+    fn keep(&mut self, name: ServicePortName, entry: std::sync::Arc<ServiceEntry>, r: &Rendered) {
+        let c = Committed::new(r);
+        self.own_rules += u64::from(c.rules);
+        self.no_local.0 += u64::from(c.no_local.0);
+        self.no_local.1 += u64::from(c.no_local.1);
+        self.services.insert(name, (entry, c));
     }
 
     /// Takes a service port's rendering out of the state and of the totals.
-    fn uncommit(&mut self, name: &ServicePortName) -> Option<Rendered> {
+    fn uncommit(&mut self, name: &ServicePortName) -> Option<Committed> {
         let (_, r) = self.services.remove(name)?;
-        self.own_rules -= r.rules;
+        self.own_rules -= u64::from(r.rules);
         self.no_local.0 -= u64::from(r.no_local.0);
         self.no_local.1 -= u64::from(r.no_local.1);
         Some(r)
@@ -736,13 +785,13 @@ impl State {
         let tokens: BTreeSet<&str> = line.split_whitespace().collect();
         self.services
             .iter()
-            .find(|(_, (_, r))| r.chains.iter().any(|(c, _)| tokens.contains(c.as_str())))
+            .find(|(_, (_, r))| r.chain_names().any(|c| tokens.contains(c)))
             .map(|(name, _)| name.clone())
     }
 
     /// Chains ferro-proxy believes it has in the nat table (for tests and diagnostics).
     pub fn nat_chains(&self) -> BTreeSet<String> {
-        self.services.values().flat_map(|(_, r)| r.chains.iter().map(|(c, _)| c.clone())).collect()
+        self.services.values().flat_map(|(_, r)| r.chain_names().map(str::to_string)).collect()
     }
 }
 
