@@ -16,6 +16,28 @@ pub trait Runner: Send + 'static {
     fn run(&mut self, program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, ExecError>;
 }
 
+/// The stack the kernel tools get: iptables-nft 1.8.9's `iptables-save` and `iptables -S`
+/// recurse once per chain of the table and overflow the default 8 MiB stack (SIGSEGV, no
+/// message) somewhere below 110,000 chains — the nat table at 10,000 Services × 10 endpoints
+/// (16 MiB was enough there). 1 GiB is address space, not memory: only the pages a tool
+/// touches are used.
+pub const TOOL_STACK_BYTES: u64 = 1 << 30;
+
+/// Raises this process's soft stack limit (RLIMIT_STACK) to [`TOOL_STACK_BYTES`], within the
+/// hard limit, so that every tool it runs from now on inherits it (a resource limit passes to
+/// children). This process's own threads are unaffected: their stacks are sized when they
+/// are made. Returns the soft limit now in force. Called once at start by ferro-proxy.
+pub fn raise_tool_stack_limit() -> Result<u64, nix::Error> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_STACK)?;
+    if soft == RLIM_INFINITY || soft >= TOOL_STACK_BYTES {
+        return Ok(soft);
+    }
+    let want = if hard == RLIM_INFINITY { TOOL_STACK_BYTES } else { TOOL_STACK_BYTES.min(hard) };
+    setrlimit(Resource::RLIMIT_STACK, want, hard)?;
+    Ok(want)
+}
+
 /// The real tools on this host.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Host;
@@ -103,5 +125,24 @@ impl Runner for Recording {
             }
         }
         Ok(String::new())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tools_inherit_the_raised_stack_limit() {
+        let limit = raise_tool_stack_limit().unwrap();
+        let shown = Host.run("sh", &["-c", "ulimit -s"], None).unwrap();
+        let expected = if limit == nix::sys::resource::RLIM_INFINITY { "unlimited".to_string() } else { (limit / 1024).to_string() };
+        assert_eq!(shown.trim(), expected);
+        // where the hard limit allows, the tools get at least TOOL_STACK_BYTES
+        let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_STACK).unwrap();
+        if hard == nix::sys::resource::RLIM_INFINITY || hard >= TOOL_STACK_BYTES {
+            assert!(limit >= TOOL_STACK_BYTES, "{limit}");
+        }
     }
 }

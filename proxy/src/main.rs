@@ -162,6 +162,10 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let args = Args::parse();
+    match ferro_proxy::exec::raise_tool_stack_limit() {
+        Ok(limit) => tracing::debug!(limit, "stack limit for the kernel tools"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the stack limit for the kernel tools; iptables-save may crash on a table of ~100,000 chains"),
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
