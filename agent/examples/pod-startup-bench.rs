@@ -355,6 +355,9 @@ fn main() {
 
     // The floor, in the same lab, before ferro's burst.
     let ctrd_pid = lab.ctrd.pid().unwrap();
+    // The agent's CPU in nanoseconds where the machine has cgroup v1 cpuacct (else ticks).
+    let acct = bench_util::CpuAcct::attach(pid);
+    println!("agent CPU counted by {}", if acct.is_some() { "a cpuacct cgroup of its own (ns)" } else { "/proc/<pid>/stat (10 ms ticks)" });
     let ctrd_f0 = cpu_ticks(ctrd_pid);
     let floor_wall0 = Instant::now();
     let floor_latencies = {
@@ -397,10 +400,10 @@ fn main() {
     std::thread::sleep(Duration::from_secs(5));
 
     let requests0 = lab.api_requests();
-    let (agent_t0, ctrd_t0, wall0) = (cpu_ticks(pid), cpu_ticks(ctrd_pid), Instant::now());
+    let (agent_t0, ctrd_t0, wall0) = (bench_util::cpu_seconds(pid, acct.as_ref()), cpu_ticks(ctrd_pid), Instant::now());
     let (latencies, seen) = in_netns(ns_path, kubeconfig, move |client| burst(client, n).boxed());
     let burst_wall = wall0.elapsed().as_secs_f64();
-    let agent_cpu = (cpu_ticks(pid) - agent_t0) as f64 / 100.0;
+    let agent_cpu = bench_util::cpu_seconds(pid, acct.as_ref()) - agent_t0;
     let ctrd_cpu = (cpu_ticks(ctrd_pid) - ctrd_t0) as f64 / 100.0;
     let mut requests = lab.api_requests();
     for (k, v) in &requests0 {
@@ -461,7 +464,7 @@ fn main() {
         println!("    {what:<56} {:8.1}", median(steps[i].clone()));
     }
     println!(
-        "CPU during the burst ({burst_wall:.2} s wall): ferro-agent {agent_cpu:.2} s ({:.1} ms per pod), containerd {ctrd_cpu:.2} s (shims, runc and the CNI plugin not counted)",
+        "CPU during the burst ({burst_wall:.2} s wall): ferro-agent {agent_cpu:.3} s ({:.2} ms per pod), containerd {ctrd_cpu:.2} s (shims, runc and the CNI plugin not counted)",
         agent_cpu * 1000.0 / n as f64
     );
     let per_pod: Vec<String> = requests
@@ -491,17 +494,17 @@ fn main() {
         for _ in 1..rounds {
             wait_pods_gone(&lab);
             std::thread::sleep(Duration::from_secs(5));
-            let t0 = cpu_ticks(pid);
+            let t0 = bench_util::cpu_seconds(pid, acct.as_ref());
             let (ns_path, kubeconfig) = (lab.ns.path(), lab.admin_kubeconfig());
             let (lat, _) = in_netns(ns_path, kubeconfig, move |client| burst(client, n).boxed());
-            cpu_per_pod.push((cpu_ticks(pid) - t0) as f64 * 10.0 / n as f64);
+            cpu_per_pod.push((bench_util::cpu_seconds(pid, acct.as_ref()) - t0) * 1000.0 / n as f64);
             ratio_p50.push(pct(&lat, 50.0) / floor2_p50);
             ratio_p99.push(pct(&lat, 99.0) / floor2_p99);
             lab.kubectl_ok(&["delete", "pods", "--all", "--wait=true", "--timeout=120s"]);
         }
         let list = |v: &[f64], digits: usize| v.iter().map(|x| format!("{x:.digits$}")).collect::<Vec<_>>().join(", ");
         println!("{rounds} rounds of the ferro burst (the floors measured once):");
-        println!("  agent CPU per pod: {} ms   median {:.1} ms", list(&cpu_per_pod, 1), median(cpu_per_pod.clone()));
+        println!("  agent CPU per pod: {} ms   median {:.2} ms", list(&cpu_per_pod, 2), median(cpu_per_pod.clone()));
         println!(
             "  ferro / floor with the agent's configs: p50 {}   median {:.2}x;   p99 {}   median {:.2}x",
             list(&ratio_p50, 2),

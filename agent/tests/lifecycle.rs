@@ -585,6 +585,35 @@ async fn a_restarted_agent_adopts_running_containers_without_restarting_them() {
     assert_eq!(s.container_statuses, written.container_statuses);
 }
 
+/// A pod the runtime has never held (the agent listed the runtime since it started, and
+/// created nothing for it) is not looked up before its first start: one observation, after
+/// the start. The sandbox's addresses come from the one PodSandboxStatus after
+/// RunPodSandbox; later observations do not ask again. The sync that started it sees what it
+/// created (the pod is Running before the next relist could queue it).
+#[tokio::test(start_paused = true)]
+async fn a_new_pod_is_observed_once_its_sandbox_exists_and_its_addresses_are_asked_once() {
+    let node = Node::new();
+    let w = node.agent();
+    idle(Duration::from_millis(1500)).await;
+    let statuses = node.fake.sandbox_statuses();
+    let p = pod("fresh", json!({"containers": [container("app")]}));
+    let t0 = tokio::time::Instant::now();
+    w.upsert(p.clone(), Source::Api);
+    until("phase Running", || phase(&w, "fresh") == "Running").await;
+    let waited = t0.elapsed();
+    assert!(waited < Duration::from_millis(400), "Running only after {waited:?} of the paused clock: not from the sync that started it");
+    let observations = || node.fake.sandbox_lists_with("io.kubernetes.pod.uid", "uid-fresh");
+    assert_eq!(observations(), 1, "observed before anything was created for it");
+    assert_eq!(node.fake.sandbox_statuses() - statuses, 1);
+    assert_eq!(status(&w, "fresh").pod_ip.as_deref().map(|ip| !ip.is_empty()), Some(true), "{:?}", status(&w, "fresh"));
+
+    let mut labelled = p;
+    labelled.metadata.labels = Some([("tier".to_string(), "web".to_string())].into());
+    w.upsert(labelled, Source::Api);
+    until("a sync after the label change", || observations() > 1).await;
+    assert_eq!(node.fake.sandbox_statuses() - statuses, 1, "the addresses were asked again");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_pod_gone_from_the_node_is_stopped_and_removed() {
     let node = Node::new();

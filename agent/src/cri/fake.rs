@@ -87,6 +87,8 @@ struct State {
     /// ListPodSandbox calls per label selector (the reads are not in `calls`): one per
     /// observation of a pod, whose selector names its UID.
     sandbox_lists: HashMap<Vec<(String, String)>, usize>,
+    /// PodSandboxStatus calls (reads, not in `calls` either).
+    sandbox_statuses: usize,
     /// The image filesystem's mountpoint ImageFsInfo names (/var/lib/containerd unless set).
     image_fs: Option<String>,
     /// The sandbox image the Status info's config names (none unless set).
@@ -210,6 +212,11 @@ impl FakeCri {
         s.sandbox_lists.iter().filter(|(sel, _)| sel.iter().any(|(k, v)| k == key && v == value)).map(|(_, n)| n).sum()
     }
 
+    /// How many PodSandboxStatus calls so far.
+    pub fn sandbox_statuses(&self) -> usize {
+        self.lock().sandbox_statuses
+    }
+
     /// Every call so far, in order.
     pub fn calls(&self) -> Vec<Call> {
         self.lock().calls.iter().map(|(_, c)| c.clone()).collect()
@@ -322,7 +329,8 @@ impl Cri for FakeCri {
     }
 
     async fn sandbox_status(&self, id: &str) -> Result<Option<api::PodSandboxStatus>, CriError> {
-        let s = self.lock();
+        let mut s = self.lock();
+        s.sandbox_statuses += 1;
         let sb = s.sandboxes.get(id).ok_or_else(|| not_found("PodSandboxStatus", id))?;
         Ok(Some(Self::sandbox_status_of(id, sb)))
     }

@@ -22,8 +22,11 @@ pub struct Recorder {
     component: &'static str,
     /// source.host (the node, for the agent's events).
     host: Option<String>,
-    seen: Arc<Mutex<Seen>>,
+    seen: Arc<Mutex<(Seen, Option<Instant>)>>,
 }
+
+/// How long a repeat bumps the count of the first event.
+const REPEAT_WINDOW: Duration = Duration::from_secs(600);
 
 impl Recorder {
     pub fn new(client: kube::Client, component: &'static str) -> Self {
@@ -50,9 +53,14 @@ impl Recorder {
         let ns = obj.namespace().unwrap_or_else(|| "default".into());
         let key = (reference.uid.clone().unwrap_or_default(), reason.to_string(), message.clone());
         let repeat = {
-            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-            seen.retain(|_, v| v.3.elapsed() < Duration::from_secs(600));
-            match seen.get_mut(&key) {
+            let mut guard = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            let (seen, pruned) = &mut *guard;
+            // The expired entries go once a minute, not at every event (a scan of all of them).
+            if pruned.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                seen.retain(|_, v| v.3.elapsed() < REPEAT_WINDOW);
+                *pruned = Some(Instant::now());
+            }
+            match seen.get_mut(&key).filter(|v| v.3.elapsed() < REPEAT_WINDOW) {
                 Some(v) => {
                     v.2 += 1;
                     Some((v.0.clone(), v.1.clone(), v.2))
@@ -86,7 +94,7 @@ impl Recorder {
             reporting_instance: Some(self.host.clone().unwrap_or_else(|| self.component.to_string())),
             ..Default::default()
         };
-        self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(key, (ns, name, 1, Instant::now()));
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).0.insert(key, (ns, name, 1, Instant::now()));
         tokio::spawn(async move {
             if let Err(e) = api.create(&PostParams::default(), &ev).await {
                 tracing::debug!(error = %e, "writing an event failed");

@@ -9,7 +9,7 @@
 //! backoff or an init container is pending). Every sync is level-triggered: it observes the
 //! runtime, plans, acts, observes again and writes the status if it changed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -111,6 +111,16 @@ struct PodState {
     evicted: Option<(i64, String)>,
     /// The volumes of the finished pod were released (unmounted, emptyDirs removed).
     volumes_released: bool,
+    /// The newest sandbox's id and addresses, as PodSandboxStatus gave them (a sandbox keeps
+    /// its addresses for its life: later observations do not ask again).
+    sandbox_network: Option<SandboxNetwork>,
+}
+
+#[derive(Debug, Clone)]
+struct SandboxNetwork {
+    id: String,
+    ip: Option<String>,
+    additional_ips: Vec<String>,
 }
 
 struct Inner {
@@ -122,6 +132,9 @@ struct Inner {
     states: Mutex<BTreeMap<String, PodState>>,
     /// The last runtime view of each pod (for the server and the relist).
     observed: RwLock<BTreeMap<String, PodRuntime>>,
+    /// The pods the runtime may hold anything for (a pod outside it is observed without a
+    /// CRI call).
+    census: Mutex<observe::Census>,
     crash_backoff: Mutex<Backoff>,
     pull_backoff: Mutex<Backoff>,
     probes: ProbeManager,
@@ -219,6 +232,7 @@ impl PodWorkers {
             desired: RwLock::new(BTreeMap::new()),
             states: Mutex::new(BTreeMap::new()),
             observed: RwLock::new(BTreeMap::new()),
+            census: Mutex::new(observe::Census::default()),
             crash_backoff: Mutex::new(Backoff::new(backoff::INITIAL, backoff::MAX)),
             pull_backoff: Mutex::new(Backoff::new(backoff::INITIAL, backoff::MAX)),
             probes,

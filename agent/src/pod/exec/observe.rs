@@ -4,6 +4,11 @@
 use super::*;
 
 impl PodWorkers {
+    /// The newest sandbox's addresses as a PodSandboxStatus of this agent gave them.
+    fn sandbox_network(&self, uid: &str) -> Option<SandboxNetwork> {
+        self.inner.states.lock().unwrap_or_else(|p| p.into_inner()).get(uid).and_then(|s| s.sandbox_network.clone())
+    }
+
     /// Upstream's PLEG: relist containers and sandboxes every second and queue the pods whose
     /// state changed, unless the pod's last sync already saw the state the relist sees (the
     /// containers a sync started and observed do not sync the pod a second time).
@@ -26,6 +31,11 @@ impl PodWorkers {
                     now.insert(s.id.clone(), (uid.clone(), Seen::Sandbox(sandbox_state(s.state))));
                 }
             }
+            self.inner
+                .census
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .listed(now.values().map(|(uid, _)| uid.as_str()));
             let changed = {
                 let observed = self.inner.observed.read().unwrap_or_else(|p| p.into_inner());
                 relist_changes(&last, &now, &observed)
@@ -37,8 +47,13 @@ impl PodWorkers {
         }
     }
 
-    /// Everything the runtime holds for pod `uid`, newest first.
+    /// Everything the runtime holds for pod `uid`, newest first. Nothing, without asking the
+    /// runtime, for a pod the [`Census`] knows it holds nothing for (the first sync of a new
+    /// pod).
     pub(super) async fn observe(&self, uid: &str) -> Result<PodRuntime, CriError> {
+        if self.inner.census.lock().unwrap_or_else(|p| p.into_inner()).holds_nothing(uid) {
+            return Ok(PodRuntime { uid: uid.to_string(), ..Default::default() });
+        }
         let rt = self.inner.rt.clone();
         let sel = HashMap::from([
             (model::LABEL_POD_UID.to_string(), uid.to_string()),
@@ -56,11 +71,16 @@ impl PodWorkers {
             let state = sandbox_state(s.state);
             let (mut ip, mut additional) = (None, Vec::new());
             if i == 0 && state == SandboxState::Ready {
-                if let Some(st) = rt.sandbox_status(&s.id).await? {
+                let known = self.sandbox_network(uid).filter(|n| n.id == s.id);
+                if let Some(n) = known {
+                    (ip, additional) = (n.ip, n.additional_ips);
+                } else if let Some(st) = rt.sandbox_status(&s.id).await? {
                     if let Some(n) = st.network {
                         ip = Some(n.ip).filter(|x| !x.is_empty());
                         additional = n.additional_ips.into_iter().map(|p| p.ip).collect();
                     }
+                    let network = SandboxNetwork { id: s.id.clone(), ip: ip.clone(), additional_ips: additional.clone() };
+                    self.with_state(uid, |st| st.sandbox_network = Some(network));
                 }
             }
             out.sandboxes.push(Sandbox {
@@ -131,6 +151,45 @@ impl PodWorkers {
             });
         }
         Ok(out)
+    }
+}
+
+/// Which pods the runtime may hold a sandbox or container for: every pod of a listing of the
+/// runtime (each relist's), and every pod the agent asks the runtime to create something for,
+/// from before it asks. Until the first listing succeeded every pod may have something there
+/// (what an agent restarted next to running pods finds).
+#[derive(Debug, Default)]
+pub(super) struct Census {
+    listed: bool,
+    uids: HashSet<String>,
+}
+
+impl Census {
+    /// The pods of a listing of the runtime.
+    pub(super) fn listed<'a>(&mut self, uids: impl Iterator<Item = &'a str>) {
+        for uid in uids {
+            if !self.uids.contains(uid) {
+                self.uids.insert(uid.to_string());
+            }
+        }
+        self.listed = true;
+    }
+
+    /// Before the agent asks the runtime to create a sandbox or container of `uid`.
+    pub(super) fn creating(&mut self, uid: &str) {
+        if !self.uids.contains(uid) {
+            self.uids.insert(uid.to_string());
+        }
+    }
+
+    /// The runtime holds nothing more of `uid` (its cleanup removed everything).
+    pub(super) fn forget(&mut self, uid: &str) {
+        self.uids.remove(uid);
+    }
+
+    /// True when the runtime cannot hold anything of `uid`.
+    pub(super) fn holds_nothing(&self, uid: &str) -> bool {
+        self.listed && !self.uids.contains(uid)
     }
 }
 
@@ -310,6 +369,23 @@ mod tests {
         assert!(relist_changes(&BTreeMap::new(), &exited, &observed).contains("c"));
         // nothing changed since the last relist: nothing, whatever the syncs saw
         assert!(relist_changes(&now, &now, &none).is_empty());
+    }
+
+    #[test]
+    fn the_census_holds_nothing_only_after_a_listing_for_a_pod_neither_listed_nor_created() {
+        let mut c = Census::default();
+        assert!(!c.holds_nothing("a"), "before any listing every pod may have something there");
+        c.creating("b");
+        c.listed(["a"].into_iter());
+        assert!(!c.holds_nothing("a"), "listed");
+        assert!(!c.holds_nothing("b"), "created before the listing");
+        assert!(c.holds_nothing("c"));
+        c.creating("c");
+        assert!(!c.holds_nothing("c"), "created after the listing");
+        c.listed(std::iter::empty());
+        assert!(!c.holds_nothing("a") && !c.holds_nothing("c"), "a listing only adds");
+        c.forget("a");
+        assert!(c.holds_nothing("a"));
     }
 
     #[test]

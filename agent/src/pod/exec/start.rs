@@ -179,6 +179,7 @@ impl PodWorkers {
             let log_dir = spec::pod_log_dir(pod, &self.inner.cfg.node);
             std::fs::create_dir_all(&log_dir).map_err(file_error("creating", &log_dir))?;
             tracing::info!(pod = %pod_label(pod), attempt = actions.sandbox_attempt, "creating pod sandbox");
+            self.inner.census.lock().unwrap_or_else(|p| p.into_inner()).creating(uid);
             let id = match rt.run_sandbox(sandbox_config.clone()).await {
                 Ok(id) => id,
                 Err(e) => {
@@ -192,11 +193,13 @@ impl PodWorkers {
                     return Err(SyncError::Sandbox(msg));
                 }
             };
-            let st = rt.sandbox_status(&id).await?;
-            let ips: Vec<String> = st
-                .and_then(|s| s.network)
-                .map(|n| std::iter::once(n.ip).chain(n.additional_ips.into_iter().map(|p| p.ip)).filter(|i| !i.is_empty()).collect())
+            let network = rt.sandbox_status(&id).await?.and_then(|s| s.network);
+            let (ip, additional_ips) = network
+                .map(|n| (Some(n.ip).filter(|i| !i.is_empty()), n.additional_ips.into_iter().map(|p| p.ip).collect::<Vec<String>>()))
                 .unwrap_or_default();
+            let ips: Vec<String> = ip.iter().chain(additional_ips.iter()).filter(|i| !i.is_empty()).cloned().collect();
+            let network = SandboxNetwork { id: id.clone(), ip, additional_ips };
+            self.with_state(uid, |s| s.sandbox_network = Some(network));
             (id, ips)
         } else {
             let Some(id) = actions.sandbox_id.clone() else {
@@ -390,6 +393,7 @@ impl PodWorkers {
             }
         };
         tracing::info!(pod = %pod_label(pod), container = %c.name, attempt = start.attempt, "creating container");
+        self.inner.census.lock().unwrap_or_else(|p| p.into_inner()).creating(uid);
         let id = match rt.create_container(sandbox_id, config, sandbox_config.clone()).await {
             Ok(id) => id,
             Err(e) => {

@@ -234,6 +234,7 @@ impl PodWorkers {
             remove_pod_cgroups(Path::new("/sys/fs/cgroup"), &self.inner.cfg.cgroup_root, uid);
         }
         self.inner.states.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+        self.inner.census.lock().unwrap_or_else(|p| p.into_inner()).forget(uid);
         self.inner.observed.write().unwrap_or_else(|p| p.into_inner()).remove(uid);
         if let Some(c) = self.inner.config_maps.get() {
             c.unregister(uid);
