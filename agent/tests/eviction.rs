@@ -199,8 +199,12 @@ fn pid_pressure_evicts_the_pod_with_the_most_processes_first() {
     assert_eq!(st["reason"], "Evicted", "{st}");
     let msg = st["message"].as_str().unwrap();
     assert!(msg.starts_with("The node was low on resource: pids. Threshold quantity: "), "{msg}");
-    let node: Value = serde_json::from_str(&lab.kubectl_ok(&["get", "node", lab::NODE, "-o", "json"])).unwrap();
-    assert_eq!(condition(&node, "PIDPressure").as_deref(), Some("True"), "{}", node["status"]["conditions"]);
+    // the node's status is written by its own loop (every 10 s, or at once when the
+    // eviction manager reports a change): it can come after the eviction's pod status
+    lab.wait("PIDPressure True on the node", MIN, |l| {
+        let node: Value = serde_json::from_str(&l.kubectl_ok(&["get", "node", lab::NODE, "-o", "json"])).ok()?;
+        (condition(&node, "PIDPressure").as_deref() == Some("True")).then_some(())
+    });
     // the quiet pod went after the busy one, if at all yet (one pod per round, the next round
     // after the evicted pod's cleanup): by the times of their DisruptionTarget conditions
     let since = |p: &Value| {

@@ -6,6 +6,10 @@
 //! - the floor, in the same run: the kernel tool alone loading the very text ferro rendered
 //!   (`iptables-restore --noflush < file` / `nft -f file`) into another empty namespace;
 //! - one change: a Service's endpoint replaced, then the partial sync, K times (p50/p99);
+//! - a full sync over the loaded table (the periodic one, or the first after a restart or a
+//!   drift), and, for iptables, what listing the nat table with `iptables-save` costs (the
+//!   full sync's read before it used `iptables -S` of the built-in chains and the netlink
+//!   chain dump; `--no-save` skips it: minutes at 10,000 Services);
 //! - CPU (user+system of this process and its children) per sync, and this process's peak RSS.
 //!
 //! The model is built in memory (the informer path is not included: see docs/performance.md).
@@ -195,6 +199,24 @@ fn run_in(ns: &NetNs, mode: &str, services: u32, endpoints: u32, changes: usize)
     }
     let change_cpu = (cpu().0 - c1.0) / changes.max(1) as u32;
     let (p50, p99) = (pct(&mut times, 0.5), pct(&mut times, 0.99));
+    let c2 = cpu();
+    let t = Instant::now();
+    let rep = backend.sync(std::slice::from_ref(&m), &node, true).unwrap();
+    assert!(rep.full);
+    let full = t.elapsed();
+    let full_cpu = cpu().0 - c2.0;
+    let save = (mode == "iptables" && !std::env::args().any(|a| a == "--no-save")).then(|| {
+        let t = Instant::now();
+        let out = Command::new("iptables-save").args(["-t", "nat"]).stdout(Stdio::null()).status().unwrap();
+        assert!(out.success(), "iptables-save failed");
+        t.elapsed()
+    });
+    println!(
+        "{mode:9} full sync over the loaded table {}, cpu {}{}",
+        ms(full),
+        ms(full_cpu),
+        save.map(|d| format!("; iptables-save -t nat alone {}", ms(d))).unwrap_or_default()
+    );
     println!(
         "{mode:9} {services} svc x {endpoints} ep: cold sync {} (floor {}: {:.2}x), cpu {}; one change p50 {} p99 {}, cpu/change {}; restore text {:.1} MiB",
         ms(cold),
@@ -210,6 +232,8 @@ fn run_in(ns: &NetNs, mode: &str, services: u32, endpoints: u32, changes: usize)
 
 fn main() {
     ferro_lab::require_root().unwrap();
+    // iptables-save overflows the default 8 MiB stack at 110,000 chains (as ferro-proxy does)
+    ferro_proxy::exec::raise_tool_stack_limit().unwrap();
     let services: u32 = arg("--services", "10000").parse().unwrap();
     let endpoints: u32 = arg("--endpoints", "10").parse().unwrap();
     let changes: usize = arg("--changes", "100").parse().unwrap();

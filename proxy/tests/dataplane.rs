@@ -69,6 +69,40 @@ fn backend(w: &World, mode: &str) -> Box<dyn Backend> {
     }
 }
 
+/// A restarted ferro-proxy (a new backend, nothing committed) removes the chains of a
+/// Service deleted while it was down: its first, full sync reads the nat table's chains
+/// through the netlink chain dump (the same names iptables-save lists), not iptables-save.
+#[test]
+#[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
+fn iptables_a_restart_removes_the_chains_of_a_service_deleted_meanwhile() {
+    use ferro_proxy::exec::Runner as _;
+    let w = World::new("ipr", 3).unwrap();
+    let web = objects(&w, "web", json!({}), &[(1, true)]);
+    let gone = objects(&w, "gone", json!({}), &[(1, true), (2, true)]);
+    let mut first = backend(&w, "iptables");
+    first.sync(&build(&[web.clone(), gone]), &node(), false).unwrap();
+    drop(first);
+    let chains = |prefix: &str| {
+        let saved = w.runner().run("iptables-save", &["-t", "nat"], None).unwrap();
+        ferro_proxy::iptables::rules::saved_chains(&saved).into_iter().filter(|c| c.starts_with(prefix)).count()
+    };
+    assert_eq!((chains("KUBE-SVC-"), chains("KUBE-SEP-")), (2, 3));
+    let saved = w.runner().run("iptables-save", &["-t", "nat"], None).unwrap();
+    // iptables-save also prints the built-in chains iptables-nft did not create (INPUT here)
+    let builtin = ["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"];
+    let own = |set: BTreeSet<String>| set.into_iter().filter(|c| !builtin.contains(&c.as_str())).collect::<BTreeSet<_>>();
+    let dumped = own(counter(&w).chains(Family::V4, "nat").unwrap());
+    assert_eq!(dumped, own(ferro_proxy::iptables::rules::saved_chains(&saved)), "the netlink dump and iptables-save list other chains");
+    assert_eq!(dumped.len(), 10, "{dumped:?}");
+
+    let mut second = backend(&w, "iptables");
+    let rep = second.sync(&build(&[web.clone()]), &node(), false).unwrap();
+    assert!(rep.full);
+    assert_eq!((chains("KUBE-SVC-"), chains("KUBE-SEP-")), (1, 1), "the deleted Service's chains stayed");
+    let vip = web.0.spec.as_ref().unwrap().cluster_ip.clone().unwrap();
+    assert_eq!(w.get_in_pod(0, &format!("http://{vip}/")).unwrap(), "pod1");
+}
+
 #[test]
 #[ignore = "privileged: needs root and network namespaces; run by scripts/test.sh"]
 fn the_fixture_routes_pods_and_client() {

@@ -1,5 +1,8 @@
 //! The iptables backend: renders each family against the state it committed, reads the kernel
-//! only at a full sync (which base jumps are missing, which per-service chains exist), and
+//! only at a full sync (which base jumps are missing: `iptables -S` of the six built-in chains
+//! they live in; which per-service chains exist: the nat table's chain names through the
+//! [`RuleCounter`]'s netlink dump — never `iptables-save`, which takes minutes at 100,000
+//! chains), and
 //! applies the result in one `iptables-restore -w --noflush` per family. A refused restore
 //! changes nothing in the kernel (the transaction is atomic) and makes the next sync full.
 
@@ -34,6 +37,23 @@ pub fn tools(family: Family) -> (&'static str, &'static str, &'static str) {
         Family::V4 => ("iptables", "iptables-save", "iptables-restore"),
         Family::V6 => ("ip6tables", "ip6tables-save", "ip6tables-restore"),
     }
+}
+
+/// The rules of the built-in chains `jumps` live in, each listed alone with `iptables -S
+/// <chain>` (iptables-nft fetches only that chain; iptables-save fetches the whole table), in
+/// iptables-save's layout for [`rules::missing_of`].
+pub fn base_chain_rules<R: Runner>(runner: &mut R, family: Family, jumps: &[rules::BaseJump]) -> Result<String, ExecError> {
+    let (iptables, _, _) = tools(family);
+    let chains: BTreeSet<(&str, &str)> = jumps.iter().map(|j| (j.table, j.chain)).collect();
+    let mut out = String::new();
+    for (table, chain) in chains {
+        out.push('*');
+        out.push_str(table);
+        out.push('\n');
+        out.push_str(&runner.run(iptables, &["-w", "-t", table, "-S", chain], None)?);
+        out.push_str("COMMIT\n");
+    }
+    Ok(out)
 }
 
 /// Whether the three KUBE-PROXY-CANARY chains (mangle, nat, filter) of `family` still hold
@@ -131,13 +151,17 @@ impl<R: Runner> IptablesBackend<R> {
 
     fn sync_family(&mut self, model: &FamilyModel, node: &NodeInfo, full: bool, changed: Option<&Changes>) -> Result<rules::Output, Refusal> {
         let family = model.family;
-        let (_, save, restore) = tools(family);
+        let (_, _, restore) = tools(family);
         let cfg = self.render_config(family).map_err(Refusal::Whole)?;
         let full = full || !self.states.contains_key(&family);
         let (missing, existing) = if full {
-            let filter = self.runner.run(save, &["-t", "filter"], None).map_err(Refusal::Whole)?;
-            let nat = self.runner.run(save, &["-t", "nat"], None).map_err(Refusal::Whole)?;
-            (rules::missing_jumps(&format!("{filter}{nat}")), rules::saved_chains(&nat))
+            let jumps = rules::base_jumps();
+            let base = base_chain_rules(&mut self.runner, family, &jumps).map_err(Refusal::Whole)?;
+            let existing = self
+                .counter
+                .chains(family, "nat")
+                .map_err(|source| Refusal::Whole(ExecError::Spawn { program: "the nat table's chain dump (netlink)".into(), source }))?;
+            (rules::missing_of(&base, jumps), existing)
         } else {
             (Vec::new(), BTreeSet::new())
         };
@@ -244,13 +268,25 @@ mod tests {
         let rep = b.sync(&[model()], &node, false).unwrap();
         assert!(rep.full);
         let lines: Vec<String> = r.calls().iter().map(|c| c.line()).collect();
-        assert_eq!(lines, ["ip -o addr show", "iptables-save -t filter", "iptables-save -t nat", "iptables-restore -w --noflush"]);
-        let text = r.calls()[3].stdin.clone().unwrap();
+        assert_eq!(
+            lines,
+            [
+                "ip -o addr show",
+                "iptables -w -t filter -S FORWARD",
+                "iptables -w -t filter -S INPUT",
+                "iptables -w -t filter -S OUTPUT",
+                "iptables -w -t nat -S OUTPUT",
+                "iptables -w -t nat -S POSTROUTING",
+                "iptables -w -t nat -S PREROUTING",
+                "iptables-restore -w --noflush"
+            ]
+        );
+        let text = r.calls()[7].stdin.clone().unwrap();
         assert!(text.contains("-I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"), "{text}");
         // unchanged: no restore at all
         let rep = b.sync(&[model()], &node, false).unwrap();
         assert!(!rep.full);
-        assert_eq!(r.calls().len(), 5, "only the address listing");
+        assert_eq!(r.calls().len(), 9, "only the address listing");
     }
 
     #[test]

@@ -100,10 +100,10 @@ impl<K: IpvsKernel, R: Runner> IpvsBackend<K, R> {
         }
         self.kernel.apply(&ops)?;
         if full {
-            let (_, save, restore) = tools(family);
-            let filter = self.runner.run(save, &["-t", "filter"], None)?;
-            let nat = self.runner.run(save, &["-t", "nat"], None)?;
-            let missing = missing_of(&format!("{filter}{nat}"), rules::base_jumps());
+            let (_, _, restore) = tools(family);
+            let jumps = rules::base_jumps();
+            let base = crate::iptables::backend::base_chain_rules(&mut self.runner, family, &jumps)?;
+            let missing = missing_of(&base, jumps);
             let text = rules::render(family, &self.cluster_cidrs, self.masquerade_all, &missing);
             self.runner.run(restore, &["-w", "--noflush"], Some(&text))?;
         }
@@ -236,8 +236,20 @@ mod tests {
         assert_eq!(reals(&k, &vk("172.30.0.10", 80)).len(), 2);
         assert_eq!(st.log.iter().filter(|l| l.starts_with("replace ")).count(), plan::SETS.len(), "every set replaced whole");
         let lines: Vec<String> = r.calls().iter().map(|c| c.line()).collect();
-        assert_eq!(lines, ["ip -o addr show", "iptables-save -t filter", "iptables-save -t nat", "iptables-restore -w --noflush"]);
-        let text = r.calls()[3].stdin.clone().unwrap();
+        assert_eq!(
+            lines,
+            [
+                "ip -o addr show",
+                "iptables -w -t filter -S FORWARD",
+                "iptables -w -t filter -S INPUT",
+                "iptables -w -t filter -S OUTPUT",
+                "iptables -w -t nat -S OUTPUT",
+                "iptables -w -t nat -S POSTROUTING",
+                "iptables -w -t nat -S PREROUTING",
+                "iptables-restore -w --noflush"
+            ]
+        );
+        let text = r.calls()[7].stdin.clone().unwrap();
         assert!(text.contains("-I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"));
 
         // one endpoint replaced: a partial sync touches exactly that, no listing, no rules
@@ -256,7 +268,7 @@ mod tests {
                 "apply: del KUBE-LOOP-BACK 10.180.0.1,tcp:8080,10.180.0.1",
             ]
         );
-        assert_eq!(r.calls().len(), 5, "only the address listing");
+        assert_eq!(r.calls().len(), 9, "only the address listing");
     }
 
     #[test]
