@@ -297,6 +297,45 @@ async fn txn_once(kv: &KvClient, limit: Duration, what: &str, txn: Txn) -> Resul
     timed(limit, what, attempts).await
 }
 
+/// Whether a read may be sent again: a read changes nothing, so any answer saying the member
+/// could not serve it (Unavailable: connection refused or reset, no leader, leader changed,
+/// etcd's own request timeout) is retried on whichever member the client picks next, as
+/// upstream's clientv3 retries its repeatable requests. Writes are retried only when
+/// [`never_sent`].
+fn read_retryable(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => s.code() == tonic::Code::Unavailable,
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// First pause between two tries of a read; doubles up to [`READ_PAUSE_MAX`].
+const READ_PAUSE: Duration = Duration::from_millis(20);
+const READ_PAUSE_MAX: Duration = Duration::from_millis(500);
+
+/// Runs a read until it is answered or fails with an error that is not [`read_retryable`],
+/// all within `limit`: a member that is down or restarting costs the read a retry, never an
+/// error, while a quorum of members answers.
+async fn read_retrying<T, Fut>(limit: Duration, what: &str, mut attempt: impl FnMut() -> Fut) -> Result<T, etcd_client::Error>
+where
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut pause = READ_PAUSE;
+    loop {
+        match tokio::time::timeout_at(deadline, attempt()).await {
+            Err(_) => return Err(etcd_client::Error::Internal(format!("{what} timed out after {limit:?}"))),
+            Ok(Err(e)) if read_retryable(&e) && tokio::time::Instant::now() + pause < deadline => {
+                tracing::debug!(error = %e, what, "an etcd member could not serve a read; asking again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(READ_PAUSE_MAX);
+            }
+            Ok(answer) => return answer,
+        }
+    }
+}
+
 fn is_compacted(e: &etcd_client::Error) -> bool {
     matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::OutOfRange)
 }
@@ -399,10 +438,11 @@ async fn load_prefix(
         if at > 0 {
             options = options.with_revision(at);
         }
-        let resp = match tokio::time::timeout(limit, kv.get(from.clone(), Some(options))).await {
-            Ok(r) => r?,
-            Err(_) => return Err(etcd_client::Error::Internal(format!("listing timed out after {limit:?}"))),
-        };
+        let resp = read_retrying(limit, "listing", || {
+            let (mut kv, from, options) = (kv.clone(), from.clone(), options.clone());
+            async move { kv.get(from, Some(options)).await }
+        })
+        .await?;
         if at == 0 {
             at = resp.header().map(|h| h.revision()).unwrap_or(0);
         }
@@ -941,15 +981,15 @@ impl EtcdStore {
             return Fresh::Cache;
         }
         let probe = GetOptions::new().with_count_only();
-        let mut kv = self.kv.clone();
-        let current = match tokio::time::timeout(SYNC_PROBE_TIMEOUT, kv.get(self.layout.range(), Some(probe))).await {
-            Ok(Ok(resp)) => resp.header().map(|h| h.revision()).unwrap_or(0),
-            failed => {
-                let why = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => format!("no answer within {SYNC_PROBE_TIMEOUT:?}"),
-                };
-                tracing::warn!(error = %why, "etcd did not tell its revision; reading from the watch cache as it is");
+        let answer = read_retrying(SYNC_PROBE_TIMEOUT, "revision probe", || {
+            let (mut kv, range, probe) = (self.kv.clone(), self.layout.range(), probe.clone());
+            async move { kv.get(range, Some(probe)).await }
+        })
+        .await;
+        let current = match answer {
+            Ok(resp) => resp.header().map(|h| h.revision()).unwrap_or(0),
+            Err(e) => {
+                tracing::warn!(error = %e, "etcd did not tell its revision; reading from the watch cache as it is");
                 *self.probe_failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
                 return Fresh::Cache;
             }
@@ -979,8 +1019,12 @@ impl EtcdStore {
     /// A linearizable get of one key from etcd.
     async fn get_from_etcd(&self, key: &str) -> Result<Option<Record>, StoreError> {
         let ekey = self.layout.to_etcd(key).ok_or_else(|| StoreError::InvalidValue(format!("no etcd key for {key}")))?;
-        let mut kv = self.kv.clone();
-        let resp = timed(self.request_timeout, "consistent get", kv.get(ekey, None)).await?;
+        let resp = read_retrying(self.request_timeout, "consistent get", || {
+            let (mut kv, ekey) = (self.kv.clone(), ekey.clone());
+            async move { kv.get(ekey, None).await }
+        })
+        .await
+        .map_err(etcd_err)?;
         match resp.kvs().first() {
             None => Ok(None),
             Some(kv) => record_from_stored(Arc::from(key), kv.create_revision(), kv.mod_revision(), kv.value(), self.cache.indexer()).map(Some),
@@ -1132,6 +1176,40 @@ mod tests {
         assert_eq!(resource_of("/apps/deployments/ns/"), "deployments.apps");
         assert_eq!(resource_of("/example.com/widgets/ns/a"), "widgets.example.com");
         assert_eq!(resource_of("/"), "");
+    }
+
+    #[test]
+    fn reads_are_retried_when_a_member_is_unavailable_and_only_then() {
+        let unavailable = || etcd_client::Error::GRpcStatus(tonic::Status::unavailable("etcdserver: no leader"));
+        assert!(read_retryable(&unavailable()));
+        assert!(!read_retryable(&etcd_client::Error::GRpcStatus(tonic::Status::invalid_argument("bad range"))));
+        assert!(!read_retryable(&etcd_client::Error::GRpcStatus(tonic::Status::out_of_range("compacted"))));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        rt.block_on(async {
+            // two members refuse, the third answers
+            let tries = std::cell::Cell::new(0);
+            let got = read_retrying(Duration::from_secs(5), "get", || {
+                tries.set(tries.get() + 1);
+                let n = tries.get();
+                async move { if n < 3 { Err(unavailable()) } else { Ok(n) } }
+            })
+            .await;
+            assert_eq!(got.unwrap(), 3);
+            // an answer that is not Unavailable is returned at once
+            tries.set(0);
+            let got: Result<(), _> = read_retrying(Duration::from_secs(5), "get", || {
+                tries.set(tries.get() + 1);
+                async { Err(etcd_client::Error::GRpcStatus(tonic::Status::out_of_range("compacted"))) }
+            })
+            .await;
+            assert!(is_compacted(&got.unwrap_err()));
+            assert_eq!(tries.get(), 1);
+            // nobody answers: the last error once the limit is near, not a try after it
+            let start = tokio::time::Instant::now();
+            let got: Result<(), _> = read_retrying(Duration::from_secs(2), "get", || async { Err(unavailable()) }).await;
+            assert!(got.unwrap_err().to_string().contains("no leader"));
+            assert!(start.elapsed() <= Duration::from_secs(2));
+        });
     }
 
     #[test]
