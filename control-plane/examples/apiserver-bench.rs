@@ -1,14 +1,16 @@
 //! Benchmark of ferro-control-plane: write throughput, list latency, watch delay, RSS.
 //!
 //! cargo build --release -p ferro-control-plane --example apiserver-bench --bin ferro-control-plane
-//! ./target/release/examples/apiserver-bench [--pods 10000] [--concurrency 16] [--watchers 100] [--etcd-members 3]
+//! ./target/release/examples/apiserver-bench [--pods 10000] [--concurrency 16] [--watchers 100] [--etcd-members 3] [--floor-shapes]
 //!
 //! Starts the release binary on loopback with a fresh data dir, then:
 //! 1. creates N pods with a kube-rs client, C requests in flight: writes/s;
 //! 2. lists all pods (5 times): latency of each;
 //! 3. opens W watches on pods, creates 500 more pods one at a time (each write timed), and
 //!    reports p50/p99 of the delay from the start of a write to its event at each watcher;
-//! 4. prints the server's RSS.
+//! 4. prints the server's RSS;
+//! 5. on etcd, the floor: etcd's own put rate (and with --floor-shapes, a ferro create's
+//!    transaction alone and with a prefix watcher) and etcd's CPU per write.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -45,23 +47,90 @@ fn rss_mib(pid: u32) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// etcd's own put rate: `n` values of `size` bytes (a stored pod's), `conc` in flight, through
-/// etcd-client as ferro uses it.
-async fn etcd_floor(urls: &[String], n: usize, conc: usize, size: usize) {
+/// How the floor writes: etcd's plain put (the floor), and the two things a ferro
+/// create adds on etcd's side, to tell apart where etcd's extra CPU per ferro write goes.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// `put`
+    Put,
+    /// a transaction: `create_revision == 0` then `put`, else a keys-only get (a ferro create)
+    Txn,
+    /// the same transaction with a watcher on the prefix taking every event (a ferro create
+    /// with its watch cache fed)
+    TxnWatched,
+}
+
+impl Shape {
+    fn name(self) -> &'static str {
+        match self {
+            Shape::Put => "put",
+            Shape::Txn => "txn(create_revision = 0; put)",
+            Shape::TxnWatched => "txn(create_revision = 0; put) + a prefix watcher",
+        }
+    }
+}
+
+/// etcd's own write rate: `n` values of `size` bytes (a stored pod's), `conc` in flight, through
+/// etcd-client as ferro uses it, written as `shape` says under a prefix of their own.
+/// With `rate`, the writes start no faster than that many per second (etcd batches less at a
+/// lower rate: this tells that part of its CPU per write from the rest).
+async fn etcd_floor(urls: &[String], n: usize, conc: usize, size: usize, shape: Shape, prefix: &str, rate: Option<f64>) {
+    use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
     let client = etcd_client::Client::connect(urls, None).await.unwrap();
     let value = std::sync::Arc::new(vec![b'x'; size]);
+    // the watcher drains every event until it has seen all n
+    let watcher = match shape {
+        Shape::TxnWatched => {
+            let mut stream = client.watch_client().watch(prefix, Some(WatchOptions::new().with_prefix())).await.unwrap();
+            Some(tokio::spawn(async move {
+                let mut seen = 0;
+                while seen < n {
+                    let resp = stream.message().await.unwrap().unwrap();
+                    seen += resp.events().len();
+                }
+            }))
+        }
+        _ => None,
+    };
     let start = Instant::now();
     futures::stream::iter(0..n)
         .map(|i| {
             let mut kv = client.kv_client();
             let value = value.clone();
-            async move { kv.put(format!("/floor/p{i:05}"), value.as_slice().to_vec(), None).await.unwrap() }
+            let key = format!("{prefix}p{i:05}");
+            let at = rate.map(|r| tokio::time::Instant::from_std(start) + Duration::from_secs_f64(i as f64 / r));
+            async move {
+                if let Some(at) = at {
+                    tokio::time::sleep_until(at).await;
+                }
+                match shape {
+                    Shape::Put => {
+                        kv.put(key, value.as_slice().to_vec(), None).await.unwrap();
+                    }
+                    Shape::Txn | Shape::TxnWatched => {
+                        let txn = Txn::new()
+                            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                            .and_then([TxnOp::put(key.as_str(), value.as_slice().to_vec(), None)])
+                            .or_else([TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only()))]);
+                        assert!(kv.txn(txn).await.unwrap().succeeded());
+                    }
+                }
+            }
         })
         .buffer_unordered(conc)
         .for_each(|_| async {})
         .await;
+    if let Some(w) = watcher {
+        w.await.unwrap();
+    }
     let secs = start.elapsed().as_secs_f64();
-    println!("floor: etcd put of {n} values of {} bytes, {conc} in flight: {secs:.2} s, {:.0} puts/s", value.len(), n as f64 / secs);
+    let paced = rate.map(|r| format!(", started at most {r:.0}/s")).unwrap_or_default();
+    println!(
+        "floor: etcd {}{paced} of {n} values of {} bytes, {conc} in flight: {secs:.2} s, {:.0} writes/s",
+        shape.name(),
+        value.len(),
+        n as f64 / secs
+    );
 }
 
 #[tokio::main]
@@ -176,14 +245,31 @@ async fn main() {
     if let Some(e) = &etcd {
         // the floor, with values the size of a pod as ferro stored it
         let stored = serde_json::to_vec(&pods.get("p00000").await.unwrap()).unwrap().len();
-        let (etcd0, self0) = (etcd_pids.iter().map(|p| cpu_secs(p)).sum::<f64>(), cpu_secs("self"));
-        etcd_floor(&e.urls, n, conc, stored).await;
-        let (etcd1, self1) = (etcd_pids.iter().map(|p| cpu_secs(p)).sum::<f64>(), cpu_secs("self"));
-        println!(
-            "floor CPU per put: etcd (all members) {:.0} µs, this client {:.0} µs",
-            (etcd1 - etcd0) * 1e6 / n as f64,
-            (self1 - self0) * 1e6 / n as f64
-        );
+        // --floor-shapes: also a ferro create's transaction, and that with a watcher
+        let shapes: &[Shape] = if std::env::args().any(|a| a == "--floor-shapes") {
+            // the put again last: what the growing database alone changed
+            &[Shape::Put, Shape::Txn, Shape::TxnWatched, Shape::Put]
+        } else {
+            &[Shape::Put]
+        };
+        let ferro_rate = n as f64 / secs;
+        let mut runs: Vec<(Shape, Option<f64>)> = shapes.iter().map(|&s| (s, None)).collect();
+        if shapes.len() > 1 {
+            // and a ferro create's shape at ferro's own write rate
+            runs.push((Shape::TxnWatched, Some(ferro_rate)));
+        }
+        for (k, &(shape, rate)) in runs.iter().enumerate() {
+            let (etcd0, self0) = (etcd_pids.iter().map(|p| cpu_secs(p)).sum::<f64>(), cpu_secs("self"));
+            etcd_floor(&e.urls, n, conc, stored, shape, &format!("/floor{k}/"), rate).await;
+            let (etcd1, self1) = (etcd_pids.iter().map(|p| cpu_secs(p)).sum::<f64>(), cpu_secs("self"));
+            println!(
+                "floor CPU per write ({}{}): etcd (all members) {:.0} µs, this client {:.0} µs",
+                shape.name(),
+                if rate.is_some() { ", paced" } else { "" },
+                (etcd1 - etcd0) * 1e6 / n as f64,
+                (self1 - self0) * 1e6 / n as f64
+            );
+        }
     }
     drop(server);
 }
