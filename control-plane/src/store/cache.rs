@@ -45,15 +45,106 @@ pub struct Cache {
     history: usize,
     /// The revision the cache has reached, for writers waiting to see their own write.
     progress: watch::Sender<Revision>,
-    /// Records this process built for its own writes, by key, which the watch is about to
-    /// bring: applied without parsing the stored value again (etcd's revision names the
-    /// value: the record offered for a key at a revision is the one stored there).
-    offered: std::sync::Mutex<std::collections::HashMap<Arc<str>, Record>>,
+    /// The values this process is writing, by key, serialized once: the watch event of a
+    /// key whose stored bytes are those of the value expected for it is applied with the
+    /// prepared record (same bytes, same record) instead of parsing the value again.
+    expected: std::sync::Mutex<std::collections::HashMap<Arc<str>, Arc<Prepared>>>,
 }
 
-/// Above this many offered records, an offer sweeps those the cache has passed (their
-/// event came before the offer, or a relist replaced them).
-const OFFERED_SWEEP: usize = 1024;
+/// More values expected at once than this means something forgot to withdraw: start over
+/// (only costs parses).
+const EXPECTED_MAX: usize = 65_536;
+
+/// A value about to be written, serialized once: the bytes to store (without
+/// `metadata.resourceVersion`), its attributes, and where `"resourceVersion":"<rev>"` goes
+/// in the bytes clients receive, so the record of any revision is one copy with the
+/// revision spliced in, byte for byte what [`stamp`] makes of the value.
+#[derive(Debug)]
+pub struct Prepared {
+    stored: Bytes,
+    at: usize,
+    /// A comma before the resourceVersion (a metadata field sorts before it), or after it
+    /// (none sorts before it and some after).
+    comma_before: bool,
+    comma_after: bool,
+    attrs: Arc<super::Attrs>,
+}
+
+fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) -> Result<(), StoreError> {
+    serde_json::to_writer(out, v).map_err(|e| StoreError::InvalidValue(e.to_string()))
+}
+
+impl Prepared {
+    /// Serializes `value` as [`stamp`] would (fields in serde_json's sorted order), leaving
+    /// out any `metadata.resourceVersion` it carries.
+    pub fn new(key: &str, mut value: serde_json::Value, indexer: &Indexer) -> Result<Prepared, StoreError> {
+        let obj = value.as_object_mut().ok_or_else(|| StoreError::InvalidValue("not a JSON object".into()))?;
+        obj.entry("metadata")
+            .or_insert_with(|| serde_json::json!({}))
+            .as_object_mut()
+            .ok_or_else(|| StoreError::InvalidValue("metadata is not an object".into()))?
+            .remove("resourceVersion");
+        let attrs = Arc::new(indexer(key, &value));
+        let serde_json::Value::Object(obj) = &value else {
+            return Err(StoreError::InvalidValue("not a JSON object".into()));
+        };
+        let mut out = Vec::with_capacity(2048);
+        let (mut at, mut comma_before, mut comma_after) = (0, false, false);
+        out.push(b'{');
+        for (i, (k, v)) in obj.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_json(&mut out, k)?;
+            out.push(b':');
+            match (k.as_str(), v) {
+                ("metadata", serde_json::Value::Object(meta)) => {
+                    out.push(b'{');
+                    let mut placed = false;
+                    for (j, (mk, mv)) in meta.iter().enumerate() {
+                        if !placed && mk.as_str() > "resourceVersion" {
+                            (at, comma_before, comma_after, placed) = (out.len(), j > 0, j == 0, true);
+                        }
+                        if j > 0 {
+                            out.push(b',');
+                        }
+                        write_json(&mut out, mk)?;
+                        out.push(b':');
+                        write_json(&mut out, mv)?;
+                    }
+                    if !placed {
+                        (at, comma_before, comma_after) = (out.len(), !meta.is_empty(), false);
+                    }
+                    out.push(b'}');
+                }
+                _ => write_json(&mut out, v)?,
+            }
+        }
+        out.push(b'}');
+        Ok(Prepared { stored: Bytes::from(out), at, comma_before, comma_after, attrs })
+    }
+
+    /// The bytes to store.
+    pub fn stored(&self) -> &Bytes {
+        &self.stored
+    }
+
+    /// The record of this value stored at `mod_rev`.
+    pub fn record(&self, key: Arc<str>, create_rev: Revision, mod_rev: Revision) -> Record {
+        let rv = format!("\"resourceVersion\":\"{mod_rev}\"");
+        let mut out = Vec::with_capacity(self.stored.len() + rv.len() + 1);
+        out.extend_from_slice(&self.stored[..self.at]);
+        if self.comma_before {
+            out.push(b',');
+        }
+        out.extend_from_slice(rv.as_bytes());
+        if self.comma_after {
+            out.push(b',');
+        }
+        out.extend_from_slice(&self.stored[self.at..]);
+        Record { key, create_rev, mod_rev, value: Bytes::from(out), attrs: self.attrs.clone() }
+    }
+}
 
 /// Builds the record of a stored value: parses it, computes its attributes and stamps
 /// `metadata.resourceVersion` with `mod_rev` (the bytes clients receive).
@@ -64,20 +155,8 @@ pub fn record_from_stored(
     stored: &[u8],
     indexer: &Indexer,
 ) -> Result<Record, StoreError> {
-    let value: serde_json::Value =
+    let mut value: serde_json::Value =
         serde_json::from_slice(stored).map_err(|e| StoreError::Corrupt(format!("{key}: {e}")))?;
-    record_from_value(key, create_rev, mod_rev, value, indexer)
-}
-
-/// The record of a value as it was stored (without `resourceVersion`): what
-/// [`record_from_stored`] makes of its bytes, without serializing and parsing them.
-pub fn record_from_value(
-    key: Arc<str>,
-    create_rev: Revision,
-    mod_rev: Revision,
-    mut value: serde_json::Value,
-    indexer: &Indexer,
-) -> Result<Record, StoreError> {
     let attrs = Arc::new(indexer(&key, &value));
     let bytes = stamp(&mut value, mod_rev)?;
     Ok(Record { key, create_rev, mod_rev, value: bytes, attrs })
@@ -111,39 +190,37 @@ impl Cache {
             indexer,
             history: history.max(1),
             progress,
-            offered: Default::default(),
+            expected: Default::default(),
         }
     }
 
-    /// A record this process built for a write etcd acknowledged: the watch event of that
-    /// key at that revision is applied with it instead of parsing the stored value.
-    pub fn offer(&self, record: Record) {
-        let revision = self.revision();
-        if record.mod_rev <= revision {
-            return;
+    /// A write of `key` with `prepared` is about to be sent: its watch event is applied with
+    /// the prepared record. One value per key (a later write of the key replaces it).
+    pub fn expect(&self, key: Arc<str>, prepared: Arc<Prepared>) {
+        let mut expected = self.expected.lock().unwrap_or_else(|p| p.into_inner());
+        if expected.len() >= EXPECTED_MAX {
+            expected.clear();
         }
-        let mut offered = self.offered.lock().unwrap_or_else(|p| p.into_inner());
-        if offered.len() > OFFERED_SWEEP {
-            offered.retain(|_, r| r.mod_rev > revision);
-        }
-        offered.insert(record.key.clone(), record);
+        expected.insert(key, prepared);
     }
 
-    /// The record of a put: the one offered for this key and revision, else parsed.
+    /// The write with `prepared` failed (or may not have been applied): forget it, unless a
+    /// later write of the key replaced it.
+    pub fn withdraw(&self, key: &str, prepared: &Arc<Prepared>) {
+        let mut expected = self.expected.lock().unwrap_or_else(|p| p.into_inner());
+        if expected.get(key).is_some_and(|p| Arc::ptr_eq(p, prepared)) {
+            expected.remove(key);
+        }
+    }
+
+    /// The record of a put: the prepared one when the stored bytes are those expected for
+    /// the key, else parsed. Any put of the key ends what was expected for it.
     fn record_of_put(&self, key: Arc<str>, create_rev: Revision, mod_rev: Revision, value: &[u8]) -> Result<Record, StoreError> {
-        {
-            let mut offered = self.offered.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(r) = offered.get(&key) {
-                if r.mod_rev == mod_rev && r.create_rev == create_rev {
-                    if let Some(r) = offered.remove(&key) {
-                        return Ok(r);
-                    }
-                } else if r.mod_rev < mod_rev {
-                    offered.remove(&key);
-                }
-            }
+        let expected = self.expected.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        match expected {
+            Some(p) if p.stored[..] == value[..] => Ok(p.record(key, create_rev, mod_rev)),
+            _ => record_from_stored(key, create_rev, mod_rev, value, &self.indexer),
         }
-        record_from_stored(key, create_rev, mod_rev, value, &self.indexer)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
@@ -174,6 +251,8 @@ impl Cache {
         // Dropping the old sender closes the receivers of the old generation.
         state.events = events;
         drop(state);
+        // writes in flight may be in the listing: their events may never come
+        self.expected.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.progress.send_replace(revision);
     }
 
@@ -321,29 +400,75 @@ mod tests {
     }
 
     #[test]
-    fn an_offered_record_is_applied_for_its_key_and_revision_only() {
-        let c = Cache::new(super::super::embedded::labels_only(), 100);
-        c.reset(Vec::new(), 10);
+    fn a_prepared_value_is_byte_for_byte_what_a_parse_and_stamp_make() {
         let indexer = super::super::embedded::labels_only();
-        // what this process built for its write at 11 (marked, to tell it from a parse)
-        let built = |rev: Revision, mark: &str| record_from_value(Arc::from("/k/a"), 11, rev, json!({"metadata": {"name": "a"}, "built": mark}), &indexer).unwrap();
-        // the record built from a value equals the one parsed from its bytes
-        let stored = json!({"metadata": {"name": "a", "labels": {"x": "1"}}});
-        let parsed = record_from_stored(Arc::from("/k/a"), 11, 11, &serde_json::to_vec(&stored).unwrap(), &indexer).unwrap();
-        let from_value = record_from_value(Arc::from("/k/a"), 11, 11, stored.clone(), &indexer).unwrap();
-        assert_eq!((parsed.value.clone(), parsed.attrs.clone()), (from_value.value, from_value.attrs));
-        c.offer(built(11, "yes"));
-        c.apply(vec![put("/k/a", 11, 11, json!({"metadata": {"name": "a"}}))]);
-        assert_eq!(c.get("/k/a").unwrap().json().unwrap()["built"], "yes", "the offered record, not a parse");
-        // offered for another revision (the watch brings a later write first): parsed
-        c.offer(built(12, "stale"));
-        c.apply(vec![put("/k/a", 11, 13, json!({"metadata": {"name": "a"}, "spec": 13}))]);
-        let now = c.get("/k/a").unwrap().json().unwrap();
-        assert_eq!((now["spec"].clone(), now.get("built").cloned()), (json!(13), None));
-        assert!(c.offered.lock().unwrap().is_empty(), "the stale offer was dropped");
-        // an offer the cache has passed is not kept
-        c.offer(built(12, "late"));
-        assert!(c.offered.lock().unwrap().is_empty());
+        let values = [
+            json!({"metadata": {}}),
+            json!({}),
+            json!({"metadata": {"name": "a", "uid": "u"}, "spec": {"x": [1, 2.5, -3, null, true]}}),
+            json!({"metadata": {"name": "a", "labels": {"k": "v"}, "resourceVersion": "7"}, "z": "é\"\n\u{1}"}),
+            json!({"metadata": {"uid": "u", "selfLink": "s"}, "a\"b": {"metadata": {"name": "nested"}}}),
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"resourceVersion": "3"}}),
+            json!({"metadata": {"annotations": {"a": "b"}, "resourceVersion": "3", "uid": "u", "zz": 1}, "status": {}}),
+        ];
+        for v in values {
+            let p = Prepared::new("/k/a", v.clone(), &indexer).unwrap();
+            // stored as serde_json writes the value without a resourceVersion
+            let mut plain = v.clone();
+            let meta = plain.as_object_mut().unwrap().entry("metadata").or_insert_with(|| json!({}));
+            meta.as_object_mut().unwrap().remove("resourceVersion");
+            assert_eq!(p.stored()[..], serde_json::to_vec(&plain).unwrap()[..], "{v}");
+            // the record of any revision is the one parsing and stamping the stored bytes make
+            for rev in [1, 42, 1_000_000_007] {
+                let got = p.record(Arc::from("/k/a"), 1, rev);
+                let want = record_from_stored(Arc::from("/k/a"), 1, rev, p.stored(), &indexer).unwrap();
+                assert_eq!(String::from_utf8_lossy(&got.value), String::from_utf8_lossy(&want.value), "{v}");
+                assert_eq!((got.create_rev, got.mod_rev, &got.attrs), (want.create_rev, want.mod_rev, &want.attrs));
+            }
+        }
+        assert!(Prepared::new("/k/a", json!([1]), &indexer).is_err());
+        assert!(Prepared::new("/k/a", json!({"metadata": 1}), &indexer).is_err());
+    }
+
+    #[test]
+    fn an_expected_value_is_applied_without_a_parse_when_its_bytes_came() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let parses = Arc::new(AtomicUsize::new(0));
+        let counted = parses.clone();
+        let labels = super::super::embedded::labels_only();
+        let indexer: Indexer = Arc::new(move |k, v| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            labels(k, v)
+        });
+        let c = Cache::new(indexer.clone(), 100);
+        c.reset(Vec::new(), 10);
+        let value = json!({"metadata": {"name": "a", "labels": {"x": "1"}}});
+        let p = Arc::new(Prepared::new("/k/a", value.clone(), &indexer).unwrap());
+        assert_eq!(parses.load(Ordering::Relaxed), 1);
+        c.expect(Arc::from("/k/a"), p.clone());
+        c.apply(vec![put("/k/a", 11, 11, value.clone())]);
+        assert_eq!(parses.load(Ordering::Relaxed), 1, "the prepared record, not a parse");
+        let got = c.get("/k/a").unwrap();
+        assert_eq!((got.mod_rev, got.json().unwrap()["metadata"]["resourceVersion"].clone()), (11, json!("11")));
+        assert!(c.expected.lock().unwrap().is_empty(), "used once");
+        // other bytes came for the key (another writer's): parsed, and the expectation ends
+        c.expect(Arc::from("/k/a"), p.clone());
+        c.apply(vec![put("/k/a", 11, 12, json!({"metadata": {"name": "a"}, "spec": 12}))]);
+        assert_eq!(parses.load(Ordering::Relaxed), 2);
+        assert_eq!(c.get("/k/a").unwrap().json().unwrap()["spec"], 12);
+        assert!(c.expected.lock().unwrap().is_empty());
+        // a failed write withdraws its own expectation, not a later writer's
+        let later = Arc::new(Prepared::new("/k/a", value.clone(), &indexer).unwrap());
+        c.expect(Arc::from("/k/a"), p.clone());
+        c.expect(Arc::from("/k/a"), later.clone());
+        c.withdraw("/k/a", &p);
+        assert!(c.expected.lock().unwrap().contains_key("/k/a"));
+        c.withdraw("/k/a", &later);
+        assert!(c.expected.lock().unwrap().is_empty());
+        // a relist ends every expectation
+        c.expect(Arc::from("/k/b"), p);
+        c.reset(Vec::new(), 20);
+        assert!(c.expected.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -33,7 +33,7 @@ use etcd_client::{
 };
 use futures::future::BoxFuture;
 
-use super::cache::{record_from_stored, record_from_value, restamp, Cache, Change};
+use super::cache::{record_from_stored, restamp, Cache, Change, Prepared};
 use super::{Indexer, Listing, Op, Record, Revision, Store, StoreError, Watch};
 
 /// Largest gRPC message accepted from etcd (a page of a listing, a watch response).
@@ -612,10 +612,11 @@ impl EtcdStore {
         let kv = self.kv.clone();
         Ok(match op {
             Op::Create { key: _, value } => {
-                let (stored, value) = stored_bytes(value)?;
+                let api_key: Arc<str> = Arc::from(api_key);
+                let expecting = Expecting::new(&self.cache, api_key.clone(), Prepared::new(&api_key, value, indexer)?);
                 let txn = Txn::new()
                     .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(key.as_str(), stored.clone(), None)])
+                    .and_then([TxnOp::put(key.as_str(), expecting.prepared.stored().clone(), None)])
                     .or_else([TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only()))]);
                 let resp = txn_once(&kv, self.request_timeout, "create", txn).await?;
                 if !resp.succeeded() {
@@ -624,21 +625,24 @@ impl EtcdStore {
                     // read after a conflict does, so "already exists" is never followed by
                     // "not found" from a cache that lags.
                     if let StoreError::Conflict { current } = Self::precondition_failed(&resp) {
-                        self.acked.note_key(&Arc::from(api_key), current, self.cache.revision());
+                        self.acked.note_key(&api_key, current, self.cache.revision());
                     }
                     return Err(StoreError::AlreadyExists);
                 }
                 let rev = Self::txn_rev(&resp)?;
-                let record = record_from_value(Arc::from(api_key), rev, rev, value, indexer)?;
-                // the watch event of this write is applied with it, not parsed again
-                self.cache.offer(record.clone());
-                record
+                // the watch event of this write is applied with the prepared record
+                expecting.applied().record(api_key, rev, rev)
             }
             Op::Update { key: _, value, expect } => {
-                let (stored, value) = stored_bytes(value)?;
+                let api_key: Arc<str> = Arc::from(api_key);
+                let expecting = Expecting::new(&self.cache, api_key.clone(), Prepared::new(&api_key, value, indexer)?);
                 let txn = Txn::new()
                     .when([Self::guard(&key, expect)])
-                    .and_then([TxnOp::put(key.as_str(), stored.clone(), Some(PutOptions::new().with_prev_key()))])
+                    .and_then([TxnOp::put(
+                        key.as_str(),
+                        expecting.prepared.stored().clone(),
+                        Some(PutOptions::new().with_prev_key()),
+                    )])
                     .or_else([TxnOp::get(key.as_str(), None)]);
                 let resp = txn_once(&kv, self.request_timeout, "update", txn).await?;
                 if !resp.succeeded() {
@@ -653,9 +657,7 @@ impl EtcdStore {
                         _ => None,
                     })
                     .unwrap_or(rev);
-                let record = record_from_value(Arc::from(api_key), create_rev, rev, value, indexer)?;
-                self.cache.offer(record.clone());
-                record
+                expecting.applied().record(api_key, create_rev, rev)
             }
             Op::Delete { key: _, expect } => {
                 let txn = Txn::new()
@@ -691,13 +693,36 @@ impl EtcdStore {
 
 /// The bytes kept in etcd: the object without `metadata.resourceVersion` (it is the revision).
 /// The bytes a value is stored as (without `resourceVersion`), and the value as stored.
-fn stored_bytes(mut v: serde_json::Value) -> Result<(Bytes, serde_json::Value), StoreError> {
-    let obj = v.as_object_mut().ok_or_else(|| StoreError::InvalidValue("not a JSON object".into()))?;
-    if let Some(serde_json::Value::Object(meta)) = obj.get_mut("metadata") {
-        meta.remove("resourceVersion");
+/// A write's prepared value, expected by the cache while the write is in flight: withdrawn
+/// when the write fails or is abandoned (its event may never come), kept for the watch
+/// event once etcd applied it.
+struct Expecting<'a> {
+    cache: &'a Cache,
+    key: Arc<str>,
+    prepared: Arc<Prepared>,
+    applied: bool,
+}
+
+impl<'a> Expecting<'a> {
+    fn new(cache: &'a Cache, key: Arc<str>, prepared: Prepared) -> Expecting<'a> {
+        let prepared = Arc::new(prepared);
+        cache.expect(key.clone(), prepared.clone());
+        Expecting { cache, key, prepared, applied: false }
     }
-    let bytes = serde_json::to_vec(&v).map(Bytes::from).map_err(|e| StoreError::InvalidValue(e.to_string()))?;
-    Ok((bytes, v))
+
+    /// etcd applied the write: its event brings the prepared value.
+    fn applied(mut self) -> Arc<Prepared> {
+        self.applied = true;
+        self.prepared.clone()
+    }
+}
+
+impl Drop for Expecting<'_> {
+    fn drop(&mut self) {
+        if !self.applied {
+            self.cache.withdraw(&self.key, &self.prepared);
+        }
+    }
 }
 
 /// A watch over every key from a revision, read until `until` within one deadline (what
@@ -1229,9 +1254,9 @@ mod tests {
     #[test]
     fn stored_values_drop_the_resource_version_and_prefix_ends() {
         let v = serde_json::json!({"metadata": {"name": "a", "resourceVersion": "7"}, "x": 1});
-        assert_eq!(&stored_bytes(v.clone()).unwrap().0[..], br#"{"metadata":{"name":"a"},"x":1}"#);
-        assert_eq!(stored_bytes(v).unwrap().1, serde_json::json!({"metadata": {"name": "a"}, "x": 1}));
-        assert!(stored_bytes(serde_json::json!([1])).is_err());
+        let indexer = super::super::embedded::labels_only();
+        assert_eq!(&Prepared::new("/a", v, &indexer).unwrap().stored()[..], br#"{"metadata":{"name":"a"},"x":1}"#);
+        assert!(Prepared::new("/a", serde_json::json!([1]), &indexer).is_err());
         assert_eq!(prefix_end("/registry/"), b"/registry0".to_vec());
     }
 }
