@@ -91,6 +91,12 @@ impl Etcd {
         etcd
     }
 
+    /// The member name, unique to this fixture (its directory's name): tells this etcd from
+    /// another test's answering on the same port.
+    fn name(&self) -> String {
+        self.dir.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    }
+
     pub fn url(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         format!("{scheme}://127.0.0.1:{}", self.client_port)
@@ -110,11 +116,12 @@ impl Etcd {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("etcd.log")).unwrap();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let mut cmd = Command::new("etcd");
-        cmd.args(["--name", "ferro-test", "--data-dir"])
+        let name = self.name();
+        cmd.args(["--name", &name, "--data-dir"])
             .arg(self.dir.path().join("data"))
             .args(["--listen-client-urls", &self.url(), "--advertise-client-urls", &self.url()])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("ferro-test={peer}"), "--initial-cluster-state", "new"])
+            .args(["--initial-cluster", &format!("{name}={peer}"), "--initial-cluster-state", "new"])
             .args(["--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn"]);
         if let Some(tls) = &self.tls {
             cmd.arg("--cert-file").arg(&tls.server_cert).arg("--key-file").arg(&tls.server_key);
@@ -128,7 +135,8 @@ impl Etcd {
                 self.child = None;
                 return Err(format!("etcd exited with {status}: {}", self.log()));
             }
-            if self.etcdctl(&["endpoint", "health"]).status.success() {
+            // healthy, and ours: another test's etcd may hold the port ours failed to bind
+            if self.etcdctl(&["endpoint", "health"]).status.success() && is_member(&self.etcdctl(&["member", "list"]), &name) {
                 return Ok(());
             }
             assert!(Instant::now() < deadline, "etcd did not become healthy: {}", self.log());
@@ -203,6 +211,12 @@ struct Member {
     child: Option<Child>,
 }
 
+/// Whether `etcdctl member list` (simple format: `id, status, name, peers, clients, ...`)
+/// names the member `name`.
+fn is_member(out: &Output, name: &str) -> bool {
+    out.status.success() && String::from_utf8_lossy(&out.stdout).lines().any(|l| l.split(", ").nth(2) == Some(name))
+}
+
 impl Member {
     fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
@@ -213,6 +227,10 @@ impl Member {
     }
 }
 
+fn dir_name(dir: &tempfile::TempDir) -> String {
+    dir.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
 impl EtcdCluster {
     pub fn start(n: usize) -> EtcdCluster {
         require_etcd();
@@ -221,7 +239,7 @@ impl EtcdCluster {
         builder.prefix("ferro-etcd-cluster-test");
         let dir = if shm.is_dir() { builder.tempdir_in(shm) } else { builder.tempdir() }.unwrap();
         let members = (0..n)
-            .map(|i| Member { name: format!("m{i}"), client_port: free_port(), peer_port: free_port(), child: None })
+            .map(|i| Member { name: format!("{}-m{i}", dir_name(&dir)), client_port: free_port(), peer_port: free_port(), child: None })
             .collect();
         let mut c = EtcdCluster { dir, members };
         for i in 0..n {
@@ -262,7 +280,10 @@ impl EtcdCluster {
                 if let Some(status) = self.members[i].child.as_mut().unwrap().try_wait().unwrap() {
                     panic!("etcd member {i} exited with {status}: {}", self.log(i));
                 }
-                if self.etcdctl_member(i, &["endpoint", "health"]).status.success() {
+                // healthy, and this cluster's member (not another test's etcd on the port)
+                if self.etcdctl_member(i, &["endpoint", "health"]).status.success()
+                    && is_member(&self.etcdctl_member(i, &["member", "list"]), &self.members[i].name)
+                {
                     break;
                 }
                 assert!(Instant::now() < deadline, "etcd member {i} did not become healthy: {}", self.log(i));
