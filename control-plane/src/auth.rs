@@ -170,6 +170,49 @@ pub trait NodeGraph {
     fn node_references(&self, node: &str, namespace: &str, resource: &str, name: &str) -> bool;
 }
 
+/// The objects a pod uses by name in its namespace, as `(resource, name)`, sorted and
+/// without repeats: Secrets (volumes, projected sources, imagePullSecrets, env and envFrom of
+/// every container, init and ephemeral ones included), ConfigMaps (the same places) and
+/// PersistentVolumeClaims (volumes). The node authorizer lets a node read what the pods
+/// bound to it use (upstream's node graph edges).
+pub fn pod_uses(pod: &Value) -> Vec<(&'static str, String)> {
+    let mut out: Vec<(&'static str, String)> = Vec::new();
+    let mut add = |resource: &'static str, v: Option<&Value>| {
+        if let Some(name) = v.and_then(Value::as_str).filter(|n| !n.is_empty()) {
+            out.push((resource, name.to_string()));
+        }
+    };
+    let list = |v: Option<&Value>| v.and_then(Value::as_array).map(|a| a.as_slice()).unwrap_or(&[]).to_vec();
+    let spec = pod.get("spec");
+    for v in list(spec.and_then(|s| s.get("volumes"))) {
+        add("secrets", v.pointer("/secret/secretName"));
+        add("configmaps", v.pointer("/configMap/name"));
+        add("persistentvolumeclaims", v.pointer("/persistentVolumeClaim/claimName"));
+        for source in list(v.pointer("/projected/sources")) {
+            add("secrets", source.pointer("/secret/name"));
+            add("configmaps", source.pointer("/configMap/name"));
+        }
+    }
+    for s in list(spec.and_then(|s| s.get("imagePullSecrets"))) {
+        add("secrets", s.get("name"));
+    }
+    for kind in ["containers", "initContainers", "ephemeralContainers"] {
+        for c in list(spec.and_then(|s| s.get(kind))) {
+            for e in list(c.get("env")) {
+                add("secrets", e.pointer("/valueFrom/secretKeyRef/name"));
+                add("configmaps", e.pointer("/valueFrom/configMapKeyRef/name"));
+            }
+            for e in list(c.get("envFrom")) {
+                add("secrets", e.pointer("/secretRef/name"));
+                add("configmaps", e.pointer("/configMapRef/name"));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// A request in authorizer terms: on a resource, or on a non-resource path.
 #[derive(Debug, Clone)]
 pub enum Action<'a> {
@@ -591,6 +634,30 @@ mod tests {
         assert_eq!(err, "User \"bob\" cannot update resource \"deployments/scale\" in API group \"apps\" at the cluster scope");
         let err = authorize(&bob, &Action::Path { verb: "get", path: "/metrics" }, &Graph, None, &PolicyIndex::default()).unwrap_err();
         assert_eq!(err, "User \"bob\" cannot get path \"/metrics\"");
+    }
+
+    #[test]
+    fn a_pod_uses_the_secrets_config_maps_and_claims_it_names() {
+        let pod = json!({"spec": {
+            "volumes": [{"name": "v", "secret": {"secretName": "s1"}}, {"name": "c", "configMap": {"name": "cm1"}},
+                        {"name": "p", "persistentVolumeClaim": {"claimName": "data"}},
+                        {"name": "j", "projected": {"sources": [{"secret": {"name": "s4"}}, {"configMap": {"name": "cm2"}}]}}],
+            "imagePullSecrets": [{"name": "pull"}],
+            "containers": [{"name": "a", "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s2", "key": "k"}}},
+                                                 {"name": "Y", "valueFrom": {"configMapKeyRef": {"name": "cm3", "key": "k"}}}]}],
+            "initContainers": [{"name": "i", "envFrom": [{"secretRef": {"name": "s3"}}, {"configMapRef": {"name": "cm1"}}]}],
+            "ephemeralContainers": [{"name": "e", "envFrom": [{"secretRef": {"name": "s5"}}]}]}});
+        let uses = pod_uses(&pod);
+        let want: Vec<(&str, String)> = [
+            ("configmaps", "cm1"), ("configmaps", "cm2"), ("configmaps", "cm3"), ("persistentvolumeclaims", "data"),
+            ("secrets", "pull"), ("secrets", "s1"), ("secrets", "s2"), ("secrets", "s3"), ("secrets", "s4"), ("secrets", "s5"),
+        ]
+        .iter()
+        .map(|(r, n)| (*r, n.to_string()))
+        .collect();
+        assert_eq!(uses, want);
+        assert!(pod_uses(&json!({})).is_empty());
+        assert!(pod_uses(&json!({"spec": {"volumes": [{"name": "x", "secret": {"secretName": ""}}], "containers": "nonsense"}})).is_empty());
     }
 
     #[test]

@@ -315,8 +315,7 @@ impl NodeGraph for Graph<'_> {
             .records
             .iter()
             .filter(|r| r.attrs.field("spec.nodeName") == Some(node))
-            .filter_map(|r| r.json().ok())
-            .any(|pod| pod_references(&pod, resource, name))
+            .any(|r| r.attrs.refs.iter().any(|(res, n)| *res == resource && n == name))
     }
 }
 
@@ -335,42 +334,6 @@ fn authorized_name(path_name: &str, verb: &str, q: &HashMap<String, String>) -> 
     match sel.exact_value("metadata.name") {
         Some(n) if !matches!(n, "" | "." | "..") && !n.contains(['/', '%']) => n.to_string(),
         _ => String::new(),
-    }
-}
-
-fn pod_references(pod: &Value, resource: &str, name: &str) -> bool {
-    let eq = |v: Option<&Value>| v.and_then(|v| v.as_str()) == Some(name);
-    let spec = pod.get("spec").cloned().unwrap_or(Value::Null);
-    let volumes = spec.get("volumes").and_then(|v| v.as_array()).cloned().unwrap_or_default();
-    let containers: Vec<Value> = ["containers", "initContainers"]
-        .iter()
-        .filter_map(|k| spec.get(*k).and_then(|c| c.as_array()).cloned())
-        .flatten()
-        .collect();
-    match resource {
-        "secrets" => {
-            volumes.iter().any(|v| eq(v.pointer("/secret/secretName")))
-                || spec.get("imagePullSecrets").and_then(|s| s.as_array()).into_iter().flatten().any(|s| eq(s.get("name")))
-                || volumes.iter().any(|v| {
-                    v.pointer("/projected/sources").and_then(|s| s.as_array()).into_iter().flatten().any(|s| eq(s.pointer("/secret/name")))
-                })
-                || containers.iter().any(|c| {
-                    c.get("env").and_then(|e| e.as_array()).into_iter().flatten().any(|e| eq(e.pointer("/valueFrom/secretKeyRef/name")))
-                        || c.get("envFrom").and_then(|e| e.as_array()).into_iter().flatten().any(|e| eq(e.pointer("/secretRef/name")))
-                })
-        }
-        "configmaps" => {
-            volumes.iter().any(|v| eq(v.pointer("/configMap/name")))
-                || volumes.iter().any(|v| {
-                    v.pointer("/projected/sources").and_then(|s| s.as_array()).into_iter().flatten().any(|s| eq(s.pointer("/configMap/name")))
-                })
-                || containers.iter().any(|c| {
-                    c.get("env").and_then(|e| e.as_array()).into_iter().flatten().any(|e| eq(e.pointer("/valueFrom/configMapKeyRef/name")))
-                        || c.get("envFrom").and_then(|e| e.as_array()).into_iter().flatten().any(|e| eq(e.pointer("/configMapRef/name")))
-                })
-        }
-        "persistentvolumeclaims" => volumes.iter().any(|v| eq(v.pointer("/persistentVolumeClaim/claimName"))),
-        _ => false,
     }
 }
 
@@ -1122,16 +1085,6 @@ mod tests {
         assert!(p.watch_path);
         assert!(parse_path("/api/v1").is_none());
         assert!(parse_path("/api/v1/namespaces/a/pods/b/c/d").is_none());
-    }
-
-    #[test]
-    fn pod_refs() {
-        let pod = json!({"spec":{"volumes":[{"name":"v","secret":{"secretName":"s1"}},{"name":"c","configMap":{"name":"cm1"}}],
-            "containers":[{"name":"a","env":[{"name":"X","valueFrom":{"secretKeyRef":{"name":"s2","key":"k"}}}]}]}});
-        assert!(pod_references(&pod, "secrets", "s1"));
-        assert!(pod_references(&pod, "secrets", "s2"));
-        assert!(!pod_references(&pod, "secrets", "s3"));
-        assert!(pod_references(&pod, "configmaps", "cm1"));
     }
 
     #[test]

@@ -124,7 +124,12 @@ pub fn indexer() -> Indexer {
                 fields.push((*f, value));
             }
         }
-        Attrs { labels, fields }
+        let refs = if resources::from_key(key).is_some_and(|r| r.plural == "pods" && r.group.is_empty()) {
+            crate::auth::pod_uses(obj)
+        } else {
+            Vec::new()
+        };
+        Attrs { labels, fields, refs }
     })
 }
 

@@ -423,6 +423,7 @@ pub fn labels_only() -> Indexer {
             .and_then(|l| serde_json::from_value(l.clone()).ok())
             .unwrap_or_default(),
         fields: Vec::new(),
+        refs: Vec::new(),
     })
 }
 

@@ -34,6 +34,9 @@ pub struct Attrs {
     pub labels: BTreeMap<String, String>,
     /// Field-selector fields and their values (e.g. `spec.nodeName`).
     pub fields: Vec<(&'static str, String)>,
+    /// For a pod, the objects it uses by name in its namespace, as `(resource, name)`
+    /// (`auth::pod_uses`): the node authorizer's edges, read without parsing the pod.
+    pub refs: Vec<(&'static str, String)>,
 }
 
 impl Attrs {
