@@ -223,6 +223,20 @@ impl<R: Runner> IptablesBackend<R> {
     }
 }
 
+/// What a full sync runs on IPv4 (iptables and IPVS mode alike): the address listing, the
+/// built-in chains' rules read one by one ([`base_chain_rules`]), then one restore.
+#[cfg(test)]
+pub(crate) const FULL_SYNC_CALLS: [&str; 8] = [
+    "ip -o addr show",
+    "iptables -w -t filter -S FORWARD",
+    "iptables -w -t filter -S INPUT",
+    "iptables -w -t filter -S OUTPUT",
+    "iptables -w -t nat -S OUTPUT",
+    "iptables -w -t nat -S POSTROUTING",
+    "iptables -w -t nat -S PREROUTING",
+    "iptables-restore -w --noflush",
+];
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -270,16 +284,7 @@ mod tests {
         let lines: Vec<String> = r.calls().iter().map(|c| c.line()).collect();
         assert_eq!(
             lines,
-            [
-                "ip -o addr show",
-                "iptables -w -t filter -S FORWARD",
-                "iptables -w -t filter -S INPUT",
-                "iptables -w -t filter -S OUTPUT",
-                "iptables -w -t nat -S OUTPUT",
-                "iptables -w -t nat -S POSTROUTING",
-                "iptables -w -t nat -S PREROUTING",
-                "iptables-restore -w --noflush"
-            ]
+            FULL_SYNC_CALLS
         );
         let text = r.calls()[7].stdin.clone().unwrap();
         assert!(text.contains("-I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"), "{text}");

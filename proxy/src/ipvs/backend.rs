@@ -238,16 +238,7 @@ mod tests {
         let lines: Vec<String> = r.calls().iter().map(|c| c.line()).collect();
         assert_eq!(
             lines,
-            [
-                "ip -o addr show",
-                "iptables -w -t filter -S FORWARD",
-                "iptables -w -t filter -S INPUT",
-                "iptables -w -t filter -S OUTPUT",
-                "iptables -w -t nat -S OUTPUT",
-                "iptables -w -t nat -S POSTROUTING",
-                "iptables -w -t nat -S PREROUTING",
-                "iptables-restore -w --noflush"
-            ]
+            crate::iptables::backend::FULL_SYNC_CALLS
         );
         let text = r.calls()[7].stdin.clone().unwrap();
         assert!(text.contains("-I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"));
