@@ -96,7 +96,7 @@ fn iptables_a_restart_removes_the_chains_of_a_service_deleted_meanwhile() {
     assert_eq!(dumped.len(), 10, "{dumped:?}");
 
     let mut second = backend(&w, "iptables");
-    let rep = second.sync(&build(&[web.clone()]), &node(), false).unwrap();
+    let rep = second.sync(&build(std::slice::from_ref(&web)), &node(), false).unwrap();
     assert!(rep.full);
     assert_eq!((chains("KUBE-SVC-"), chains("KUBE-SEP-")), (1, 1), "the deleted Service's chains stayed");
     let vip = web.0.spec.as_ref().unwrap().cluster_ip.clone().unwrap();
