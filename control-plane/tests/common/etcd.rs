@@ -307,6 +307,14 @@ impl EtcdCluster {
             .unwrap()
     }
 
+    /// Whether member `i` is the raft leader now (`etcdctl endpoint status`).
+    pub fn is_leader(&self, i: usize) -> bool {
+        let out = self.etcdctl_member(i, &["endpoint", "status", "-w", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let status = &v[0]["Status"];
+        status["leader"].as_u64().is_some_and(|l| Some(l) == status["header"]["member_id"].as_u64())
+    }
+
     /// SIGKILL to member `i` (the process this fixture started).
     pub fn kill9(&mut self, i: usize) {
         if let Some(mut c) = self.members[i].child.take() {
