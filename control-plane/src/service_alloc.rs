@@ -237,11 +237,13 @@ impl ServiceAllocations {
         self.known.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The hint from the store's claims (their keys only).
+    /// The hint from the store's claims (their keys only), of the most recent state: a claim
+    /// another API server released just before must be seen free, or a range with a free
+    /// item would be "full" (this server's cache may not hold that release yet).
     async fn list_known(&self) -> Result<Known, StoreError> {
         let mut k = Known { ips: self.ips.clone(), ports: self.ports.clone() };
         for prefix in [IP_PREFIX, PORT_PREFIX] {
-            for r in &self.store.list(prefix).await?.records {
+            for r in &self.store.list_latest(prefix).await?.records {
                 // claims outside the current ranges (a changed flag) are not ours to count
                 let _outside = match Item::parse(&r.key) {
                     Some(Item::Ip(ip)) => k.ips.allocate(ip),
@@ -323,8 +325,10 @@ impl ServiceAllocations {
             Item::Port(_) => AllocError::PortTaken,
         };
         let key = item.key();
+        // Reads of a claim are of the most recent state: another API server may have made or
+        // given it back a moment ago.
         if dry_run {
-            return match self.store.get(&key).await? {
+            return match self.store.get_latest(&key).await? {
                 None => Ok(true),
                 Some(r) if Owner::of_claim(&r.json()?) == *owner => Ok(false),
                 Some(_) => Err(taken.into()),
@@ -332,7 +336,7 @@ impl ServiceAllocations {
         }
         let result = match self.store.write(Op::Create { key: key.clone(), value: item.claim(owner) }).await {
             Ok(_) => Ok(true),
-            Err(StoreError::AlreadyExists) => match self.store.get(&key).await? {
+            Err(StoreError::AlreadyExists) => match self.store.get_latest(&key).await? {
                 Some(r) if Owner::of_claim(&r.json()?) == *owner => Ok(false),
                 _ => Err(taken.into()),
             },
@@ -386,11 +390,12 @@ impl ServiceAllocations {
     }
 
     /// Gives `item` back if `owner` holds it. Failures are logged: the repair collects what a
-    /// failed release leaves.
+    /// failed release leaves. The claim is read from the most recent state: another API server
+    /// may have made it, and this server's cache may not hold it yet.
     pub async fn release(&self, item: Item, owner: &Owner) {
         let key = item.key();
         let result = async {
-            let Some(r) = self.store.get(&key).await? else { return Ok(()) };
+            let Some(r) = self.store.get_latest(&key).await? else { return Ok(()) };
             if Owner::of_claim(&r.json()?) != *owner {
                 return Ok(());
             }
@@ -411,12 +416,13 @@ impl ServiceAllocations {
 
     /// One repair run (see the module's notes).
     pub async fn repair(&self) -> Result<RepairReport, StoreError> {
-        // Claims first, then Services: a Service created between the two lists is seen.
+        // Claims first, then Services, both of the most recent state: a Service created between
+        // the two lists is seen.
         let mut claims = self.claims(IP_PREFIX).await?;
         claims.extend(self.claims(PORT_PREFIX).await?);
         let services: Vec<Value> = self
             .store
-            .list(SERVICES_PREFIX)
+            .list_latest(SERVICES_PREFIX)
             .await?
             .records
             .iter()
@@ -514,5 +520,102 @@ mod tests {
         let RepairPlan { missing, conflicts, .. } = plan_repair(&BTreeMap::new(), &services, &HashSet::new());
         assert_eq!(missing.len(), 1);
         assert_eq!(conflicts, vec![ip("10.96.0.7")]);
+    }
+
+    /// A view of a store shared with other API servers whose plain reads (`get`, `list`)
+    /// answer from a snapshot, as a watch cache that has not yet seen the other servers'
+    /// writes does; the `_latest` reads and the writes go to the store.
+    struct Lagging {
+        store: Arc<dyn Store>,
+        snapshot: Mutex<Option<BTreeMap<String, crate::store::Record>>>,
+    }
+
+    impl Lagging {
+        fn new(store: &Arc<dyn Store>) -> Arc<Lagging> {
+            Arc::new(Lagging { store: store.clone(), snapshot: Mutex::new(None) })
+        }
+
+        /// From now on plain reads answer what the store holds now.
+        async fn freeze(&self) {
+            let all = self.store.list("").await.unwrap().records;
+            *self.snapshot.lock().unwrap() = Some(all.into_iter().map(|r| (r.key.to_string(), r)).collect());
+        }
+    }
+
+    impl Store for Lagging {
+        fn revision(&self) -> Revision {
+            self.store.revision()
+        }
+        fn get<'a>(&'a self, key: &'a str) -> futures::future::BoxFuture<'a, Result<Option<crate::store::Record>, StoreError>> {
+            let frozen = self.snapshot.lock().unwrap().as_ref().map(|m| m.get(key).cloned());
+            match frozen {
+                Some(r) => Box::pin(async move { Ok(r) }),
+                None => self.store.get(key),
+            }
+        }
+        fn list<'a>(&'a self, prefix: &'a str) -> futures::future::BoxFuture<'a, Result<crate::store::Listing, StoreError>> {
+            let frozen = self.snapshot.lock().unwrap().as_ref().map(|m| {
+                let records = m.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, r)| r.clone()).collect();
+                crate::store::Listing { records, revision: 0 }
+            });
+            match frozen {
+                Some(l) => Box::pin(async move { Ok(l) }),
+                None => self.store.list(prefix),
+            }
+        }
+        fn write(&self, op: Op) -> futures::future::BoxFuture<'_, Result<crate::store::Record, StoreError>> {
+            self.store.write(op)
+        }
+        fn watch(&self, after: Revision) -> Result<crate::store::Watch, StoreError> {
+            self.store.watch(after)
+        }
+        fn oldest_watchable(&self) -> Revision {
+            self.store.oldest_watchable()
+        }
+        fn get_latest<'a>(&'a self, key: &'a str) -> futures::future::BoxFuture<'a, Result<Option<crate::store::Record>, StoreError>> {
+            self.store.get_latest(key)
+        }
+        fn list_latest<'a>(&'a self, prefix: &'a str) -> futures::future::BoxFuture<'a, Result<crate::store::Listing, StoreError>> {
+            self.store.list_latest(prefix)
+        }
+    }
+
+    #[tokio::test]
+    async fn claims_made_and_released_by_another_server_count_though_this_ones_cache_lags() {
+        use crate::alloc::Cidr;
+        use crate::store::{EmbeddedStore, EmbeddedStoreOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open(&dir.path().join("s.redb"), crate::strategy::indexer(), EmbeddedStoreOptions::default()).unwrap());
+        let (view_a, view_b) = (Lagging::new(&store), Lagging::new(&store));
+        let servers = |view: &Arc<Lagging>| {
+            let ips = IpAllocator::new(Cidr::parse("10.96.0.0/29").unwrap());
+            ServiceAllocations::new(view.clone(), ips, PortAllocator::parse("30000-30001").unwrap())
+        };
+        let (a, b) = (servers(&view_a), servers(&view_b));
+        // b's cache has seen none of a's claims; a fills the range
+        view_b.freeze().await;
+        let web = owner("default", "web", "u1");
+        let mut taken = Vec::new();
+        loop {
+            match a.claim_next_ip(&web, false).await {
+                Ok(ip) => taken.push(ip),
+                Err(ClaimError::Alloc(AllocError::Full)) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(taken.len() >= 3, "{taken:?}");
+        // a's cache holds every claim from now on
+        view_a.freeze().await;
+        // b gives one of a's addresses back: it is gone from the store
+        let freed = Item::Ip(taken[1]);
+        b.release(freed, &web).await;
+        assert!(store.get(&freed.key()).await.unwrap().is_none(), "b did not release the claim its cache did not hold");
+        // a, whose hint and cache say the range is full, finds it
+        let again = a.claim_next_ip(&owner("default", "api", "u2"), false).await.unwrap();
+        assert_eq!(Item::Ip(again), freed);
+        // a release by a server that does not own the claim leaves it
+        b.release(freed, &web).await;
+        assert!(store.get(&freed.key()).await.unwrap().is_some());
     }
 }
