@@ -338,6 +338,24 @@ impl Api {
             .ok_or_else(|| ApiError::not_found(&res.group_resource(), name))
     }
 
+    /// The stored object a write starts from: the cache's, and when the cache has none, the
+    /// most recent state's (another API server may have created it a moment ago and its watch
+    /// event not reached this one's cache yet: a delete or patch right after a create through
+    /// another replica is not "not found"). An older version in the cache costs nothing more:
+    /// the guarded write is refused and the retry reads after it.
+    async fn current(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        match self.store.get(key).await? {
+            Some(r) => Ok(Some(r)),
+            None => self.store.get_latest(key).await,
+        }
+    }
+
+    /// The stored object a write (a subresource's read-modify-write) starts from (see
+    /// [`Api::current`]).
+    pub async fn get_for_write(&self, res: &Resource, ns: Option<&str>, name: &str) -> Result<Record, ApiError> {
+        self.current(&res.key(ns, name)).await?.ok_or_else(|| ApiError::not_found(&res.group_resource(), name))
+    }
+
     /// A get of the most recent state (no `resourceVersion`): what any replica acknowledged
     /// before the request ([`Store::get_latest`]).
     pub async fn get_latest(&self, res: &Resource, ns: Option<&str>, name: &str) -> Result<Record, ApiError> {
@@ -773,7 +791,7 @@ impl Api {
         };
         set_managed(&mut obj, &entries);
         if dry_run {
-            let existing = self.store.get(&res.key(ns, &name)).await?;
+            let existing = self.current(&res.key(ns, &name)).await?;
             if existing.is_some() {
                 return Err(ApiError::already_exists(&res.group_resource(), &name));
             }
@@ -825,7 +843,7 @@ impl Api {
             }
         }
         let key = res.key(ns, name);
-        let Some(current) = self.store.get(&key).await? else {
+        let Some(current) = self.current(&key).await? else {
             if !status_endpoint && res.custom.is_none() && matches!(res.plural, "endpoints" | "leases" | "events" | "endpointslices") {
                 let mut obj = obj;
                 set_meta(&mut obj, "name", json!(name));
@@ -1032,7 +1050,7 @@ impl Api {
         let status_endpoint = endpoint != Endpoint::Main;
         let key = res.key(ns, name);
         for attempt in 0.. {
-            let current = match self.store.get(&key).await? {
+            let current = match self.current(&key).await? {
                 Some(c) => c,
                 None if patch_type == PatchType::Apply && !status_endpoint => {
                     // server-side apply creates; the applier owns its configuration
@@ -1082,8 +1100,7 @@ impl Api {
         let key = res.key(ns, name);
         for attempt in 0.. {
             let current = self
-                .store
-                .get(&key)
+                .current(&key)
                 .await?
                 .ok_or_else(|| ApiError::not_found(&res.group_resource(), name))?;
             let mut obj = current.json()?;

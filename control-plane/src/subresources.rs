@@ -87,7 +87,7 @@ pub async fn scale(
     content_type: &str,
     body: Option<&[u8]>,
 ) -> Result<Response<Body>, ApiError> {
-    let current = api.get(res, ns, name).await?;
+    let current = api.get_for_write(res, ns, name).await?;
     let obj = current.json()?;
     let scale = to_scale(res, &obj);
     let new_scale = match verb {
@@ -141,7 +141,7 @@ pub async fn bind(api: &Api, ns: Option<&str>, name: &str, body: Value) -> Resul
         ));
     }
     for _ in 0..8 {
-        let current = api.get(pods, ns, name).await?;
+        let current = api.get_for_write(pods, ns, name).await?;
         let mut pod = current.json()?;
         if pod.pointer("/metadata/deletionTimestamp").is_some() {
             return Err(ApiError::conflict("pods", name, "pod is being deleted, cannot be assigned to a host"));
@@ -262,7 +262,7 @@ pub async fn evict(api: &Api, ns: Option<&str>, name: &str, body: Value) -> Resu
     let now = jiff::Timestamp::now().round(jiff::Unit::Second).map(|t| t.to_string()).unwrap_or_default();
     let mut granted = false;
     for _ in 0..8 {
-        let current = api.get(pods, ns, name).await?;
+        let current = api.get_for_write(pods, ns, name).await?;
         let pod = current.json()?;
         let listed = api.store.list(&pdbs.prefix(ns)).await?;
         let budgets: Vec<(String, Value)> =

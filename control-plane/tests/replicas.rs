@@ -619,3 +619,41 @@ async fn reads_through_one_replica_see_writes_acknowledged_by_the_other() {
     }
     assert!(stale.is_empty(), "reads through b older than writes acknowledged by a: {stale:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn writes_through_one_replica_find_objects_just_created_through_the_other() {
+    let etcd = Etcd::start();
+    let a = Server::replica(&etcd, None, ELECTION);
+    let b = Server::replica(&etcd, Some(&a), ELECTION);
+    let on_a: Api<ConfigMap> = Api::namespaced(a.client().await, "default");
+    let on_b: Api<ConfigMap> = Api::namespaced(b.client().await, "default");
+    let mut failed = Vec::new();
+    // each write through b right after the create through a, before any read through b: b's
+    // cache may not hold the object yet
+    for i in 0..300 {
+        let name = format!("c{i}");
+        let made = on_a.create(&PostParams::default(), &cm(&name)).await.unwrap();
+        let outcome = match i % 3 {
+            0 => on_b.delete(&name, &DeleteParams::default()).await.map(|_| ()),
+            1 => on_b
+                .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"seen": "b"}}})))
+                .await
+                .map(|_| ()),
+            _ => {
+                let mut update = made.clone();
+                update.data = Some(BTreeMap::from([("by".to_string(), "b".to_string())]));
+                on_b.replace(&name, &PostParams::default(), &update).await.map(|_| ())
+            }
+        };
+        if let Err(e) = outcome {
+            failed.push(format!("{name}: {e}"));
+        }
+    }
+    assert!(failed.is_empty(), "writes through b that did not find what a had acknowledged: {failed:?}");
+    // and they took effect
+    let left = on_a.list(&ListParams::default()).await.unwrap();
+    assert_eq!(left.items.iter().filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with('c'))).count(), 200);
+    assert_eq!(left.items.iter().filter(|c| c.metadata.labels.as_ref().and_then(|l| l.get("seen")).map(String::as_str) == Some("b")).count(), 100);
+    assert_eq!(left.items.iter().filter(|c| c.data.as_ref().and_then(|d| d.get("by")).map(String::as_str) == Some("b")).count(), 100);
+}
