@@ -239,6 +239,7 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
     // RBAC: upstream's default roles and bindings, then the policy the authorizer follows
     crate::rbac::bootstrap::reconcile(&api).await?;
     let rbac = crate::rbac::Policy::start(api.store.clone()).await?;
+    let node_graph = crate::node_graph::NodeGraphView::start(api.store.clone()).await?;
 
     // TLS: client certificates are optional; requests without one need a bearer token.
     let tls = tls_config(&ca.cert_pem, &serving_cert, &serving_key)?;
@@ -256,6 +257,7 @@ pub async fn start(cfg: &Config) -> Result<Running, StartError> {
         explain: explain.clone(),
         resource_metrics,
         rbac,
+        node_graph,
         tokens,
         anonymous_auth: cfg.anonymous_auth,
         kubelet: Some(kubelet),

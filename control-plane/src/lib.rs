@@ -16,6 +16,7 @@ pub mod job_status;
 pub mod leader_election;
 pub mod managed;
 pub mod metrics;
+pub mod node_graph;
 pub mod openapi_v2;
 pub mod pki;
 pub mod protobuf;

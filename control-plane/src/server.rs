@@ -14,7 +14,7 @@ use hyper::body::{Frame, Incoming};
 use serde_json::{json, Value};
 
 use crate::api::{Api, DeleteOptions, ListOptions, PatchType, WatchItem};
-use crate::auth::{self, Action, Attributes, NodeGraph, Tokens, User};
+use crate::auth::{self, Action, Attributes, Tokens, User};
 use crate::discovery;
 use crate::error::ApiError;
 use crate::resources::{self, Resource, Sub};
@@ -45,6 +45,8 @@ pub struct ServerState {
     pub resource_metrics: Arc<crate::resource_metrics::Metrics>,
     /// The RBAC policy the authorizer decides with (kept current from the store).
     pub rbac: Arc<crate::rbac::Policy>,
+    /// The node authorizer's graph (kept current from the store).
+    pub node_graph: Arc<crate::node_graph::NodeGraphView>,
     /// Requests without credentials are system:anonymous (else 401).
     pub anonymous_auth: bool,
 }
@@ -294,31 +296,6 @@ pub(crate) fn decode_body(ct: &str, body: &[u8]) -> Result<Value, ApiError> {
     Ok(v)
 }
 
-/// The node authorizer's view of the store. The embedded store answers reads without awaiting,
-/// so blocking on them here is immediate; a store that does I/O on reads would need the
-/// authorizer to become async.
-struct Graph<'a>(&'a Api);
-
-impl NodeGraph for Graph<'_> {
-    fn pod_node(&self, namespace: &str, name: &str) -> Option<String> {
-        let pods = resources::find("", "v1", "pods")?;
-        let r = futures::executor::block_on(self.0.store.get(&pods.key(Some(namespace), name))).ok()??;
-        r.attrs.field("spec.nodeName").map(str::to_string)
-    }
-
-    fn node_references(&self, node: &str, namespace: &str, resource: &str, name: &str) -> bool {
-        let Some(pods) = resources::find("", "v1", "pods") else { return false };
-        let Ok(listing) = futures::executor::block_on(self.0.store.list(&pods.prefix(Some(namespace)))) else {
-            return false;
-        };
-        listing
-            .records
-            .iter()
-            .filter(|r| r.attrs.field("spec.nodeName") == Some(node))
-            .any(|r| r.attrs.refs.iter().any(|(res, n)| *res == resource && n == name))
-    }
-}
-
 /// The object name a request is authorized for: its path's, or for a list or watch the one
 /// name its field selector requires (`fieldSelector=metadata.name=<name>`), as upstream's
 /// RequestInfo does, so RBAC's resourceNames and the Node authorizer apply to a watch of one
@@ -403,11 +380,11 @@ async fn serve_review(
         return Ok(json_response(201, &crate::rbac::review::self_subject_rules_review(user, &obj, &state.rbac.read())?));
     }
     let answer = || {
-        let graph = Graph(&state.api);
+        let graph = state.node_graph.read();
         let policy = state.rbac.read();
         match review {
-            auth::Review::SelfSubjectAccess => auth::self_subject_access_review(user, &obj, &graph, &policy),
-            auth::Review::SubjectAccess => auth::subject_access_review(&obj, &graph, &policy),
+            auth::Review::SelfSubjectAccess => auth::self_subject_access_review(user, &obj, &*graph, &policy),
+            auth::Review::SubjectAccess => auth::subject_access_review(&obj, &*graph, &policy),
             auth::Review::Token => auth::token_review(&state.tokens, &obj),
             auth::Review::SelfSubject | auth::Review::SelfSubjectRules => Ok(auth::self_subject_review(user)),
         }
@@ -415,7 +392,7 @@ async fn serve_review(
     let mut answered = answer();
     // a refusal lets the policy reach the revision the request saw (a binding just made)
     let refused = answered.as_ref().is_ok_and(|v| v.pointer("/status/allowed") == Some(&Value::Bool(false)));
-    if refused && state.rbac.applied() < seen && state.rbac.caught_up(seen, std::time::Duration::from_secs(1)).await {
+    if refused && state.caught_up(seen).await {
         answered = answer();
     }
     let answer = answered.map_err(|why| ApiError::new(422, "Invalid", format!("{kind}.{group} \"\" is invalid: {why}")))?;
@@ -535,13 +512,22 @@ async fn serve_explain(state: &ServerState, rest: &str, req: &Request<Incoming>)
 }
 
 /// The authorizer chain on one request (`auth::authorize`). A refusal first lets the RBAC
-/// policy reach the store revision the request saw (a binding created just before by the
-/// same client), then decides again.
+/// policy and the node graph reach the store revision the request saw (a binding created, a
+/// pod bound just before), then decides again.
 async fn authorize(state: &ServerState, user: &User, action: &Action<'_>, body: Option<&Value>, seen: Revision) -> Result<(), String> {
-    let decide = || auth::authorize(user, action, &Graph(&state.api), body, &state.rbac.read());
+    let decide = || auth::authorize(user, action, &*state.node_graph.read(), body, &state.rbac.read());
     match decide() {
-        Err(_) if state.rbac.applied() < seen && state.rbac.caught_up(seen, std::time::Duration::from_secs(1)).await => decide(),
+        Err(_) if state.caught_up(seen).await => decide(),
         other => other,
+    }
+}
+
+impl ServerState {
+    /// Whether the authorizer's views were behind `seen` and reached it (within a second).
+    async fn caught_up(&self, seen: Revision) -> bool {
+        let within = std::time::Duration::from_secs(1);
+        let behind = self.rbac.applied() < seen || self.node_graph.applied() < seen;
+        behind && self.rbac.caught_up(seen, within).await && self.node_graph.caught_up(seen, within).await
     }
 }
 
@@ -591,7 +577,7 @@ async fn route(state: &Arc<ServerState>, cert_user: Option<User>, req: Request<I
     };
     // Impersonation (kubectl --as): the requester must be allowed to impersonate each part.
     let user = {
-        let may = |a: &Attributes<'_>| auth::authorize(&user, &Action::Resource(a.clone()), &Graph(&state.api), None, &state.rbac.read());
+        let may = |a: &Attributes<'_>| auth::authorize(&user, &Action::Resource(a.clone()), &*state.node_graph.read(), None, &state.rbac.read());
         crate::rbac::impersonation::impersonate(&user, req.headers(), &may)?.unwrap_or(user)
     };
     crate::rbac::escalation::set_requester(crate::rbac::escalation::Requester { user: user.clone(), policy: state.rbac.clone(), seen });

@@ -14,6 +14,7 @@
 mod cache;
 mod embedded;
 pub mod etcd;
+pub mod follow;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
