@@ -259,7 +259,7 @@ impl Api {
         let class = old.pointer("/spec/storageClassName").and_then(|v| v.as_str()).unwrap_or("");
         let expandable = if bound && !class.is_empty() {
             let classes = resources::find("storage.k8s.io", "v1", "storageclasses").ok_or_else(|| ApiError::internal("no storageclasses"))?;
-            match self.store.get(&classes.key(None, class)).await? {
+            match self.current(&classes.key(None, class)).await? {
                 Some(r) => r.json()?.get("allowVolumeExpansion").and_then(|v| v.as_bool()) == Some(true),
                 None => false,
             }
@@ -310,10 +310,12 @@ impl Api {
         self.allocations.first_ip()
     }
 
-    /// Fails unless the namespace exists and is not terminating (upstream's NamespaceLifecycle).
+    /// Fails unless the namespace exists and is not terminating (upstream's NamespaceLifecycle,
+    /// which also looks a namespace its informer does not hold up live before refusing: one
+    /// created through another replica a moment ago exists).
     async fn check_namespace(&self, ns: &str, creating: bool) -> Result<(), ApiError> {
         let nsres = resources::find("", "v1", "namespaces").ok_or_else(|| ApiError::internal("no namespaces"))?;
-        match self.store.get(&nsres.key(None, ns)).await? {
+        match self.current(&nsres.key(None, ns)).await? {
             None => Err(ApiError::not_found("namespaces", ns)),
             Some(r) if creating => {
                 let v = r.json()?;

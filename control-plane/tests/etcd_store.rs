@@ -540,3 +540,51 @@ fn the_server_exits_with_a_clear_error_when_etcd_is_unreachable() {
     assert!(stderr.contains(&format!("etcd at http://127.0.0.1:{port} did not answer within")), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(60));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn writes_through_a_server_whose_cache_lags_find_what_another_server_wrote() {
+    use ferro_control_plane::alloc::{Cidr, IpAllocator, PortAllocator};
+    use ferro_control_plane::api::{Api, DeleteOptions, Endpoint, PatchType};
+    use ferro_control_plane::resources;
+    let etcd = Etcd::start();
+    let api = |store: EtcdStore| async move {
+        let ips = IpAllocator::new(Cidr::parse("10.96.0.0/24").unwrap());
+        Api::new(Arc::new(store), ips, PortAllocator::parse("30000-32767").unwrap()).await.unwrap()
+    };
+    // a server whose cache applies each batch of events 10 s late, and one that writes
+    let lagging = EtcdStore::connect(
+        EtcdOptions { apply_delay: Duration::from_secs(10), ..options(&etcd.url(), 100) },
+        etcd_key_layout("/registry"),
+        ferro_control_plane::strategy::indexer(),
+    )
+    .await
+    .unwrap();
+    let (lagging, writer) = (api(lagging).await, api(connect(&etcd.url(), 100).await).await);
+    let namespaces = resources::find("", "v1", "namespaces").unwrap();
+    let cms = resources::find("", "v1", "configmaps").unwrap();
+    writer.create(namespaces, None, json!({"metadata": {"name": "team"}}), false).await.unwrap();
+    for name in ["deleted", "patched", "replaced"] {
+        writer.create(cms, Some("team"), json!({"metadata": {"name": name}, "data": {"k": "v"}}), false).await.unwrap();
+    }
+    // through the lagging server, before its cache holds any of it
+    lagging.delete(cms, Some("team"), "deleted", &DeleteOptions::default()).await.expect("delete");
+    let patch = json!({"metadata": {"labels": {"by": "lagging"}}});
+    let mut warnings = Vec::new();
+    lagging
+        .patch(cms, Some("team"), "patched", PatchType::Merge, &patch, Endpoint::Main, "Strict", &mut warnings, false)
+        .await
+        .expect("patch");
+    let replaced = json!({"metadata": {"name": "replaced", "namespace": "team"}, "data": {"k": "w"}});
+    lagging.update(cms, Some("team"), "replaced", replaced, Endpoint::Main, false).await.expect("update");
+    lagging.create(cms, Some("team"), json!({"metadata": {"name": "new"}}), false).await.expect("the namespace exists");
+    // what the writer sees
+    let get = |name: &'static str| {
+        let writer = &writer;
+        async move { writer.get_latest(cms, Some("team"), name).await.ok().map(|r| r.json().unwrap()) }
+    };
+    assert!(get("new").await.is_some());
+    assert!(get("deleted").await.is_none());
+    assert_eq!(get("patched").await.unwrap().pointer("/metadata/labels/by"), Some(&json!("lagging")));
+    assert_eq!(get("replaced").await.unwrap().pointer("/data/k"), Some(&json!("w")));
+}

@@ -650,6 +650,17 @@ async fn writes_through_one_replica_find_objects_just_created_through_the_other(
             failed.push(format!("{name}: {e}"));
         }
     }
+    // objects created through b in a namespace created through a a moment before
+    use k8s_openapi::api::core::v1::Namespace;
+    let namespaces: Api<Namespace> = Api::all(a.client().await);
+    let cb = b.client().await;
+    for i in 0..30 {
+        let ns = format!("team{i}");
+        namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap()).await.unwrap();
+        if let Err(e) = Api::<ConfigMap>::namespaced(cb.clone(), &ns).create(&PostParams::default(), &cm("x")).await {
+            failed.push(format!("configmap in {ns}: {e}"));
+        }
+    }
     assert!(failed.is_empty(), "writes through b that did not find what a had acknowledged: {failed:?}");
     // and they took effect
     let left = on_a.list(&ListParams::default()).await.unwrap();
