@@ -387,7 +387,13 @@ impl Api {
                     None if rev == self.store.revision() => {
                         (Arc::new(self.store.list(&prefix).await?.records), rev, Some(start))
                     }
-                    None => return Err(ApiError::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.")),
+                    // the first page came from another API server (or this one forgot it):
+                    // the store at that revision, while it has it
+                    None => match self.store.list_at(&prefix, rev).await {
+                        Ok(listing) => (Arc::new(listing.records), rev, Some(start)),
+                        Err(StoreError::Compacted { .. }) => return Err(ApiError::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.")),
+                        Err(e) => return Err(e.into()),
+                    },
                 }
             }
             None => {

@@ -279,6 +279,9 @@ async fn watches_older_than_the_cache_are_compacted_and_etcd_is_compacted_on_sch
         Err(e) => panic!("expected Compacted, got {e:?}"),
         Ok(_) => panic!("expected Compacted, got a watch"),
     }
+    // a list at an earlier revision comes from etcd while etcd has it (a continued list)
+    let at = store.list_at(POD_KEY, revs[1]).await.unwrap();
+    assert_eq!((at.revision, at.records.len()), (revs[1], 2));
     // Compaction rounds every 300 ms: the second one compacts what the first recorded.
     let first = revs[0].to_string();
     wait_until("etcd to compact the first write's revision", || {
@@ -286,6 +289,10 @@ async fn watches_older_than_the_cache_are_compacted_and_etcd_is_compacted_on_sch
         String::from_utf8_lossy(&out.stderr).contains("compacted")
     })
     .await;
+    match store.list_at(POD_KEY, revs[0]).await {
+        Err(StoreError::Compacted { requested, .. }) => assert_eq!(requested, revs[0]),
+        other => panic!("expected Compacted, got {other:?}"),
+    }
     // the store keeps serving and writing
     store.write(Op::Create { key: key("after"), value: pod("after", json!({}), "") }).await.unwrap();
     assert_eq!(store.list(POD_KEY).await.unwrap().records.len(), 7);

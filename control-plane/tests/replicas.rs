@@ -668,3 +668,36 @@ async fn writes_through_one_replica_find_objects_just_created_through_the_other(
     assert_eq!(left.items.iter().filter(|c| c.metadata.labels.as_ref().and_then(|l| l.get("seen")).map(String::as_str) == Some("b")).count(), 100);
     assert_eq!(left.items.iter().filter(|c| c.data.as_ref().and_then(|d| d.get("by")).map(String::as_str) == Some("b")).count(), 100);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "privileged: needs etcd (Debian etcd-server), run by scripts/test.sh"]
+async fn a_list_continued_through_the_other_replica_is_the_list_at_its_revision() {
+    let etcd = Etcd::start();
+    let a = Server::replica(&etcd, None, ELECTION);
+    let b = Server::replica(&etcd, Some(&a), ELECTION);
+    let on_a: Api<ConfigMap> = Api::namespaced(a.client().await, "default");
+    let on_b: Api<ConfigMap> = Api::namespaced(b.client().await, "default");
+    for i in 0..25 {
+        on_a.create(&PostParams::default(), &cm(&format!("p{i:02}"))).await.unwrap();
+    }
+    let first = on_a.list(&ListParams::default().limit(10)).await.unwrap();
+    let rv = first.metadata.resource_version.clone().unwrap();
+    // the store moves on after the first page
+    on_a.create(&PostParams::default(), &cm("p99")).await.unwrap();
+    on_a.delete("p20", &DeleteParams::default()).await.unwrap();
+    // the rest through b, which never saw the first page (behind a load balancer)
+    let mut names: Vec<String> = first.items.iter().filter_map(|c| c.metadata.name.clone()).collect();
+    let mut token = first.metadata.continue_.clone().filter(|t| !t.is_empty());
+    let mut pages = 1;
+    while let Some(t) = token {
+        let page = on_b.list(&ListParams::default().limit(10).continue_token(&t)).await.expect("a continued list through the other replica");
+        assert_eq!(page.metadata.resource_version.as_deref(), Some(rv.as_str()), "every page is of the first page's revision");
+        names.extend(page.items.iter().filter_map(|c| c.metadata.name.clone()));
+        token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
+        pages += 1;
+    }
+    let ours: Vec<String> = names.into_iter().filter(|n| n.starts_with('p')).collect();
+    let expected: Vec<String> = (0..25).map(|i| format!("p{i:02}")).collect();
+    assert_eq!(ours, expected, "the list as it was at {rv}: p20 in it, p99 not");
+    assert!(pages >= 3, "{pages} pages");
+}

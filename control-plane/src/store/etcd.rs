@@ -983,6 +983,22 @@ impl Store for EtcdStore {
             got
         })
     }
+
+    fn list_at<'a>(&'a self, prefix: &'a str, rev: Revision) -> BoxFuture<'a, Result<Listing, StoreError>> {
+        Box::pin(async move {
+            let eprefix = self.layout.to_etcd(prefix).ok_or_else(|| StoreError::InvalidValue(format!("no etcd key for {prefix}")))?;
+            let mut kv = self.kv.clone();
+            match load_prefix(&mut kv, &self.layout, self.cache.indexer(), &eprefix, rev, self.request_timeout).await {
+                Ok((mut records, _)) => {
+                    records.retain(|r| r.key.starts_with(prefix));
+                    records.sort_by(|a, b| a.key.cmp(&b.key));
+                    Ok(Listing { records, revision: rev })
+                }
+                Err(e) if is_compacted(&e) => Err(StoreError::Compacted { requested: rev, oldest: self.oldest_watchable() }),
+                Err(e) => Err(etcd_err(e)),
+            }
+        })
+    }
 }
 
 impl EtcdStore {

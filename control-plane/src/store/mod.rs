@@ -200,6 +200,15 @@ pub trait Store: Send + Sync + 'static {
     fn list_latest<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing, StoreError>> {
         self.list(prefix)
     }
+    /// [`Store::list`] as it was at revision `rev`: the rest of a paged list whose snapshot
+    /// this server does not hold (its first page came from another API server; upstream reads
+    /// a continued list from etcd at the list's revision). `Compacted` when the store no longer
+    /// has that revision; a store without history of its own (the embedded one) has only the
+    /// API's snapshots.
+    fn list_at<'a>(&'a self, prefix: &'a str, rev: Revision) -> BoxFuture<'a, Result<Listing, StoreError>> {
+        let _ = prefix;
+        Box::pin(async move { Err(StoreError::Compacted { requested: rev, oldest: self.oldest_watchable() }) })
+    }
 }
 
 /// Sets `metadata.resourceVersion` of an object to `rev` and returns its JSON bytes (keys in
