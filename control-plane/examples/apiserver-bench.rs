@@ -194,6 +194,22 @@ async fn main() {
         lists.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     println!("list {n} pods (kube-rs, incl. decoding): min {:.0} ms, median {:.0} ms", pct(&mut lists.clone(), 0.0), pct(&mut lists, 0.5));
+    // the same list as bytes (the server's part and the transfer, without the client's decoding)
+    let mut raw = Vec::new();
+    let mut size = 0;
+    for _ in 0..5 {
+        let req = http::Request::get("/api/v1/namespaces/default/pods").body(Vec::new()).unwrap();
+        let t = Instant::now();
+        let body = client.request_text(req).await.unwrap();
+        raw.push(t.elapsed().as_secs_f64() * 1000.0);
+        size = body.len();
+    }
+    println!(
+        "list {n} pods (the response's {:.1} MiB as text, no decoding): min {:.0} ms, median {:.0} ms",
+        size as f64 / 1048576.0,
+        pct(&mut raw.clone(), 0.0),
+        pct(&mut raw, 0.5)
+    );
     println!("RSS with {n} pods: {:.1} MiB", rss_mib(server.child.id()));
 
     // 3. watch delay
