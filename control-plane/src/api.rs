@@ -456,14 +456,11 @@ impl Api {
     /// from is delivered as an ERROR event (upstream's behaviour), so clients relist.
     /// Like upstream's watch cache: waits up to 3 s for a revision to be readable here.
     async fn reach(&self, rv: Revision) -> Result<(), ApiError> {
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while rv > self.store.revision() {
-            if Instant::now() >= deadline {
-                return Err(ApiError::too_large_resource_version(rv, self.store.revision()));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        if self.store.wait_for(rv, Duration::from_secs(3)).await {
+            Ok(())
+        } else {
+            Err(ApiError::too_large_resource_version(rv, self.store.revision()))
         }
-        Ok(())
     }
 
     pub fn watch(

@@ -500,6 +500,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_wait_for_a_revision_ends_when_a_write_reaches_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Arc::new(open(dir.path(), 100));
+        s.write(Op::Create { key: "/k/0".into(), value: json!({}) }).await.unwrap();
+        assert!(s.wait_for(1, std::time::Duration::ZERO).await);
+        // not reached: the wait ends at its deadline, false
+        assert!(!s.wait_for(2, std::time::Duration::from_millis(20)).await);
+        let waiter = tokio::spawn({
+            let s = s.clone();
+            async move { s.wait_for(3, std::time::Duration::from_secs(600)).await }
+        });
+        tokio::task::yield_now().await;
+        for i in 1..3 {
+            s.write(Op::Create { key: format!("/k/{i}"), value: json!({}) }).await.unwrap();
+        }
+        assert!(waiter.await.unwrap());
+        assert_eq!(s.revision(), 3);
+    }
+
+    #[tokio::test]
     async fn watch_from_compacted_revision_fails() {
         let dir = tempfile::tempdir().unwrap();
         let s = open(dir.path(), 3);

@@ -932,6 +932,11 @@ impl Store for EtcdStore {
         self.cache.revision().max(self.acked.latest())
     }
 
+    fn wait_for(&self, rev: Revision, within: std::time::Duration) -> BoxFuture<'_, bool> {
+        // the cache's progress moves with events and with progress notifications alike
+        Box::pin(self.cache.wait_for(rev, within))
+    }
+
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move {
             if let Some(rev) = self.acked.pending(key, self.cache.revision()) {

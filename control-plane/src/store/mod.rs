@@ -209,6 +209,30 @@ pub trait Store: Send + Sync + 'static {
         let _ = prefix;
         Box::pin(async move { Err(StoreError::Compacted { requested: rev, oldest: self.oldest_watchable() }) })
     }
+    /// Waits until [`Store::revision`] is at least `rev`, or `within` passes; true when it is.
+    /// Woken by the store's own progress (a read with a resourceVersion ahead of this server,
+    /// as upstream's watch cache waits for it), not by polling. The default follows the
+    /// store's events; a store whose revision also moves without an event (etcd's progress
+    /// notifications) overrides it.
+    fn wait_for(&self, rev: Revision, within: std::time::Duration) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            if self.revision() >= rev {
+                return true;
+            }
+            let Ok(mut watch) = self.watch(self.revision()) else { return self.revision() >= rev };
+            let reached = async {
+                while self.revision() < rev {
+                    match watch.recv().await {
+                        Ok(ev) if ev.rev >= rev => break,
+                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(broadcast::error::RecvError::Closed) => break,
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(within, reached).await;
+            self.revision() >= rev
+        })
+    }
 }
 
 /// Sets `metadata.resourceVersion` of an object to `rev` and returns its JSON bytes (keys in
