@@ -2,10 +2,12 @@
 //! as agent/tests/pods.rs: ferro-control-plane, containerd 1.6 + runc, ferro-cni, ferro-agent).
 //!
 //!   cargo build --release --workspace --all-targets
-//!   ./target/release/examples/pod-startup-bench [--pods 30] [--idle-seconds 20] [--oci-runtime /usr/bin/crun]
+//!   ./target/release/examples/pod-startup-bench [--pods 30] [--idle-seconds 20] [--rounds R]
+//!       [--oci-runtime /usr/bin/crun] [--agent-log info,ferro_agent=debug]
 //!
 //! `--oci-runtime` makes containerd's runc shim run another OCI runtime binary (its
-//! `BinaryName` option) instead of runc.
+//! `BinaryName` option) instead of runc. The agent logs at info, as installed, unless
+//! `--agent-log` gives another RUST_LOG filter.
 //!
 //! The floor: first, in the same lab, the same N pods are created straight through CRI by this
 //! program (RunPodSandbox, CreateContainer, StartContainer per pod, all N at once, image
@@ -348,7 +350,14 @@ fn main() {
         .position(|a| a == "--oci-runtime")
         .map(|i| std::path::PathBuf::from(args.get(i + 1).expect("--oci-runtime takes a path")));
     println!("OCI runtime: {}", runtime.as_ref().map_or("runc".into(), |p| p.display().to_string()));
-    let lab = lab::Lab::start_full("bench", lab::NO_IMAGE_GC, runtime);
+    // The agent logs as installed (info: the systemd unit sets no RUST_LOG) unless
+    // `--agent-log FILTER` says otherwise (the tests' labs use "info,ferro_agent=debug").
+    let agent_log: &'static str = args
+        .iter()
+        .position(|a| a == "--agent-log")
+        .map_or("info", |i| Box::leak(args.get(i + 1).expect("--agent-log takes a filter").clone().into_boxed_str()));
+    println!("agent log filter: {agent_log}");
+    let lab = lab::Lab::start_logging("bench", lab::NO_IMAGE_GC, runtime, None, agent_log);
     let pid = lab.agent.pid().unwrap();
     std::thread::sleep(Duration::from_secs(5));
     let (rss0, cpu0) = footprint(pid, idle);

@@ -140,6 +140,8 @@ pub struct Lab {
     pub dir: tempfile::TempDir,
     pub cgroup_root: String,
     pub agent_logs: u32,
+    /// The agent's RUST_LOG.
+    pub agent_rust_log: &'static str,
     /// The agent's --root-dir from the next [`Lab::start_agent`] (default `<dir>/agent`).
     pub agent_root: Option<PathBuf>,
     /// Extra flags for ferro-agent, used from the next [`Lab::start_agent`].
@@ -188,6 +190,18 @@ impl Lab {
     /// `root_fs_bytes` of its own when given, so that its usage does not depend on the host's
     /// disk.
     pub fn start_on(tag: &str, extra_config: &str, runtime_binary: Option<PathBuf>, root_fs_bytes: Option<u64>) -> Lab {
+        Self::start_logging(tag, extra_config, runtime_binary, root_fs_bytes, "info,ferro_agent=debug")
+    }
+
+    /// As [`Lab::start_on`], with the agent's RUST_LOG `agent_log` (the tests' labs log the
+    /// agent at debug; installed, it logs at info: the systemd unit sets no RUST_LOG).
+    pub fn start_logging(
+        tag: &str,
+        extra_config: &str,
+        runtime_binary: Option<PathBuf>,
+        root_fs_bytes: Option<u64>,
+        agent_log: &'static str,
+    ) -> Lab {
         ferro_lab::require_root().unwrap();
         ferro_lab::require_bin("nsenter", "util-linux").unwrap();
         ferro_lab::require_bin("kubectl", "kubernetes-client").unwrap();
@@ -229,7 +243,7 @@ impl Lab {
         ctrd.import(&tars.busybox).unwrap();
 
         let cgroup_root = format!("/ferro-lab-{tag}-{}", std::process::id());
-        let mut lab = Lab { agent: Proc(None), ctrd, cp, ns, dir, cgroup_root, agent_logs: 0, agent_args: Vec::new(), agent_root: None };
+        let mut lab = Lab { agent: Proc(None), ctrd, cp, ns, dir, cgroup_root, agent_logs: 0, agent_rust_log: agent_log, agent_args: Vec::new(), agent_root: None };
         lab.start_cp();
         let kubeconfig = lab.node_kubeconfig();
         lab.write_agent_config(extra_config);
@@ -350,7 +364,7 @@ impl Lab {
             .arg(self.dir.path().join("agent.yaml"))
             .args(["--cgroup-root", &self.cgroup_root])
             .args(&self.agent_args)
-            .env("RUST_LOG", "info,ferro_agent=debug")
+            .env("RUST_LOG", self.agent_rust_log)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
