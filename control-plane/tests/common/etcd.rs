@@ -24,10 +24,7 @@ pub struct Etcd {
     child: Option<Child>,
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
+use super::free_port;
 
 fn require_etcd() {
     for bin in ["etcd", "etcdctl"] {
@@ -239,13 +236,30 @@ impl EtcdCluster {
         builder.prefix("ferro-etcd-cluster-test");
         let dir = if shm.is_dir() { builder.tempdir_in(shm) } else { builder.tempdir() }.unwrap();
         let members = (0..n)
-            .map(|i| Member { name: format!("{}-m{i}", dir_name(&dir)), client_port: free_port(), peer_port: free_port(), child: None })
+            .map(|i| Member { name: format!("{}-m{i}", dir_name(&dir)), client_port: 0, peer_port: 0, child: None })
             .collect();
         let mut c = EtcdCluster { dir, members };
-        for i in 0..n {
-            c.spawn(i, "new");
+        // A port taken between choosing it and a member binding it: the whole cluster again
+        // on new ports (the members name each other's peer ports).
+        for attempt in 0.. {
+            for m in &mut c.members {
+                (m.client_port, m.peer_port) = (free_port(), free_port());
+            }
+            for i in 0..n {
+                c.spawn(i, "new");
+            }
+            match c.healthy(None) {
+                Ok(()) => break,
+                Err(log) if attempt < 3 && log.contains("address already in use") => {
+                    for i in 0..n {
+                        c.kill9(i);
+                        let _ = std::fs::remove_dir_all(c.dir.path().join(&c.members[i].name));
+                        let _ = std::fs::remove_file(c.dir.path().join(format!("{}.log", c.members[i].name)));
+                    }
+                }
+                Err(log) => panic!("{log}"),
+            }
         }
-        c.wait_healthy(None);
         c
     }
 
@@ -271,6 +285,14 @@ impl EtcdCluster {
 
     /// Waits until every running member (or just `only`) reports healthy.
     fn wait_healthy(&mut self, only: Option<usize>) {
+        if let Err(log) = self.healthy(only) {
+            panic!("{log}");
+        }
+    }
+
+    /// As [`EtcdCluster::wait_healthy`]; a member that exited or did not become healthy is
+    /// an error with its log.
+    fn healthy(&mut self, only: Option<usize>) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(60);
         for i in 0..self.members.len() {
             if only.is_some_and(|o| o != i) || self.members[i].child.is_none() {
@@ -278,7 +300,7 @@ impl EtcdCluster {
             }
             loop {
                 if let Some(status) = self.members[i].child.as_mut().unwrap().try_wait().unwrap() {
-                    panic!("etcd member {i} exited with {status}: {}", self.log(i));
+                    return Err(format!("etcd member {i} exited with {status}: {}", self.log(i)));
                 }
                 // healthy, and this cluster's member (not another test's etcd on the port)
                 if self.etcdctl_member(i, &["endpoint", "health"]).status.success()
@@ -286,10 +308,13 @@ impl EtcdCluster {
                 {
                     break;
                 }
-                assert!(Instant::now() < deadline, "etcd member {i} did not become healthy: {}", self.log(i));
+                if Instant::now() >= deadline {
+                    return Err(format!("etcd member {i} did not become healthy: {}", self.log(i)));
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        Ok(())
     }
 
     pub fn log(&self, i: usize) -> String {

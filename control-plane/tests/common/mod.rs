@@ -46,9 +46,35 @@ pub const FAST_ELECTION: &[&str] = &[
 
 use ferro_lab::listens;
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
+/// A port on 127.0.0.1 nothing listens on now, chosen outside the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`): a port asked of the kernel with bind(0) comes from that
+/// range, which every outgoing connection's local port also comes from, so a server (or etcd
+/// member) killed and started again on its port could find it taken by any client's
+/// connection in between. Below the range only a listener chosen the same way can collide, and
+/// the fixtures choose again when their first bind fails.
+pub fn free_port() -> u16 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|l| l.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    // 10000.. below the range (when the range leaves room): no well-known service there
+    let (from, to) = if low > 12000 { (10000u16, low) } else { (0, 0) };
+    for _ in 0..1000 {
+        if to == 0 {
+            break;
+        }
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(N.fetch_add(1, Ordering::Relaxed));
+        h.write_u32(std::process::id());
+        let port = from + (h.finish() % u64::from(to - from)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 impl Server {
