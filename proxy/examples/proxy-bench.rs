@@ -10,7 +10,13 @@
 //!   drift), and, for iptables, what listing the nat table with `iptables-save` costs (the
 //!   full sync's read before it used `iptables -S` of the built-in chains and the netlink
 //!   chain dump; `--no-save` skips it: minutes at 10,000 Services);
+//! - the smallest change's floor on the loaded table: a netlink commit of an empty chain, of a
+//!   chain with one jump (the kernel re-validates the table's jump graph), and in iptables
+//!   mode `iptables-restore --noflush` of one chain;
 //! - CPU (user+system of this process and its children) per sync, and this process's peak RSS.
+//!
+//! `--no-floor` skips the floor's second load and `--no-full` the full sync (each minutes in
+//! iptables mode at 10,000 Services).
 //!
 //! The model is built in memory (the informer path is not included: see docs/performance.md).
 //!
@@ -174,7 +180,11 @@ fn run_in(ns: &NetNs, mode: &str, services: u32, endpoints: u32, changes: usize)
     let cidrs = vec!["10.244.0.0/16".parse().unwrap()];
     let mut backend: Box<dyn Backend> = match mode {
         "iptables" => Box::new(IptablesBackend::new(runner, Box::new(ferro_proxy::nfcount::Netlink::new()), cidrs, false, vec![])),
-        _ => Box::new(NftBackend::new(runner, Box::new(ferro_proxy::nfcount::Netlink::new()), cidrs, false, vec![])),
+        // as ferro-proxy runs it: partial syncs through netlink (proxy/src/backend.rs)
+        _ => Box::new(
+            NftBackend::new(runner, Box::new(ferro_proxy::nfcount::Netlink::new()), cidrs, false, vec![])
+                .with_writer(Box::new(ferro_proxy::nftables::netlink::Kernel::new(None))),
+        ),
     };
     let node = NodeInfo { name: "bench".into(), zone: None };
     let mut m = model(services, endpoints);
@@ -184,7 +194,7 @@ fn run_in(ns: &NetNs, mode: &str, services: u32, endpoints: u32, changes: usize)
     let cold = t.elapsed();
     let cold_cpu = cpu().0 - c0.0;
     let text = last.lock().unwrap().clone();
-    let floor = load_floor(mode, &text, mode);
+    let floor = (!std::env::args().any(|a| a == "--no-floor")).then(|| load_floor(mode, &text, mode));
     let mut times = Vec::with_capacity(changes);
     let c1 = cpu();
     for k in 0..changes {
@@ -199,6 +209,11 @@ fn run_in(ns: &NetNs, mode: &str, services: u32, endpoints: u32, changes: usize)
     }
     let change_cpu = (cpu().0 - c1.0) / changes.max(1) as u32;
     let (p50, p99) = (pct(&mut times, 0.5), pct(&mut times, 0.99));
+    commit_floors(mode);
+    if std::env::args().any(|a| a == "--no-full") {
+        print_summary(mode, services, endpoints, cold, floor, cold_cpu, p50, p99, change_cpu, text.len());
+        return;
+    }
     let c2 = cpu();
     let t = Instant::now();
     let rep = backend.sync(std::slice::from_ref(&m), &node, true).unwrap();
@@ -217,16 +232,79 @@ fn run_in(ns: &NetNs, mode: &str, services: u32, endpoints: u32, changes: usize)
         ms(full_cpu),
         save.map(|d| format!("; iptables-save -t nat alone {}", ms(d))).unwrap_or_default()
     );
+    print_summary(mode, services, endpoints, cold, floor, cold_cpu, p50, p99, change_cpu, text.len());
+}
+
+#[allow(clippy::too_many_arguments)]
+fn print_summary(
+    mode: &str,
+    services: u32,
+    endpoints: u32,
+    cold: Duration,
+    floor: Option<Duration>,
+    cold_cpu: Duration,
+    p50: Duration,
+    p99: Duration,
+    change_cpu: Duration,
+    text_len: usize,
+) {
+    let floor = floor.map_or("floor not measured".to_string(), |f| format!("floor {}: {:.2}x", ms(f), cold.as_secs_f64() / f.as_secs_f64()));
     println!(
-        "{mode:9} {services} svc x {endpoints} ep: cold sync {} (floor {}: {:.2}x), cpu {}; one change p50 {} p99 {}, cpu/change {}; restore text {:.1} MiB",
+        "{mode:9} {services} svc x {endpoints} ep: cold sync {} ({floor}), cpu {}; one change p50 {} p99 {}, cpu/change {}; restore text {:.1} MiB",
         ms(cold),
-        ms(floor),
-        cold.as_secs_f64() / floor.as_secs_f64(),
         ms(cold_cpu),
         ms(p50),
         ms(p99),
         ms(change_cpu),
-        text.len() as f64 / 1048576.0
+        text_len as f64 / 1048576.0
+    );
+}
+
+/// What the kernel (and, in iptables mode, the tool) alone takes for the smallest change, on
+/// the table as loaded, in this run: a netlink commit that adds an empty chain (nothing for the
+/// kernel to validate), one that adds a chain with one `jump` rule (nf_tables re-validates
+/// the table's whole jump graph from its base chains at such a commit: an endpoint change
+/// always adds a jump or a dnat), and in iptables mode `iptables-restore --noflush` of a text
+/// declaring one chain (the tool fetches the table first). Each probe is undone at once; the
+/// medians of `PROBES` rounds are printed.
+fn commit_floors(mode: &str) {
+    use ferro_proxy::nftables::netlink::{Kernel, NftWriter, Op};
+    use ferro_proxy::nftables::rule::Rule;
+    const PROBES: usize = 15;
+    let (table, target) = if mode == "iptables" { ("nat", "KUBE-MARK-MASQ") } else { ("kube-proxy", ferro_proxy::nftables::rule::MARK_CHAIN) };
+    let mut k = Kernel::new(None);
+    let probe = "ferro-bench-probe".to_string();
+    let mut time = |ops: Vec<Op>| {
+        let t = Instant::now();
+        k.apply(Family::V4, table, &ops).unwrap();
+        let took = t.elapsed();
+        k.apply(Family::V4, table, &[Op::FlushChain(probe.clone()), Op::DeleteChain(probe.clone())]).unwrap();
+        took
+    };
+    let mut empty: Vec<Duration> = (0..PROBES).map(|_| time(vec![Op::AddChain(probe.clone())])).collect();
+    let mut jump: Vec<Duration> = (0..PROBES)
+        .map(|_| time(vec![Op::AddChain(probe.clone()), Op::AddRule { chain: probe.clone(), rule: Rule::Jump(target.into()) }]))
+        .collect();
+    let tool = (mode == "iptables").then(|| {
+        let mut v: Vec<Duration> = (0..PROBES)
+            .map(|_| {
+                let t = Instant::now();
+                let mut c = Command::new("iptables-restore").args(["-w", "--noflush"]).stdin(Stdio::piped()).spawn().unwrap();
+                std::io::Write::write_all(c.stdin.as_mut().unwrap(), b"*nat\n:FERRO-BENCH-PROBE - [0:0]\nCOMMIT\n").unwrap();
+                assert!(c.wait().unwrap().success(), "iptables-restore of the probe failed");
+                let took = t.elapsed();
+                let st = Command::new("iptables").args(["-w", "-t", "nat", "-X", "FERRO-BENCH-PROBE"]).status().unwrap();
+                assert!(st.success(), "iptables -X of the probe failed");
+                took
+            })
+            .collect();
+        pct(&mut v, 0.5)
+    });
+    println!(
+        "{mode:9} smallest change on this table (median of {PROBES}): netlink commit of an empty chain {}, of a chain with one jump {}{}",
+        ms(pct(&mut empty, 0.5)),
+        ms(pct(&mut jump, 0.5)),
+        tool.map(|d| format!(", iptables-restore --noflush of one chain {}", ms(d))).unwrap_or_default()
     );
 }
 
