@@ -3,7 +3,15 @@
 //!
 //!   cargo build --release --workspace --all-targets
 //!   ./target/release/examples/pod-startup-bench [--pods 30] [--idle-seconds 20] [--rounds R]
-//!       [--oci-runtime /usr/bin/crun] [--agent-log info,ferro_agent=debug]
+//!       [--oci-runtime /usr/bin/crun] [--agent-log info,ferro_agent=debug] [--lab-fs ext4]
+//!
+//! `--lab-fs ext4` puts the whole lab (the agent's root and pod log dirs, containerd's root and
+//! state, the control plane's data) on a fresh ext4 made with mkfs.ext4's defaults (with a
+//! journal, as Debian installs its root), loop-mounted under /var/tmp and removed at the end;
+//! without it the lab lives in $TMPDIR (/tmp) on whatever this machine has there. The choice
+//! matters on an ext4 without a journal: its inode allocator skips, one by one, the inodes
+//! freed in the last seconds (minutes while their inode table block is dirty), so every
+//! directory and file a pod start creates costs more after each round of deleted pods.
 //!
 //! `--oci-runtime` makes containerd's runc shim run another OCI runtime binary (its
 //! `BinaryName` option) instead of runc. The agent logs at info, as installed, unless
@@ -241,6 +249,66 @@ async fn floor_as_agent(socket: PathBuf, pods: Vec<Pod>, services: Vec<k8s_opena
     latencies_then_remove(rt, tasks).await
 }
 
+/// A fresh ext4 (mkfs.ext4's defaults: with a journal) on a loop device, mounted in a scratch
+/// dir under /var/tmp and made $TMPDIR, where every lab dir is created. Dropping the scratch
+/// unmounts it, detaches the loop device and removes the dir, also after a panic.
+fn lab_fs_ext4() -> ferro_lab::storage::Scratch {
+    let scratch = ferro_lab::storage::Scratch::new("ferro-bench-fs-").unwrap();
+    let (img, mnt) = (scratch.path().join("fs.img"), scratch.path().join("mnt"));
+    std::fs::File::create(&img).unwrap().set_len(16 << 30).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let run = |cmd: &mut std::process::Command| {
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(std::process::Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
+    run(std::process::Command::new("mount").args(["-o", "loop"]).arg(&img).arg(&mnt));
+    std::fs::set_permissions(&mnt, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    // Set at the start of main, before this program starts any thread.
+    std::env::set_var("TMPDIR", &mnt);
+    scratch
+}
+
+/// The type of the filesystem holding `path`, and whether an ext4 there has a journal.
+fn fs_of(path: &std::path::Path) -> String {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else { return "unknown".into() };
+    let Some((dev, fstype)) = mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 2 && path.starts_with(f[1])).then(|| (f[1].len(), f[0], f[2]))
+        })
+        .max_by_key(|(len, _, _)| *len)
+        .map(|(_, dev, fstype)| (dev, fstype))
+    else {
+        return "unknown".into();
+    };
+    if fstype != "ext4" {
+        return fstype.to_string();
+    }
+    // An ext4 with a journal lists it among its features (/sys/fs/ext4/<dev>/ has no journal
+    // file; /proc/fs/jbd2/<dev>-8 exists only for a journaled one).
+    let name = dev.trim_start_matches("/dev/");
+    let journaled = std::fs::read_dir("/proc/fs/jbd2")
+        .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("{name}-"))))
+        .unwrap_or(false);
+    format!("ext4, {}", if journaled { "with a journal" } else { "without a journal" })
+}
+
+/// CLOCK_MONOTONIC in seconds: the clock `perf record -k CLOCK_MONOTONIC` stamps samples with.
+fn monotonic() -> f64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
+    t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9
+}
+
+/// With FERRO_BENCH_WINDOWS set, a burst's window on CLOCK_MONOTONIC goes to stderr, to cut a
+/// profile of the agent (`perf record -k CLOCK_MONOTONIC -p <agent>`) down to the bursts.
+fn window(start: f64) {
+    if std::env::var_os("FERRO_BENCH_WINDOWS").is_some() {
+        eprintln!("burst window (CLOCK_MONOTONIC): {start:.6} {:.6}", monotonic());
+    }
+}
+
 /// The burst's pod `name` (ferro's pods and the agent-config floor's are the same).
 fn bench_pod(name: &str, node: Option<&str>) -> Pod {
     let mut spec = serde_json::json!({"terminationGracePeriodSeconds": 1, "containers": [{"name": "app", "image": lab::BUSYBOX, "command": ["sleep", "3600"]}]});
@@ -357,6 +425,19 @@ fn main() {
         .position(|a| a == "--agent-log")
         .map_or("info", |i| Box::leak(args.get(i + 1).expect("--agent-log takes a filter").clone().into_boxed_str()));
     println!("agent log filter: {agent_log}");
+    // Declared before the lab: dropped (unmounted, its loop device detached) after it.
+    let _lab_fs = match args.iter().position(|a| a == "--lab-fs").map(|i| args.get(i + 1).map(String::as_str)) {
+        None => {
+            println!("lab filesystem: {} ({})", std::env::temp_dir().display(), fs_of(&std::env::temp_dir()));
+            None
+        }
+        Some(Some("ext4")) => {
+            let fs = lab_fs_ext4();
+            println!("lab filesystem: {} (a fresh ext4 with a journal)", std::env::temp_dir().display());
+            Some(fs)
+        }
+        Some(other) => panic!("--lab-fs takes ext4, not {other:?}"),
+    };
     let lab = lab::Lab::start_logging("bench", lab::NO_IMAGE_GC, runtime, None, agent_log);
     let pid = lab.agent.pid().unwrap();
     std::thread::sleep(Duration::from_secs(5));
@@ -410,8 +491,10 @@ fn main() {
 
     let requests0 = lab.api_requests();
     let (agent_t0, ctrd_t0, wall0) = (bench_util::cpu_seconds(pid, acct.as_ref()), cpu_ticks(ctrd_pid), Instant::now());
+    let mark0 = monotonic();
     let (latencies, seen) = in_netns(ns_path, kubeconfig, move |client| burst(client, n).boxed());
     let burst_wall = wall0.elapsed().as_secs_f64();
+    window(mark0);
     let agent_cpu = bench_util::cpu_seconds(pid, acct.as_ref()) - agent_t0;
     let ctrd_cpu = (cpu_ticks(ctrd_pid) - ctrd_t0) as f64 / 100.0;
     let mut requests = lab.api_requests();
@@ -505,7 +588,9 @@ fn main() {
             std::thread::sleep(Duration::from_secs(5));
             let t0 = bench_util::cpu_seconds(pid, acct.as_ref());
             let (ns_path, kubeconfig) = (lab.ns.path(), lab.admin_kubeconfig());
+            let mark0 = monotonic();
             let (lat, _) = in_netns(ns_path, kubeconfig, move |client| burst(client, n).boxed());
+            window(mark0);
             cpu_per_pod.push((bench_util::cpu_seconds(pid, acct.as_ref()) - t0) * 1000.0 / n as f64);
             ratio_p50.push(pct(&lat, 50.0) / floor2_p50);
             ratio_p99.push(pct(&lat, 99.0) / floor2_p99);

@@ -68,7 +68,6 @@ impl Recorder {
                 None => None,
             }
         };
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &ns);
         let now = jiff::Timestamp::now();
         if let Some((ns_, name, count)) = repeat {
             let api: Api<Event> = Api::namespaced(self.client.clone(), &ns_);
@@ -94,11 +93,85 @@ impl Recorder {
             reporting_instance: Some(self.host.clone().unwrap_or_else(|| self.component.to_string())),
             ..Default::default()
         };
+        let request = serde_json::to_vec(&ev)
+            .map_err(kube::Error::SerdeError)
+            .and_then(|body| {
+                kube::core::Request::new(Event::url_path(&(), Some(&ns)))
+                    .create(&PostParams::default(), body)
+                    .map_err(kube::Error::BuildRequest)
+            });
         self.seen.lock().unwrap_or_else(|p| p.into_inner()).0.insert(key, (ns, name, 1, Instant::now()));
+        let client = self.client.clone();
+        // The answer (the event as stored) is not decoded: nothing reads it.
         tokio::spawn(async move {
-            if let Err(e) = api.create(&PostParams::default(), &ev).await {
+            if let Err(e) = async { client.request_text(request?).await }.await {
                 tracing::debug!(error = %e, "writing an event failed");
             }
         });
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt as _, Full};
+    use k8s_openapi::api::core::v1::Pod;
+    use tokio::sync::mpsc;
+
+    /// A client whose API server answers every request 201 with `{}` and hands (method, path,
+    /// body) to the test.
+    fn recording_client() -> (kube::Client, mpsc::UnboundedReceiver<(String, String, serde_json::Value)>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let tx = tx.clone();
+            async move {
+                let (method, path) = (req.method().to_string(), req.uri().path().to_string());
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                tx.send((method, path, serde_json::from_slice(&body).unwrap())).unwrap();
+                let resp = http::Response::builder()
+                    .status(201)
+                    .header("content-type", "application/json")
+                    .body(Full::new(bytes::Bytes::from_static(b"{}")))
+                    .unwrap();
+                Ok::<_, std::convert::Infallible>(resp)
+            }
+        });
+        (kube::Client::new(svc, "default"), rx)
+    }
+
+    fn pod() -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some("web".into());
+        p.metadata.namespace = Some("shop".into());
+        p.metadata.uid = Some("u-1".into());
+        p
+    }
+
+    #[tokio::test]
+    async fn an_event_is_created_once_and_its_repeat_bumps_the_count() {
+        let (client, mut rx) = recording_client();
+        let rec = Recorder::new(client, "kubelet").with_host("node-a");
+        rec.record(&pod(), "Normal", "Started", "Started container c".into());
+        let (method, path, body) = rx.recv().await.unwrap();
+        assert_eq!((method.as_str(), path.as_str()), ("POST", "/api/v1/namespaces/shop/events"));
+        assert_eq!(body["reason"], "Started");
+        assert_eq!(body["type"], "Normal");
+        assert_eq!(body["count"], 1);
+        assert_eq!(body["involvedObject"]["uid"], "u-1");
+        assert_eq!(body["involvedObject"]["kind"], "Pod");
+        assert_eq!(body["source"], serde_json::json!({"component": "kubelet", "host": "node-a"}));
+        let name = body["metadata"]["name"].as_str().unwrap().to_string();
+        assert!(name.starts_with("web."), "{name}");
+
+        rec.record(&pod(), "Normal", "Started", "Started container c".into());
+        let (method, path, body) = rx.recv().await.unwrap();
+        assert_eq!((method.as_str(), path), ("PATCH", format!("/api/v1/namespaces/shop/events/{name}")));
+        assert_eq!(body["count"], 2);
+
+        // Another message is another event.
+        rec.record(&pod(), "Warning", "BackOff", "Back-off restarting".into());
+        let (method, _, body) = rx.recv().await.unwrap();
+        assert_eq!((method.as_str(), &body["reason"]), ("POST", &serde_json::json!("BackOff")));
     }
 }

@@ -679,14 +679,25 @@ impl PodWorkers {
             return Ok(());
         };
         let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-        let api: kube::Api<Pod> = kube::Api::namespaced(client, &ns);
         // Static pods: the status goes to the mirror pod (same name, its own UID).
         let patch = if source == Source::File {
             serde_json::json!({"status": st})
         } else {
             serde_json::json!({"metadata": {"uid": uid}, "status": st})
         };
-        match api.patch_status(pod.metadata.name.as_deref().unwrap_or(""), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        // The answer (the whole pod) is not decoded: nothing here reads it, and the watch
+        // brings the pod anyway.
+        let request = kube::core::Request::new(<Pod as kube::Resource>::url_path(&(), Some(&ns))).patch_subresource(
+            "status",
+            pod.metadata.name.as_deref().unwrap_or(""),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        );
+        let written = match request {
+            Ok(request) => client.request_text(request).await,
+            Err(e) => Err(kube::Error::BuildRequest(e)),
+        };
+        match written {
             Ok(_) => {
                 self.with_state(uid, |s| s.last_status = Some(st));
                 Ok(())
