@@ -286,8 +286,7 @@ fn fs_of(path: &std::path::Path) -> String {
     if fstype != "ext4" {
         return fstype.to_string();
     }
-    // An ext4 with a journal lists it among its features (/sys/fs/ext4/<dev>/ has no journal
-    // file; /proc/fs/jbd2/<dev>-8 exists only for a journaled one).
+    // jbd2 lists a journal of its own (/proc/fs/jbd2/<dev>-<inode>) only for an ext4 with one.
     let name = dev.trim_start_matches("/dev/");
     let journaled = std::fs::read_dir("/proc/fs/jbd2")
         .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("{name}-"))))
