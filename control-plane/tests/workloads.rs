@@ -76,9 +76,14 @@ async fn deployment_rollout_scale_undo_and_pod_replacement_with_kubectl() {
         .then_some(())
     })
     .await;
+    // the Deployment's status follows its ReplicaSet's, which follows the pods: it converges a
+    // moment after the replacement runs, so wait for it rather than read it once
     let d: Api<Deployment> = Api::namespaced(client.clone(), "default");
-    let st = d.get("web").await.unwrap().status.unwrap();
-    assert_eq!((st.replicas, st.updated_replicas, st.available_replicas), (Some(5), Some(5), Some(5)));
+    eventually("deployment status counts the replacement", || async {
+        let st = d.get("web").await.unwrap().status.unwrap_or_default();
+        ((st.replicas, st.updated_replicas, st.available_replicas) == (Some(5), Some(5), Some(5))).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
