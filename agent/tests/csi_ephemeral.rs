@@ -59,7 +59,10 @@ fn waits_with_failed_mount(lab: &Lab, name: &str, want: &str) {
     lab.wait(&format!("a FailedMount event of {name} saying {want:?}"), MIN, |l| {
         failed_mounts(l, name).contains(want).then_some(())
     });
-    let p = lab.pod(name).unwrap();
+    // the event is posted before the sync writes the pod's status: wait for that too
+    let p = lab.wait_pod(name, &format!("{name} waiting with {want:?}"), MIN, |p| {
+        p["status"]["containerStatuses"][0]["state"]["waiting"]["message"].as_str().unwrap_or("").contains(want)
+    });
     assert_eq!(phase(&p), "Pending", "{}", p["status"]);
     let waiting = &p["status"]["containerStatuses"][0]["state"]["waiting"];
     assert_eq!(waiting["reason"], "ContainerCreating", "{}", p["status"]);

@@ -281,9 +281,17 @@ fn ferro_portmap_bandwidth_conflist_add_check_del() {
     let nat = nat_save(&node);
     assert!(!nat.contains(&pod_ip), "portmap rules left:\n{nat}");
     assert!(!nat.contains("CNI-DN-"), "portmap chain left:\n{nat}");
-    let links = node.exec_ok(&["ip", "-o", "link", "show"]).unwrap();
-    assert!(!links.contains("bwp"), "ifb device left:\n{links}");
+    // DEL hands the host veth to a detached `--reap-link` child, so wait for it to go
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let links = loop {
+        let links = node.exec_ok(&["ip", "-o", "link", "show"]).unwrap();
+        if !links.contains(&host_veth) || std::time::Instant::now() > deadline {
+            break links;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(!links.contains(&host_veth), "host veth left:\n{links}");
+    assert!(!links.contains("bwp"), "ifb device left:\n{links}");
     // A second DEL of the whole list is fine (idempotent everywhere).
     rt.del(id, &pod.path(), &result);
 }

@@ -490,8 +490,17 @@ fn overlay_connects_pods_across_nodes_and_converges() {
             format!("FERRO_SUBNET=10.244.{}.0/24\nFERRO_MTU=1450\n", i + 1)
         );
     }
-    let node_json: Value =
-        serde_json::from_str(&lab.kubectl(&["get", "node", "node2", "-o", "json"], None)).unwrap();
+    // netd patches the annotations after it wrote the files above: wait for them
+    let node2 = || -> Value {
+        serde_json::from_str(&lab.kubectl(&["get", "node", "node2", "-o", "json"], None)).unwrap()
+    };
+    wait_for(
+        60,
+        "node2's overlay annotations",
+        || node2()["metadata"]["annotations"]["ferro.dev/vtep-mac"].is_string(),
+        || node2()["metadata"].to_string(),
+    );
+    let node_json = node2();
     let ann = &node_json["metadata"]["annotations"];
     assert_eq!(ann["ferro.dev/public-ip"], "192.168.77.12");
     let mac2 = ann["ferro.dev/vtep-mac"].as_str().unwrap().to_string();

@@ -105,15 +105,20 @@ async fn a_cron_job_runs_each_minute_once_and_forbid_waits_for_the_running_job()
         })
         .await;
     }
-    let created_runs: Vec<String> = events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("SuccessfulCreate"))
-        .filter_map(|e| e.message)
-        .collect();
+    // Events are posted after the create returns: wait until the last run's is there.
+    let created_runs: Vec<String> = eventually("a SuccessfulCreate event for every run", || async {
+        let runs: Vec<String> = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("SuccessfulCreate"))
+            .filter_map(|e| e.message)
+            .collect();
+        expected.iter().all(|run| runs.iter().any(|m| m.contains(run.as_str()))).then_some(runs)
+    })
+    .await;
     // The event recorder folds repeats into a count: one event per distinct run name.
     let mut distinct = created_runs.clone();
     distinct.sort();

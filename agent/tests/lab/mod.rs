@@ -595,7 +595,10 @@ impl Lab {
         let p = Proc(Some(child));
         self.wait("ferro-proxy's first sync", Duration::from_secs(60), |l| {
             let out = l.ns.command("curl").args(["-s", "--max-time", "2", "http://127.0.0.1:10256/healthz"]).output().ok()?;
-            String::from_utf8_lossy(&out.stdout).contains("lastUpdated").then_some(())
+            // /healthz answers (503, then 200) before the first sync; lastUpdated stays at Go's
+            // zero time until the rules reached the kernel
+            let body = String::from_utf8_lossy(&out.stdout);
+            (body.contains("\"lastUpdated\"") && !body.contains("0001-01-01")).then_some(())
         });
         p
     }

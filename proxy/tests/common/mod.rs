@@ -268,7 +268,7 @@ impl Cluster {
         self.dir.path().join("cp/admin.kubeconfig")
     }
 
-    /// (Re)starts ferro-proxy with extra flags and waits for its /healthz to say 200.
+    /// (Re)starts ferro-proxy with extra flags and waits for its first sync (/healthz shows a lastUpdated).
     pub fn start_proxy(&mut self, extra: &[&str]) -> Result<()> {
         self.proxy.kill();
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("proxy.log"))?;
@@ -286,8 +286,12 @@ impl Cluster {
             .spawn()
             .context("starting ferro-proxy")?;
         self.proxy = Proc(Some(child));
-        self.wait("ferro-proxy's first sync (/healthz 200)", Duration::from_secs(60), || {
-            self.world.get_in_node("http://127.0.0.1:10256/healthz").is_ok_and(|b| b.contains("lastUpdated"))
+        // /healthz answers before the first sync (curl without -f takes a 503 too); lastUpdated
+        // stays at Go's zero time until the rules reached the kernel
+        self.wait("ferro-proxy's first sync (/healthz lastUpdated set)", Duration::from_secs(60), || {
+            self.world
+                .get_in_node("http://127.0.0.1:10256/healthz")
+                .is_ok_and(|b| b.contains("\"lastUpdated\"") && !b.contains("0001-01-01"))
         })
     }
 
