@@ -116,12 +116,14 @@ async fn a_daemonset_follows_nodes_and_rolls_out_with_kubectl() {
     s.ok(&["set", "image", "daemonset/agent", "c=agent:2"]);
     s.ok(&["rollout", "status", "daemonset/agent", "--timeout=90s"]);
     wait_placement(&pods, "all pods on agent:2", on(&["n1", "n3"], "agent:2")).await;
-    let st = dss.get("agent").await.unwrap().status.unwrap();
-    assert_eq!(
-        (st.desired_number_scheduled, st.current_number_scheduled, st.updated_number_scheduled, st.number_ready, st.number_available),
-        (2, 2, Some(2), 2, Some(2))
-    );
-    assert_eq!(st.observed_generation, dss.get("agent").await.unwrap().metadata.generation);
+    // rollout status checks updated and available only: the other counts may follow a moment later
+    eventually("the status counting two of everything at the current generation", || async {
+        let ds = dss.get("agent").await.unwrap();
+        let st = ds.status?;
+        let counts = (st.desired_number_scheduled, st.current_number_scheduled, st.updated_number_scheduled, st.number_ready, st.number_available);
+        (counts == (2, 2, Some(2), 2, Some(2)) && st.observed_generation == ds.metadata.generation).then_some(())
+    })
+    .await;
     let revs: Api<ControllerRevision> = Api::namespaced(client.clone(), "default");
     assert_eq!(revs.list(&ListParams::default().labels("app=agent")).await.unwrap().items.len(), 2);
     let history = s.ok(&["rollout", "history", "daemonset/agent"]);

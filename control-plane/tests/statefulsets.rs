@@ -208,9 +208,14 @@ async fn ordered_scale_up_and_down_with_identity_and_claims() {
         l.iter().map(|c| c.name_any()).collect::<BTreeSet<_>>()
     };
     assert_eq!(claim_names().await, ["data-web-0", "data-web-1", "data-web-2"].map(String::from).into());
-    let msgs: Vec<String> = events_of(&client, "web").await.into_iter().filter_map(|e| e.message).collect();
-    assert!(msgs.iter().any(|m| m == "create Pod web-0 in StatefulSet web successful"), "{msgs:?}");
-    assert!(msgs.iter().any(|m| m == "create Claim data-web-0 Pod web-0 in StatefulSet web success"), "{msgs:?}");
+    // events are posted after the creates return
+    eventually("the SuccessfulCreate events of web-0 and its claim", || async {
+        let msgs: Vec<String> = events_of(&client, "web").await.into_iter().filter_map(|e| e.message).collect();
+        (msgs.iter().any(|m| m == "create Pod web-0 in StatefulSet web successful")
+            && msgs.iter().any(|m| m == "create Claim data-web-0 Pod web-0 in StatefulSet web success"))
+        .then_some(())
+    })
+    .await;
 
     s.ok(&["scale", "statefulset", "web", "--replicas=1"]);
     eventually("scaled down to web-0", || async {
@@ -218,6 +223,8 @@ async fn ordered_scale_up_and_down_with_identity_and_claims() {
         (now.len() == 1 && now[0].name_any() == "web-0").then_some(())
     })
     .await;
+    // the recorder's watch may trail the list above
+    eventually("the recorder saw web-1 go", || async { rec.events().iter().any(gone("web-1")).then_some(()) }).await;
     let ev = rec.events();
     // web-2 went first, entirely, then web-1
     assert!(pos(&ev, "web-2 gone", gone("web-2")) < pos(&ev, "web-1 terminating", terminating("web-1")), "{ev:?}");

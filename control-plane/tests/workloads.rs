@@ -280,8 +280,12 @@ spec:
     })
     .await;
     assert_eq!(pv.spec.unwrap().claim_ref.unwrap().name.as_deref(), Some("data"));
-    let small = pvs.get("small").await.unwrap();
-    assert_eq!(small.status.and_then(|s| s.phase).as_deref(), Some("Available"));
+    // created Pending, made Available by the binder loop on its own pass
+    eventually("the small volume available", || async {
+        let v = pvs.get("small").await.unwrap();
+        (v.status?.phase.as_deref() == Some("Available")).then_some(())
+    })
+    .await;
     let unfit = claims.get("too-big").await.unwrap();
     assert_ne!(unfit.status.and_then(|s| s.phase).as_deref(), Some("Bound"));
 }

@@ -445,13 +445,14 @@ fn binary_cleans_up(mode: &str) {
     )
     .unwrap();
     assert!(client.sent() > 0);
-    // the client's one flow to the old pod, deleted by the binary's ctnetlink clean-up
-    let log = c.log("proxy.log");
-    assert!(
-        log.lines()
-            .any(|l| l.contains("stale conntrack entries cleaned") && l.contains("deleted=1")),
-        "{log}"
-    );
+    // the client's one flow to the old pod, deleted by the binary's ctnetlink clean-up (logged
+    // just after the deletion that let the datagrams through)
+    c.wait("the clean-up in the proxy's log", Duration::from_secs(30), || {
+        c.log("proxy.log")
+            .lines()
+            .any(|l| l.contains("stale conntrack entries cleaned") && l.contains("deleted=1"))
+    })
+    .unwrap();
 }
 
 #[test]
