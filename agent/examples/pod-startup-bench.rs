@@ -64,7 +64,7 @@ fn footprint(pid: u32, window: Duration) -> (u64, f64) {
     let ticks_per_s = 100.0; // USER_HZ on Linux
     let t0 = cpu_ticks(pid);
     let start = Instant::now();
-    std::thread::sleep(window);
+    ferro_lab::interrupt::sleep(window);
     let used = (cpu_ticks(pid) - t0) as f64 / ticks_per_s;
     (rss_kib(pid), 100.0 * used / start.elapsed().as_secs_f64())
 }
@@ -409,6 +409,8 @@ async fn burst(client: kube::Client, n: usize) -> (Vec<f64>, BTreeMap<String, Se
 }
 
 fn main() {
+    // Ctrl-C (or SIGTERM) unwinds: the lab's processes, namespace, mounts and files go with it.
+    ferro_lab::interrupt::unwind_on_signal().unwrap();
     let n = usize::try_from(arg("--pods", 30)).unwrap();
     let idle = Duration::from_secs(arg("--idle-seconds", 20));
     let args: Vec<String> = std::env::args().collect();
@@ -439,7 +441,7 @@ fn main() {
     };
     let lab = lab::Lab::start_logging("bench", lab::NO_IMAGE_GC, runtime, None, agent_log);
     let pid = lab.agent.pid().unwrap();
-    std::thread::sleep(Duration::from_secs(5));
+    ferro_lab::interrupt::sleep(Duration::from_secs(5));
     let (rss0, cpu0) = footprint(pid, idle);
 
     // The floor, in the same lab, before ferro's burst.
@@ -452,11 +454,11 @@ fn main() {
     let floor_latencies = {
         let (socket, cg, logs) = (lab.ctrd.socket(), lab.cgroup_root.clone(), lab.dir.path().join("floor-logs"));
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(floor(socket, n, cg, logs))
+        rt.block_on(ferro_lab::interrupt::interruptible(floor(socket, n, cg, logs)))
     };
     let floor_wall = floor_wall0.elapsed().as_secs_f64();
     let floor_ctrd_cpu = (cpu_ticks(ctrd_pid) - ctrd_f0) as f64 / 100.0;
-    std::thread::sleep(Duration::from_secs(5));
+    ferro_lab::interrupt::sleep(Duration::from_secs(5));
 
     // The client lives in the lab namespace: a thread that entered it runs the runtime.
     let (ns_path, kubeconfig) = (lab.ns.path(), lab.admin_kubeconfig());
@@ -483,10 +485,10 @@ fn main() {
     let floor2_latencies = {
         let (socket, cg, dir) = (lab.ctrd.socket(), lab.cgroup_root.clone(), lab.dir.path().join("floor-agent"));
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(floor_as_agent(socket, floor_pods, services, cg, dir))
+        rt.block_on(ferro_lab::interrupt::interruptible(floor_as_agent(socket, floor_pods, services, cg, dir)))
     };
     let floor2_wall = floor2_wall0.elapsed().as_secs_f64();
-    std::thread::sleep(Duration::from_secs(5));
+    ferro_lab::interrupt::sleep(Duration::from_secs(5));
 
     let requests0 = lab.api_requests();
     let (agent_t0, ctrd_t0, wall0) = (bench_util::cpu_seconds(pid, acct.as_ref()), cpu_ticks(ctrd_pid), Instant::now());
@@ -500,7 +502,7 @@ fn main() {
     for (k, v) in &requests0 {
         *requests.entry(k.clone()).or_default() -= v;
     }
-    std::thread::sleep(Duration::from_secs(5));
+    ferro_lab::interrupt::sleep(Duration::from_secs(5));
     let (rss_n, cpu_n) = footprint(pid, idle);
 
     println!("pod startup latency, {n} pods created at once on one node (image present):");
@@ -584,7 +586,7 @@ fn main() {
         let mut ratio_p99 = vec![pct(&latencies, 99.0) / floor2_p99];
         for _ in 1..rounds {
             wait_pods_gone(&lab);
-            std::thread::sleep(Duration::from_secs(5));
+            ferro_lab::interrupt::sleep(Duration::from_secs(5));
             let t0 = bench_util::cpu_seconds(pid, acct.as_ref());
             let (ns_path, kubeconfig) = (lab.ns.path(), lab.admin_kubeconfig());
             let mark0 = monotonic();
@@ -612,7 +614,7 @@ fn main() {
 fn wait_pods_gone(lab: &lab::Lab) {
     let socket = lab.ctrd.socket();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async move {
+    rt.block_on(ferro_lab::interrupt::interruptible(async move {
         let (mut cri, _) = ferro_lab::cri::connect(&socket).await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(300);
         loop {
@@ -623,5 +625,5 @@ fn wait_pods_gone(lab: &lab::Lab) {
             assert!(Instant::now() < deadline, "{left} sandboxes of the previous round still there after 300 s");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-    });
+    }));
 }

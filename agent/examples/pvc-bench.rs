@@ -130,6 +130,8 @@ async fn clean(client: &kube::Client) -> Result<(), String> {
 }
 
 fn main() {
+    // Ctrl-C (or SIGTERM) unwinds: the lab, the CSI driver and its loop devices go with it.
+    ferro_lab::interrupt::unwind_on_signal().unwrap();
     let singles = usize::try_from(arg("--single", 10)).unwrap();
     let burst = usize::try_from(arg("--burst", 100)).unwrap();
     let size = arg("--size-mib", 16);

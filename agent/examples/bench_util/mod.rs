@@ -90,7 +90,7 @@ pub fn in_netns<T: Send + 'static>(
         rt.block_on(async move {
             let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
             let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
-            job(kube::Client::try_from(cfg).unwrap()).await
+            ferro_lab::interrupt::interruptible(job(kube::Client::try_from(cfg).unwrap())).await
         })
     })
     .join()

@@ -302,7 +302,7 @@ impl Lab {
                 }
             }
             assert!(Instant::now() < deadline, "control plane did not start: {}", self.cp_log());
-            std::thread::sleep(Duration::from_millis(100));
+            ferro_lab::interrupt::sleep(Duration::from_millis(100));
         }
     }
 
@@ -482,7 +482,7 @@ impl Lab {
                 return v;
             }
             assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", self.logs());
-            std::thread::sleep(Duration::from_millis(250));
+            ferro_lab::interrupt::sleep(Duration::from_millis(250));
         }
     }
 

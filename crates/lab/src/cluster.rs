@@ -329,7 +329,7 @@ impl Cluster {
                 if Instant::now() > deadline || !n.agent.running() {
                     bail!("{}'s agent wrote no kubeconfig (TLS bootstrap):\n{}", n.name, std::fs::read_to_string(d.join("agent.log")).unwrap_or_default());
                 }
-                std::thread::sleep(Duration::from_millis(100));
+                crate::interrupt::sleep(Duration::from_millis(100));
             }
             let log = append(&d.join("netd.log"))?;
             let child = n
@@ -510,7 +510,7 @@ impl Cluster {
             if Instant::now() > deadline {
                 bail!("timed out after {limit:?} waiting for {what}\n{}", self.logs());
             }
-            std::thread::sleep(Duration::from_millis(200));
+            crate::interrupt::sleep(Duration::from_millis(200));
         }
     }
 

@@ -338,7 +338,7 @@ impl Containerd {
             if Instant::now() > deadline {
                 bail!("containerd did not answer within 30s:\n{}", c.log());
             }
-            std::thread::sleep(Duration::from_millis(100));
+            crate::interrupt::sleep(Duration::from_millis(100));
         }
     }
 

@@ -4,6 +4,8 @@
 //!   a `pause` image holding ferro's own static pause binary (crate `ferro-pause`), each an
 //!   OCI layout made with `umoci`, turned into a docker-archive with `skopeo` for
 //!   `ctr images import`. No registry and no network are involved.
+//! - [`interrupt`]: Ctrl-C in a program that built a lab unwinds, so every fixture's `Drop`
+//!   cleans up (the benchmarks install it).
 //! - [`netns`]: a network namespace guard (`ip netns add`, deleted on drop).
 //! - [`containerd`]: a private containerd (its own root, state, socket and CNI dirs under a
 //!   temp dir) started inside a network namespace with `ip netns exec`, stopped by pid and
@@ -24,6 +26,7 @@ pub mod cluster;
 pub mod containerd;
 pub mod cri;
 pub mod images;
+pub mod interrupt;
 pub mod netns;
 pub mod nspawn;
 pub mod storage;

@@ -155,7 +155,7 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Optio
         if Instant::now() > deadline {
             bail!("timed out after {limit:?} waiting for {what}");
         }
-        std::thread::sleep(Duration::from_millis(100));
+        crate::interrupt::sleep(Duration::from_millis(100));
     }
 }
 

@@ -110,6 +110,9 @@ fn cluster(nodes: usize, pool_size: &str, bin_dir: Option<PathBuf>, grace: &str)
         None => std::env::current_exe()?.parent().context("no directory of ferro-lab")?.to_path_buf(),
     };
     let pools = vec![pool_size; nodes];
+    // From here a SIGINT or SIGTERM unwinds (during the start: a panic in the lab's next wait),
+    // so whatever part of the lab exists is removed.
+    ferro_lab::interrupt::unwind_on_signal()?;
     eprintln!("starting the control plane and {nodes} nodes (binaries from {})", dir.display());
     let c = Cluster::start_with(Bins::new(&dir)?, "cli", &pools, grace)?;
     let kubectl = format!("ip netns exec {} kubectl --kubeconfig {}", c.under.name(), c.admin_kubeconfig().display());
@@ -119,14 +122,13 @@ fn cluster(nodes: usize, pool_size: &str, bin_dir: Option<PathBuf>, grace: &str)
     }
     println!("  kubectl: {kubectl} get nodes");
     println!("stop with Ctrl-C or SIGTERM: everything is removed");
-    block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r,
-            _ = term.recv() => Ok(()),
+    let sig = loop {
+        if let Some(sig) = ferro_lab::interrupt::received() {
+            break sig;
         }
-    })??;
-    eprintln!("stopping the cluster and removing what it made");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    eprintln!("{sig}: stopping the cluster and removing what it made");
     drop(c);
     Ok(())
 }
