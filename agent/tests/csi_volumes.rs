@@ -259,10 +259,14 @@ fn a_snapshot_of_a_claim_restores_into_a_new_claim_with_the_data_of_that_moment(
     assert_eq!(header, ["NAME", "READYTOUSE", "SOURCEPVC", "SOURCESNAPSHOTCONTENT", "RESTORESIZE", "SNAPSHOTCLASS", "SNAPSHOTCONTENT", "CREATIONTIME", "AGE"]);
     let row: Vec<&str> = table.lines().nth(1).unwrap_or_default().split_whitespace().collect();
     assert_eq!(&row[..6], ["s1", "true", "data", "64Mi", "loop", content.as_str()], "{table}");
-    let events = lab.kubectl_ok(&["get", "events", "--field-selector", "involvedObject.name=s1", "-o", "jsonpath={.items[*].reason}"]);
-    for reason in ["CreatingSnapshot", "SnapshotCreated", "SnapshotReady"] {
-        assert!(events.contains(reason), "{events}");
-    }
+    // events are posted after the status they tell of: wait for the last one
+    lab.wait("the snapshot's three events", MIN, |l| {
+        let events = String::from_utf8_lossy(
+            &l.kubectl(&["get", "events", "--field-selector", "involvedObject.name=s1", "-o", "jsonpath={.items[*].reason}"]).stdout,
+        )
+        .into_owned();
+        ["CreatingSnapshot", "SnapshotCreated", "SnapshotReady"].iter().all(|r| events.contains(r)).then_some(())
+    });
     // The claim was protected only while the snapshot was being taken.
     lab.wait("the claim's snapshot finalizer gone", MIN, |l| {
         (!field(l, &["pvc", "data"], "{.metadata.finalizers}").contains("pvc-as-source-protection")).then_some(())

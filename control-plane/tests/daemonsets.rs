@@ -210,15 +210,11 @@ spec:
         .await;
     }
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let failed_events = events
-        .list(&ListParams::default().fields("involvedObject.name=probe"))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("FailedDaemonPod"))
-        .count();
-    assert!(failed_events >= 1, "a FailedDaemonPod event");
+    eventually("a FailedDaemonPod event", || async {
+        let l = events.list(&ListParams::default().fields("involvedObject.name=probe")).await.unwrap().items;
+        l.iter().any(|e| e.reason.as_deref() == Some("FailedDaemonPod")).then_some(())
+    })
+    .await;
 
     // a surge rollout on the two kubelet nodes: a node's old pod goes only once its new one is
     // ready, so every node keeps a ready pod throughout (read from a pod watch)

@@ -392,8 +392,11 @@ async fn failed_pods_are_recreated_and_bad_input_is_refused() {
         (p.uid() != first.uid()).then_some(())
     })
     .await;
-    let msgs: Vec<String> = events_of(&client, "roll").await.into_iter().filter_map(|e| e.message).collect();
-    assert!(msgs.iter().any(|m| m == "StatefulSet default/roll is recreating failed Pod roll-0"), "{msgs:?}");
+    eventually("the RecreatingFailedPod event", || async {
+        let msgs: Vec<String> = events_of(&client, "roll").await.into_iter().filter_map(|e| e.message).collect();
+        msgs.iter().any(|m| m == "StatefulSet default/roll is recreating failed Pod roll-0").then_some(())
+    })
+    .await;
 
     // a selector that does not select the template
     let out = s.kubectl_stdin(&["apply", "-f", "-"], Some(&ROLL.replace("name: roll}", "name: bad}").replace("labels: {app: roll}", "labels: {app: other}")));
