@@ -106,33 +106,26 @@ async fn a_cron_job_runs_each_minute_once_and_forbid_waits_for_the_running_job()
         .await;
     }
     // Events are posted after the create returns: wait until the last run's is there.
-    let created_runs: Vec<String> = eventually("a SuccessfulCreate event for every run", || async {
-        let runs: Vec<String> = events
+    let created: Vec<Event> = eventually("a SuccessfulCreate event for every run", || async {
+        let created: Vec<Event> = events
             .list(&ListParams::default())
             .await
             .unwrap()
             .items
             .into_iter()
             .filter(|e| e.reason.as_deref() == Some("SuccessfulCreate"))
-            .filter_map(|e| e.message)
             .collect();
-        expected.iter().all(|run| runs.iter().any(|m| m.contains(run.as_str()))).then_some(runs)
+        let told = |run: &String| created.iter().any(|e| e.message.as_deref().is_some_and(|m| m.contains(run.as_str())));
+        expected.iter().all(told).then_some(created)
     })
     .await;
+    let created_runs: Vec<String> = created.iter().filter_map(|e| e.message.clone()).collect();
     // The event recorder folds repeats into a count: one event per distinct run name.
     let mut distinct = created_runs.clone();
     distinct.sort();
     distinct.dedup();
     assert_eq!(distinct.len(), expected.len(), "{created_runs:?}");
-    let total: i32 = events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter(|e| e.reason.as_deref() == Some("SuccessfulCreate"))
-        .map(|e| e.count.unwrap_or(1))
-        .sum();
+    let total: i32 = created.iter().map(|e| e.count.unwrap_or(1)).sum();
     assert_eq!(usize::try_from(total).unwrap(), expected.len(), "a minute ran twice: {created_runs:?}");
 }
 
